@@ -1,0 +1,200 @@
+"""The dataset interface, the registry that finds dataset modules, and the file helpers they share.
+
+A dataset is one class in one file under `datasets/` (installed as `bench.datasets`). It declares, as data: its
+name, classes, the paper's split sizes, default model, the paper's noise patterns and training schedules, and
+the published files it reads (with md5 checksums and download addresses). It implements `load`, which reads
+those files under the data root into `Splits`. Small sets load as tensors that the trainer keeps on the
+training device; a set too big for memory gives a `torch.utils.data.Dataset` instead and the trainer streams it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import pkgutil
+import shutil
+import sys
+import tempfile
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from bench.config import Schedule, UserError
+from bench.noise import GENERIC_PATTERNS
+
+
+@dataclass
+class Split:
+    """One split: inputs (a tensor of all examples, or a map-style dataset yielding one input tensor per index)
+    and clean labels."""
+
+    x: torch.Tensor | torch.utils.data.Dataset
+    y: np.ndarray  # clean labels, int64
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def subset(self, n: int) -> Split:
+        if isinstance(self.x, torch.Tensor):
+            return Split(self.x[:n], self.y[:n])
+        return Split(torch.utils.data.Subset(self.x, range(n)), self.y[:n])
+
+
+@dataclass
+class Splits:
+    train: Split
+    val: Split
+    test: Split
+    # Real human noise (CIFAR-10N): pattern -> (noisy train labels, noisy validation labels).
+    human_labels: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    model_args: dict[str, Any] = field(default_factory=dict)  # e.g. the vocabulary size for WordCNN
+    notes: list[str] = field(default_factory=list)  # said to the user (e.g. "subset: proportional splits")
+
+
+class Dataset:
+    """Base class of every dataset module."""
+
+    name: ClassVar[str] = ""
+    title: ClassVar[str] = ""
+    num_classes: ClassVar[int] = 0
+    class_names: ClassVar[tuple[str, ...]] = ()
+    split_sizes: ClassVar[tuple[int, int, int]] = (0, 0, 0)  # the paper's train / validation / test
+    model: ClassVar[str] = ""
+    noise_patterns: ClassVar[tuple[str, ...]] = ()  # the paper's patterns for this dataset
+    warmup: ClassVar[Schedule]  # the CE warm start
+    method_stage: ClassVar[Schedule]  # the method stage (lr, batch size and epochs are the grid's defaults)
+    # Published files, relative to `folder` under the data root: path -> md5 (None: not checked).
+    files: ClassVar[dict[str, str | None]] = {}
+    folder: ClassVar[str] = ""
+    # Download addresses: url -> path of the downloaded file relative to `folder` (archives are unpacked).
+    urls: ClassVar[dict[str, str]] = {}
+    source: ClassVar[str] = ""  # where a user gets the files by hand
+
+    def __init__(self, data_root: str | Path) -> None:
+        self.root = Path(data_root).expanduser() / self.folder
+
+    @classmethod
+    def accepted_noise(cls) -> tuple[str, ...]:
+        return tuple(cls.noise_patterns) + GENERIC_PATTERNS
+
+    def missing_files(self) -> list[str]:
+        return [rel for rel in self.files if not (self.root / rel).exists()]
+
+    def check_files(self, verify_md5: bool = True) -> None:
+        """Raise a `UserError` naming missing or corrupt files and where to get them."""
+        missing = self.missing_files()
+        if missing:
+            raise UserError(
+                f"{self.name}: missing {', '.join(missing)} under {self.root}; {self.how_to_get()}"
+            )
+        if verify_md5:
+            for rel, md5 in self.files.items():
+                if md5 and file_md5(self.root / rel) != md5:
+                    raise UserError(
+                        f"{self.name}: {self.root / rel} is corrupt (md5 mismatch); delete it and "
+                        f"{self.how_to_get()}"
+                    )
+
+    def how_to_get(self) -> str:
+        if self.urls:
+            return f"run `bench datasets --download {self.name}` or get them from {self.source}"
+        return f"get them from {self.source}"
+
+    def download(self) -> None:
+        """Fetch the published files (needs internet) and verify their checksums."""
+        if not self.urls:
+            raise UserError(f"{self.name} cannot be downloaded automatically; {self.how_to_get()}")
+        self.root.mkdir(parents=True, exist_ok=True)
+        for url, rel in self.urls.items():
+            target = self.root / rel
+            if not target.exists():
+                fetch(url, target)
+            if target.suffix in {".gz", ".tgz", ".zip"} and rel not in self.files:
+                shutil.unpack_archive(str(target), str(self.root))
+        self.check_files()
+
+    def load(self) -> Splits:
+        raise NotImplementedError
+
+    # Transforms run on the training device on a batch of `Split.x`; augmentation only in `train_transform`.
+    def eval_transform(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def train_transform(self, x: torch.Tensor) -> torch.Tensor:
+        return self.eval_transform(x)
+
+    def describe(self) -> list[str]:
+        """Extra lines for `bench datasets`: what is missing and where to get it."""
+        missing = self.missing_files()
+        return [f"missing: {', '.join(missing)}", f"get: {self.how_to_get()}"] if missing else []
+
+    def status(self) -> str:
+        missing = self.missing_files()
+        return "ready" if not missing else f"missing {len(missing)} of {len(self.files)} files"
+
+
+def file_md5(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fetch(url: str, target: Path) -> None:
+    """Download `url` to `target` atomically, with a progress line on stderr."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=target.parent, delete=False, suffix=".part") as tmp:
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response:
+                total = int(response.headers.get("Content-Length") or 0)
+                done = 0
+                while block := response.read(1 << 20):
+                    tmp.write(block)
+                    done += len(block)
+                    pct = f" {100 * done / total:5.1f}%" if total else ""
+                    print(f"\rdownloading {target.name}: {done / 1e6:8.1f} MB{pct}", end="", file=sys.stderr)
+            print(file=sys.stderr)
+        except OSError as e:
+            Path(tmp.name).unlink(missing_ok=True)
+            raise UserError(f"download of {url} failed: {e}") from None
+    Path(tmp.name).replace(target)
+
+
+def deterministic_permutation(n: int, key: str) -> np.ndarray:
+    """A fixed permutation for dataset splits: the same on every machine, independent of trial seeds."""
+    seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
+    return np.random.default_rng(seed).permutation(n)
+
+
+def _discover() -> dict[str, type[Dataset]]:
+    import bench.datasets
+
+    found: dict[str, type[Dataset]] = {}
+    for info in pkgutil.iter_modules(bench.datasets.__path__):
+        module = importlib.import_module(f"bench.datasets.{info.name}")
+        for obj in vars(module).values():
+            if isinstance(obj, type) and issubclass(obj, Dataset) and obj.name and obj.__module__ == module.__name__:
+                found[obj.name] = obj
+    return dict(sorted(found.items()))
+
+
+_REGISTRY: dict[str, type[Dataset]] | None = None
+
+
+def registry() -> dict[str, type[Dataset]]:
+    global _REGISTRY
+    if _REGISTRY is None:
+        _REGISTRY = _discover()
+    return _REGISTRY
+
+
+def get_dataset(name: str) -> type[Dataset]:
+    datasets = registry()
+    if name not in datasets:
+        raise UserError(f"unknown dataset {name!r}; choose from {', '.join(datasets)}")
+    return datasets[name]

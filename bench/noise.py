@@ -1,0 +1,205 @@
+"""Label noise: transition matrices T from named patterns, seeded vectorised sampling, and what it realised.
+
+T is C x C and row-stochastic; rows are the true class, columns the noisy class (the paper's T_{Y -> Y~}).
+Noise is sampled by a generator keyed by (dataset, pattern, r, seed) alone, so every method and every
+hyper-parameter of a seed sees the very same noisy labels (paired comparisons). It is applied to the training
+and validation splits; the test split is never touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bench.config import UserError
+
+# Patterns any dataset accepts; dataset modules list the paper's own patterns they accept on top.
+GENERIC_PATTERNS = ("uniform", "symmetric", "transition")
+# Real human noise: the labels come from the dataset's files, not from a sampled T.
+HUMAN = "human"
+
+
+def _uniform(r: float, c: int) -> np.ndarray:
+    # Replace the label by one drawn uniformly from all C classes (it may stay the same).
+    return (1 - r) * np.eye(c) + r / c * np.ones((c, c))
+
+
+def _symmetric(r: float, c: int) -> np.ndarray:
+    # Flip to one of the *other* C-1 classes uniformly.
+    return (1 - r) * np.eye(c) + r / (c - 1) * (np.ones((c, c)) - np.eye(c))
+
+
+def _flip(pairs: dict[int, int]) -> Callable[[float, int], np.ndarray]:
+    """T where true class `a` is relabelled `b` with probability r, for each (a, b)."""
+
+    def build(r: float, c: int) -> np.ndarray:
+        t = np.eye(c)
+        for a, b in pairs.items():
+            t[a, a], t[a, b] = 1 - r, r
+        return t
+
+    return build
+
+
+def _case1(r: float, c: int) -> np.ndarray:
+    # Fashion-MNIST case 1: a label is replaced by a uniformly random one with probability r.
+    return _uniform(r, c)
+
+
+# name -> (builder, required number of classes or None, one-line description)
+PATTERNS: dict[str, tuple[Callable[[float, int], np.ndarray], int | None, str]] = {
+    "uniform": (_uniform, None, "replace by a uniformly drawn label: T = (1-r) I + r/C"),
+    "symmetric": (_symmetric, None, "flip to another class: diagonal 1-r, off-diagonal r/(C-1)"),
+    "case1": (_case1, 2, "Fashion-MNIST case 1: [[1-r/2, r/2], [r/2, 1-r/2]]"),
+    "case2": (_flip({0: 1}), 2, "Fashion-MNIST case 2, bag -> clothes: [[1-r, r], [0, 1]]"),
+    "case3": (_flip({1: 0}), 2, "Fashion-MNIST case 3, clothes -> bag: [[1, 0], [r, 1-r]]"),
+    "pairs": (
+        _flip({9: 1, 2: 0, 4: 7, 3: 5}),
+        10,
+        "CIFAR-10: truck->automobile, bird->airplane, deer->horse, cat->dog with prob r",
+    ),
+    "cat_to_dog": (_flip({1: 0}), 2, "Dogs vs Cats, cat -> dog (class 0 = dog): [[1, 0], [r, 1-r]]"),
+    "pos_to_neg": (_flip({1: 0}), 2, "MR, positive -> negative (class 0 = neg): [[1, 0], [r, 1-r]]"),
+}
+
+
+def validate_transition(t: np.ndarray, num_classes: int, source: str = "T") -> np.ndarray:
+    """Check that T is a C x C row-stochastic matrix; warn where det T = 0 (L_DMI's assumption 3.2 fails)."""
+    t = np.asarray(t, dtype=np.float64)
+    if t.ndim != 2 or t.shape[0] != t.shape[1]:
+        raise UserError(f"{source}: a transition matrix must be square, got shape {t.shape}")
+    if t.shape[0] != num_classes:
+        raise UserError(f"{source}: the dataset has {num_classes} classes but T is {t.shape[0]} x {t.shape[1]}")
+    if not np.all(np.isfinite(t)) or (t < -1e-12).any():
+        raise UserError(f"{source}: T must hold finite, non-negative probabilities")
+    sums = t.sum(axis=1)
+    if not np.allclose(sums, 1.0, atol=1e-6):
+        bad = int(np.argmax(np.abs(sums - 1)))
+        raise UserError(f"{source}: T must be row-stochastic; row {bad} sums to {sums[bad]:.6g}, not 1")
+    if abs(np.linalg.det(t)) < 1e-12:
+        warnings.warn(
+            f"{source}: det T = 0, the noisy labels carry no information about some classes "
+            "(L_DMI's assumption 3.2 fails); results at this r are not meaningful for any method",
+            stacklevel=2,
+        )
+    return np.clip(t, 0.0, None)
+
+
+def read_transition_file(path: str | Path) -> np.ndarray:
+    """An explicit T from a CSV file (one row a line) or a JSON file (a list of rows)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"--transition: no such file: {path}")
+    text = path.read_text()
+    try:
+        if path.suffix.lower() == ".json":
+            return np.asarray(json.loads(text), dtype=np.float64)
+        rows = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+        return np.asarray([[float(v) for v in line.split(",")] for line in rows], dtype=np.float64)
+    except (ValueError, TypeError) as e:
+        raise UserError(f"--transition {path}: not a matrix of numbers ({e})") from None
+
+
+def transition_matrix(
+    pattern: str,
+    r: float,
+    num_classes: int,
+    allowed: tuple[str, ...] = tuple(PATTERNS),
+    explicit: np.ndarray | None = None,
+) -> np.ndarray:
+    """The C x C matrix T of a named pattern at noise level r (or the explicit one for `transition`)."""
+    if not 0.0 <= r <= 1.0:
+        raise UserError(f"noise level r must lie in [0, 1], got {r}")
+    if pattern == "transition":
+        if explicit is None:
+            raise UserError("noise 'transition' needs an explicit matrix (--transition FILE)")
+        return validate_transition(explicit, num_classes, "--transition")
+    if pattern not in PATTERNS or pattern not in allowed:
+        raise UserError(f"unknown noise pattern {pattern!r} for this dataset; choose from {', '.join(allowed)}")
+    build, classes, _ = PATTERNS[pattern]
+    if classes is not None and classes != num_classes:
+        raise UserError(f"noise {pattern!r} is defined for {classes} classes, the dataset has {num_classes}")
+    return validate_transition(build(r, num_classes), num_classes, f"noise {pattern!r}")
+
+
+def noise_generator(dataset: str, pattern: str, r: float, seed: int) -> np.random.Generator:
+    """A generator keyed by (dataset, pattern, r, seed) alone: independent of the method and the model seed."""
+    key = f"{dataset}|{pattern}|{round(float(r), 10)!r}|{int(seed)}"
+    digest = hashlib.sha256(key.encode()).digest()
+    return np.random.Generator(np.random.PCG64(int.from_bytes(digest[:16], "little")))
+
+
+def sample_noisy_labels(labels: np.ndarray, t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Draw y~ ~ T[y, :] for every example at once (inverse-CDF on each example's row)."""
+    labels = np.asarray(labels, dtype=np.int64)
+    cdf = np.cumsum(t, axis=1)
+    cdf[:, -1] = 1.0  # guard against rounding leaving the last bin unreachable
+    u = rng.random(labels.shape[0])
+    return (u[:, None] >= cdf[labels]).sum(axis=1).astype(np.int64)
+
+
+def empirical_transition(clean: np.ndarray, noisy: np.ndarray, num_classes: int) -> np.ndarray:
+    """Row-normalised counts of (true, noisy) pairs; a class with no example gives a row of zeros."""
+    counts = np.zeros((num_classes, num_classes), dtype=np.float64)
+    np.add.at(counts, (np.asarray(clean), np.asarray(noisy)), 1.0)
+    totals = counts.sum(axis=1, keepdims=True)
+    return np.divide(counts, totals, out=np.zeros_like(counts), where=totals > 0)
+
+
+def labels_hash(*arrays: np.ndarray) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a, dtype=np.int64).tobytes())
+        h.update(b"|")
+    return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class NoisyLabels:
+    """The noisy training and validation labels of one (dataset, pattern, r, seed) and what they realised."""
+
+    train: np.ndarray
+    val: np.ndarray
+    transition: np.ndarray | None  # the T they were drawn from (None for human noise)
+    empirical: np.ndarray  # empirical T on the training split
+    noise_rate: float  # realised fraction of changed training labels
+    noise_hash: str
+
+
+def summarise(
+    clean_train: np.ndarray,
+    noisy_train: np.ndarray,
+    noisy_val: np.ndarray,
+    num_classes: int,
+    t: np.ndarray | None,
+) -> NoisyLabels:
+    return NoisyLabels(
+        train=noisy_train,
+        val=noisy_val,
+        transition=t,
+        empirical=empirical_transition(clean_train, noisy_train, num_classes),
+        noise_rate=float(np.mean(noisy_train != clean_train)) if len(clean_train) else 0.0,
+        noise_hash=labels_hash(noisy_train, noisy_val),
+    )
+
+
+def inject(
+    dataset: str,
+    pattern: str,
+    r: float,
+    seed: int,
+    clean_train: np.ndarray,
+    clean_val: np.ndarray,
+    t: np.ndarray,
+) -> NoisyLabels:
+    """Sample noisy training then validation labels from T with the (dataset, pattern, r, seed) generator."""
+    rng = noise_generator(dataset, pattern, r, seed)
+    noisy_train = sample_noisy_labels(clean_train, t, rng)
+    noisy_val = sample_noisy_labels(clean_val, t, rng)
+    return summarise(clean_train, noisy_train, noisy_val, t.shape[0], t)

@@ -1,0 +1,1 @@
+"""Datasets, one module and one `bench.data.Dataset` subclass each (installed as `bench.datasets`)."""
