@@ -89,6 +89,13 @@ class Method:
     def end_epoch(self, epoch: int) -> None:
         """Called after each epoch of the method stage."""
 
+    def state_dict(self) -> dict[str, Any]:
+        """Per-run state beyond the networks (LCCN's counts, MentorNet's threshold), for checkpoints."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned."""
+
     def estimated_transition(self) -> np.ndarray | None:
         """The method's estimate of T, where it makes one (FW, LCCN); recorded in the result row."""
         return None
