@@ -159,6 +159,8 @@ def prepare(config: TrialConfig, data_root: str | os.PathLike[str]) -> Prepared:
 
     dataset = dataset_cls(data_root)
     splits = dataset.load()
+    for note in splits.notes:
+        print(f"note: {note}")
     c = dataset_cls.num_classes
     if config.noise in dataset_cls.noise_patterns and noise.PATTERNS.get(config.noise) is None:
         # Real human noise: the labels come from the dataset's own files.
@@ -329,6 +331,8 @@ def train(
 
     best_loss, best_epoch = validation_loss(), 0
     best_state = copy.deepcopy(nets[0].state_dict())
+    epoch_log.rows.append(dict(stage="method", epoch=0, train_loss=None, val_loss=best_loss, val_acc=None,
+                               seconds=0.0))
     log(f"method {c.method}: epoch 0 (warm start) val loss {best_loss:.4f}")
     status, error = "ok", ""
     method_started = time.perf_counter()

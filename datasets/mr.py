@@ -92,12 +92,17 @@ class MovieReview(Dataset):
         )
         sentences = [clean_sentence(s.decode("latin-1")).split() for s in neg + pos]
         labels = np.array([0] * len(neg) + [1] * len(pos), dtype=np.int64)
+        n = len(sentences)
+        if n < 20:
+            raise UserError(f"mr: only {n} sentences in {folder}; is the release complete?")
+        notes = []
         expected = sum(self.split_sizes)
-        if len(sentences) != expected:
-            raise UserError(f"mr: expected {expected} sentences in {folder}, found {len(sentences)}")
-
-        order = deterministic_permutation(len(sentences), "mr-split")
-        n_train, n_val, _ = self.split_sizes
+        if n != expected:
+            notes.append(f"mr: {n} sentences instead of the published {expected}: proportional splits")
+        # The paper's 7,676 / 1,919 / 1,067 (proportionally for another number of sentences).
+        n_train = n * self.split_sizes[0] // expected
+        n_val = n * self.split_sizes[1] // expected
+        order = deterministic_permutation(n, "mr-split")
         parts = {"train": order[:n_train], "val": order[n_train : n_train + n_val], "test": order[n_train + n_val :]}
         vocabulary = build_vocabulary([sentences[i] for i in parts["train"]])
         length = max(MIN_LENGTH, max(len(s) for s in sentences))
@@ -107,5 +112,5 @@ class MovieReview(Dataset):
 
         return Splits(
             train=split(parts["train"]), val=split(parts["val"]), test=split(parts["test"]),
-            model_args={"vocab_size": len(vocabulary) + 2},
+            model_args={"vocab_size": len(vocabulary) + 2}, notes=notes,
         )
