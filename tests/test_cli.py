@@ -1,0 +1,91 @@
+"""`bench trial`, `bench datasets`, `bench methods`: real output, and one clear line with exit code 2 for bad input."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from bench.cli import main
+from bench.results import CORE_COLUMNS
+
+QUICK = ["--epochs-warmup", "1", "--epochs", "2"]
+
+
+def test_trial_writes_the_result_row(tmp_path: Path, capsys) -> None:
+    results = tmp_path / "res"
+    code = main(["trial", "--dataset", "synthetic", "--method", "dmi", "--noise", "case2", "--r", "0.2",
+                 "--seed", "1", *QUICK, "--results", str(results)])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "clean test accuracy" in out and "epoch 2/2" in out
+    files = list((results / "trials").glob("*.parquet"))
+    assert len(files) == 1
+    row = pl.read_parquet(files[0])
+    assert row.columns[: len(CORE_COLUMNS)] == CORE_COLUMNS
+    assert row["method"][0] == "dmi" and row["r"][0] == 0.2 and row["seed"][0] == 1
+    assert row["status"][0] == "ok" and 0 <= row["test_acc"][0] <= 100
+    assert row["trial_id"][0] == files[0].stem
+    assert pl.read_parquet(results / "epochs" / files[0].name).height == 1 + 3  # warm-up 1, method 0..2
+
+
+def test_trial_on_tiny_fashion_files(tiny_fashion: Path, tmp_path: Path) -> None:
+    code = main(["trial", "--dataset", "fashion_mnist", "--method", "ce", "--noise", "case3", "--r", "0.1",
+                 "--epochs-warmup", "1", "--epochs", "1", "--data-root", str(tiny_fashion),
+                 "--results", str(tmp_path / "res")])
+    assert code == 0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--dataset", "nope", "--method", "ce", "--noise", "case1", "--r", "0.1"], "unknown dataset 'nope'"),
+        (["--dataset", "synthetic", "--method", "nope", "--noise", "case1", "--r", "0.1"], "unknown method"),
+        (["--dataset", "synthetic", "--method", "ce", "--noise", "pairs", "--r", "0.1"], "unknown noise 'pairs'"),
+        (["--dataset", "synthetic", "--method", "ce", "--noise", "case1", "--r", "1.5"], r"\[0, 1\]"),
+        (["--dataset", "synthetic", "--method", "ce", "--noise", "case1", "--r", "0.1", "--param", "q=1"],
+         "has no parameter q"),
+        (["--dataset", "synthetic", "--method", "ce", "--noise", "case1", "--r", "0.1", "--lr", "-1"],
+         "--lr must be positive"),
+        (["--dataset", "fashion_mnist", "--method", "ce", "--noise", "case1", "--r", "0.1",
+          "--data-root", "/nonexistent"], "missing raw/train-images"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path: Path, capsys, args, message) -> None:
+    results = tmp_path / "res"
+    code = main(["trial", *args, "--results", str(results)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("bench: error:")
+    assert re.search(message, err[0]), err[0]
+    assert not results.exists()
+
+
+def test_non_stochastic_transition_file(tmp_path: Path, capsys) -> None:
+    t = tmp_path / "t.csv"
+    t.write_text("0.9,0.2\n0.1,0.9\n")
+    code = main(["trial", "--dataset", "synthetic", "--method", "ce", "--noise", "transition", "--r", "0",
+                 "--transition", str(t), "--results", str(tmp_path / "res")])
+    assert code == 2 and "row-stochastic" in capsys.readouterr().err
+    assert not (tmp_path / "res").exists()
+
+
+def test_corrupt_data_file(tiny_fashion: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "1")
+    code = main(["trial", "--dataset", "fashion_mnist", "--method", "ce", "--noise", "case1", "--r", "0.1",
+                 "--data-root", str(tiny_fashion), "--results", str(tmp_path / "res")])
+    assert code == 2 and "corrupt (md5 mismatch)" in capsys.readouterr().err
+
+
+def test_datasets_and_methods_listings(tiny_fashion: Path, capsys) -> None:
+    assert main(["datasets", "--data-root", str(tiny_fashion)]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in out.splitlines() if line and not line.startswith(" ")}
+    assert "ready" in lines["fashion_mnist"]
+    assert "missing 2 of 2 files" in lines["mr"]
+    assert "rt-polarity.pos" in out  # says what is missing
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    assert "dmi" in out and "NeurIPS 2019" in out and "ce" in out

@@ -1,0 +1,106 @@
+"""Fashion-MNIST and MR: the published formats, the paper's splits, Kim's cleaning; the real files when present."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from bench.datasets.mr import PAD, UNKNOWN, MovieReview, clean_sentence
+
+from bench.config import UserError
+from bench.data import deterministic_permutation, get_dataset
+from bench.models import create
+
+
+def test_fashion_bags_vs_clothes_from_idx_files(tiny_fashion: Path) -> None:
+    splits = get_dataset("fashion_mnist")(tiny_fashion).load()
+    assert (len(splits.train), len(splits.val), len(splits.test)) == (100, 20, 60)
+    assert splits.train.x.shape == (100, 1, 28, 28) and splits.train.x.dtype == torch.uint8
+    # Class 0 is the bag (original class 8): those images carry the bright square the fixture drew.
+    bright = splits.test.x[:, 0, 10:18, 10:18].float().mean(dim=(1, 2)) > 200
+    np.testing.assert_array_equal(bright.numpy(), splits.test.y == 0)
+    logits = create("fashion_cnn", 2)(get_dataset("fashion_mnist")(tiny_fashion).eval_transform(splits.test.x))
+    assert logits.shape == (60, 2)
+
+
+def test_fashion_missing_and_corrupt_files(tmp_path: Path, tiny_fashion: Path, monkeypatch) -> None:
+    with pytest.raises(UserError, match="missing raw/train-images-idx3-ubyte.gz"):
+        get_dataset("fashion_mnist")(tmp_path / "nowhere").load()
+    monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "1")
+    with pytest.raises(UserError, match="corrupt"):
+        get_dataset("fashion_mnist")(tiny_fashion).load()
+    truncated = tiny_fashion / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte.gz"
+    import gzip
+
+    truncated.write_bytes(gzip.compress(gzip.decompress(truncated.read_bytes())[:-5]))
+    monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "0")
+    with pytest.raises(UserError, match="truncated"):
+        get_dataset("fashion_mnist")(tiny_fashion).load()
+
+
+def test_kim_cleaning() -> None:
+    assert clean_sentence("It's a film, isn't it?!") == "it 's a film , is n't it ? !"
+    assert clean_sentence("  The  \"best\" (really)  ") == "the best ( really )"
+    assert clean_sentence("we'll they're i'd you've") == "we 'll they 're i 'd you 've"
+
+
+def _write_mr(root: Path, n: int) -> None:
+    folder = root / "MR" / "rt-polaritydata"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    good, bad = ["great", "moving", "superb", "fun"], ["dull", "boring", "awful", "flat"]
+    for kind, words in (("pos", good), ("neg", bad)):
+        lines = [" ".join(rng.choice(words + ["the", "film"], 6)) + " caf\xe9 \x85 ok" for _ in range(n)]
+        # latin-1 bytes, and \x85 (NEL) inside sentences: a line ends only at \n.
+        (folder / f"rt-polarity.{kind}").write_bytes(("\n".join(lines) + "\n").encode("latin-1"))
+
+
+def test_mr_splits_vocabulary_and_encoding(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "0")
+    _write_mr(tmp_path, 100)
+    splits = MovieReview(tmp_path).load()
+    n_train, n_val = 200 * 7676 // 10662, 200 * 1919 // 10662
+    assert (len(splits.train), len(splits.val), len(splits.test)) == (n_train, n_val, 200 - n_train - n_val)
+    assert splits.notes and "proportional" in splits.notes[0]
+    assert splits.train.y.mean() == pytest.approx(0.5, abs=0.15)
+    again = MovieReview(tmp_path).load()
+    assert torch.equal(again.train.x, splits.train.x)  # deterministic split and vocabulary
+    tokens = splits.train.x
+    assert (tokens[:, 0] != PAD).all() and (tokens == UNKNOWN).sum() == 0  # training words are all known
+    model = create("word_cnn", 2, **splits.model_args)
+    assert model(splits.test.x).shape == (len(splits.test), 2)
+
+
+def test_mr_vocabulary_from_training_split_only(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "0")
+    _write_mr(tmp_path, 100)
+    splits = MovieReview(tmp_path).load()
+    # Give the first test sentence (found by re-deriving the split's permutation) a word of its own.
+    folder = tmp_path / "MR" / "rt-polaritydata"
+    order = deterministic_permutation(200, "mr-split")
+    first_test = order[len(splits.train) + len(splits.val)]
+    kind, line = ("neg", first_test) if first_test < 100 else ("pos", first_test - 100)
+    lines = (folder / f"rt-polarity.{kind}").read_bytes().split(b"\n")
+    lines[line] = b"zyzzyva " + lines[line]
+    (folder / f"rt-polarity.{kind}").write_bytes(b"\n".join(lines))
+    test_tokens = MovieReview(tmp_path).load().test.x
+    assert test_tokens[0, 0] == UNKNOWN
+
+
+@pytest.mark.realdata
+def test_real_fashion_mnist(shared_data: Path) -> None:
+    splits = get_dataset("fashion_mnist")(shared_data).load()
+    assert (len(splits.train), len(splits.val), len(splits.test)) == (50_000, 10_000, 10_000)
+    assert (splits.test.y == 0).mean() == pytest.approx(0.1)  # 1,000 test bags
+    assert (splits.train.y == 0).mean() == pytest.approx(0.1, abs=0.01)
+
+
+@pytest.mark.realdata
+def test_real_mr(shared_data: Path) -> None:
+    splits = get_dataset("mr")(shared_data).load()
+    assert (len(splits.train), len(splits.val), len(splits.test)) == (7_676, 1_919, 1_067)
+    assert not splits.notes
+    assert splits.model_args["vocab_size"] > 10_000
+    assert splits.train.y.mean() == pytest.approx(0.5, abs=0.02)
