@@ -103,7 +103,6 @@ class Method:
 
 def _discover() -> dict[str, type[Method]]:
     import bench.baselines
-
     import bench.dmi
 
     modules = [bench.dmi]
