@@ -17,11 +17,12 @@ from bench.models import create
 def test_fashion_bags_vs_clothes_from_idx_files(tiny_fashion: Path) -> None:
     splits = get_dataset("fashion_mnist")(tiny_fashion).load()
     assert (len(splits.train), len(splits.val), len(splits.test)) == (100, 20, 60)
-    assert splits.train.x.shape == (100, 1, 28, 28) and splits.train.x.dtype == torch.uint8
+    assert splits.train.x.shape == (100, 1, 28, 28) and splits.train.x.dtype == torch.float32
+    assert 0.0 <= splits.train.x.min() and splits.train.x.max() <= 1.0
     # Class 0 is the bag (original class 8): those images carry the bright square the fixture drew.
-    bright = splits.test.x[:, 0, 10:18, 10:18].float().mean(dim=(1, 2)) > 200
+    bright = splits.test.x[:, 0, 10:18, 10:18].mean(dim=(1, 2)) > 200 / 255
     np.testing.assert_array_equal(bright.numpy(), splits.test.y == 0)
-    logits = create("fashion_cnn", 2)(get_dataset("fashion_mnist")(tiny_fashion).eval_transform(splits.test.x))
+    logits = create("fashion_cnn", 2)(splits.test.x)
     assert logits.shape == (60, 2)
 
 
