@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from bench.datasets.mr import PAD, UNKNOWN, MovieReview, clean_sentence
 
 from bench.config import UserError
 from bench.data import deterministic_permutation, get_dataset
+from bench.datasets.mr import PAD, UNKNOWN, MovieReview, clean_sentence
 from bench.models import create
 
 
