@@ -1,0 +1,28 @@
+# The two commands: `make demo` runs the demo grid, `make test` runs the tests. Both create .venv when missing.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+RESULTS ?= results/demo
+
+.PHONY: demo test install lint clean
+
+$(BIN)/bench: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(BIN)/bench
+
+install: $(BIN)/bench
+
+demo: $(BIN)/bench
+	$(BIN)/bench run tune_configs/demo.yaml --results $(RESULTS)
+	$(BIN)/bench report $(RESULTS)
+
+test: $(BIN)/bench
+	$(BIN)/python -m pytest -q
+
+lint: $(BIN)/bench
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) results .pytest_cache .ruff_cache
