@@ -1,0 +1,110 @@
+"""The report's figures, drawn with matplotlib's Agg backend (no display needed) and written as PNG and SVG.
+
+    accuracy_vs_r   clean test accuracy against the noise level r, one line per method with a +-1 std band,
+                    for one dataset and noise pattern (the paper's figures 2 and 3)
+    paper_heatmap   measured minus published accuracy per (dataset, method) and r; flagged cells marked
+
+Both take the frames built by `bench.report` and return the paths written. Figures are `Figure` objects, not
+pyplot state, so drawing many of them leaks nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import polars as pl  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+FORMATS = ("png", "svg")
+# Fixed metadata keeps the files byte-stable from run to run.
+_METADATA = {"png": {"Software": None}, "svg": {"Date": None}}
+
+
+def _save(fig: Figure, stem: Path) -> list[Path]:
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fmt in FORMATS:
+        path = stem.with_suffix(f".{fmt}")
+        fig.savefig(path, format=fmt, dpi=120, bbox_inches="tight", metadata=_METADATA[fmt])
+        paths.append(path)
+    return paths
+
+
+def accuracy_vs_r(
+    grid: pl.DataFrame, dataset: str, noise: str, methods: list[str], labels: dict[str, str], stem: Path,
+    reference: str = "dmi", privileged: frozenset[str] = frozenset(),
+) -> list[Path]:
+    """`grid` holds one row per (method, r) of this dataset and noise with acc_mean and acc_std (null: missing)."""
+    fig = Figure(figsize=(6.4, 4.2))
+    ax = fig.add_subplot()
+    colors = matplotlib.colormaps["tab10"].colors
+    for i, method in enumerate(methods):
+        rows = grid.filter(pl.col("method") == method).sort("r")
+        r = rows["r"].to_numpy()
+        mean = rows["acc_mean"].fill_null(np.nan).to_numpy().astype(float)
+        std = rows["acc_std"].fill_null(0.0).to_numpy().astype(float)
+        if np.all(np.isnan(mean)):
+            continue
+        color = colors[i % len(colors)]
+        ax.plot(r, mean, marker="o", ms=4, color=color, label=labels.get(method, method),
+                lw=2.4 if method == reference else 1.4, ls="--" if method in privileged else "-")
+        ax.fill_between(r, mean - std, mean + std, color=color, alpha=0.18, lw=0)
+    ax.set_xlabel("noise level r")
+    ax.set_ylabel("clean test accuracy (%)")
+    ax.set_title(f"{dataset}, {noise} noise: mean ± std over seeds")
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=8, ncol=2 if len(ax.lines) > 5 else 1, loc="best")
+    else:
+        ax.text(0.5, 0.5, "no usable trials", ha="center", va="center", transform=ax.transAxes)
+    paths = _save(fig, stem)
+    return paths
+
+
+def paper_heatmap(comparison: pl.DataFrame, stem: Path) -> list[Path]:
+    """`comparison` rows: dataset, method, r, diff (null where not measured), flag."""
+    measured = comparison.filter(pl.col("diff").is_not_null())
+    if measured.is_empty():
+        fig = Figure(figsize=(6.4, 1.6))
+        ax = fig.add_subplot()
+        ax.axis("off")
+        ax.text(0.5, 0.5, "no measured cell has a counterpart in the paper's tables",
+                ha="center", va="center", transform=ax.transAxes)
+        return _save(fig, stem)
+    # Rows: every (dataset, method) with at least one measured cell; columns: every r of those datasets.
+    keys = measured.select("dataset", "method").unique(maintain_order=True).rows()
+    datasets = {d for d, _ in keys}
+    rs = sorted(comparison.filter(pl.col("dataset").is_in(list(datasets)))["r"].unique().to_list())
+    values = np.full((len(keys), len(rs)), np.nan)
+    flags = np.zeros_like(values, dtype=bool)
+    index = {k: i for i, k in enumerate(keys)}
+    for row in measured.iter_rows(named=True):
+        i, j = index[(row["dataset"], row["method"])], rs.index(row["r"])
+        values[i, j] = row["diff"]
+        flags[i, j] = bool(row["flag"])
+    limit = max(1.0, float(np.nanmax(np.abs(values))))
+    fig = Figure(figsize=(1.2 + 0.62 * len(rs), 1.0 + 0.36 * len(keys)))
+    ax = fig.add_subplot()
+    cmap = matplotlib.colormaps["RdBu"].copy()
+    cmap.set_bad("#dddddd")
+    image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=-limit, vmax=limit, aspect="auto")
+    for i in range(len(keys)):
+        for j in range(len(rs)):
+            if math.isnan(values[i, j]):
+                continue
+            text = f"{values[i, j]:+.1f}" + ("!" if flags[i, j] else "")
+            dark = abs(values[i, j]) > 0.6 * limit
+            ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
+    ax.set_xticks(range(len(rs)), [f"{r:g}" for r in rs])
+    ax.set_yticks(range(len(keys)), [f"{d} · {m}" for d, m in keys])
+    ax.set_xlabel("noise level r")
+    ax.set_title("measured − paper (accuracy points); ! = beyond the combined std; grey = not measured",
+                 fontsize=9)
+    fig.colorbar(image, ax=ax, label="difference (points)")
+    return _save(fig, stem)
