@@ -1,0 +1,213 @@
+"""CIFAR-10 as the paper uses it: batches 1-4 train, batch 5 validates, the official test batch tests.
+
+Reads torchvision's python-pickle layout, `DATA_ROOT/cifar-10-batches-py/{data_batch_1..5, test_batch,
+batches.meta}`, checked against the official md5s; `bench datasets --download cifar10` fetches the official archive
+and checks its md5 before unpacking it. Each batch is a pickled dict: b"data" (N x 3072 uint8; a row is the 1024 red,
+then 1024 green, then 1024 blue values of a 32 x 32 image in row-major order), b"labels" (N ints), b"batch_label",
+b"filenames". The pickles are read by a restricted unpickler that builds numpy arrays and nothing else.
+
+Images stay uint8 (N x 3 x 32 x 32) on the training device. `eval_transform` subtracts the training split's
+per-pixel mean image and divides by its per-pixel standard-deviation image; `train_transform` then shifts every
+image by up to 4 pixels (a random 32 x 32 crop of the image zero-padded by 4, zero being the mean after
+normalisation) and mirrors half of them, for the whole batch at once. This module also owns those image helpers
+(pixel normalisation, vectorised crop and flip) and the allow-list for numpy pickles, which Dogs vs Cats and
+CIFAR-10N reuse.
+"""
+
+from __future__ import annotations
+
+import codecs
+import pickle
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from bench.config import Schedule, UserError
+from bench.data import Dataset, Split, Splits, fetch, file_md5
+
+CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+BATCHES = "cifar-10-batches-py"
+URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+ARCHIVE = "cifar-10-python.tar.gz"
+ARCHIVE_MD5 = "c58f30108f718f92721af3b95e74349a"
+FILES = {
+    f"{BATCHES}/data_batch_1": "c99cafc152244af753f735de768cd75f",
+    f"{BATCHES}/data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
+    f"{BATCHES}/data_batch_3": "54ebc095f3ab1f0389bbae665268c751",
+    f"{BATCHES}/data_batch_4": "634d18415352ddfa80567beed471001a",
+    f"{BATCHES}/data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb",
+    f"{BATCHES}/test_batch": "40351d587109b95175f43aff81a1287e",
+    f"{BATCHES}/batches.meta": "5ff9c542aee3614f3951f8cda6e48888",
+}
+PADDING = 4
+
+# What a pickled numpy array needs, and nothing more: the array rebuilder (under its numpy 1 and numpy 2 module
+# names), the array and dtype types, and `_codecs.encode`, which protocol-2 pickles use to spell bytes.
+RECONSTRUCT = np.empty(0).__reduce__()[0]
+NUMPY_PICKLE_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"): RECONSTRUCT,
+    ("numpy._core.multiarray", "_reconstruct"): RECONSTRUCT,
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+    ("_codecs", "encode"): codecs.encode,
+}
+
+
+class NumpyUnpickler(pickle.Unpickler):
+    """Builds dicts, lists, strings, numbers and numpy arrays; refuses every other global."""
+
+    def find_class(self, module: str, name: str) -> object:
+        try:
+            return NUMPY_PICKLE_GLOBALS[(module, name)]
+        except KeyError:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name}: not part of a numpy pickle") from None
+
+
+def read_pickle(path: Path) -> dict[str, object]:
+    """A CIFAR python batch (a Python 2 pickle): its dict, keys as str whether pickled as str or bytes."""
+    try:
+        with open(path, "rb") as f:
+            entry = NumpyUnpickler(f, encoding="latin1").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as e:
+        raise UserError(f"{path} is not a CIFAR-10 python batch ({e})") from None
+    if not isinstance(entry, dict):
+        raise UserError(f"{path} is not a CIFAR-10 python batch (holds a {type(entry).__name__}, not a dict)")
+    return {k.decode("latin1") if isinstance(k, bytes) else str(k): v for k, v in entry.items()}
+
+
+def read_batch(path: Path) -> tuple[torch.Tensor, np.ndarray]:
+    """One batch file: images (N x 3 x 32 x 32 uint8) and labels (int64)."""
+    entry = read_pickle(path)
+    if "data" not in entry or "labels" not in entry:
+        raise UserError(f"{path} is not a CIFAR-10 python batch (keys {sorted(entry)}; expected data, labels)")
+    data = np.asarray(entry["data"])
+    labels = np.asarray(entry["labels"], dtype=np.int64)
+    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(labels) != len(data):
+        raise UserError(f"{path}: expected data of N x 3072 uint8 and N labels, got {data.dtype} {data.shape} "
+                        f"and {len(labels)} labels")
+    if len(labels) and (labels.min() < 0 or labels.max() >= len(CLASSES)):
+        raise UserError(f"{path}: labels outside 0..{len(CLASSES) - 1}")
+    return torch.from_numpy(data.reshape(-1, 3, 32, 32).copy()), labels
+
+
+def read_label_names(path: Path) -> tuple[str, ...]:
+    names = read_pickle(path).get("label_names")
+    if not isinstance(names, list):
+        raise UserError(f"{path}: no label_names list")
+    return tuple(n.decode("latin1") if isinstance(n, bytes) else str(n) for n in names)
+
+
+class PixelNormalisation:
+    """Per-pixel standardisation: the mean and standard-deviation images of a training split (C x H x W)."""
+
+    def __init__(self, images: torch.Tensor, chunk: int = 4096) -> None:
+        total = torch.zeros(images.shape[1:], dtype=torch.float64)
+        squares = torch.zeros_like(total)
+        for start in range(0, len(images), chunk):  # float64 sums, a chunk of images at a time
+            block = images[start : start + chunk].to(torch.float64)
+            total += block.sum(dim=0)
+            squares += block.square().sum(dim=0)
+        n = max(len(images), 1)
+        mean = total / n
+        std = (squares / n - mean.square()).clamp_min(0).sqrt()
+        self.mean = mean.float()
+        self.std = std.clamp_min(1.0).float()  # a constant pixel (tiny sets) must not divide by zero
+        self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device not in self._on:
+            self._on[x.device] = (self.mean.to(x.device), self.std.to(x.device))
+        mean, std = self._on[x.device]
+        return (x.float() - mean) / std
+
+
+def crop_flip(
+    x: torch.Tensor, top: torch.Tensor, left: torch.Tensor, flip: torch.Tensor, height: int, width: int
+) -> torch.Tensor:
+    """For every image n of the batch x (N x C x H x W): the height x width window whose top-left corner is
+    (top[n], left[n]), mirrored left-right where flip[n]. One gather for the whole batch."""
+    n = x.shape[0]
+    rows = top[:, None] + torch.arange(height, device=x.device)  # N x height
+    cols = left[:, None] + torch.arange(width, device=x.device)  # N x width
+    cols = torch.where(flip[:, None], cols.flip(1), cols)
+    batch = torch.arange(n, device=x.device)[:, None, None]
+    return x.permute(0, 2, 3, 1)[batch, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2).contiguous()
+
+
+def random_shift_flip(x: torch.Tensor, padding: int) -> torch.Tensor:
+    """Random crops of the zero-padded images back to their size (shifts of up to `padding` pixels) and
+    random horizontal flips (probability 1/2), drawn from torch's generator on x's device."""
+    n, _, h, w = x.shape
+    padded = F.pad(x, (padding, padding, padding, padding))
+    top = torch.randint(0, 2 * padding + 1, (n,), device=x.device)
+    left = torch.randint(0, 2 * padding + 1, (n,), device=x.device)
+    flip = torch.rand(n, device=x.device) < 0.5
+    return crop_flip(padded, top, left, flip, h, w)
+
+
+class CIFAR10(Dataset):
+    """CIFAR-10 (python batches)."""
+
+    name = "cifar10"
+    title = "CIFAR-10"
+    num_classes = 10
+    class_names = CLASSES
+    split_sizes = (40_000, 10_000, 10_000)
+    model = "resnet34_cifar"
+    noise_patterns = ("pairs",)
+    warmup = Schedule("sgd", 0.1, epochs=120, batch_size=128, momentum=0.9, weight_decay=1e-4, milestones=(40, 80))
+    # The authors' CIFAR-10 L_DMI stage: SGD (momentum 0.9, weight decay 1e-4) at lr 1e-6 for 100 epochs; the
+    # paper's grid (lr 1e-4 / 1e-5 / 1e-6 x batch size 128 / 256) overrides lr and batch size.
+    method_stage = Schedule("sgd", 1e-6, epochs=100, batch_size=128, momentum=0.9, weight_decay=1e-4)
+    folder = ""
+    files = FILES
+    urls = {URL: ARCHIVE}
+    archives = {ARCHIVE: ARCHIVE_MD5}
+    source = "https://www.cs.toronto.edu/~kriz/cifar.html (CIFAR-10 python version, cifar-10-python.tar.gz)"
+
+    normalise: PixelNormalisation | None = None
+
+    def download(self) -> None:
+        """Fetch the missing published files; an archive is checked against its md5 before it is unpacked."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        for url, rel in self.urls.items():
+            target = self.root / rel
+            if rel in self.archives:
+                if all((self.root / f).exists() for f in FILES):  # the archive's files are all there
+                    continue
+                if not target.exists():
+                    fetch(url, target)
+                if file_md5(target) != self.archives[rel]:
+                    target.unlink()
+                    raise UserError(f"{self.name}: {url} arrived corrupt (md5 mismatch); try again")
+                shutil.unpack_archive(str(target), str(self.root), filter="data")
+            elif not target.exists():
+                fetch(url, target)
+        self.check_files()
+
+    def load(self) -> Splits:
+        self.check_files()
+        folder = self.root / BATCHES
+        names = read_label_names(folder / "batches.meta")
+        if names != CLASSES:
+            raise UserError(f"{folder / 'batches.meta'}: label names {names} are not CIFAR-10's {CLASSES}")
+        train = [read_batch(folder / f"data_batch_{i}") for i in range(1, 5)]
+        train_x = torch.cat([x for x, _ in train])
+        train_y = np.concatenate([y for _, y in train])
+        self.normalise = PixelNormalisation(train_x)
+        return Splits(
+            train=Split(train_x, train_y),
+            val=Split(*read_batch(folder / "data_batch_5")),
+            test=Split(*read_batch(folder / "test_batch")),
+        )
+
+    def eval_transform(self, x: torch.Tensor) -> torch.Tensor:
+        if self.normalise is None:
+            raise RuntimeError(f"{self.name}: load() the data before transforming it (normalisation needs it)")
+        return self.normalise(x)
+
+    def train_transform(self, x: torch.Tensor) -> torch.Tensor:
+        return random_shift_flip(self.eval_transform(x), PADDING)

@@ -1,0 +1,115 @@
+"""CIFAR-10N: CIFAR-10's images with real human noisy labels (Wei et al., ICLR 2022).
+
+The images are CIFAR-10's python batches, read by the CIFAR-10 module. The labels are the published file
+`DATA_ROOT/CIFAR-10N/CIFAR-10_human.pt`: a dict of numpy int64 arrays of 50,000, `clean_label`, `aggre_label`,
+`worse_label`, `random_label1..3`, in torchvision's CIFAR-10 training order (batches 1 to 5). Its md5 is checked
+first, always (whatever BENCH_VERIFY_CHECKSUMS says: the checksum is the gate before unpickling), then it is
+read by `torch.load(weights_only=True)` with an allow-list of exactly the numpy types its pickle names; nothing
+falls back to unrestricted unpickling.
+
+Noise patterns of kind human: `aggre`, `worse`, `random1`, `random2`, `random3`. Training (batches 1-4) and
+validation (batch 5) get the chosen human labels, the test set stays clean. `bench datasets` reports each label
+set's noise rate against `clean_label` over all 50,000 from the labels file alone (the images need not be there).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench.config import UserError
+from bench.data import Splits, file_md5
+from bench.datasets.cifar10 import CIFAR10, RECONSTRUCT
+
+LABELS_FILE = "CIFAR-10N/CIFAR-10_human.pt"
+LABELS_MD5 = "96644db5574813cae939af5f7f2a0aec"
+LABELS_URL = "https://github.com/UCSC-REAL/cifar-10-100n/raw/main/data/CIFAR-10_human.pt"
+HUMAN_KEYS = {
+    "aggre": "aggre_label",
+    "worse": "worse_label",
+    "random1": "random_label1",
+    "random2": "random_label2",
+    "random3": "random_label3",
+}
+# Exactly what the file's pickle names: the array rebuilder (spelled numpy.core.multiarray by numpy 1, as in
+# the published file, and numpy._core.multiarray by numpy 2), the array and dtype types and int64's dtype class
+# (rebuilt from its state). `_codecs.encode` is on torch's own allow-list.
+SAFE_GLOBALS = [
+    (RECONSTRUCT, "numpy.core.multiarray._reconstruct"),
+    RECONSTRUCT,
+    np.ndarray,
+    np.dtype,
+    type(np.dtype(np.int64)),
+]
+
+
+def read_human_labels(path: Path, md5: str | None) -> dict[str, np.ndarray]:
+    """The CIFAR-10N label file: verify its md5, then load it with the numpy allow-list only."""
+    if not path.exists():
+        raise UserError(f"cifar10n: missing {path}; get it from {LABELS_URL}")
+    if md5 is not None and file_md5(path) != md5:
+        raise UserError(f"cifar10n: {path} is corrupt or not the published file (md5 mismatch, expected {md5}); "
+                        f"delete it and get it again from {LABELS_URL}")
+    try:
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            content = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # the weights-only unpickler refuses anything off the allow-list
+        raise UserError(f"cifar10n: {path} is not a CIFAR-10N label file: {str(e).splitlines()[-1]}") from None
+    needed = ["clean_label", *HUMAN_KEYS.values()]
+    if not isinstance(content, dict) or any(k not in content for k in needed):
+        raise UserError(f"cifar10n: {path} must hold a dict with {', '.join(needed)}")
+    labels = {k: np.asarray(content[k]) for k in needed}
+    n = len(labels["clean_label"])
+    for key, value in labels.items():
+        if value.ndim != 1 or len(value) != n or not np.issubdtype(value.dtype, np.integer):
+            raise UserError(f"cifar10n: {path}: {key} is not an integer array of {n} labels")
+        if n and (value.min() < 0 or value.max() > 9):
+            raise UserError(f"cifar10n: {path}: {key} holds labels outside 0..9")
+    return {k: v.astype(np.int64) for k, v in labels.items()}
+
+
+def noise_rates(labels: dict[str, np.ndarray]) -> dict[str, float]:
+    """Each human label set's disagreement with `clean_label`, over all labels in the file."""
+    clean = labels["clean_label"]
+    return {p: float(np.mean(labels[key] != clean)) for p, key in HUMAN_KEYS.items()}
+
+
+class CIFAR10N(CIFAR10):
+    """CIFAR-10 with CIFAR-10N's real human labels."""
+
+    name = "cifar10n"
+    title = "CIFAR-10N (real human noise)"
+    noise_patterns = tuple(HUMAN_KEYS)
+    files = {**CIFAR10.files, LABELS_FILE: LABELS_MD5}
+    urls = {**CIFAR10.urls, LABELS_URL: LABELS_FILE}
+    source = CIFAR10.source + "; labels: https://github.com/UCSC-REAL/cifar-10-100n (data/CIFAR-10_human.pt)"
+
+    def human_labels_file(self) -> dict[str, np.ndarray]:
+        return read_human_labels(self.root / LABELS_FILE, self.files[LABELS_FILE])
+
+    def load(self) -> Splits:
+        human = self.human_labels_file()  # checked before the images: the cheaper failure first
+        splits = super().load()
+        n_train, n_val = len(splits.train), len(splits.val)
+        clean = human["clean_label"]
+        if len(clean) != n_train + n_val:
+            raise UserError(f"cifar10n: {LABELS_FILE} has {len(clean)} labels but the CIFAR-10 training batches "
+                            f"hold {n_train + n_val} images")
+        if not np.array_equal(clean, np.concatenate([splits.train.y, splits.val.y])):
+            raise UserError(f"cifar10n: clean_label in {LABELS_FILE} disagrees with the CIFAR-10 batches' labels; "
+                            "the file follows torchvision's training order (data_batch_1 to data_batch_5)")
+        splits.human_labels = {p: (human[k][:n_train], human[k][n_train:]) for p, k in HUMAN_KEYS.items()}
+        return splits
+
+    def describe(self) -> list[str]:
+        lines = super().describe()
+        if (self.root / LABELS_FILE).exists():
+            try:
+                labels = self.human_labels_file()
+            except UserError as e:
+                return [*lines, f"labels: {e}"]
+            lines.append(f"human noise rate vs clean_label (all {len(labels['clean_label']):,}): "
+                         + ", ".join(f"{p} {100 * r:.2f}%" for p, r in noise_rates(labels).items()))
+        return lines
