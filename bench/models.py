@@ -83,3 +83,94 @@ class WordCNN(nn.Module):
         h = embedded.transpose(1, 2)
         pooled = [torch.relu(conv(h)).amax(dim=2) for conv in self.convs]
         return self.classifier(self.dropout(torch.cat(pooled, dim=1)))
+
+
+class _BasicBlock(nn.Module):
+    """ResNet's basic block: two 3x3 conv + BN, ReLU between and after the residual sum; a 1x1 conv + BN on the
+    shortcut where the shape changes."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out_channels)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or in_channels != out_channels:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False), nn.BatchNorm2d(out_channels)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+@register("resnet34_cifar")
+class ResNet34CIFAR(nn.Module):
+    """ResNet-34 for 32x32 images: the CIFAR stem (one 3x3 conv, stride 1, no max-pool), then 3/4/6/3 basic blocks
+    of 64/128/256/512 channels (stride 2 at each stage change), global average pooling, linear 512 -> C."""
+
+    def __init__(self, num_classes: int, blocks: tuple[int, ...] = (3, 4, 6, 3)) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU())
+        layers: list[nn.Module] = []
+        in_channels = 64
+        for stage, count in enumerate(blocks):
+            out_channels = 64 * 2**stage
+            for i in range(count):
+                layers.append(_BasicBlock(in_channels, out_channels, 2 if stage > 0 and i == 0 else 1))
+                in_channels = out_channels
+        self.layers = nn.Sequential(*layers)
+        self.classifier = nn.Linear(in_channels, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.layers(self.stem(x)).mean(dim=(2, 3)))
+
+
+@register("vgg16_bn")
+class VGG16BN(nn.Module):
+    """VGG-16 with batch norm: 13 3x3 conv + BN + ReLU layers in five blocks, each closed by a 2x2 max-pool, then,
+    as in the L_DMI authors' Dogs vs Cats network, one linear layer on the flattened features. Its width follows the
+    image size: 512 x (size / 32)^2 (64-pixel images: 2048)."""
+
+    LAYERS = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
+
+    def __init__(self, num_classes: int, image_size: int = 64, in_channels: int = 3) -> None:
+        super().__init__()
+        if image_size < 32 or image_size % 32:
+            raise UserError(f"vgg16_bn needs an image size that is a multiple of 32, got {image_size}")
+        layers: list[nn.Module] = []
+        for item in self.LAYERS:
+            if item == "M":
+                layers.append(nn.MaxPool2d(2))
+            else:
+                layers += [nn.Conv2d(in_channels, int(item), 3, padding=1), nn.BatchNorm2d(int(item)), nn.ReLU()]
+                in_channels = int(item)
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(512 * (image_size // 32) ** 2, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x).flatten(1))
+
+
+@register("resnet50")
+def resnet50(num_classes: int, weights: str | None = None) -> nn.Module:
+    """torchvision's ResNet-50 with a fresh linear 2048 -> C head. `weights`: a LOCAL file holding torchvision's
+    ImageNet state dict (e.g. resnet50-11ad3fa6.pth) to start from, as the paper does on Clothing1M; nothing is
+    ever downloaded."""
+    from pathlib import Path
+
+    import torchvision
+
+    net = torchvision.models.resnet50(weights=None)
+    if weights:
+        path = Path(weights).expanduser()
+        if not path.is_file():
+            raise UserError(f"resnet50: no ImageNet weights file at {path}")
+        try:
+            net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        except Exception as e:  # not a state dict, or one of another network
+            raise UserError(f"resnet50: {path} is not a torchvision ResNet-50 state dict ({e})") from None
+    net.fc = nn.Linear(net.fc.in_features, num_classes)
+    return net
