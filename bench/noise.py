@@ -179,12 +179,20 @@ def summarise(
     num_classes: int,
     t: np.ndarray | None,
 ) -> NoisyLabels:
+    """What the noisy labels realised. A clean label < 0 is unknown (Clothing1M's noisy training set): it stays out
+    of the empirical T, and the noise rate is NaN unless every clean label is known."""
+    clean_train, noisy_train = np.asarray(clean_train), np.asarray(noisy_train)
+    known = clean_train >= 0
+    if not known.all():
+        noise_rate = float("nan")
+    else:
+        noise_rate = float(np.mean(noisy_train != clean_train)) if len(clean_train) else 0.0
     return NoisyLabels(
         train=noisy_train,
         val=noisy_val,
         transition=t,
-        empirical=empirical_transition(clean_train, noisy_train, num_classes),
-        noise_rate=float(np.mean(noisy_train != clean_train)) if len(clean_train) else 0.0,
+        empirical=empirical_transition(clean_train[known], noisy_train[known], num_classes),
+        noise_rate=noise_rate,
         noise_hash=labels_hash(noisy_train, noisy_val),
     )
 
