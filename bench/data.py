@@ -73,6 +73,7 @@ class Dataset:
     folder: ClassVar[str] = ""
     # Download addresses: url -> path of the downloaded file relative to `folder` (archives are unpacked).
     urls: ClassVar[dict[str, str]] = {}
+    archive_md5: ClassVar[dict[str, str]] = {}  # md5 of downloaded archives (path relative to `folder`)
     source: ClassVar[str] = ""  # where a user gets the files by hand
 
     def __init__(self, data_root: str | Path, verify: bool | None = None) -> None:
@@ -117,6 +118,10 @@ class Dataset:
             target = self.root / rel
             if not target.exists():
                 fetch(url, target)
+                expected = self.files.get(rel) or self.archive_md5.get(rel)
+                if expected and file_md5(target) != expected:
+                    target.unlink()
+                    raise UserError(f"{self.name}: {url} arrived corrupt (md5 mismatch); removed it, try again")
             if target.suffix in {".gz", ".tgz", ".zip"} and rel not in self.files:
                 shutil.unpack_archive(str(target), str(self.root))
         self.check_files()

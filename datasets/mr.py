@@ -80,6 +80,7 @@ class MovieReview(Dataset):
         "https://www.cs.cornell.edu/people/pabo/movie-review-data/rt-polaritydata.tar.gz":
             "rt-polaritydata.tar.gz",
     }
+    # The archive has no published checksum; the two files it unpacks are verified against theirs.
     source = "https://www.cs.cornell.edu/people/pabo/movie-review-data/ (sentence polarity dataset v1.0)"
 
     def load(self) -> Splits:

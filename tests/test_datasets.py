@@ -105,3 +105,24 @@ def test_real_mr(shared_data: Path) -> None:
     assert not splits.notes
     assert splits.model_args["vocab_size"] > 10_000
     assert splits.train.y.mean() == pytest.approx(0.5, abs=0.02)
+
+
+def test_download_fetches_and_verifies_checksums(tiny_fashion: Path, tmp_path: Path, monkeypatch) -> None:
+    """The download path, exercised without the network: file:// addresses of files in the published format."""
+    from bench.data import file_md5
+    from bench.datasets.fashion_mnist import FashionMNIST
+
+    published = tiny_fashion / "FashionMNIST" / "raw"
+    files = {f"raw/{p.name}": file_md5(p) for p in sorted(published.iterdir())}
+    monkeypatch.setattr(FashionMNIST, "files", files)
+    monkeypatch.setattr(FashionMNIST, "urls", {(published / Path(rel).name).as_uri(): rel for rel in files})
+    monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "1")
+    target = tmp_path / "fresh"
+    FashionMNIST(target).download()
+    assert len(FashionMNIST(target).load().test) == 60
+    # A corrupted source is caught by the checksum and reported.
+    bad = published / "t10k-labels-idx1-ubyte.gz"
+    bad.write_bytes(bad.read_bytes() + b"junk")
+    with pytest.raises(UserError, match="arrived corrupt"):
+        FashionMNIST(tmp_path / "other").download()
+    assert not (tmp_path / "other" / "FashionMNIST" / "raw" / bad.name).exists()
