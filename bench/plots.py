@@ -91,8 +91,7 @@ def paper_heatmap(comparison: pl.DataFrame, stem: Path) -> list[Path]:
     limit = max(1.0, float(np.nanmax(np.abs(values))))
     fig = Figure(figsize=(1.2 + 0.62 * len(rs), 1.0 + 0.36 * len(keys)))
     ax = fig.add_subplot()
-    cmap = matplotlib.colormaps["RdBu"].copy()
-    cmap.set_bad("#dddddd")
+    cmap = matplotlib.colormaps["RdBu"].with_extremes(bad="#dddddd")
     image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=-limit, vmax=limit, aspect="auto")
     for i in range(len(keys)):
         for j in range(len(rs)):

@@ -1,0 +1,286 @@
+"""bench report / bench leaderboard: selection on noisy validation loss, statistics, paired tests, paper table,
+outputs (Markdown, LaTeX, CSV, HTML, plots) and the command line, on small hand-made result folders."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from scipy import stats
+
+from bench import cli, report
+from bench.results import write_trial
+
+SOURCE_CSV = Path(__file__).resolve().parents[1] / ".." / "shared" / "paper" / "reference_results.csv"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def make_row(method: str, r: float, seed: int, val_loss: float | None, test_acc: float | None,
+             last: float | None = None, lr: float = 1e-4, status: str = "ok", dataset: str = "mr",
+             noise: str = "pos_to_neg", params: str = "{}") -> dict:
+    """A result row with the real columns (bench.results.make_row's names), numbers chosen by the test."""
+    config = dict(dataset=dataset, method=method, noise=noise, r=r, seed=seed, lr=lr, method_params=params)
+    trial_id = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+    failed = status == "failed"
+    return dict(
+        trial_id=trial_id, experiment="test", dataset=dataset, model="wordcnn", method=method, noise=noise,
+        r=float(r), seed=seed, lr=lr, batch_size=128, status=status, best_epoch=None if failed else 3,
+        val_loss=val_loss, test_acc=test_acc, test_bal_acc=test_acc,
+        last_test_acc=test_acc if last is None else last, noise_rate=r / 2,
+        noise_hash=f"{dataset}-{noise}-{r}-{seed}", wall_s=1.5, device="cpu (x86_64)", git_commit="abc123def456",
+        torch_version="2.14.1", epochs=5, epochs_warmup=3, method_params=params, train_subset=None,
+        privileged=method == "fw_oracle", error="boom" if failed else "", python_version="3.11.7",
+        numpy_version="2.4.6", host="test", config_json=json.dumps(config),
+    )
+
+
+def write(results: Path, rows: list[dict]) -> Path:
+    for row in rows:
+        write_trial(results, row, [dict(stage="method", epoch=1, train_loss=1.0, val_loss=row["val_loss"],
+                                        val_acc=50.0, seconds=0.1)])
+    return results
+
+
+def cell(grid: pl.DataFrame, method: str, r: float) -> dict:
+    rows = grid.filter(method=method, r=r).to_dicts()
+    assert len(rows) == 1
+    return rows[0]
+
+
+# Two settings of CE at r=0.2: lr 1e-4 has the lower mean validation loss (0.6 < 0.9) and is selected.
+GRID_ROWS = [
+    make_row("ce", 0.2, 0, 0.5, 70.0, last=69.0),
+    make_row("ce", 0.2, 1, 0.7, 72.0, last=71.0),
+    make_row("ce", 0.2, 2, 0.6, 74.0, last=76.0),
+    make_row("ce", 0.2, 3, None, None, status="failed"),
+    make_row("ce", 0.2, 0, 0.8, 80.0, lr=1e-3),
+    make_row("ce", 0.2, 1, 0.9, 80.0, lr=1e-3),
+    make_row("ce", 0.2, 2, 1.0, 80.0, lr=1e-3),
+    make_row("dmi", 0.2, 0, 1.1, 67.0),
+    make_row("dmi", 0.2, 1, 1.2, 68.0, status="diverged"),
+    make_row("dmi", 0.2, 2, 1.3, 67.5),
+    make_row("ce", 0.4, 0, 0.9, 55.0),
+    make_row("ce", 0.4, 1, 0.9, 57.0),
+]
+
+
+@pytest.fixture()
+def results(tmp_path: Path) -> Path:
+    return write(tmp_path / "results", GRID_ROWS)
+
+
+def test_aggregation_matches_hand_computed_values(results: Path) -> None:
+    df = report.load_trials(results)
+    grid = report.aggregate(df)
+    ce = cell(grid, "ce", 0.2)
+    assert ce["lr"] == 1e-4 and ce["n"] == 3 and ce["settings_tried"] == 2
+    assert ce["acc_mean"] == pytest.approx(72.0)
+    assert ce["acc_std"] == pytest.approx(2.0)  # sample std of 70, 72, 74
+    # 95% t-interval: t(0.975, df=2) = 4.3027 (tables); half-width 4.3027 * 2 / sqrt(3) = 4.9683
+    assert ce["acc_ci_low"] == pytest.approx(67.0317, abs=1e-3)
+    assert ce["acc_ci_high"] == pytest.approx(76.9683, abs=1e-3)
+    assert ce["last_mean"] == pytest.approx(72.0)
+    assert ce["last_std"] == pytest.approx(math.sqrt(13.0))  # deviations -3, -1, 4 -> 26 / 2
+    assert ce["val_loss_mean"] == pytest.approx(0.6)
+    assert (ce["trials"], ce["ok"], ce["diverged"], ce["failed"]) == (7, 6, 0, 1)
+    assert ce["seeds"] == "0,1,2"
+    dmi = cell(grid, "dmi", 0.2)  # the diverged trial kept its best checkpoint: it counts, and is counted
+    assert (dmi["n"], dmi["diverged"]) == (3, 1)
+    assert dmi["acc_mean"] == pytest.approx(67.5) and dmi["acc_std"] == pytest.approx(0.5)
+    # Partial results: DMI never ran at r=0.4, the cell is in the grid as missing.
+    missing = cell(grid, "dmi", 0.4)
+    assert missing["n"] == 0 and missing["acc_mean"] is None and missing["trials"] == 0
+    one = cell(grid, "ce", 0.4)
+    assert one["acc_mean"] == pytest.approx(56.0) and one["acc_ci_low"] is not None
+    assert grid.height == 4 and grid["method"].to_list() == ["ce", "dmi", "ce", "dmi"]
+
+
+def test_selection_uses_mean_validation_loss_never_test_accuracy(tmp_path: Path) -> None:
+    # Setting A (lr 1e-4): mean val loss 0.5, poor test accuracy. Setting B (lr 1e-3): the single lowest val
+    # loss (0.1) but a higher mean (0.8), and far better test accuracy. The paper's rule picks A.
+    rows = [make_row("ce", 0.3, s, 0.5, 60.0 + s, lr=1e-4) for s in (0, 1)]
+    rows += [make_row("ce", 0.3, 0, 0.1, 95.0, lr=1e-3), make_row("ce", 0.3, 1, 1.5, 96.0, lr=1e-3)]
+    df = report.load_trials(write(tmp_path / "res", rows))
+    selected = report.select_settings(df)
+    assert selected.height == 1 and selected["sel_val_loss"][0] == pytest.approx(0.5)
+    ce = cell(report.aggregate(df), "ce", 0.3)
+    assert ce["lr"] == 1e-4 and ce["acc_mean"] == pytest.approx(60.5)
+    # Whatever the test accuracies are, the choice does not move.
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        scrambled = df.with_columns(pl.Series("test_acc", rng.uniform(0, 100, df.height)),
+                                    pl.Series("last_test_acc", rng.uniform(0, 100, df.height)))
+        assert report.select_settings(scrambled).equals(selected)
+
+
+def test_paired_tests_match_scipy(tmp_path: Path) -> None:
+    dmi6 = [80.0, 81.5, 79.0, 82.0, 80.5, 83.0]
+    ce6 = [70.0, 82.0, 71.0, 74.0, 75.5, 76.0]
+    dmi3, ce3 = [60.0, 61.0, 63.5], [58.0, 60.5, 61.0]
+    rows = [make_row("dmi", 0.5, s, 1.0, a) for s, a in enumerate(dmi6)]
+    rows += [make_row("ce", 0.5, s, 1.0, b) for s, b in enumerate(ce6)]
+    rows.append(make_row("ce", 0.5, 9, 1.0, 10.0))  # no DMI partner for seed 9: not paired
+    rows += [make_row("dmi", 0.6, s, 1.0, a) for s, a in enumerate(dmi3)]
+    rows += [make_row("ce", 0.6, s, 1.0, b) for s, b in enumerate(ce3)]
+    rows += [make_row("dmi", 0.7, 0, 1.0, 50.0), make_row("ce", 0.7, 0, 1.0, 40.0)]  # one pair: untested
+    rows.append(make_row("gce", 0.7, 0, 1.0, 40.0, dataset="fashion_mnist", noise="case1"))  # no DMI there
+    df = report.load_trials(write(tmp_path / "res", rows))
+    paired = report.paired_comparison(df, report.aggregate(df))
+    by = {(p["dataset"], p["r"], p["method"]): p for p in paired.iter_rows(named=True)}
+
+    w = by[("mr", 0.5, "ce")]
+    expected = stats.wilcoxon(np.array(dmi6), np.array(ce6)).pvalue
+    assert (w["test"], w["pairs"]) == ("wilcoxon", 6) and w["p"] == pytest.approx(expected)
+    assert w["mean_diff"] == pytest.approx(np.mean(np.array(dmi6) - np.array(ce6)))
+    assert w["same_noisy_labels"] is True
+    t = by[("mr", 0.6, "ce")]
+    expected = stats.ttest_rel(np.array(dmi3), np.array(ce3)).pvalue
+    assert (t["test"], t["pairs"]) == ("paired t", 3) and t["p"] == pytest.approx(expected)
+    assert by[("mr", 0.7, "ce")]["outcome"] == "untested"
+    assert by[("fashion_mnist", 0.7, "gce")]["outcome"] == "missing"
+
+    def outcome(p: float, diff: float) -> str:
+        return "tie" if p >= 0.05 else "win" if diff > 0 else "loss"
+
+    assert w["outcome"] == outcome(w["p"], w["mean_diff"]) and t["outcome"] == outcome(t["p"], t["mean_diff"])
+    assert w["marker"] == report.marker(w["p"])
+    wtl = report.win_tie_loss(paired).filter(dataset="mr", method="ce").to_dicts()[0]
+    counts = [w["outcome"], t["outcome"], "untested"]
+    assert [wtl[k] for k in ("win", "tie", "loss", "untested", "missing")] == [
+        counts.count(k) for k in ("win", "tie", "loss", "untested", "missing")]
+
+
+def test_paired_test_edge_cases() -> None:
+    assert report.paired_test(np.array([1.0]), np.array([0.0])) == ("none", None)
+    assert report.paired_test(np.array([1.0, 2.0]), np.array([1.0, 2.0])) == ("paired t", 1.0)
+    assert report.marker(0.0004) == "***" and report.marker(0.004) == "**" and report.marker(0.04) == "*"
+    assert report.marker(0.5) == "" and report.marker(None) == ""
+
+
+def test_packaged_paper_table_round_trips() -> None:
+    packaged = Path(report.__file__).with_name("reference_results.csv")
+    if SOURCE_CSV.exists():
+        assert packaged.read_bytes() == SOURCE_CSV.read_bytes()
+    with packaged.open(newline="", encoding="utf-8") as f:
+        source = list(csv.DictReader(f))
+    table = report.read_reference()
+    assert table.height == len(source) == 207
+    for row, got in zip(source, table.iter_rows(named=True), strict=True):
+        assert got["dataset"] == row["dataset"] and got["method"] == row["method"]
+        assert got["noise_r"] == (float(row["noise_r"]) if row["noise_r"] else None)
+        assert got["acc_mean"] == float(row["acc_mean"])
+        assert got["acc_std"] == (float(row["acc_std"]) if row["acc_std"] else None)
+    spot = table.filter(dataset="cifar10", method="dmi", noise_r=0.9).to_dicts()[0]
+    assert (spot["acc_mean"], spot["acc_std"]) == (85.94, 0.74)
+    cloth = table.filter(dataset="clothing1m", method="dmi").to_dicts()[0]
+    assert cloth["acc_mean"] == 72.46 and cloth["noise_r"] is None and cloth["acc_std"] is None
+
+
+def test_paper_vs_measured(results: Path) -> None:
+    grid = report.aggregate(report.load_trials(results))
+    comparison = report.paper_comparison(grid)
+    assert set(comparison["dataset"]) == {"mr"} and comparison.height == 60  # every published MR row stays
+    ce = comparison.filter(method="ce", r=0.2).to_dicts()[0]  # paper 67.12 +- 1.19, ours 72 +- 2
+    assert ce["diff"] == pytest.approx(72.0 - 67.12)
+    assert ce["combined_std"] == pytest.approx(math.sqrt(2.0**2 + 1.19**2)) and ce["flag"] is True
+    dmi = comparison.filter(method="dmi", r=0.2).to_dicts()[0]  # paper 67.44 +- 1.22, ours 67.5 +- 0.5
+    assert dmi["diff"] == pytest.approx(0.06) and dmi["flag"] is False
+    unmeasured = comparison.filter(method="lccn", r=0.2).to_dicts()[0]
+    assert unmeasured["ours_mean"] is None and unmeasured["diff"] is None and unmeasured["ours_n"] == 0
+
+
+class _Cells(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cells: list[str] = []
+        self.imgs: list[str] = []
+        self.external: list[str] = []
+        self._td: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "td":
+            self._td = []
+        if tag == "img":
+            self.imgs.append(a.get("src") or "")
+        for key in ("src", "href"):
+            if a.get(key) and not a[key].startswith("data:"):
+                self.external.append(a[key])
+        if tag == "link":
+            self.external.append(str(a))
+
+    def handle_data(self, data: str) -> None:
+        if self._td is not None:
+            self._td.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td" and self._td is not None:
+            self.cells.append("".join(self._td))
+            self._td = None
+
+
+def test_report_outputs_html_every_cell_and_plots(results: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    written = report.build_report(results, out, log=lambda s: None)
+    page = written["report.html"].read_text(encoding="utf-8")
+    parser = _Cells()
+    parser.feed(page)
+    parser.close()
+    assert not parser.external and "<script>" in page and "<style>" in page
+    assert len(parser.imgs) == 2 and all(s.startswith("data:image/png;base64,") for s in parser.imgs)
+    df = report.load_trials(results)
+    grid = report.aggregate(df)
+    tabs = report.tables(grid, report.paired_comparison(df, grid))
+    expected = [e.text + (f" {e.marker}" if e.marker else "") for t in tabs for e in t.entries.values()]
+    assert len(expected) == grid.height == 4
+    for text in expected:
+        assert text in parser.cells
+    assert "72.00 ± 2.00 *" in parser.cells and report.MISSING in parser.cells
+    assert "sortable" in page and "abc123def456" in page and "boom" in page  # provenance, failed trial shown
+
+    for stem in ("plots/accuracy_vs_r_mr_pos_to_neg", "plots/paper_difference"):
+        png, svg = out / f"{stem}.png", out / f"{stem}.svg"
+        assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 1000
+        assert ET.parse(svg).getroot().tag.endswith("svg")
+
+    md = written["leaderboard.md"].read_text(encoding="utf-8")
+    table = [line for line in md.splitlines() if line.startswith("| 0.")][:2]
+    assert table == ["| 0.2 | **72.00 ± 2.00** * | 67.50 ± 0.50 |",  # hand-computed paired t: p = 0.0496
+                     f"| 0.4 | **56.00 ± 1.41 (n=2)** | {report.MISSING} |"]
+    tex = written["leaderboard.tex"].read_text(encoding="utf-8")
+    assert all(k in tex for k in (r"\toprule", r"\midrule", r"\bottomrule", r"\textbf{56.00 $\pm$ 1.41 (n=2)}"))
+    assert "0.4 & " in tex and " & --" in tex
+    cells = pl.read_csv(written["cells csv"])
+    assert cells.height == 4 and cells.filter(method="ce", r=0.2)["acc_mean"][0] == pytest.approx(72.0)
+
+
+def test_cli_report_and_leaderboard(results: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    def main(argv: list[str]) -> int:
+        # cli.main appends the extra commands to a module-level list on every call: start from an empty one.
+        monkeypatch.setattr(cli, "EXTRA_COMMANDS", [])
+        return cli.main(argv)
+
+    out = tmp_path / "cli_out"
+    assert main(["report", str(results), "--out", str(out)]) == 0
+    for name in ("leaderboard.md", "leaderboard.tex", "report.html", "cells.csv", "paired.csv",
+                 "win_tie_loss.csv", "paper_vs_measured.csv", "plots/paper_difference.svg"):
+        assert (out / name).stat().st_size > 0
+    assert main(["report", str(results)]) == 0 and (results / "report" / "report.html").exists()
+    capsys.readouterr()
+    assert main(["leaderboard", str(results)]) == 0
+    text = capsys.readouterr().out
+    assert "mr · pos_to_neg" in text and "72.00 ± 2.00" in text and report.MISSING in text
+    assert main(["report", str(tmp_path / "no_such_folder")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["leaderboard", str(tmp_path / "empty")]) == 2
+    assert "no result rows" in capsys.readouterr().err
