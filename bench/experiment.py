@@ -1,0 +1,337 @@
+"""Experiment files (`tune_configs/*.yaml`): the schema, its validation, and the expansion into trials.
+
+An experiment is one grid of the paper's protocol on one dataset:
+
+    name: fashion_mnist_case3          # names the MLflow experiment and the default results folder
+    dataset: fashion_mnist             # see `bench datasets`
+    noise: case3                       # a pattern or a list of patterns (grid axis)
+    r: [0.0, 0.1, 0.2]                 # noise levels in [0, 1] (grid axis)
+    seeds: [0, 1, 2, 3, 4]             # a list of seeds, or N for seeds 0..N-1 (grid axis)
+    epochs: 20                         # optional: method-stage epochs (default: the dataset's paper schedule)
+    epochs_warmup: 20                  # optional: CE warm-start epochs (default: the paper's)
+    train_subset: 10000                # optional: train on the first N training examples only
+    device: cpu                        # cpu or cuda
+    resources: {cpu: 1, gpu: 0}        # per trial; fractional GPUs share a device (e.g. gpu: 0.25)
+    max_concurrent: 4                  # optional: at most this many trials at once
+    methods:                           # method -> its settings; a list is a grid axis
+      ce: {}
+      dmi: {lr: [1.0e-4, 1.0e-5, 1.0e-6], batch_size: [128, 256]}
+
+Per-method settings: `lr`, `batch_size`, `epochs` (method stage) and the method's own hyper-parameters
+(`bench methods` lists them; an omitted one keeps its paper's default). A list is a grid axis; a value that is
+itself a list is written as a one-element list of it (`[[a, b]]`).
+
+Validation has two layers. `parse_experiment` checks the schema on its own (keys, types, ranges); `check_names`
+checks dataset, noise, method and hyper-parameter names against the registries. `load_experiment` does both.
+Every error names the file, the key and what is allowed, and is a `UserError` (one line, exit code 2).
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.config import TrialConfig, UserError, freeze_params
+
+TOP_KEYS = {
+    "name": "the experiment's name (letters, digits, - _ .)",
+    "dataset": "a dataset name",
+    "noise": "a noise pattern or a list of them",
+    "r": "a noise level in [0, 1] or a list of them",
+    "seeds": "a list of non-negative integers, or N for seeds 0..N-1",
+    "methods": "a mapping: method name -> its settings",
+    "epochs": "method-stage epochs (integer >= 0)",
+    "epochs_warmup": "CE warm-start epochs (integer >= 0)",
+    "train_subset": "use the first N training examples (integer >= 1)",
+    "device": "cpu or cuda",
+    "resources": "per-trial resources {cpu: N, gpu: F}",
+    "max_concurrent": "at most this many trials at once (integer >= 1)",
+    "transition": "an explicit C x C row-stochastic matrix (with noise: transition)",
+    "description": "free text",
+}
+REQUIRED = ("name", "dataset", "noise", "r", "seeds", "methods")
+STAGE_KEYS = ("lr", "batch_size", "epochs")  # per-method settings that are not method hyper-parameters
+RESOURCE_KEYS = ("cpu", "gpu")
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads `1e-4` (no dot) as a string; learning rates are written that way, so read it as a float."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"),
+    list("-+0123456789."),
+)
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpu: float = 1.0
+    gpu: float = 0.0
+
+
+@dataclass(frozen=True)
+class MethodGrid:
+    """One method and its grid: each axis maps a setting to the values it takes."""
+
+    name: str
+    axes: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+
+    def combinations(self) -> list[dict[str, Any]]:
+        keys = [k for k, _ in self.axes]
+        return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(v for _, v in self.axes))]
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    dataset: str
+    noise: tuple[str, ...]
+    r: tuple[float, ...]
+    seeds: tuple[int, ...]
+    methods: tuple[MethodGrid, ...]
+    epochs: int | None = None
+    epochs_warmup: int | None = None
+    train_subset: int | None = None
+    device: str = "cpu"
+    resources: Resources = field(default_factory=Resources)
+    max_concurrent: int | None = None
+    transition: tuple[tuple[float, ...], ...] | None = None
+    description: str = ""
+    source: str = ""  # the file it came from
+
+    def trials(self) -> list[TrialConfig]:
+        """The grid, one `TrialConfig` per trial.
+
+        Ordered method-combination first, then seed, noise and r: the first pass through the grid meets each
+        warm-start cell once, so concurrent trials train different warm starts instead of waiting on one."""
+        out: list[TrialConfig] = []
+        seen: set[str] = set()
+        for method in self.methods:
+            for combo in method.combinations():
+                stage = {k: combo[k] for k in STAGE_KEYS if k in combo}
+                params = {k: v for k, v in combo.items() if k not in STAGE_KEYS}
+                for seed in self.seeds:
+                    for pattern in self.noise:
+                        for r in self.r:
+                            trial = TrialConfig(
+                                dataset=self.dataset, method=method.name, noise=pattern, r=float(r), seed=seed,
+                                lr=stage.get("lr"), batch_size=stage.get("batch_size"),
+                                epochs=stage.get("epochs", self.epochs), epochs_warmup=self.epochs_warmup,
+                                method_params=freeze_params(params), transition=self.transition,
+                                train_subset=self.train_subset, device=self.device, experiment=self.name,
+                            )
+                            if trial.trial_id not in seen:
+                                seen.add(trial.trial_id)
+                                out.append(trial)
+        return out
+
+
+class _Checker:
+    """Builds error messages that name the file and the key."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, key: str, problem: str) -> UserError:
+        where = f"{self.source}: {key}: " if key else f"{self.source}: "
+        return UserError(where + problem)
+
+    def unknown(self, key: str, name: str, allowed: list[str], what: str = "key") -> UserError:
+        close = difflib.get_close_matches(name, allowed, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return self.fail(key, f"unknown {what} {name!r}{hint}; allowed: {', '.join(allowed)}")
+
+    @staticmethod
+    def _show(value: Any) -> str:
+        return f"{value!r} ({type(value).__name__})"
+
+    def integer(self, key: str, value: Any, minimum: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(key, f"expected an integer >= {minimum}, got {self._show(value)}")
+        if value < minimum:
+            raise self.fail(key, f"must be >= {minimum}, got {value}")
+        return value
+
+    def number(self, key: str, value: Any, low: float, high: float | None = None, open_low: bool = False) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(key, f"expected a number, got {self._show(value)}")
+        bad_low = value <= low if open_low else value < low
+        if bad_low or (high is not None and value > high):
+            bound = f"> {low}" if open_low else f">= {low}"
+            allowed = f"{bound} and <= {high}" if high is not None else bound
+            raise self.fail(key, f"must be {allowed}, got {value}")
+        return float(value)
+
+    def string(self, key: str, value: Any) -> str:
+        if not isinstance(value, str) or not value:
+            raise self.fail(key, f"expected a non-empty string, got {self._show(value)}")
+        return value
+
+    def axis(self, key: str, value: Any) -> list[Any]:
+        """A grid axis: a scalar or a non-empty list of distinct scalars."""
+        values = value if isinstance(value, list) else [value]
+        if not values:
+            raise self.fail(key, "an empty list leaves nothing to run; give at least one value")
+        if len({repr(v) for v in values}) != len(values):
+            raise self.fail(key, f"repeats a value: {values}")
+        return values
+
+
+def parse_experiment(data: Any, source: str = "<config>") -> Experiment:
+    """Check the schema (keys, types, ranges) without looking at the registries."""
+    ck = _Checker(source)
+    if not isinstance(data, dict):
+        raise ck.fail("", f"expected a mapping of keys ({', '.join(REQUIRED)}, ...), got {type(data).__name__}")
+    for key in data:
+        if key not in TOP_KEYS:
+            raise ck.unknown(str(key), str(key), list(TOP_KEYS))
+    missing = [k for k in REQUIRED if k not in data]
+    if missing:
+        raise ck.fail(missing[0], f"missing required key; every experiment sets {', '.join(REQUIRED)}")
+
+    name = ck.string("name", data["name"])
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        raise ck.fail("name", f"use letters, digits, '-', '_' and '.', got {name!r}")
+    dataset = ck.string("dataset", data["dataset"])
+    noise = tuple(ck.string("noise", v) for v in ck.axis("noise", data["noise"]))
+    r = tuple(ck.number("r", v, 0.0, 1.0) for v in ck.axis("r", data["r"]))
+
+    seeds_raw = data["seeds"]
+    if isinstance(seeds_raw, int) and not isinstance(seeds_raw, bool):
+        seeds = tuple(range(ck.integer("seeds", seeds_raw, 1)))
+    else:
+        seeds = tuple(ck.integer("seeds", v, 0) for v in ck.axis("seeds", seeds_raw))
+
+    optional_int = {"epochs": 0, "epochs_warmup": 0, "train_subset": 1, "max_concurrent": 1}
+    ints = {k: (None if data.get(k) is None else ck.integer(k, data[k], m)) for k, m in optional_int.items()}
+
+    device = data.get("device", "cpu")
+    if device not in ("cpu", "cuda") and not (isinstance(device, str) and re.fullmatch(r"cuda:\d+", device)):
+        raise ck.fail("device", f"allowed: cpu, cuda (or cuda:N), got {device!r}")
+
+    res_raw = data.get("resources") or {}
+    if not isinstance(res_raw, dict):
+        raise ck.fail("resources", f"expected a mapping {{cpu: N, gpu: F}}, got {type(res_raw).__name__}")
+    for key in res_raw:
+        if key not in RESOURCE_KEYS:
+            raise ck.unknown(f"resources.{key}", str(key), list(RESOURCE_KEYS))
+    resources = Resources(
+        cpu=ck.number("resources.cpu", res_raw.get("cpu", 1), 0.0, open_low=True),
+        gpu=ck.number("resources.gpu", res_raw.get("gpu", 0), 0.0),
+    )
+    if resources.gpu > 1 and resources.gpu != int(resources.gpu):
+        raise ck.fail("resources.gpu", f"a share above 1 must be a whole number of GPUs, got {resources.gpu}")
+    if resources.gpu > 0 and not device.startswith("cuda"):
+        raise ck.fail("resources.gpu", f"asks for a GPU share but device is {device!r}; set device: cuda")
+    if device.startswith("cuda") and resources.gpu == 0:
+        raise ck.fail("device", "cuda needs a GPU share per trial: set resources.gpu (e.g. 0.25 or 1)")
+
+    transition = None
+    if data.get("transition") is not None:
+        rows = data["transition"]
+        if not (isinstance(rows, list) and rows and all(isinstance(row, list) for row in rows)):
+            raise ck.fail("transition", "expected a list of rows (a C x C matrix, rows = true class)")
+        transition = tuple(
+            tuple(ck.number(f"transition[{i}][{j}]", v, 0.0, 1.0) for j, v in enumerate(row))
+            for i, row in enumerate(rows)
+        )
+        if any(len(row) != len(transition) for row in transition):
+            raise ck.fail("transition", f"must be square, got {len(transition)} rows of lengths "
+                          f"{sorted({len(row) for row in transition})}")
+        if noise != ("transition",):
+            raise ck.fail("transition", "an explicit matrix needs noise: transition (and only that pattern)")
+    elif "transition" in noise:
+        raise ck.fail("noise", "the pattern 'transition' needs a transition: matrix in the file")
+
+    methods_raw = data["methods"]
+    if not isinstance(methods_raw, dict) or not methods_raw:
+        raise ck.fail("methods", "expected a non-empty mapping: method name -> settings (e.g. ce: {})")
+    methods = []
+    for method, settings in methods_raw.items():
+        method = ck.string("methods", method)
+        settings = {} if settings is None else settings
+        if not isinstance(settings, dict):
+            raise ck.fail(f"methods.{method}", f"expected a mapping of settings, got {type(settings).__name__}")
+        axes = []
+        for key, value in settings.items():
+            path = f"methods.{method}.{key}"
+            values = ck.axis(path, value)
+            if key == "lr":
+                values = [ck.number(path, v, 0.0, open_low=True) for v in values]
+            elif key in ("batch_size",):
+                values = [ck.integer(path, v, 1) for v in values]
+            elif key == "epochs":
+                values = [ck.integer(path, v, 0) for v in values]
+            elif key in ("epochs_warmup", "seed", "r", "noise"):
+                raise ck.fail(path, "is set for the whole experiment (it defines the shared warm-start cell), "
+                              "not per method")
+            else:
+                for v in values:
+                    if isinstance(v, dict):
+                        raise ck.fail(path, f"expected a scalar or a list, got a mapping {v!r}")
+                values = [tuple(v) if isinstance(v, list) else v for v in values]
+            axes.append((str(key), tuple(values)))
+        methods.append(MethodGrid(method, tuple(axes)))
+
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise ck.fail("description", f"expected text, got {type(description).__name__}")
+    return Experiment(
+        name=name, dataset=dataset, noise=noise, r=r, seeds=seeds, methods=tuple(methods),
+        epochs=ints["epochs"], epochs_warmup=ints["epochs_warmup"], train_subset=ints["train_subset"],
+        device=device, resources=resources, max_concurrent=ints["max_concurrent"], transition=transition,
+        description=description, source=source,
+    )
+
+
+def check_names(exp: Experiment) -> None:
+    """Check dataset, noise patterns, methods and their hyper-parameters against the registries."""
+    from bench.data import registry as datasets
+    from bench.methods import registry as methods
+
+    ck = _Checker(exp.source)
+    known = datasets()
+    if exp.dataset not in known:
+        raise ck.unknown("dataset", exp.dataset, list(known), "dataset")
+    dataset = known[exp.dataset]
+    for pattern in exp.noise:
+        if pattern not in dataset.accepted_noise():
+            raise ck.unknown("noise", pattern, list(dataset.accepted_noise()), f"noise for {exp.dataset}:")
+    if exp.transition is not None and len(exp.transition) != dataset.num_classes:
+        raise ck.fail("transition", f"{exp.dataset} has {dataset.num_classes} classes; the matrix is "
+                      f"{len(exp.transition)} x {len(exp.transition)}")
+    known_methods = methods()
+    for grid in exp.methods:
+        if grid.name not in known_methods:
+            raise ck.unknown("methods", grid.name, list(known_methods), "method")
+        allowed = sorted(known_methods[grid.name].defaults)
+        for key, _ in grid.axes:
+            if key not in STAGE_KEYS and key not in allowed:
+                raise ck.unknown(f"methods.{grid.name}.{key}", key, list(STAGE_KEYS) + allowed,
+                                 f"setting of {grid.name}:")
+
+
+def read_yaml(path: str | Path) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such experiment file")
+    try:
+        return yaml.load(path.read_text(), Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        raise UserError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+
+
+def load_experiment(path: str | Path, registries: bool = True) -> Experiment:
+    """Read, validate and (with `registries`) check the names of an experiment file."""
+    exp = parse_experiment(read_yaml(path), source=str(path))
+    if registries:
+        check_names(exp)
+    return exp

@@ -1,0 +1,544 @@
+"""`bench run CONFIG`: fan an experiment grid out with Ray Tune; plus `bench results`, `bench sync-mlflow`, `bench ui`.
+
+    experiment file --validate/expand--> TrialConfigs --skip those with a result row--> Ray Tune grid search
+    (basic variant generator, no scheduler, no early stopping, reuse_actors) --each trial--> bench.trainer.run_trial
+    (writes its own parquet row; CE warm start from the shared cache) --driver callback--> progress line + MLflow
+
+Trial identity is `TrialConfig.trial_id`, a hash of the trial's own config: a relaunch runs only the trials without
+a result row (rows with status "failed" run again), so a killed grid resumes and a grid can grow. Ray retries a
+crashed trial (`--retries`); the retry starts over from the cached warm start. Locally Ray starts in-process
+(`ray.init(address="local")`, never attaching to another Ray on the machine); `--address` joins a cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.config import TrialConfig, UserError
+from bench.experiment import Experiment, load_experiment
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no status table from Ray Tune
+
+
+# -- the plan ---------------------------------------------------------------------------------------------------
+def absolute_results(results: str | os.PathLike[str]) -> str:
+    """Results root as workers must see it: an absolute path (trials run in their own folder) or a URI."""
+    results = str(results)
+    return results if "://" in results else str(Path(results).expanduser().resolve())
+
+
+def finished(results: str) -> dict[str, str]:
+    """trial_id -> status of every result row under `results`."""
+    from bench.results import read_table
+
+    table = read_table(results)
+    if table.is_empty():
+        return {}
+    return dict(zip(table["trial_id"].to_list(), table["status"].to_list(), strict=True))
+
+
+def warm_cell(t: TrialConfig) -> tuple[Any, ...]:
+    """What `bench.trainer.warm_start_key` depends on that a config shows (the noise hash follows from these)."""
+    return (t.dataset, t.noise, round(t.r, 10), t.seed, t.transition, t.train_subset, t.epochs_warmup)
+
+
+@dataclass
+class Plan:
+    experiment: Experiment
+    trials: list[TrialConfig]
+    results: str
+    done: dict[str, str] = field(default_factory=dict)  # trial_id -> status of rows that need no re-run
+
+    @classmethod
+    def make(cls, experiment: Experiment, results: str, device: str | None = None) -> Plan:
+        trials = experiment.trials()
+        if device is not None:
+            trials = [TrialConfig(**{**asdict_frozen(t), "device": device}) for t in trials]
+        rows = finished(results)
+        done = {t.trial_id: rows[t.trial_id] for t in trials if rows.get(t.trial_id, "failed") != "failed"}
+        return cls(experiment, trials, results, done)
+
+    @property
+    def pending(self) -> list[TrialConfig]:
+        return [t for t in self.trials if t.trial_id not in self.done]
+
+    def work(self, trials: list[TrialConfig]) -> dict[str, int]:
+        """Epochs the trials imply: method stages, and warm starts with and without the shared cache."""
+        from bench.data import get_dataset
+        from bench.methods import get_method
+
+        method_epochs = warm_epochs = unshared = 0
+        cells: set[tuple[Any, ...]] = set()
+        for t in trials:
+            ds = get_dataset(t.dataset)
+            epochs = t.epochs if t.epochs is not None else ds.method_stage.epochs
+            warm = t.epochs_warmup if t.epochs_warmup is not None else ds.warmup.epochs
+            nets = get_method(t.method).networks
+            method_epochs += epochs
+            unshared += warm * nets
+            for i in range(nets):
+                cell = (*warm_cell(t), i)
+                if cell not in cells:
+                    cells.add(cell)
+                    warm_epochs += warm
+        return dict(method_epochs=method_epochs, warm_starts=len(cells), warm_epochs=warm_epochs,
+                    warm_epochs_unshared=unshared)
+
+
+def asdict_frozen(t: TrialConfig) -> dict[str, Any]:
+    """A TrialConfig's fields, shallow (keeps tuples as tuples, so the rebuilt config has the same id)."""
+    return {f: getattr(t, f) for f in t.__dataclass_fields__}
+
+
+def describe_trial(t: TrialConfig) -> str:
+    params = "".join(f" {k}={v}" for k, v in t.method_params)
+    lr = f" lr={t.lr:g}" if t.lr is not None else ""
+    bs = f" bs={t.batch_size}" if t.batch_size is not None else ""
+    return f"{t.method}{lr}{bs}{params}  {t.noise} r={t.r:g} seed={t.seed}"
+
+
+def print_plan(plan: Plan, out: Callable[[str], None] = print) -> None:
+    exp, pending = plan.experiment, plan.pending
+    total = len(plan.trials)
+    out(f"experiment {exp.name} ({exp.source}): {exp.dataset}, noise {', '.join(exp.noise)}, "
+        f"r {', '.join(f'{r:g}' for r in exp.r)}, seeds {', '.join(map(str, exp.seeds))}")
+    per_method = Counter(t.method for t in plan.trials)
+    out(f"grid: {total} trials = " + " + ".join(f"{n} {m}" for m, n in per_method.items())
+        + f"; {len(plan.done)} already have a result row, {len(pending)} to run")
+    w = plan.work(pending)
+    saved = w["warm_epochs_unshared"] - w["warm_epochs"]
+    out(f"work to run: {w['method_epochs']} method-stage epochs + {w['warm_epochs']} warm-start epochs "
+        f"({w['warm_starts']} CE warm starts shared by {len(pending)} trials; {saved} epochs saved by sharing, "
+        f"fewer if some are already cached)")
+    res = exp.resources
+    out(f"per trial: {res.cpu:g} CPU, {res.gpu:g} GPU, device {pending[0].device if pending else exp.device}; "
+        f"at most {exp.max_concurrent or 'as many as fit'} at once")
+    out(f"results: {plan.results}")
+    out("trials:")
+    width = len(str(total))
+    for i, t in enumerate(plan.trials, 1):
+        state = plan.done.get(t.trial_id, "pending")
+        out(f"  {i:>{width}}. {t.trial_id}  {state:8s} {describe_trial(t)}")
+
+
+# -- the trial, in a Ray worker ---------------------------------------------------------------------------------
+def ray_trial(config: dict[str, Any], trials: dict[str, dict[str, Any]], data_root: str, results: str,
+              threads: int) -> None:
+    """Run one trial of the grid (in a Ray worker) and report its status and warm-start cache use."""
+    import torch
+    from ray import tune
+
+    from bench.trainer import run_trial
+    from bench.warmstart import WarmStartCache
+
+    torch.set_num_threads(threads)
+    trial = TrialConfig(**trials[config["trial_id"]])
+    cache = WarmStartCache(results)
+    if "://" in results:
+        log_path = Path("trial.log")  # the trial's own folder in Ray's storage
+    else:
+        log_path = Path(results) / "logs" / f"{trial.trial_id}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as log_file:
+        def log(line: str) -> None:
+            log_file.write(line + "\n")
+            log_file.flush()
+
+        row = run_trial(trial, data_root, results=results, log=log, warm_cache=cache)
+    tune.report({"trial_id": trial.trial_id, "status": row["status"], "test_acc": row["test_acc"],
+                 **cache.stats()})
+
+
+# -- the driver -------------------------------------------------------------------------------------------------
+def fmt_seconds(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s // 60 % 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+@dataclass
+class Tally:
+    total: int
+    started: float = field(default_factory=time.monotonic)
+    done: int = 0
+    statuses: Counter = field(default_factory=Counter)
+    warm_hits: int = 0
+    warm_misses: int = 0
+    warm_saved_s: float = 0.0
+    compute_s: float = 0.0
+    mlflow_logged: int = 0
+
+
+def make_callback(tally: Tally, results: str, trials: dict[str, TrialConfig], mirror: Any,
+                  out: Callable[[str], None]):
+    from ray import tune
+
+    class Progress(tune.Callback):
+        """One line per finished trial (n/N, ETA); mirrors each new result row to MLflow."""
+
+        def _row(self, trial_id: str) -> tuple[dict[str, Any] | None, Any]:
+            import polars as pl
+            import pyarrow.parquet as pq
+
+            from bench.results import _filesystem
+
+            fs, root = _filesystem(results)
+            try:
+                row = pl.from_arrow(pq.read_table(f"{root}/trials/{trial_id}.parquet", filesystem=fs)).row(
+                    0, named=True)
+            except (OSError, FileNotFoundError):
+                return None, None
+            try:
+                epochs = pl.from_arrow(pq.read_table(f"{root}/epochs/{trial_id}.parquet", filesystem=fs))
+            except (OSError, FileNotFoundError):
+                epochs = None
+            return row, epochs
+
+        def _finish(self, trial: Any, errored: bool) -> None:
+            trial_id = trial.config["trial_id"]
+            result = trial.last_result or {}
+            tally.done += 1
+            tally.warm_hits += int(result.get("warm_hits", 0))
+            tally.warm_misses += int(result.get("warm_misses", 0))
+            tally.warm_saved_s += float(result.get("warm_saved_s", 0.0))
+            row, epochs = self._row(trial_id)
+            status = "failed" if errored or row is None else row["status"]
+            tally.statuses[status] += 1
+            if row is not None:
+                tally.compute_s += float(row["wall_s"] or 0.0)
+            elapsed = time.monotonic() - tally.started
+            eta = elapsed / tally.done * (tally.total - tally.done)
+            acc = f"test {row['test_acc']:6.2f}%" if row is not None and row["test_acc"] is not None else "-"
+            warm = " (warm start reused)" if result.get("warm_hits") else ""
+            wall = f"{row['wall_s']:.0f}s" if row is not None else ""
+            width = len(str(tally.total))
+            note = f"  see {results}/logs/{trial_id}.log" if status == "failed" else ""
+            out(f"[{tally.done:>{width}}/{tally.total}] {status:8s} {describe_trial(trials[trial_id])}  {acc} "
+                f"{wall}{warm}  elapsed {fmt_seconds(elapsed)}  ETA {fmt_seconds(eta)}{note}")
+            if mirror is not None and row is not None and mirror.log_row(row, epochs):
+                tally.mlflow_logged += 1
+
+        def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            self._finish(trial, errored=False)
+
+        def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            self._finish(trial, errored=True)
+
+        def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            out(f"      trial {trial.config['trial_id']} crashed; Ray retries it (warm start from the cache)")
+
+    return Progress()
+
+
+def start_ray(address: str | None, num_cpus: int | None) -> bool:
+    """Connect to (or start) Ray; return True if this call started it (so the caller shuts it down)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    if address:
+        try:
+            ray.init(address=address, **kwargs)
+        except Exception as e:  # noqa: BLE001 - name the usual causes
+            text = " ".join(str(e).split())
+            hint = ""
+            if "auth" in text.lower() or "token" in text.lower():
+                hint = (" The cluster uses token authentication: run with RAY_AUTH_MODE=token and the cluster's "
+                        "token (RAY_AUTH_TOKEN or ~/.ray/auth_token), or start the cluster with "
+                        "RAY_AUTH_MODE=disabled on a trusted network.")
+            raise UserError(f"cannot connect to the Ray cluster at {address}: {type(e).__name__}: {text[:400]}"
+                            f"{hint}") from None
+    else:
+        ray.init(address="local", num_cpus=num_cpus, **kwargs)
+    return True
+
+
+def check_resources(cpu: float, gpu: float) -> None:
+    """Fail at once when no node of the cluster can ever hold one trial (Ray would wait for ever)."""
+    import ray
+
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    if any(res.get("CPU", 0) >= cpu and res.get("GPU", 0) >= gpu for res in nodes):
+        return
+    have = ", ".join(f"{res.get('CPU', 0):g} CPU / {res.get('GPU', 0):g} GPU" for res in nodes) or "no nodes"
+    what = f"{cpu:g} CPU" + (f" and {gpu:g} GPU" if gpu else "")
+    fix = ("run on a cluster with GPUs, or set device: cpu and resources.gpu: 0 (--gpus-per-trial 0)"
+           if gpu and not any(res.get("GPU", 0) for res in nodes) else "lower resources.cpu (--cpus-per-trial)")
+    raise UserError(f"each trial asks for {what} but no node of this Ray cluster can ever provide it "
+                    f"(nodes: {have}); {fix}")
+
+
+def check_data(plan: Plan, data_root: Path) -> None:
+    from bench.data import get_dataset
+
+    for name in sorted({t.dataset for t in plan.pending}):
+        ds = get_dataset(name)(data_root)
+        if ds.missing_files():
+            raise UserError(f"{name}: missing {', '.join(ds.missing_files())} under {ds.root}; {ds.how_to_get()}")
+
+
+@dataclass
+class Settings:
+    results: str
+    data_root: Path
+    address: str | None = None
+    max_concurrent: int | None = None
+    mlflow_uri: str | None = None
+    mlflow: bool = True
+    cpus_per_trial: float | None = None
+    gpus_per_trial: float | None = None
+    retries: int = 2
+    num_cpus: int | None = None
+
+
+def run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None] = print) -> Tally:
+    """Run the pending trials of an experiment; return the tally. Raises UserError on an impossible request."""
+    from ray import tune
+
+    from bench import tracking
+
+    cpu = s.cpus_per_trial if s.cpus_per_trial is not None else exp.resources.cpu
+    gpu = s.gpus_per_trial if s.gpus_per_trial is not None else exp.resources.gpu
+    device = None if s.gpus_per_trial is None else ("cuda" if gpu > 0 else "cpu")
+    if device == "cpu" and exp.device.startswith("cuda"):
+        out("note: --gpus-per-trial 0 runs this grid on the CPU")
+    results = absolute_results(s.results)
+    plan = Plan.make(exp, results, device=device)
+    pending = plan.pending
+    by_id = {t.trial_id: t for t in plan.trials}
+
+    mirror = tracking.open_mirror(results, s.mlflow_uri) if s.mlflow else None
+    if mirror is not None and plan.done:
+        backfilled = mirror.sync(results, trial_ids=set(plan.done))
+        if backfilled:
+            out(f"MLflow: backfilled {backfilled} runs of finished trials")
+
+    tally = Tally(total=len(pending))
+    if not pending:
+        out(f"{exp.name}: all {len(plan.trials)} trials already have a result row in {results}; nothing to run")
+        return tally
+    if s.address is None:
+        check_data(plan, s.data_root)
+    w = plan.work(pending)
+    out(f"{exp.name}: running {len(pending)} of {len(plan.trials)} trials ({len(plan.done)} already done); "
+        f"{w['method_epochs']} method-stage epochs + {w['warm_epochs']} warm-start epochs "
+        f"({w['warm_starts']} warm starts)")
+
+    started_here = start_ray(s.address, s.num_cpus)
+    try:
+        check_resources(cpu, gpu)
+        trainable = tune.with_parameters(
+            ray_trial, trials={t.trial_id: asdict_frozen(t) for t in pending},
+            data_root=str(Path(s.data_root).expanduser().resolve()), results=results,
+            threads=max(1, int(cpu)),
+        )
+        trainable = tune.with_resources(trainable, {"cpu": cpu, "gpu": gpu})
+        storage = f"{results}/ray"
+        if "://" not in results:
+            Path(storage).mkdir(parents=True, exist_ok=True)
+        tuner = tune.Tuner(
+            trainable,
+            param_space={"trial_id": tune.grid_search([t.trial_id for t in pending])},
+            tune_config=tune.TuneConfig(
+                reuse_actors=True, max_concurrent_trials=s.max_concurrent or exp.max_concurrent
+            ),
+            run_config=tune.RunConfig(
+                name=f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}", storage_path=storage, verbose=0,
+                failure_config=tune.FailureConfig(max_failures=s.retries),
+                callbacks=[make_callback(tally, results, by_id, mirror, out)],
+            ),
+        )
+        tally.started = time.monotonic()  # progress and ETA count from the first trial, not Ray's start-up
+        tuner.fit()
+    finally:
+        if started_here:
+            import ray
+
+            ray.shutdown()
+    print_summary(exp, plan, tally, mirror, out)
+    return tally
+
+
+def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: Callable[[str], None]) -> None:
+    import polars as pl
+
+    from bench.results import read_table
+
+    elapsed = time.monotonic() - tally.started
+    states = ", ".join(f"{n} {k}" for k, n in sorted(tally.statuses.items()))
+    out("")
+    out(f"{exp.name}: {tally.done} of {tally.total} trials finished in {fmt_seconds(elapsed)} ({states or 'none'}); "
+        f"trial compute {fmt_seconds(tally.compute_s)}, {tally.compute_s / max(elapsed, 1e-9):.1f}x wall")
+    out(f"warm-start cache: {tally.warm_misses} trained, {tally.warm_hits} reused, "
+        f"saving {fmt_seconds(tally.warm_saved_s)} of compute")
+    if tally.done < tally.total:
+        out(f"{tally.total - tally.done} trials did not finish: run the same command again to run only those")
+    if tally.statuses.get("failed"):
+        out(f"failed trials keep a row with status failed and the error (see {plan.results}/logs); "
+            "the next `bench run` re-runs them")
+    if mirror is not None:
+        where = f"MLflow: {tally.mlflow_logged} runs logged to {mirror.uri} (experiment {exp.name})"
+        if not mirror.ok:
+            where += f"; store FAILED ({mirror.failed}): run `bench sync-mlflow {plan.results}` to backfill"
+        elif mirror.embedded:
+            where += f"; view with `bench ui {plan.results}`"
+        out(where)
+    out(f"results: {plan.results}/trials (`bench results {plan.results}`)")
+    table = read_table(plan.results)
+    if table.is_empty():
+        return
+    ids = [t.trial_id for t in plan.trials]
+    ok = table.filter(pl.col("trial_id").is_in(ids) & (pl.col("status") != "failed"))
+    if ok.is_empty():
+        return
+    # The paper's protocol: per (method, noise, r, seed) keep the hyper-parameters with the lowest noisy-validation
+    # loss, then average the clean test accuracy over seeds.
+    best = (ok.sort("val_loss").group_by(["method", "noise", "r", "seed"]).first()
+            .group_by(["noise", "r", "method"]).agg(pl.col("test_acc").mean().round(2), pl.len().alias("n"))
+            .sort(["noise", "r", "method"]))
+    wide = best.pivot(on="method", index=["noise", "r"], values="test_acc").sort(["noise", "r"])
+    out("clean test accuracy (%), mean over seeds; hyper-parameters selected by the lowest noisy-validation loss:")
+    with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True):
+        out(str(wide))
+
+
+# -- commands ---------------------------------------------------------------------------------------------------
+def default_results(exp: Experiment) -> str:
+    return str(Path("results") / exp.name)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    exp = load_experiment(args.config)
+    results = args.results or default_results(exp)
+    for flag, value in (("--max-concurrent", args.max_concurrent), ("--retries", args.retries)):
+        if value is not None and value < (1 if flag == "--max-concurrent" else 0):
+            raise UserError(f"{flag} must be {'>= 1' if flag == '--max-concurrent' else '>= 0'}, got {value}")
+    if args.cpus_per_trial is not None and args.cpus_per_trial <= 0:
+        raise UserError(f"--cpus-per-trial must be > 0, got {args.cpus_per_trial}")
+    if args.gpus_per_trial is not None and args.gpus_per_trial < 0:
+        raise UserError(f"--gpus-per-trial must be >= 0, got {args.gpus_per_trial}")
+    if args.dry_run:
+        device = None if args.gpus_per_trial is None else ("cuda" if args.gpus_per_trial > 0 else "cpu")
+        print_plan(Plan.make(exp, absolute_results(results), device=device))
+        return 0
+    settings = Settings(
+        results=results, data_root=args.data_root, address=args.address, max_concurrent=args.max_concurrent,
+        mlflow_uri=args.mlflow_uri, mlflow=not args.no_mlflow, cpus_per_trial=args.cpus_per_trial,
+        gpus_per_trial=args.gpus_per_trial, retries=2 if args.retries is None else args.retries,
+        num_cpus=args.num_cpus,
+    )
+    tally = run_experiment(exp, settings, out=lambda line: print(line, flush=True))
+    return 0 if tally.done == tally.total and not tally.statuses.get("failed") else 1
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    import polars as pl
+
+    from bench.results import read_table
+
+    table = read_table(args.results)
+    if table.is_empty():
+        raise UserError(f"no result rows under {args.results}/trials")
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.suffix == ".csv":
+            table.select(pl.col(c) for c, t in table.schema.items() if t != pl.Null).write_csv(out)
+        else:
+            table.write_parquet(out)
+        print(f"{table.height} rows -> {out}")
+        return 0
+    from bench.results import CORE_COLUMNS
+
+    columns = [c for c in CORE_COLUMNS if c in table.columns and c not in ("git_commit", "torch_version", "device")]
+    shown = table.select(columns).sort([c for c in ("experiment", "dataset", "noise", "r", "method", "seed")
+                                        if c in columns])
+    with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=250, tbl_hide_column_data_types=True,
+                   float_precision=4):
+        print(shown)
+    return 0
+
+
+def cmd_sync_mlflow(args: argparse.Namespace) -> int:
+    from bench import tracking
+    from bench.results import read_table
+
+    if read_table(args.results).is_empty():
+        raise UserError(f"no result rows under {args.results}/trials")
+    mirror = tracking.open_mirror(absolute_results(args.results), args.mlflow_uri)
+    if mirror is None:
+        return 1
+    count = mirror.sync(absolute_results(args.results))
+    if not mirror.ok:
+        return 1
+    print(f"MLflow {mirror.uri}: logged {count} missing runs (the others were already there)")
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from bench import tracking
+
+    uri = tracking.tracking_uri(absolute_results(args.results), args.mlflow_uri)
+    if uri is None:
+        raise UserError(f"{args.results} is not a local folder: name the MLflow store with --mlflow-uri")
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        raise UserError(f"no MLflow store at {uri}; run `bench run` (or `bench sync-mlflow {args.results}`) first")
+    mlflow_bin = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or shutil.which("mlflow")
+    command = [mlflow_bin or "mlflow", "server", "--host", "127.0.0.1", "--port", str(args.port), "--workers", "1",
+               "--backend-store-uri", uri]
+    print(f"MLflow UI for {uri} on http://127.0.0.1:{args.port} (Ctrl-C stops it)", flush=True)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore::sqlalchemy.exc.SADeprecationWarning"}
+    return subprocess.run(command, env=env).returncode
+
+
+def add_commands(sub: argparse._SubParsersAction, add_data_root: Callable[[argparse.ArgumentParser], None]) -> None:
+    p = sub.add_parser("run", help="run an experiment grid (tune_configs/*.yaml) with Ray Tune",
+                       description="Run the trials of an experiment file that have no result row yet.")
+    p.add_argument("config", help="experiment file, e.g. tune_configs/demo.yaml")
+    p.add_argument("--results", default=None, help="results folder or pyarrow URI (default: results/<name>)")
+    p.add_argument("--address", default=None, help="Ray cluster address (default: start Ray locally)")
+    p.add_argument("--dry-run", action="store_true", help="print the grid, the trials and the work; run nothing")
+    p.add_argument("--max-concurrent", type=int, default=None, help="at most N trials at once")
+    p.add_argument("--mlflow-uri", default=None,
+                   help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite inside the results folder)")
+    p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow (parquet only)")
+    p.add_argument("--cpus-per-trial", type=float, default=None, help="override resources.cpu")
+    p.add_argument("--gpus-per-trial", type=float, default=None,
+                   help="override resources.gpu (> 0 runs on cuda, 0 on the CPU); fractions share a GPU")
+    p.add_argument("--retries", type=int, default=None, help="retries of a crashed trial (default 2)")
+    p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
+    add_data_root(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("results", help="print the merged result table, or write it to one parquet file")
+    p.add_argument("results", help="results folder")
+    p.add_argument("--out", default=None, help="write all rows to this .parquet (or .csv) file")
+    add_data_root(p)
+    p.set_defaults(func=cmd_results)
+
+    p = sub.add_parser("sync-mlflow", help="log the result rows that MLflow lacks (idempotent)")
+    p.add_argument("results", help="results folder")
+    p.add_argument("--mlflow-uri", default=None, help="MLflow store (default as for `bench run`)")
+    add_data_root(p)
+    p.set_defaults(func=cmd_sync_mlflow)
+
+    p = sub.add_parser("ui", help="serve the MLflow UI of a results folder on 127.0.0.1")
+    p.add_argument("results", help="results folder")
+    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--mlflow-uri", default=None, help="MLflow store (default as for `bench run`)")
+    add_data_root(p)
+    p.set_defaults(func=cmd_ui)
+

@@ -1,0 +1,100 @@
+"""The CE warm-start cache: each (data, noise, seed, warm-start settings) cell trains its warm start once.
+
+Every method and hyper-parameter of a grid cell starts from the same CE warm-started network, so the runner trains
+it once and stores it as `RESULTS/warmstart/<key>.pt` (the key is `bench.trainer.warm_start_key`). A file is written
+to a temporary name and renamed, so a reader never sees half a file. On a local results folder an exclusive
+`fcntl.flock` on `<key>.lock` makes concurrent trials that want the same warm start train it once: the first
+trains, the others wait and load. The kernel drops the lock when a holder dies, so a killed trial never blocks
+the grid. On an object-store URI there is no lock: two trials may then train the same warm start at once (same
+numbers, wasted compute, still correct).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import os
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+import torch
+
+from bench.results import _filesystem
+
+State = dict[str, torch.Tensor]
+
+
+class WarmStartCache:
+    """A `bench.trainer.WarmStartCache`: call it with (key, train_fn) to get the warm-started state."""
+
+    def __init__(self, results: str | os.PathLike[str]) -> None:
+        self.fs, root = _filesystem(results)
+        self.root = f"{root}/warmstart"
+        self.local = isinstance(self.fs, pafs.LocalFileSystem)
+        self.hits = 0  # warm starts loaded instead of trained
+        self.misses = 0  # warm starts trained here
+        self.saved_s = 0.0  # the training seconds that the hits did not spend
+        self.trained_s = 0.0
+
+    def path(self, key: str) -> str:
+        return f"{self.root}/{key}.pt"
+
+    def __call__(self, key: str, train_fn: Callable[[], State]) -> State:
+        self.fs.create_dir(self.root, recursive=True)
+        found = self._load(key)
+        if found is not None:
+            return self._hit(found)
+        with self._lock(key):
+            found = self._load(key)  # another trial may have trained it while this one waited
+            if found is not None:
+                return self._hit(found)
+            started = time.perf_counter()
+            state = train_fn()
+            seconds = time.perf_counter() - started
+            self._save(key, {"state": state, "seconds": seconds, "created": time.time()})
+        self.misses += 1
+        self.trained_s += seconds
+        return state
+
+    def _hit(self, entry: dict[str, Any]) -> State:
+        self.hits += 1
+        self.saved_s += float(entry.get("seconds", 0.0))
+        return entry["state"]
+
+    def _load(self, key: str) -> dict[str, Any] | None:
+        path = self.path(key)
+        if self.fs.get_file_info(path).type != pafs.FileType.File:
+            return None
+        with self.fs.open_input_stream(path) as f:
+            blob = f.read()
+        return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+
+    def _save(self, key: str, entry: dict[str, Any]) -> None:
+        buffer = io.BytesIO()
+        torch.save({**entry, "state": {k: v.detach().cpu() for k, v in entry["state"].items()}}, buffer)
+        tmp = f"{self.path(key)}.{uuid.uuid4().hex}.tmp"
+        with self.fs.open_output_stream(tmp) as f:
+            f.write(buffer.getvalue())
+        self.fs.move(tmp, self.path(key))
+
+    @contextmanager
+    def _lock(self, key: str):
+        if not self.local:
+            yield
+            return
+        lock_path = Path(self.root) / f"{key}.lock"
+        with open(lock_path, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def stats(self) -> dict[str, float]:
+        return dict(warm_hits=self.hits, warm_misses=self.misses, warm_saved_s=self.saved_s,
+                    warm_trained_s=self.trained_s)
