@@ -1,0 +1,32 @@
+"""FW with the true T: forward correction handed the transition matrix that generated the noise.
+
+Patrini, Rozza, Menon, Nock, Qu. Making Deep Neural Networks Robust to Label Noise: a Loss Correction Approach.
+CVPR 2017 (their "FW with known T" rows).
+
+    l(h(x), y~) = -log sum_i softmax(h(x))_i T[i, y~]        with T the true noise transition
+
+It reads privileged information (`uses_true_transition`): a diagnostic upper reference for FW, flagged in the
+result row, never a competitor.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bench.baselines.fw import Forward
+from bench.config import UserError
+from bench.methods import StageContext
+
+
+class ForwardOracle(Forward):
+    """Forward correction with the true T (privileged diagnostic)."""
+
+    name = "fw_oracle"
+    title = "FW with the true T (oracle)"
+    uses_true_transition = True
+    defaults = {}
+
+    def setup(self, stage: StageContext) -> None:
+        if stage.true_transition is None:
+            raise UserError("fw_oracle needs the true transition matrix; this noise (human labels) has none")
+        self.transition = torch.as_tensor(stage.true_transition, dtype=torch.float64)

@@ -1,0 +1,75 @@
+"""MentorNet-PD: sample weighting by a pre-defined curriculum on the loss, with a moving-average threshold.
+
+Jiang, Zhou, Leung, Li, Fei-Fei. MentorNet: Learning Data-Driven Curriculum for Very Deep Neural Networks on
+Corrupted Labels. ICML 2018.
+
+MentorNet-PD is the mentor that computes the pre-defined (self-paced) curriculum instead of learning one: an
+example takes part in the step only if its loss is below a threshold lambda, the moving average of the p-th
+percentile of the mini-batch losses (the paper's "loss moving average" input to the mentor):
+
+    l_i = CE(h(x_i), y~_i)
+    lambda_t = d * lambda_{t-1} + (1 - d) * percentile_p({l_i} of the batch)        (d = 0.9, p = 0.7)
+    v_i = 1[l_i < lambda_t]                                                        (self-paced: argmin_v v l - lambda v)
+    loss = (1/B) sum_i v_i l_i                                                     (weights are not differentiated)
+
+lambda_0 is the p-th percentile of the warm-started model's losses on the training set (the warm start plays
+the role of the paper's burn-in epochs, during which every weight is 1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bench.methods import Batch, Method, StageContext
+
+
+def trimmed_mean(per_example: torch.Tensor, keep: float) -> torch.Tensor:
+    """Mean of the smallest `keep` fraction of the values (at least one)."""
+    k = max(1, int(round(keep * per_example.numel())))
+    return per_example.topk(k, largest=False).values.mean()
+
+
+class MentorNetPD(Method):
+    """Self-paced sample weights: drop the examples whose loss exceeds a moving loss percentile."""
+
+    name = "mentornet"
+    title = "MentorNet-PD"
+    paper = "Jiang, Zhou, Leung, Li, Fei-Fei. MentorNet: Learning Data-Driven Curriculum for Very Deep Neural " \
+        "Networks on Corrupted Labels. ICML 2018"
+    defaults: dict[str, Any] = {"percentile": 0.7, "decay": 0.9}
+
+    def __init__(self, num_classes: int, **params: Any) -> None:
+        super().__init__(num_classes, **params)
+        self.threshold: float | None = None  # lambda, the moving average of the loss percentile
+
+    def setup(self, stage: StageContext) -> None:
+        probs = stage.predict_train()
+        losses = -probs.gather(1, stage.noisy_train.unsqueeze(1)).squeeze(1).clamp_min(1e-12).log()
+        self.threshold = float(torch.quantile(losses.float(), self.percentile))
+
+    def weights(self, losses: torch.Tensor) -> torch.Tensor:
+        """Move lambda with this batch's percentile, then v_i = 1[l_i < lambda]."""
+        percentile = float(torch.quantile(losses.detach().float(), self.percentile))
+        self.threshold = percentile if self.threshold is None else \
+            self.decay * self.threshold + (1 - self.decay) * percentile
+        return (losses.detach() < self.threshold).to(losses.dtype)
+
+    def train_loss(self, nets: list[nn.Module], batch: Batch) -> torch.Tensor:
+        losses = F.cross_entropy(nets[0](batch.x), batch.y, reduction="none")
+        return (self.weights(losses) * losses).mean()
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        # Selection: CE over the `percentile` fraction of validation examples with the smallest loss. A fixed
+        # fraction of the set, not the training threshold: with a fixed threshold a model could lower the
+        # criterion by pushing examples above it, and the threshold moves between epochs.
+        return trimmed_mean(F.cross_entropy(logits, labels, reduction="none"), self.percentile)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"threshold": self.threshold}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.threshold = state["threshold"]
