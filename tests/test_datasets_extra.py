@@ -1,0 +1,471 @@
+"""CIFAR-10, CIFAR-10N, Dogs vs Cats and Clothing1M: small files generated in exactly the published formats, the
+loaders, splits, checksums, safe unpickling, device augmentation, the decode cache; the real files when present."""
+
+from __future__ import annotations
+
+import csv
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from bench import noise
+from bench.cli import main
+from bench.config import UserError
+from bench.data import file_md5, get_dataset
+from bench.datasets import cifar10 as cifar10_mod
+from bench.datasets import dogs_vs_cats as dogs_mod
+from bench.datasets.cifar10 import CIFAR10, crop_flip, read_batch
+from bench.datasets.cifar10n import CIFAR10N, LABELS_FILE
+from bench.datasets.clothing1m import CLASSES as CLOTHING_CLASSES
+
+CIFAR_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+
+
+# ---------------------------------------------------------------- generators of the published formats
+
+
+def write_cifar_batches(root: Path, per_batch: int = 20, seed: int = 0) -> dict[str, np.ndarray]:
+    """`root/cifar-10-batches-py/` as in the official archive: pickled dicts with bytes keys (what Python 2's str
+    keys read as with encoding="bytes"), b"data" N x 3072 uint8 in R, G, B planes, b"labels" a list of ints."""
+    rng = np.random.default_rng(seed)
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    written = {}
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for name in names:
+        labels = np.arange(per_batch) % 10
+        rng.shuffle(labels)
+        data = rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8)
+        entry = {
+            b"batch_label": f"{name} (generated)".encode(),
+            b"labels": [int(v) for v in labels],
+            b"data": data,
+            b"filenames": [f"img_{i}.png".encode() for i in range(per_batch)],
+        }
+        (folder / name).write_bytes(pickle.dumps(entry, protocol=2))
+        written[name] = labels
+    meta = {b"num_cases_per_batch": per_batch, b"label_names": [c.encode() for c in CIFAR_CLASSES], b"num_vis": 3072}
+    (folder / "batches.meta").write_bytes(pickle.dumps(meta, protocol=2))
+    return written
+
+
+def cifar_md5s(root: Path) -> dict[str, str]:
+    return {rel: file_md5(root / rel) for rel in CIFAR10.files}
+
+
+def write_cifar10n(root: Path, clean: np.ndarray, seed: int = 1) -> dict[str, np.ndarray]:
+    """`root/CIFAR-10N/CIFAR-10_human.pt` as published: torch.save of a dict of numpy int64 arrays."""
+    rng = np.random.default_rng(seed)
+    labels = {"clean_label": clean.astype(np.int64)}
+    for key, rate in (("aggre_label", 0.1), ("worse_label", 0.4), ("random_label1", 0.2), ("random_label2", 0.2),
+                      ("random_label3", 0.2)):
+        flip = rng.random(len(clean)) < rate
+        labels[key] = np.where(flip, (clean + 1 + rng.integers(0, 9, len(clean))) % 10, clean).astype(np.int64)
+    path = root / LABELS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(labels, path)
+    return labels
+
+
+def write_jpeg(path: Path, colour: tuple[int, int, int], size: tuple[int, int]) -> None:
+    image = np.zeros((size[1], size[0], 3), dtype=np.uint8)
+    image[:] = colour
+    image[: size[1] // 2, : size[0] // 2] = 255 - np.array(colour)  # a bright quadrant: not a flat image
+    Image.fromarray(image).save(path, quality=95)
+
+
+def write_dogs(root: Path, n_each: int = 12) -> Path:
+    folder = root / "dogs-vs-cats" / "train"
+    folder.mkdir(parents=True)
+    for i in range(n_each):
+        write_jpeg(folder / f"cat.{i}.jpg", (200, 40, 40), (90 + i, 70))  # reddish cats, varied sizes
+        write_jpeg(folder / f"dog.{i}.jpg", (40, 40, 200), (70, 80 + i))  # bluish dogs
+    return folder
+
+
+def write_clothing(root: Path, n_train: int = 12, n_val: int = 6, n_test: int = 6) -> dict[str, list[str]]:
+    """A tiny `clothing1M/` tree with its annotation files; some training images are also clean-annotated."""
+    base = root / "clothing1M"
+    (base / "category_names_eng.txt").parent.mkdir(parents=True)
+    (base / "category_names_eng.txt").write_text("\n".join(CLOTHING_CLASSES) + "\n")
+    keys: dict[str, list[str]] = {"train": [], "val": [], "test": []}
+    noisy_kv, clean_kv = [], []
+    i = 0
+    for part, n in (("train", n_train), ("val", n_val), ("test", n_test)):
+        for _ in range(n):
+            key = f"images/{i % 10}/{i:02d}/{1000 + i},{2000 + i}.jpg"
+            (base / key).parent.mkdir(parents=True, exist_ok=True)
+            write_jpeg(base / key, (10 * (i % 14), 100, 150), (300 + 7 * i, 260))
+            keys[part].append(key)
+            label = i % 14
+            if part == "train":
+                noisy_kv.append(f"{key} {(label + (i % 3 == 0)) % 14}")
+                if i % 2 == 0:  # half of the training images also have a clean label
+                    clean_kv.append(f"{key} {label}")
+            else:
+                clean_kv.append(f"{key} {label}")
+            i += 1
+    (base / "noisy_label_kv.txt").write_text("\n".join(noisy_kv) + "\n")
+    (base / "clean_label_kv.txt").write_text("\n".join(clean_kv) + "\n")
+    (base / "noisy_train_key_list.txt").write_text("\n".join(keys["train"]) + "\n")
+    (base / "clean_val_key_list.txt").write_text("\n".join(keys["val"]) + "\n")
+    (base / "clean_test_key_list.txt").write_text("\n".join(keys["test"]) + "\n")
+    return keys
+
+
+@pytest.fixture
+def tiny_cifar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A data root with CIFAR-10 batches of 20 images and a matching CIFAR-10N label file (their own md5s)."""
+    labels = write_cifar_batches(tmp_path)
+    clean = np.concatenate([labels[f"data_batch_{i}"] for i in range(1, 6)])
+    write_cifar10n(tmp_path, clean)
+    md5s = cifar_md5s(tmp_path)
+    monkeypatch.setattr(CIFAR10, "files", md5s)
+    monkeypatch.setattr(CIFAR10N, "files", {**md5s, LABELS_FILE: file_md5(tmp_path / LABELS_FILE)})
+    return tmp_path
+
+
+# ---------------------------------------------------------------- CIFAR-10
+
+
+def test_cifar10_reads_python_batches(tiny_cifar: Path) -> None:
+    ds = get_dataset("cifar10")(tiny_cifar)
+    splits = ds.load()
+    assert (len(splits.train), len(splits.val), len(splits.test)) == (80, 20, 20)
+    assert splits.train.x.shape == (80, 3, 32, 32) and splits.train.x.dtype == torch.uint8
+    # A row of b"data" is the red plane, then green, then blue, each 32 x 32 in row-major order.
+    with open(tiny_cifar / "cifar-10-batches-py" / "data_batch_5", "rb") as f:
+        raw = pickle.load(f)
+    row = raw[b"data"][3]
+    assert torch.equal(splits.val.x[3, 1, 2], torch.from_numpy(row[1024 + 2 * 32 : 1024 + 3 * 32]))
+    np.testing.assert_array_equal(splits.val.y, raw[b"labels"])
+    # Per-pixel normalisation: the training split comes out with mean 0 and std 1 at every pixel.
+    z = ds.eval_transform(splits.train.x)
+    assert z.dtype == torch.float32
+    assert z.mean(0).abs().max() < 1e-4 and (z.std(0, unbiased=False) - 1).abs().max() < 1e-3
+
+
+def test_cifar10_missing_and_corrupt_files(tiny_cifar: Path, tmp_path: Path, monkeypatch) -> None:
+    with pytest.raises(UserError, match=r"missing cifar-10-batches-py/data_batch_1.*cs\.toronto\.edu"):
+        get_dataset("cifar10")(tmp_path / "nowhere").load()
+    monkeypatch.setattr(CIFAR10, "files", cifar10_mod.FILES)  # the official md5s: the small files fail them
+    monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "1")
+    with pytest.raises(UserError, match="data_batch_1 is corrupt"):
+        get_dataset("cifar10")(tiny_cifar).load()
+
+
+def test_cifar10_unpickler_refuses_anything_but_numpy(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    path = tmp_path / "data_batch_1"
+    path.write_bytes(pickle.dumps({b"data": np.zeros((1, 3072), np.uint8), b"labels": [0], b"x": Payload()}))
+    with pytest.raises(UserError, match="refusing to load pathlib"):
+        read_batch(path)
+    assert not marker.exists()
+
+
+def test_crop_flip_matches_padding_and_slicing() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(6, 3, 8, 10)
+    top, left = torch.tensor([0, 1, 4, 2, 3, 0]), torch.tensor([4, 0, 2, 3, 1, 0])
+    flip = torch.tensor([False, True, False, True, True, False])
+    out = crop_flip(F.pad(x, (2, 2, 2, 2)), top, left, flip, 8, 10)
+    for n in range(6):  # an independent computation, one image at a time
+        expected = F.pad(x[n], (2, 2, 2, 2))[:, top[n] : top[n] + 8, left[n] : left[n] + 10]
+        if flip[n]:
+            expected = expected.flip(-1)
+        assert torch.equal(out[n], expected)
+
+
+def _is_shift_flip(augmented: torch.Tensor, image: torch.Tensor, padding: int) -> bool:
+    """Whether `augmented` is one of the (2p+1)^2 x 2 shifts/flips of `image` (zero-padded)."""
+    h, w = image.shape[-2:]
+    padded = F.pad(image, (padding,) * 4)
+    for dy in range(2 * padding + 1):
+        for dx in range(2 * padding + 1):
+            window = padded[:, dy : dy + h, dx : dx + w]
+            if torch.equal(augmented, window) or torch.equal(augmented, window.flip(-1)):
+                return True
+    return False
+
+
+def test_cifar10_train_transform_is_a_shift_and_flip(tiny_cifar: Path) -> None:
+    ds = get_dataset("cifar10")(tiny_cifar)
+    splits = ds.load()
+    torch.manual_seed(1)
+    x = splits.train.x[:16]
+    augmented = ds.train_transform(x)
+    assert augmented.shape == (16, 3, 32, 32)
+    normalised = ds.eval_transform(x)
+    assert all(_is_shift_flip(augmented[n], normalised[n], 4) for n in range(16))
+    assert not torch.equal(augmented, normalised)  # 16 images: some were moved
+
+
+# ---------------------------------------------------------------- CIFAR-10N
+
+
+def test_cifar10n_human_labels_for_train_and_validation(tiny_cifar: Path) -> None:
+    splits = get_dataset("cifar10n")(tiny_cifar).load()
+    stored = torch.load(tiny_cifar / LABELS_FILE, weights_only=False)  # the test's own file: trusted
+    assert set(splits.human_labels) == {"aggre", "worse", "random1", "random2", "random3"}
+    train, val = splits.human_labels["worse"]
+    np.testing.assert_array_equal(train, stored["worse_label"][:80])  # batches 1-4
+    np.testing.assert_array_equal(val, stored["worse_label"][80:])  # batch 5 keeps its human labels
+    np.testing.assert_array_equal(splits.train.y, stored["clean_label"][:80])
+    assert len(splits.test) == 20  # clean: no human labels for the test batch
+    summary = noise.summarise(splits.train.y, train, val, 10, None)
+    assert summary.noise_rate == pytest.approx(np.mean(train != splits.train.y))
+
+
+def test_cifar10n_refuses_a_wrong_checksum(tiny_cifar: Path, monkeypatch) -> None:
+    monkeypatch.setattr(CIFAR10N, "files", {**CIFAR10N.files, LABELS_FILE: "0" * 32})
+    monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "0")  # does not switch off the check before unpickling
+    loads = []
+    monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(k))
+    with pytest.raises(UserError, match="md5 mismatch"):
+        get_dataset("cifar10n")(tiny_cifar).load()
+    assert loads == []  # refused before anything was unpickled
+
+
+def test_cifar10n_never_unpickles_unrestricted(tmp_path: Path, monkeypatch) -> None:
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    path = tmp_path / LABELS_FILE
+    path.parent.mkdir(parents=True)
+    torch.save({"clean_label": np.zeros(10, np.int64), "aggre_label": Payload()}, path)
+    monkeypatch.setattr(CIFAR10N, "files", {**CIFAR10N.files, LABELS_FILE: file_md5(path)})
+    calls = []
+    real_load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: calls.append(k) or real_load(*a, **k))
+    ds = get_dataset("cifar10n")(tmp_path)
+    with pytest.raises(UserError, match="not a CIFAR-10N label file"):
+        ds.human_labels_file()
+    assert not marker.exists()
+    assert calls and all(k.get("weights_only") is True for k in calls)  # no second, unrestricted try
+    assert any("not a CIFAR-10N label file" in line for line in ds.describe())
+
+
+def test_cifar10n_describe_from_the_labels_alone(tiny_cifar: Path, capsys) -> None:
+    for rel in CIFAR10.files:
+        (tiny_cifar / rel).unlink()  # no images: the rates still come from the label file
+    stored = torch.load(tiny_cifar / LABELS_FILE, weights_only=False)
+    lines = get_dataset("cifar10n")(tiny_cifar).describe()
+    assert any("missing: cifar-10-batches-py/data_batch_1" in line for line in lines)
+    worse = 100 * np.mean(stored["worse_label"] != stored["clean_label"])
+    assert any(f"worse {worse:.2f}%" in line and "all 100" in line for line in lines)
+    assert main(["datasets", "--data-root", str(tiny_cifar)]) == 0
+    assert f"worse {worse:.2f}%" in capsys.readouterr().out
+
+
+def test_cifar10n_trial_on_human_labels(tiny_cifar: Path, tmp_path: Path, monkeypatch) -> None:
+    from bench.config import TrialConfig
+    from bench.trainer import run_trial
+
+    monkeypatch.setattr(CIFAR10N, "model", "mlp")  # the pipeline, not ResNet-34, is under test here
+    monkeypatch.setattr(CIFAR10N, "eval_transform", lambda self, x: self.normalise(x).flatten(1))
+    monkeypatch.setattr(CIFAR10N, "train_transform", lambda self, x: self.normalise(x).flatten(1))
+    from bench.data import Splits
+
+    real_load = CIFAR10N.load
+
+    def load(self) -> Splits:
+        splits = real_load(self)
+        splits.model_args = {"in_features": 3072}
+        return splits
+
+    monkeypatch.setattr(CIFAR10N, "load", load)
+    config = TrialConfig(dataset="cifar10n", method="ce", noise="worse", r=0.0, epochs=1, epochs_warmup=1,
+                         batch_size=16)
+    row = run_trial(config, tiny_cifar, results=tmp_path / "results", log=lambda s: None)
+    stored = torch.load(tiny_cifar / LABELS_FILE, weights_only=False)
+    assert row["status"] == "ok"
+    assert row["noise_rate"] == pytest.approx(np.mean(stored["worse_label"][:80] != stored["clean_label"][:80]))
+
+
+def test_resnet34_cifar_shapes() -> None:
+    from bench.models import create
+
+    net = create("resnet34_cifar", 10).eval()
+    with torch.no_grad():
+        assert net(torch.zeros(1, 3, 32, 32)).shape == (1, 10)
+    assert sum(1 for m in net.modules() if isinstance(m, torch.nn.Conv2d) and m.kernel_size == (3, 3)) == 33
+    assert not any(isinstance(m, torch.nn.MaxPool2d) for m in net.modules())
+
+
+# ---------------------------------------------------------------- Dogs vs Cats
+
+
+def test_dogs_vs_cats_splits_cache_and_augmentation(tmp_path: Path, monkeypatch) -> None:
+    write_dogs(tmp_path)
+    monkeypatch.setenv("BENCH_CACHE", str(tmp_path / "cache"))
+    ds = get_dataset("dogs_vs_cats")(tmp_path)
+    splits = ds.load()
+    assert (len(splits.train), len(splits.val), len(splits.test)) == (12, 6, 6)  # 24 images: 1/2, 1/4, 1/4
+    assert splits.notes and "proportional" in splits.notes[0]
+    assert splits.train.x.shape == (12, 3, 64, 64) and splits.train.x.dtype == torch.uint8
+    # Class 0 = dog (bluish), 1 = cat (reddish): the decoded pixels agree with the labels of the file names.
+    for split in (splits.train, splits.val, splits.test):
+        bottom_right = split.x[:, :, 40:, 40:].float().mean(dim=(2, 3))
+        np.testing.assert_array_equal((bottom_right[:, 2] > bottom_right[:, 0]).numpy(), split.y == 0)
+    assert len(list((tmp_path / "cache" / "dogs_vs_cats").glob("*.pt"))) == 1
+    assert not list((tmp_path / "cache" / "dogs_vs_cats").glob("*.part"))
+
+    # A second load reads the cache and decodes nothing; the split is the same.
+    monkeypatch.setattr(dogs_mod, "decode_images", lambda *a, **k: pytest.fail("decoded again"))
+    again = get_dataset("dogs_vs_cats")(tmp_path).load()
+    assert torch.equal(again.train.x, splits.train.x)
+    np.testing.assert_array_equal(again.test.y, splits.test.y)
+
+    # Another file list is another cache entry.
+    write_jpeg(tmp_path / "dogs-vs-cats" / "train" / "dog.99.jpg", (40, 40, 200), (64, 64))
+    with pytest.raises(pytest.fail.Exception, match="decoded again"):
+        get_dataset("dogs_vs_cats")(tmp_path).load()
+
+    torch.manual_seed(0)
+    augmented = ds.train_transform(splits.train.x)
+    normalised = ds.eval_transform(splits.train.x)
+    assert augmented.shape == (12, 3, 64, 64)
+    assert all(_is_shift_flip(augmented[n], normalised[n], dogs_mod.PADDING) for n in range(12))
+    from bench.models import create
+
+    assert create("vgg16_bn", 2, **splits.model_args)(normalised[:2]).shape == (2, 2)
+
+
+def test_dogs_vs_cats_missing_folder(tmp_path: Path) -> None:
+    ds = get_dataset("dogs_vs_cats")(tmp_path)
+    assert ds.status().startswith("missing")
+    with pytest.raises(UserError, match=r"missing train/cat\.N\.jpg.*kaggle"):
+        ds.load()
+
+
+# ---------------------------------------------------------------- Clothing1M
+
+
+def test_clothing1m_annotations_streaming_and_transforms(tmp_path: Path, monkeypatch) -> None:
+    keys = write_clothing(tmp_path)
+    monkeypatch.delenv("BENCH_RESNET50_WEIGHTS", raising=False)
+    ds = get_dataset("clothing1m")(tmp_path)
+    splits = ds.load()
+    assert (len(splits.train), len(splits.val), len(splits.test)) == (12, 6, 6)
+    assert not isinstance(splits.train.x, torch.Tensor)  # streamed, decoded on demand
+    image = splits.train.x[0]
+    assert image.shape == (3, 256, 256) and image.dtype == torch.uint8
+    noisy_train, val_labels = splits.human_labels["real"]
+    np.testing.assert_array_equal(val_labels, splits.val.y)  # validation and test are clean
+    np.testing.assert_array_equal(splits.val.y, [i % 14 for i in range(12, 18)])
+    np.testing.assert_array_equal(noisy_train, [(i + (i % 3 == 0)) % 14 for i in range(12)])
+    np.testing.assert_array_equal(splits.train.y, [i if i % 2 == 0 else -1 for i in range(12)])  # -1: unknown
+    assert splits.train.x.keys == keys["train"]
+
+    summary = noise.summarise(splits.train.y, noisy_train, val_labels, 14, None)
+    assert np.isnan(summary.noise_rate)
+    known = splits.train.y >= 0
+    np.testing.assert_allclose(summary.empirical, noise.empirical_transition(
+        splits.train.y[known], noisy_train[known], 14))
+
+    batch = torch.stack([splits.train.x[i] for i in range(4)])
+    torch.manual_seed(0)
+    train_out, eval_out = ds.train_transform(batch), ds.eval_transform(batch)
+    assert train_out.shape == eval_out.shape == (4, 3, 224, 224)
+    assert train_out.dtype == eval_out.dtype == torch.float32
+    # The centre crop is exactly the middle 224 x 224, normalised by ImageNet's statistics.
+    mean = torch.tensor((0.485, 0.456, 0.406)).view(1, 3, 1, 1)
+    std = torch.tensor((0.229, 0.224, 0.225)).view(1, 3, 1, 1)
+    torch.testing.assert_close(eval_out, (batch[:, :, 16:240, 16:240].float() / 255 - mean) / std)
+
+
+def test_clothing1m_missing_files_and_bad_lines(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="missing category_names_eng.txt.*noisy_label_kv.txt.*on request"):
+        get_dataset("clothing1m")(tmp_path).load()
+    write_clothing(tmp_path)
+    (tmp_path / "clothing1M" / "noisy_label_kv.txt").write_text("images/0/00/1.jpg fourteen\n")
+    with pytest.raises(UserError, match="noisy_label_kv.txt, line 1"):
+        get_dataset("clothing1m")(tmp_path).load()
+
+
+def test_clothing1m_missing_image_is_named(tmp_path: Path) -> None:
+    keys = write_clothing(tmp_path)
+    (tmp_path / "clothing1M" / keys["test"][0]).unlink()
+    splits = get_dataset("clothing1m")(tmp_path).load()
+    with pytest.raises(UserError, match="missing image .*" + keys["test"][0].split("/")[-1]):
+        splits.test.x[0]
+
+
+def test_resnet50_local_weights_only(tmp_path: Path) -> None:
+    from bench.models import create
+
+    with pytest.raises(UserError, match="no ImageNet weights file"):
+        create("resnet50", 14, weights=str(tmp_path / "absent.pth"))
+    import torchvision
+
+    state = torchvision.models.resnet50(weights=None).state_dict()
+    state["conv1.weight"] = torch.full_like(state["conv1.weight"], 0.5)
+    torch.save(state, tmp_path / "r50.pth")
+    net = create("resnet50", 14, weights=str(tmp_path / "r50.pth"))
+    assert torch.all(net.conv1.weight == 0.5) and net.fc.out_features == 14
+
+
+# ---------------------------------------------------------------- the real files (skipped when absent)
+
+
+@pytest.mark.realdata
+def test_real_cifar10n_noise_rates(shared_data: Path) -> None:
+    labels = get_dataset("cifar10n")(shared_data).human_labels_file()
+    clean = labels["clean_label"]
+    assert len(clean) == 50_000
+    assert round(100 * np.mean(labels["aggre_label"] != clean), 2) == 9.01
+    assert round(100 * np.mean(labels["worse_label"] != clean), 2) == 40.21
+    lines = get_dataset("cifar10n")(shared_data).describe()
+    assert any("aggre 9.01%" in line and "worse 40.21%" in line for line in lines)
+
+
+@pytest.mark.realdata
+def test_real_cifar10_sample_through_the_batch_format(shared_data: Path, tmp_path: Path) -> None:
+    """The 200 real sample images (Kaggle PNGs) written as a CIFAR-10 python batch: the loader gives back their
+    pixels, their labels agree with CIFAR-10N's clean labels (torchvision's order), and the augmentation of real
+    images is a shift/flip of their normalised pixels."""
+    folder = shared_data / "CIFAR-10-sample"
+    with open(folder / "trainLabels.csv") as f:
+        rows = [(name, label) for name, label in csv.reader(f) if name.endswith(".png")]
+    rows.sort(key=lambda r: int(r[0].split(".")[0]))
+    pixels = np.stack([np.asarray(Image.open(folder / "train" / name).convert("RGB")) for name, _ in rows])
+    labels = [CIFAR_CLASSES.index(label) for _, label in rows]
+    path = tmp_path / "data_batch_1"
+    data = pixels.transpose(0, 3, 1, 2).reshape(len(rows), 3072)  # the published layout: R, G, B planes
+    path.write_bytes(pickle.dumps({b"data": data, b"labels": labels}, protocol=2))
+    x, y = read_batch(path)
+    assert torch.equal(x, torch.from_numpy(pixels).permute(0, 3, 1, 2))
+    human = get_dataset("cifar10n")(shared_data).human_labels_file()
+    np.testing.assert_array_equal(y, human["clean_label"][: len(y)])
+
+    ds = get_dataset("cifar10")(tmp_path)
+    ds.normalise = cifar10_mod.PixelNormalisation(x)
+    torch.manual_seed(2)
+    augmented, normalised = ds.train_transform(x[:20]), ds.eval_transform(x[:20])
+    assert all(_is_shift_flip(augmented[n], normalised[n], 4) for n in range(20))
+
+
+@pytest.mark.realdata
+def test_real_dogs_vs_cats_subset(shared_data: Path, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("BENCH_CACHE", str(tmp_path))
+    ds = get_dataset("dogs_vs_cats")(shared_data)
+    splits = ds.load()
+    n = len(ds.images())
+    assert n == 2_002
+    assert (len(splits.train), len(splits.val), len(splits.test)) == (1_001, 500, 501)
+    assert splits.train.x.shape == (1_001, 3, 64, 64)
+    assert 0.4 < splits.train.y.mean() < 0.6
+    assert ds.status() == "ready (subset: 2,002 of 25,000)"
