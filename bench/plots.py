@@ -55,6 +55,7 @@ def accuracy_vs_r(
         ax.plot(r, mean, marker="o", ms=4, color=color, label=labels.get(method, method),
                 lw=2.4 if method == reference else 1.4, ls="--" if method in privileged else "-")
         ax.fill_between(r, mean - std, mean + std, color=color, alpha=0.18, lw=0)
+        ax.errorbar(r, mean, yerr=std, fmt="none", ecolor=color, elinewidth=0.8, capsize=2, alpha=0.7)
     ax.set_xlabel("noise level r")
     ax.set_ylabel("clean test accuracy (%)")
     ax.set_title(f"{dataset}, {noise} noise: mean ± std over seeds")
@@ -100,7 +101,7 @@ def paper_heatmap(comparison: pl.DataFrame, stem: Path) -> list[Path]:
             text = f"{values[i, j]:+.1f}" + ("!" if flags[i, j] else "")
             dark = abs(values[i, j]) > 0.6 * limit
             ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
-    ax.set_xticks(range(len(rs)), [f"{r:g}" for r in rs])
+    ax.set_xticks(range(len(rs)), [f"{r:.1f}" if round(r, 1) == r else f"{r:g}" for r in rs])
     ax.set_yticks(range(len(keys)), [f"{d} · {m}" for d, m in keys])
     ax.set_xlabel("noise level r")
     ax.set_title("measured − paper (accuracy points); ! = beyond the combined std; grey = not measured",

@@ -485,7 +485,7 @@ document.querySelectorAll('table.sortable th').forEach(function (th) {
 def _td(text: Any, cls: str = "", value: float | None = None, title: str = "") -> str:
     attrs = (f' class="{cls}"' if cls else "") + (f' data-v="{value}"' if value is not None else "")
     attrs += f' title="{html.escape(title)}"' if title else ""
-    return f"<td{attrs}>{html.escape(str(text))}</td>"
+    return f"<td{attrs}>{html.escape(MISSING if text is None else str(text))}</td>"
 
 
 def _html_table(header: list[str], rows: list[str], left: int = 1) -> str:
@@ -529,8 +529,9 @@ def to_html(tabs: list[Table], paired: pl.DataFrame, wtl: pl.DataFrame, comparis
                 _td(p.get("test", "")), _td(c["settings_tried"]), _td(c["ok"]), _td(c["diverged"]),
                 _td(c["failed"], "flag" if c["failed"] else ""), _td(c["setting"] or MISSING, "l"),
                 _td(c["lr"]), _td(c["batch_size"]), _td(c["method_params"], "l"),
-                _td(f"{c['epochs_warmup']}+{c['epochs']}"), _td(c["git_commits"], "l"),
-                _td(f"torch {c['torch_versions']}; numpy {c['numpy_versions']}; python {c['python_versions']}", "l"),
+                _td(f"{c['epochs_warmup']}+{c['epochs']}" if c["n"] else None), _td(c["git_commits"] or None, "l"),
+                _td(f"torch {c['torch_versions']}; numpy {c['numpy_versions']}; python {c['python_versions']}"
+                    if c["n"] else None, "l"),
             ]) + "</tr>")
         body.append("<details><summary>every cell: statistics and provenance</summary>" + _html_table(
             ["method", "r", "n", "test acc", "std", "95% CI", "last-epoch acc", "std", "val loss",
