@@ -161,7 +161,8 @@ def _load_extra_commands() -> None:
             if e.name != module:
                 raise
             continue
-        EXTRA_COMMANDS.append(mod.add_commands)
+        if mod.add_commands not in EXTRA_COMMANDS:  # main() may run more than once in a process (tests)
+            EXTRA_COMMANDS.append(mod.add_commands)
 
 
 def main(argv: list[str] | None = None) -> int:
