@@ -284,3 +284,21 @@ def test_cli_report_and_leaderboard(results: Path, tmp_path: Path, capsys: pytes
     (tmp_path / "empty").mkdir()
     assert main(["leaderboard", str(tmp_path / "empty")]) == 2
     assert "no result rows" in capsys.readouterr().err
+
+
+def test_all_failed_cells_and_privileged_methods(tmp_path: Path) -> None:
+    rows = [make_row("ce", 0.2, 0, None, None, status="failed"), make_row("dmi", 0.2, 0, None, None, status="failed")]
+    rows += [make_row("fw_oracle", 0.4, s, 0.5, 99.0) for s in (0, 1)]  # privileged: flagged, never "best"
+    rows += [make_row("dmi", 0.4, s, 0.5, 80.0 + s) for s in (0, 1)]
+    df = report.load_trials(write(tmp_path / "res", rows))
+    grid = report.aggregate(df)
+    assert grid.height == 6  # 3 methods x 2 noise levels, nothing dropped
+    failed = cell(grid, "ce", 0.2)
+    assert (failed["n"], failed["failed"], failed["acc_mean"]) == (0, 1, None)
+    paired = report.paired_comparison(df, grid)
+    (table,) = report.tables(grid, paired)
+    assert table.entries[(0.2, "dmi")].text == f"{report.MISSING} (1 failed)"
+    assert table.entries[(0.4, "dmi")].best and not table.entries[(0.4, "fw_oracle")].best
+    assert cell(grid, "fw_oracle", 0.4)["privileged"] is True
+    md = report.to_markdown([table], report.win_tie_loss(paired), report.paper_comparison(grid), "")
+    assert "FW (true T) †" in md and "| 0.4 | — | 99.00 ± 0.00 * | **80.50 ± 0.71** |" in md
