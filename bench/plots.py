@@ -44,6 +44,7 @@ def accuracy_vs_r(
     fig = Figure(figsize=(6.4, 4.2))
     ax = fig.add_subplot()
     colors = matplotlib.colormaps["tab10"].colors
+    drawn = 0
     for i, method in enumerate(methods):
         rows = grid.filter(pl.col("method") == method).sort("r")
         r = rows["r"].to_numpy()
@@ -52,6 +53,7 @@ def accuracy_vs_r(
         if np.all(np.isnan(mean)):
             continue
         color = colors[i % len(colors)]
+        drawn += 1
         ax.plot(r, mean, marker="o", ms=4, color=color, label=labels.get(method, method),
                 lw=2.4 if method == reference else 1.4, ls="--" if method in privileged else "-")
         ax.fill_between(r, mean - std, mean + std, color=color, alpha=0.18, lw=0)
@@ -60,12 +62,11 @@ def accuracy_vs_r(
     ax.set_ylabel("clean test accuracy (%)")
     ax.set_title(f"{dataset}, {noise} noise: mean ± std over seeds")
     ax.grid(alpha=0.3)
-    if ax.lines:
-        ax.legend(fontsize=8, ncol=2 if len(ax.lines) > 5 else 1, loc="best")
+    if drawn:
+        ax.legend(fontsize=8, ncol=2 if drawn > 5 else 1, loc="best")
     else:
         ax.text(0.5, 0.5, "no usable trials", ha="center", va="center", transform=ax.transAxes)
-    paths = _save(fig, stem)
-    return paths
+    return _save(fig, stem)
 
 
 def paper_heatmap(comparison: pl.DataFrame, stem: Path) -> list[Path]:
