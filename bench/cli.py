@@ -154,6 +154,7 @@ EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction, Callable[[argparse.Ar
 def _load_extra_commands() -> None:
     import importlib
 
+    EXTRA_COMMANDS.clear()  # main() may run more than once in a process (tests)
     for module in ("bench.runner", "bench.report"):
         try:
             mod = importlib.import_module(module)
