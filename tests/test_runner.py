@@ -1,0 +1,328 @@
+"""The Ray Tune runner end to end, on the real local Ray (no mocks) and the generated synthetic dataset.
+
+One local Ray session serves the in-process tests (module fixture); the killed-driver and cluster tests run
+`bench run` in subprocesses. Processes these tests start are stopped by their own ids (never `ray stop`).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+import torch
+import yaml
+
+from bench.cli import main
+from bench.config import UserError
+from bench.experiment import load_experiment
+from bench.results import read_table
+from bench.runner import Settings, run_experiment
+from bench.warmstart import WarmStartCache
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = str(Path(sys.executable).parent / "bench")
+SYNTHETIC = dict(
+    name="syn", dataset="synthetic", noise="case3", r=[0.0, 0.4], seeds=[0, 1], epochs=2, epochs_warmup=2,
+    resources={"cpu": 1}, methods={"ce": {}, "dmi": {"lr": 1e-3}},
+)
+
+
+def write_config(folder: Path, **changes) -> Path:
+    data = {**SYNTHETIC, **changes}
+    path = folder / f"{data['name']}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONWARNINGS": "ignore", **extra}
+
+
+def mlflow_trial_runs(results: Path, experiment: str) -> list:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{results / 'mlflow.db'}")
+    exp = client.get_experiment_by_name(experiment)
+    return [run for run in client.search_runs([exp.experiment_id], max_results=1000)
+            if run.data.tags.get("bench.kind") == "trial"]
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def grid(ray_session, tmp_path_factory):
+    """The 8-trial synthetic grid (CE and L_DMI x 2 noise levels x 2 seeds), run once for several tests."""
+    folder = tmp_path_factory.mktemp("grid")
+    config = write_config(folder)
+    results = folder / "results"
+    lines: list[str] = []
+    tally = run_experiment(load_experiment(config), Settings(results=str(results), data_root=folder), lines.append)
+    return config, results, tally, lines
+
+
+# -- experiment files -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("change, key, allowed", [
+    ({"epoch": 3}, "epoch", "allowed: name, dataset"),  # unknown key (did you mean epochs?)
+    ({"seeds": "five"}, "seeds", "expected an integer"),  # wrong type
+    ({"r": [0.0, 1.5]}, "r", "<= 1.0"),  # impossible value
+    ({"epochs": -1}, "epochs", ">= 0"),
+    ({"resources": {"cpu": 0}}, "resources.cpu", "> 0.0"),
+    ({"resources": {"cpu": 1, "gpus": 1}}, "resources.gpus", "allowed: cpu, gpu"),
+    ({"methods": {"dmi": {"lr": "fast"}}}, "methods.dmi.lr", "expected a number"),
+    ({"methods": {"dmi": {"batch_size": 0}}}, "methods.dmi.batch_size", ">= 1"),
+    ({"methods": {"nope": {}}}, "methods", "unknown method 'nope'"),
+    ({"methods": {"gce": {"qq": 0.7}}}, "methods.gce.qq", "allowed: lr, batch_size, epochs"),
+    ({"dataset": "mnist"}, "dataset", "unknown dataset 'mnist'"),
+    ({"noise": "pairs"}, "noise", "unknown noise for synthetic: 'pairs'"),
+    ({"device": "tpu"}, "device", "allowed: cpu, cuda"),
+])
+def test_config_errors_name_file_and_key(tmp_path, capsys, change, key, allowed):
+    path = write_config(tmp_path, **change)
+    assert main(["run", str(path), "--dry-run", "--results", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"bench: error: {path}: {key}:"), err
+    assert allowed in err, err
+    assert "\n" not in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_config_yaml_reads_1e_minus_4_as_a_number(tmp_path):
+    path = tmp_path / "x.yaml"
+    path.write_text(yaml.safe_dump({**SYNTHETIC, "methods": {"dmi": {"lr": "PLACEHOLDER"}}}).replace(
+        "PLACEHOLDER", "[1e-4, 1e-5]"))
+    exp = load_experiment(path)
+    assert [t.lr for t in exp.trials() if t.seed == 0 and t.r == 0.0] == [1e-4, 1e-5]
+
+
+def test_shipped_configs_validate_against_the_registries():
+    paths = sorted((REPO / "tune_configs").glob("*.yaml"))
+    names = {p.stem for p in paths}
+    assert {"fashion_mnist_case1", "fashion_mnist_case2", "fashion_mnist_case3", "cifar10", "dogs_vs_cats", "mr",
+            "clothing1m", "cifar10n", "demo"} <= names
+    for path in paths:
+        exp = load_experiment(path)  # schema and names: every dataset, noise and method is registered
+        assert exp.name == path.stem
+        if path.stem != "demo" and exp.dataset not in ("clothing1m", "cifar10n"):
+            assert exp.r == tuple(round(0.1 * i, 1) for i in range(10))
+            assert len(exp.seeds) == 5
+            dmi = {t.lr for t in exp.trials() if t.method == "dmi"}, {t.batch_size for t in exp.trials()
+                                                                       if t.method == "dmi"}
+            assert dmi == ({1e-4, 1e-5, 1e-6}, {128, 256})
+            assert {"ce", "fw", "gce", "lccn", "mentornet", "vat", "dmi"} <= {m.name for m in exp.methods}
+
+
+def test_demo_dry_run(capsys):
+    assert main(["run", str(REPO / "tune_configs" / "demo.yaml"), "--dry-run", "--results",
+                 tempfile.mkdtemp(prefix="demo-dry")]) == 0
+    out = capsys.readouterr().out
+    assert "grid: 16 trials = 8 ce + 8 dmi" in out
+    assert "8 CE warm starts shared by 16 trials" in out
+
+
+# -- the grid on local Ray --------------------------------------------------------------------------------------
+def test_grid_writes_one_row_and_one_mlflow_run_per_trial(grid):
+    config, results, tally, lines = grid
+    trials = load_experiment(config).trials()
+    rows = read_table(results)
+    assert rows.height == 8 and sorted(rows["trial_id"]) == sorted(t.trial_id for t in trials)
+    assert set(rows["status"]) == {"ok"}
+    assert tally.done == 8 and sum(line.startswith("[") for line in lines) == 8
+    assert any("ETA" in line for line in lines) and any("warm-start cache" in line for line in lines)
+
+    runs = mlflow_trial_runs(results, "syn")
+    assert len(runs) == 8
+    by_id = {r.data.tags["bench.trial_id"]: r for r in runs}
+    for row in rows.iter_rows(named=True):
+        run = by_id[row["trial_id"]]
+        p = run.data.params
+        assert (p["method"], float(p["lr"]), float(p["r"]), int(p["seed"])) == (
+            row["method"], row["lr"], row["r"], row["seed"])
+        assert run.data.tags["bench.cell"] == f"synthetic/case3/r={row['r']:g}"
+        assert run.data.metrics["test_acc"] == pytest.approx(row["test_acc"])
+        assert run.data.tags["mlflow.parentRunId"]
+    assert len({r.data.tags["mlflow.parentRunId"] for r in runs}) == 2  # one parent run per (noise, r) cell
+
+
+def test_warm_start_is_shared_by_the_methods_of_a_cell(grid):
+    _, results, tally, _ = grid
+    # 4 (r, seed) cells: CE and L_DMI of a cell share one warm start.
+    assert len(list((results / "warmstart").glob("*.pt"))) == 4
+    assert (tally.warm_misses, tally.warm_hits) == (4, 4)
+    epochs = read_table(results, "epochs")
+    warm_trials = epochs.filter(pl.col("stage") == "warmup").select("trial_id").unique().height
+    assert warm_trials == 4
+
+
+def test_relaunch_runs_nothing_and_a_grown_grid_runs_only_the_new_trials(grid, tmp_path):
+    config, results, _, _ = grid
+    lines: list[str] = []
+    tally = run_experiment(load_experiment(config), Settings(results=str(results), data_root=tmp_path), lines.append)
+    assert tally.total == 0 and "nothing to run" in lines[-1]
+
+    grown = write_config(tmp_path, seeds=[0, 1, 2])
+    tally = run_experiment(load_experiment(grown), Settings(results=str(results), data_root=tmp_path), lines.append)
+    assert tally.total == 4 and tally.done == 4
+    rows = read_table(results)
+    assert rows.height == 12 and rows["trial_id"].n_unique() == 12
+    assert len(mlflow_trial_runs(results, "syn")) == 12
+
+
+def test_results_command(grid, tmp_path, capsys):
+    _, results, _, _ = grid
+    out = tmp_path / "all.parquet"
+    assert main(["results", str(results), "--out", str(out)]) == 0
+    assert pl.read_parquet(out).height == read_table(results).height
+    assert main(["results", str(results)]) == 0
+    printed = capsys.readouterr().out
+    assert read_table(results)["trial_id"][0] in printed
+    assert main(["results", str(tmp_path / "empty")]) == 2
+
+
+def test_mlflow_store_down_loses_nothing_and_sync_backfills(ray_session, tmp_path, capsys):
+    config = write_config(tmp_path, name="down", r=[0.2], seeds=[0])
+    results = tmp_path / "results"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens there once the socket closes
+    tally = run_experiment(load_experiment(config),
+                           Settings(results=str(results), data_root=tmp_path, mlflow_uri=dead), lambda s: None)
+    assert tally.done == 2 and read_table(results).height == 2
+    err = capsys.readouterr().err
+    assert "MLflow store" in err and "bench sync-mlflow" in err
+
+    assert main(["sync-mlflow", str(results)]) == 0
+    assert "logged 2 missing runs" in capsys.readouterr().out
+    assert main(["sync-mlflow", str(results)]) == 0  # idempotent
+    assert "logged 0 missing runs" in capsys.readouterr().out
+    assert len(mlflow_trial_runs(results, "down")) == 2
+
+
+def test_gpu_request_on_a_cpu_only_cluster_fails_at_once(ray_session, tmp_path):
+    if ray_session.cluster_resources().get("GPU"):
+        pytest.skip("this machine has a GPU")
+    config = write_config(tmp_path, name="gpu", device="cuda", resources={"cpu": 1, "gpu": 0.5})
+    started = time.monotonic()
+    with pytest.raises(UserError, match=r"0.5 GPU.*no node of this Ray cluster"):
+        run_experiment(load_experiment(config), Settings(results=str(tmp_path / "r"), data_root=tmp_path,
+                                                         mlflow=False), lambda s: None)
+    assert time.monotonic() - started < 30
+    assert read_table(tmp_path / "r").is_empty()
+
+
+# -- the warm-start cache ---------------------------------------------------------------------------------------
+def _want_warm_start(results: str, key: str, log: str) -> tuple[float, dict]:
+    cache = WarmStartCache(results)
+
+    def train() -> dict[str, torch.Tensor]:
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        time.sleep(1.0)
+        return {"w": torch.full((3,), float(os.getpid()))}
+
+    state = cache(key, train)
+    return float(state["w"][0]), cache.stats()
+
+
+def test_warm_start_cache_is_concurrent_safe(tmp_path):
+    log = tmp_path / "trained.txt"
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        out = pool.starmap(_want_warm_start, [(str(tmp_path), "k1", str(log))] * 2)
+    assert len(log.read_text().split()) == 1  # trained once; the other waited on the lock and loaded it
+    assert out[0][0] == out[1][0]
+    assert sorted((s["warm_hits"], s["warm_misses"]) for _, s in out) == [(0, 1), (1, 0)]
+    assert [p.name for p in (tmp_path / "warmstart").iterdir() if p.suffix == ".tmp"] == []
+
+
+# -- a killed driver, and a cluster reached by --address --------------------------------------------------------
+def _session_pids(session: int) -> list[int]:
+    out = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True).stdout.split("\n")
+    return [int(p) for p, s in (line.split() for line in out if line.strip()) if int(s) == session]
+
+
+def _kill_session(session: int) -> None:
+    """Kill the processes of a session these tests started (the leader's pid is the session id)."""
+    for pid in _session_pids(session):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.slow
+def test_killed_driver_relaunch_gives_every_row_exactly_once(ray_session, tmp_path):
+    config = write_config(tmp_path, name="killed", r=[0.0, 0.2, 0.4, 0.6], seeds=[0], epochs=40, epochs_warmup=3)
+    results = tmp_path / "results"
+    driver = subprocess.Popen([BENCH, "run", str(config), "--results", str(results), "--max-concurrent", "1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                              env=subprocess_env())
+    try:
+        deadline = time.monotonic() + 120
+        while not list((results / "trials").glob("*.parquet")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert list((results / "trials").glob("*.parquet")), "no trial finished in time"
+        driver.kill()
+        driver.wait()
+    finally:
+        _kill_session(driver.pid)
+    landed = len(list((results / "trials").glob("*.parquet")))
+    assert landed < 8, "the driver finished before it was killed: make the trials longer"
+
+    tally = run_experiment(load_experiment(config), Settings(results=str(results), data_root=tmp_path),
+                           lambda s: None)
+    assert tally.total <= 8 - 1
+    rows = read_table(results)
+    expected = sorted(t.trial_id for t in load_experiment(config).trials())
+    assert sorted(rows["trial_id"]) == expected  # none missing, none twice
+    assert set(rows["status"]) == {"ok"}
+    runs = mlflow_trial_runs(results, "killed")
+    assert sorted(r.data.tags["bench.trial_id"] for r in runs) == expected
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_grid_on_a_local_cluster_reached_by_address(tmp_path):
+    # Token auth (DESIGN §6): the cluster and its client agree on RAY_AUTH_MODE; this private cluster on 127.0.0.1
+    # runs without a token so that the test never touches ~/.ray/auth_token.
+    env = subprocess_env(RAY_AUTH_MODE="disabled")
+    temp_dir = tempfile.mkdtemp(prefix="rayt", dir="/tmp")  # short: Ray's socket paths have a length limit
+    port = _free_port()
+    head = subprocess.Popen(
+        [str(Path(sys.executable).parent / "ray"), "start", "--head", "--port", str(port),
+         "--node-ip-address", "127.0.0.1", "--num-cpus", "2", "--temp-dir", temp_dir,
+         "--include-dashboard", "false", "--disable-usage-stats"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env,
+    )
+    try:
+        out, _ = head.communicate(timeout=120)
+        assert head.returncode == 0, out
+        config = write_config(tmp_path, name="cluster")
+        results = tmp_path / "results"
+        run = subprocess.run([BENCH, "run", str(config), "--results", str(results), "--address",
+                              f"127.0.0.1:{port}", "--no-mlflow"], capture_output=True, text=True, timeout=240,
+                             env=env)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "[8/8]" in run.stdout
+        assert read_table(results).height == 8
+    finally:
+        _kill_session(head.pid)
