@@ -5,12 +5,11 @@ Class 0 = dog, 1 = cat: the paper's noise flips cat -> dog. The split is drawn o
 the sorted file names; a smaller copy (fewer than 25,000 files) gets the same proportions and a note saying so.
 
 The JPEGs are decoded once, resized to 64 x 64 and kept as one uint8 tensor (N x 3 x 64 x 64) in a cache file
-named by a hash of the file list (names and sizes) and the size, written atomically; every later load reads that
+named by a hash of the file list (folder, names and sizes) and the size, written atomically; every later load reads that
 file, so no epoch decodes a JPEG. 64 pixels, not the authors' 150: all 25,000 images then take 307 MB (not
 1.7 GB), live on the training device like CIFAR-10, and VGG-16 runs about 5 times faster; the images are
 squashed to a square as the authors' Resize((150, 150)) did. The cache lives in `$BENCH_CACHE/dogs_vs_cats` when
-that is set, else in `cache/` next to the images when that folder is writable, else in
-`~/.cache/bench/cache/dogs_vs_cats`.
+that is set, else in `~/.cache/bench/cache/dogs_vs_cats`, never in the data folder (it may be shared or read-only).
 
 Augmentation as for CIFAR-10, on the training device: per-pixel normalisation by the training split's mean and
 standard-deviation images, random shifts of up to 8 pixels (a crop of the zero-padded image; 8 of 64 as 4 of 32
@@ -105,16 +104,16 @@ class DogsVsCats(Dataset):
         return super().describe()
 
     def cache_dir(self) -> Path:
-        if os.environ.get("BENCH_CACHE"):
-            return Path(os.environ["BENCH_CACHE"]).expanduser() / "dogs_vs_cats"
-        if os.access(self.root, os.W_OK):
-            return self.root / "cache"
-        return Path.home() / ".cache" / "bench" / "cache" / "dogs_vs_cats"
+        """`$BENCH_CACHE/dogs_vs_cats`, else `~/.cache/bench/cache/dogs_vs_cats`: never inside the data folder,
+        which may be shared or read-only."""
+        base = os.environ.get("BENCH_CACHE")
+        return (Path(base).expanduser() if base else Path.home() / ".cache" / "bench" / "cache") / "dogs_vs_cats"
 
     def cache_file(self, entries: list[tuple[str, int]]) -> Path:
         folder = self.root / "train"
         listing = [(name, (folder / name).stat().st_size) for name, _ in entries]
-        key = hashlib.sha256(json.dumps([CACHE_FORMAT, IMAGE_SIZE, listing]).encode()).hexdigest()[:16]
+        blob = json.dumps([CACHE_FORMAT, IMAGE_SIZE, str(folder.resolve()), listing])
+        key = hashlib.sha256(blob.encode()).hexdigest()[:16]
         return self.cache_dir() / f"train_{IMAGE_SIZE}px_{len(entries)}_{key}.pt"
 
     def load_images(self, entries: list[tuple[str, int]]) -> torch.Tensor:

@@ -344,8 +344,11 @@ def test_dogs_vs_cats_splits_cache_and_augmentation(tmp_path: Path, monkeypatch)
     assert create("vgg16_bn", 2, **splits.model_args)(normalised[:2]).shape == (2, 2)
 
 
-def test_dogs_vs_cats_missing_folder(tmp_path: Path) -> None:
+def test_dogs_vs_cats_missing_folder(tmp_path: Path, monkeypatch) -> None:
     ds = get_dataset("dogs_vs_cats")(tmp_path)
+    monkeypatch.delenv("BENCH_CACHE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert ds.cache_dir() == tmp_path / "home" / ".cache" / "bench" / "cache" / "dogs_vs_cats"  # not the data
     assert ds.status().startswith("missing")
     with pytest.raises(UserError, match=r"missing train/cat\.N\.jpg.*kaggle"):
         ds.load()
