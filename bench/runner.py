@@ -500,8 +500,16 @@ def cmd_ui(args: argparse.Namespace) -> int:
     command = [mlflow_bin or "mlflow", "server", "--host", "127.0.0.1", "--port", str(args.port), "--workers", "1",
                "--backend-store-uri", uri]
     print(f"MLflow UI for {uri} on http://127.0.0.1:{args.port} (Ctrl-C stops it)", flush=True)
-    env = {**os.environ, "PYTHONWARNINGS": "ignore::sqlalchemy.exc.SADeprecationWarning"}
-    return subprocess.run(command, env=env).returncode
+    server = subprocess.Popen(command)
+    try:
+        return server.wait()
+    finally:  # Ctrl-C or an error here: stop the server this command started
+        if server.poll() is None:
+            server.terminate()
+            try:
+                server.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                server.kill()
 
 
 def add_commands(sub: argparse._SubParsersAction, add_data_root: Callable[[argparse.ArgumentParser], None]) -> None:

@@ -1,0 +1,72 @@
+"""Wall time of N short trials through the Ray runner against the same trials in a plain sequential loop.
+
+    python benchmarks/runner_speedup.py [--trials 10] [--epochs 300] [--cpus 2] [--dataset synthetic]
+
+Both arms run the same trials with one torch thread per trial (the sequential loop sets torch.set_num_threads(1);
+the runner gives each trial 1 CPU and sets its torch threads to that), so the comparison measures running trials
+side by side, not intra-op threading. Every trial has its own seed, hence its own warm-start cell: neither arm
+gets cache hits, and each arm writes into its own fresh results folder. The Ray arm's wall time includes starting
+and stopping Ray; the time from the first trial's launch is printed as well. No MLflow logging in either arm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from bench.experiment import parse_experiment
+from bench.runner import Settings, run_experiment
+from bench.trainer import run_trial
+from bench.warmstart import WarmStartCache
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--epochs", type=int, default=300, help="method-stage epochs per trial")
+    parser.add_argument("--epochs-warmup", type=int, default=3)
+    parser.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray (trials run side by side)")
+    parser.add_argument("--dataset", default="synthetic")
+    parser.add_argument("--train-subset", type=int, default=None)
+    parser.add_argument("--data-root", default=str(Path.home() / ".cache" / "bench" / "data"))
+    args = parser.parse_args()
+
+    exp = parse_experiment(dict(
+        name="speedup", dataset=args.dataset, noise="case3", r=0.4, seeds=args.trials, epochs=args.epochs,
+        epochs_warmup=args.epochs_warmup, train_subset=args.train_subset, resources={"cpu": 1},
+        methods={"dmi": {}},
+    ), source="benchmarks/runner_speedup.py")
+    trials = exp.trials()
+    print(f"{len(trials)} trials: {args.dataset} dmi case3 r=0.4, {args.epochs_warmup} warm-start + {args.epochs} "
+          f"method epochs each, one seed each; 1 torch thread per trial in both arms", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="bench-seq-") as seq_dir, \
+            tempfile.TemporaryDirectory(prefix="bench-ray-") as ray_dir:
+        torch.set_num_threads(1)
+        started = time.perf_counter()
+        for trial in trials:
+            run_trial(trial, args.data_root, results=seq_dir, log=lambda line: None,
+                      warm_cache=WarmStartCache(seq_dir))
+        sequential = time.perf_counter() - started
+        print(f"sequential loop: {sequential:6.1f} s  ({sequential / len(trials):.1f} s per trial)", flush=True)
+
+        lines: list[str] = []
+        started = time.perf_counter()
+        tally = run_experiment(exp, Settings(results=ray_dir, data_root=Path(args.data_root), mlflow=False,
+                                             num_cpus=args.cpus), lines.append)
+        through_ray = time.perf_counter() - started
+        grid_only = time.monotonic() - tally.started
+        assert tally.done == len(trials) and set(tally.statuses) == {"ok"}, lines
+
+    print(f"Ray runner:      {through_ray:6.1f} s  (of which {grid_only:.1f} s from the first trial's launch; "
+          f"the rest is Ray start-up and shutdown)")
+    print(f"speedup: {sequential / through_ray:.2f}x end to end, {sequential / grid_only:.2f}x from launch "
+          f"({args.cpus} CPUs, 1 CPU and 1 torch thread per trial)")
+
+
+if __name__ == "__main__":
+    main()
