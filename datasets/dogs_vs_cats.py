@@ -95,7 +95,7 @@ class DogsVsCats(Dataset):
         n = len(self.images())
         if not n:
             return "missing the train/ images"
-        return "ready" if n == FULL_SET else f"ready (subset: {n:,} of {FULL_SET:,})"
+        return "ready" if n == FULL_SET else f"ready ({n:,} of {FULL_SET:,})"
 
     def describe(self) -> list[str]:
         n = len(self.images())

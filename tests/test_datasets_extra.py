@@ -471,4 +471,4 @@ def test_real_dogs_vs_cats_subset(shared_data: Path, tmp_path: Path, monkeypatch
     assert (len(splits.train), len(splits.val), len(splits.test)) == (1_001, 500, 501)
     assert splits.train.x.shape == (1_001, 3, 64, 64)
     assert 0.4 < splits.train.y.mean() < 0.6
-    assert ds.status() == "ready (subset: 2,002 of 25,000)"
+    assert ds.status() == "ready (2,002 of 25,000)"
