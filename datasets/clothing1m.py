@@ -83,13 +83,15 @@ class ClothingImages(torch.utils.data.Dataset):
     """The images of one split, decoded on demand (in DataLoader workers) as 3 x 256 x 256 uint8."""
 
     def __init__(self, root: Path, keys: list[str]) -> None:
-        self.root, self.keys = root, keys
+        # One fixed-width byte array, not a list of a million str objects: forked workers would touch every
+        # object's reference count and copy the whole list each.
+        self.root, self.keys = root, np.array([k.encode() for k in keys], dtype=np.bytes_)
 
     def __len__(self) -> int:
         return len(self.keys)
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        return decode(self.root / self.keys[index])
+        return decode(self.root / self.keys[index].decode())
 
 
 class Clothing1M(Dataset):
