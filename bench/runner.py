@@ -248,17 +248,21 @@ def start_ray(address: str | None, num_cpus: int | None) -> bool:
     if ray.is_initialized():
         return False
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    # Ray Tune's own warnings on Ctrl-C suggest Tuner.restore; `bench run` resumes by trial identity instead.
+    logging.getLogger("ray.tune").setLevel(logging.ERROR)
     kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     if address:
         try:
             ray.init(address=address, **kwargs)
         except Exception as e:  # noqa: BLE001 - name the usual causes
             text = " ".join(str(e).split())
-            hint = ""
-            if "auth" in text.lower() or "token" in text.lower():
-                hint = (" The cluster uses token authentication: run with RAY_AUTH_MODE=token and the cluster's "
-                        "token (RAY_AUTH_TOKEN or ~/.ray/auth_token), or start the cluster with "
-                        "RAY_AUTH_MODE=disabled on a trusted network.")
+            # A token mismatch shows only in Ray's own log lines (InvalidAuthToken); the exception is a plain
+            # ConnectionError, so name that cause whenever the connection fails.
+            mode = os.environ.get("RAY_AUTH_MODE", "unset")
+            hint = (f" Check the address and port; and token authentication (RAY_AUTH_MODE is {mode} here): a "
+                    "cluster started with `ray start` expects RAY_AUTH_MODE=token and the cluster's token "
+                    "(RAY_AUTH_TOKEN or ~/.ray/auth_token) on the client, unless it was started with "
+                    "RAY_AUTH_MODE=disabled (see docs/cluster.md).")
             raise UserError(f"cannot connect to the Ray cluster at {address}: {type(e).__name__}: {text[:400]}"
                             f"{hint}") from None
     else:

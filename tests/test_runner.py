@@ -183,6 +183,22 @@ def test_relaunch_runs_nothing_and_a_grown_grid_runs_only_the_new_trials(grid, t
     assert len(mlflow_trial_runs(results, "syn")) == 12
 
 
+def test_a_failed_row_runs_again(ray_session, tmp_path):
+    config = write_config(tmp_path, name="retry", r=[0.2], seeds=[0], methods={"ce": {}})
+    results = tmp_path / "results"
+
+    def run() -> int:
+        return run_experiment(load_experiment(config), Settings(results=str(results), data_root=tmp_path,
+                                                                mlflow=False), lambda s: None).total
+
+    assert run() == 1
+    path = next((results / "trials").glob("*.parquet"))
+    pl.read_parquet(path).with_columns(status=pl.lit("failed")).write_parquet(path)
+    assert run() == 1  # the failed trial ran again ...
+    assert read_table(results)["status"].to_list() == ["ok"]  # ... and its row is now the only one, ok
+    assert run() == 0
+
+
 def test_results_command(grid, tmp_path, capsys):
     _, results, _, _ = grid
     out = tmp_path / "all.parquet"
