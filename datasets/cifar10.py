@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import codecs
 import pickle
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.config import Schedule, UserError
-from bench.data import Dataset, Split, Splits, fetch, file_md5
+from bench.data import Dataset, Split, Splits
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 BATCHES = "cifar-10-batches-py"
@@ -165,28 +164,10 @@ class CIFAR10(Dataset):
     folder = ""
     files = FILES
     urls = {URL: ARCHIVE}
-    archives = {ARCHIVE: ARCHIVE_MD5}
+    archive_md5 = {ARCHIVE: ARCHIVE_MD5}
     source = "https://www.cs.toronto.edu/~kriz/cifar.html (CIFAR-10 python version, cifar-10-python.tar.gz)"
 
     normalise: PixelNormalisation | None = None
-
-    def download(self) -> None:
-        """Fetch the missing published files; an archive is checked against its md5 before it is unpacked."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        for url, rel in self.urls.items():
-            target = self.root / rel
-            if rel in self.archives:
-                if all((self.root / f).exists() for f in FILES):  # the archive's files are all there
-                    continue
-                if not target.exists():
-                    fetch(url, target)
-                if file_md5(target) != self.archives[rel]:
-                    target.unlink()
-                    raise UserError(f"{self.name}: {url} arrived corrupt (md5 mismatch); try again")
-                shutil.unpack_archive(str(target), str(self.root), filter="data")
-            elif not target.exists():
-                fetch(url, target)
-        self.check_files()
 
     def load(self) -> Splits:
         self.check_files()

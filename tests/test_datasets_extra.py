@@ -159,6 +159,25 @@ def test_cifar10_missing_and_corrupt_files(tiny_cifar: Path, tmp_path: Path, mon
         get_dataset("cifar10")(tiny_cifar).load()
 
 
+def test_cifar10_download_checks_the_archive(tiny_cifar: Path, tmp_path: Path, monkeypatch) -> None:
+    """The download path without the network: a file:// address of an archive laid out like the official one."""
+    import tarfile
+
+    archive = tmp_path / "published" / "cifar-10-python.tar.gz"
+    archive.parent.mkdir()
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tiny_cifar / "cifar-10-batches-py", arcname="cifar-10-batches-py")
+    monkeypatch.setattr(CIFAR10, "urls", {archive.as_uri(): "cifar-10-python.tar.gz"})
+    monkeypatch.setattr(CIFAR10, "archive_md5", {"cifar-10-python.tar.gz": file_md5(archive)})
+    monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "1")
+    CIFAR10(tmp_path / "fresh").download()
+    assert len(CIFAR10(tmp_path / "fresh").load().train) == 80
+    monkeypatch.setattr(CIFAR10, "archive_md5", {"cifar-10-python.tar.gz": cifar10_mod.ARCHIVE_MD5})
+    with pytest.raises(UserError, match="arrived corrupt"):
+        CIFAR10(tmp_path / "other").download()
+    assert not (tmp_path / "other" / "cifar-10-batches-py").exists()
+
+
 def test_cifar10_unpickler_refuses_anything_but_numpy(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
 
