@@ -53,10 +53,9 @@ def resolve_device(name: str) -> torch.device:
 class SplitLoader:
     """Batches of one split on the training device: index slicing for tensors, a DataLoader for streams."""
 
-    def __init__(
-        self, split: Split, labels: np.ndarray, dataset: Dataset, device: torch.device, workers: int = 4
-    ) -> None:
-        self.dataset, self.device, self.workers = dataset, device, workers
+    def __init__(self, split: Split, labels: np.ndarray, dataset: Dataset, device: torch.device) -> None:
+        self.dataset, self.device = dataset, device
+        self.workers = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
         self.size = len(labels)
         self.labels = torch.as_tensor(labels, dtype=torch.int64, device=device)
         self.tensor = isinstance(split.x, torch.Tensor)
