@@ -12,6 +12,7 @@ and stopping Ray; the time from the first trial's launch is printed as well. No 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 
 from bench.experiment import parse_experiment
+from bench.results import read_table
 from bench.runner import Settings, run_experiment
 from bench.trainer import run_trial
 from bench.warmstart import WarmStartCache
@@ -44,6 +46,7 @@ def main() -> None:
     print(f"{len(trials)} trials: {args.dataset} dmi case3 r=0.4, {args.epochs_warmup} warm-start + {args.epochs} "
           f"method epochs each, one seed each; 1 torch thread per trial in both arms", flush=True)
 
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-seq-") as seq_dir, \
             tempfile.TemporaryDirectory(prefix="bench-ray-") as ray_dir:
         torch.set_num_threads(1)
@@ -61,11 +64,16 @@ def main() -> None:
         through_ray = time.perf_counter() - started
         grid_only = time.monotonic() - tally.started
         assert tally.done == len(trials) and set(tally.statuses) == {"ok"}, lines
+        per_trial = {arm: read_table(folder)["wall_s"].mean() for arm, folder in (("seq", seq_dir), ("ray", ray_dir))}
 
     print(f"Ray runner:      {through_ray:6.1f} s  (of which {grid_only:.1f} s from the first trial's launch; "
           f"the rest is Ray start-up and shutdown)")
     print(f"speedup: {sequential / through_ray:.2f}x end to end, {sequential / grid_only:.2f}x from launch "
           f"({args.cpus} CPUs, 1 CPU and 1 torch thread per trial)")
+    # If other work holds the cores, trials under Ray slow down instead of overlapping: show it.
+    print(f"mean wall of one trial: {per_trial['seq']:.1f} s alone, {per_trial['ray']:.1f} s side by side; "
+          f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after (on an idle machine both arms "
+          f"add little to {args.cpus}: the speedup needs {args.cpus} free cores)")
 
 
 if __name__ == "__main__":
