@@ -6,8 +6,10 @@
 
 Trial identity is `TrialConfig.trial_id`, a hash of the trial's own config: a relaunch runs only the trials without
 a result row (rows with status "failed" run again), so a killed grid resumes and a grid can grow. Ray retries a
-crashed trial (`--retries`); the retry starts over from the cached warm start. Locally Ray starts in-process
-(`ray.init(address="local")`, never attaching to another Ray on the machine); `--address` joins a cluster.
+crashed trial (`--retries`); the method stage checkpoints after every epoch, so a retried trial (or one re-run
+after the driver was killed) resumes from its last finished epoch, and its warm start comes from the cache.
+Locally Ray starts in-process (`ray.init(address="local")`, never attaching to another Ray on the machine);
+`--address` joins a cluster.
 """
 
 from __future__ import annotations
@@ -134,6 +136,55 @@ def print_plan(plan: Plan, out: Callable[[str], None] = print) -> None:
 
 
 # -- the trial, in a Ray worker ---------------------------------------------------------------------------------
+class TrialCheckpoints:
+    """`RESULTS/checkpoints/<trial_id>.pt`: the method stage's state after its last finished epoch (written
+    atomically), so that a trial retried by Ray, or re-run after the driver was killed, resumes where it stopped.
+    Deleted once the trial's row is written. An unreadable checkpoint is ignored (the trial starts over)."""
+
+    def __init__(self, results: str, trial_id: str, log: Callable[[str], None]) -> None:
+        from bench.results import _filesystem
+
+        self.fs, root = _filesystem(results)
+        self.folder = f"{root}/checkpoints"
+        self.path = f"{self.folder}/{trial_id}.pt"
+        self.log = log
+
+    def load(self) -> dict[str, Any] | None:
+        import io
+
+        import pyarrow.fs as pafs
+        import torch
+
+        if self.fs.get_file_info(self.path).type != pafs.FileType.File:
+            return None
+        try:
+            with self.fs.open_input_stream(self.path) as f:
+                return torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - a bad checkpoint costs a restart, never the trial
+            self.log(f"ignoring the unreadable checkpoint {self.path}: {type(e).__name__}: {e}")
+            return None
+
+    def save(self, state: dict[str, Any]) -> None:
+        import io
+        import uuid
+
+        import torch
+
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        self.fs.create_dir(self.folder, recursive=True)
+        tmp = f"{self.path}.{uuid.uuid4().hex}.tmp"
+        with self.fs.open_output_stream(tmp) as f:
+            f.write(buffer.getvalue())
+        self.fs.move(tmp, self.path)
+
+    def clear(self) -> None:
+        import pyarrow.fs as pafs
+
+        if self.fs.get_file_info(self.path).type == pafs.FileType.File:
+            self.fs.delete_file(self.path)
+
+
 def ray_trial(config: dict[str, Any], trials: dict[str, dict[str, Any]], data_root: str, results: str,
               threads: int) -> None:
     """Run one trial of the grid (in a Ray worker) and report its status and warm-start cache use."""
@@ -156,7 +207,9 @@ def ray_trial(config: dict[str, Any], trials: dict[str, dict[str, Any]], data_ro
             log_file.write(line + "\n")
             log_file.flush()
 
-        row = run_trial(trial, data_root, results=results, log=log, warm_cache=cache)
+        checkpoints = TrialCheckpoints(results, trial.trial_id, log)
+        row = run_trial(trial, data_root, results=results, log=log, warm_cache=cache, checkpoints=checkpoints)
+        checkpoints.clear()
     tune.report({"trial_id": trial.trial_id, "status": row["status"], "test_acc": row["test_acc"],
                  **cache.stats()})
 

@@ -21,7 +21,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -283,13 +283,26 @@ class Outcome:
     error: str = ""
 
 
+class Checkpoints(Protocol):
+    """Per-epoch checkpoints of the method stage (the runner keeps them so that a retried trial resumes)."""
+
+    def load(self) -> dict[str, Any] | None: ...
+
+    def save(self, state: dict[str, Any]) -> None: ...
+
+
 def train(
     p: Prepared,
     log: Log = print,
     warm_cache: WarmStartCache | None = None,
     on_epoch: Callable[[dict[str, Any]], None] | None = None,
+    checkpoints: Checkpoints | None = None,
 ) -> Outcome:
-    """Warm start, method stage, selection on the noisy validation set, clean test accuracy."""
+    """Warm start, method stage, selection on the noisy validation set, clean test accuracy.
+
+    With `checkpoints`, the method stage saves its whole state after each epoch (networks, optimiser, scheduler
+    position, method state, random generators, selection so far) and resumes from the last one it finds, with the
+    same numbers as an uninterrupted run."""
     c, ds = p.config, p.dataset
     method_cls = get_method(c.method)
     method: Method = method_cls(ds.num_classes, **c.params)
@@ -334,8 +347,24 @@ def train(
                                seconds=0.0))
     log(f"method {c.method}: epoch 0 (warm start) val loss {best_loss:.4f}")
     status, error = "ok", ""
+    first_epoch = 1
+    resume = checkpoints.load() if checkpoints else None
+    if resume is not None:
+        for net, state in zip(nets, resume["nets"], strict=True):
+            net.load_state_dict(state)
+        optimizer.load_state_dict(resume["optimizer"])
+        scheduler.last_epoch = resume["scheduler_epoch"]
+        method.load_state_dict(resume["method"])
+        generator.set_state(resume["generator"])
+        torch.set_rng_state(resume["torch_rng"])
+        if resume.get("cuda_rng") and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(resume["cuda_rng"])
+        best_loss, best_epoch, best_state = resume["best_loss"], resume["best_epoch"], resume["best_state"]
+        epoch_log.rows[:] = resume["epochs"]
+        first_epoch = resume["epoch"] + 1
+        log(f"resumed from the checkpoint of epoch {resume['epoch']}")
     method_started = time.perf_counter()
-    for epoch in range(1, p.method_stage.epochs + 1):
+    for epoch in range(first_epoch, p.method_stage.epochs + 1):
         t0 = time.perf_counter()
         train_loss = train_epoch(
             nets, method.train_loss, optimizer, p.train, p.method_stage.batch_size, epoch - 1, generator
@@ -359,6 +388,14 @@ def train(
         epoch_log.rows.append(row)
         if on_epoch:
             on_epoch(row)
+        if checkpoints:
+            checkpoints.save(dict(
+                epoch=epoch, nets=[net.state_dict() for net in nets], optimizer=optimizer.state_dict(),
+                scheduler_epoch=scheduler.last_epoch, method=method.state_dict(), generator=generator.get_state(),
+                torch_rng=torch.get_rng_state(),
+                cuda_rng=torch.cuda.get_rng_state_all() if p.device.type == "cuda" else None,
+                best_loss=best_loss, best_epoch=best_epoch, best_state=best_state, epochs=epoch_log.rows,
+            ))
         log(f"epoch {epoch}/{p.method_stage.epochs}  train {train_loss:.4f}  val {val_loss:.4f}  "
             f"noisy val acc {val_acc:5.1f}%{'  *' if improved else ''}  {seconds:.1f}s")
     method_s = time.perf_counter() - method_started
@@ -381,6 +418,7 @@ def run_trial(
     log: Log = print,
     warm_cache: WarmStartCache | None = None,
     on_epoch: Callable[[dict[str, Any]], None] | None = None,
+    checkpoints: Checkpoints | None = None,
 ) -> dict[str, Any]:
     """Run one trial and return its result row; with `results`, also write it there.
 
@@ -400,7 +438,7 @@ def run_trial(
     log(f"trial {config.trial_id}: {config.dataset} / {config.method} / {config.noise} r={config.r} "
         f"seed={config.seed}  realised noise rate {100 * p.labels.noise_rate:.1f}%  on {p.device}")
     try:
-        outcome = train(p, log=log, warm_cache=warm_cache, on_epoch=on_epoch)
+        outcome = train(p, log=log, warm_cache=warm_cache, on_epoch=on_epoch, checkpoints=checkpoints)
     except UserError:
         raise
     except Exception as e:

@@ -265,6 +265,38 @@ def test_warm_start_cache_is_concurrent_safe(tmp_path):
     assert [p.name for p in (tmp_path / "warmstart").iterdir() if p.suffix == ".tmp"] == []
 
 
+@pytest.mark.parametrize("method", ["dmi", "mentornet"])
+def test_a_crashed_trial_resumes_from_its_epoch_checkpoint_with_the_same_numbers(tmp_path, method):
+    from bench.config import TrialConfig
+    from bench.runner import TrialCheckpoints
+    from bench.trainer import run_trial
+
+    config = TrialConfig("synthetic", method, "case3", 0.4, seed=3, epochs=5, epochs_warmup=2)
+    whole = run_trial(config, tmp_path, results=tmp_path / "whole", log=lambda s: None)
+
+    results = str(tmp_path / "resumed")
+    lines: list[str] = []
+
+    class CrashAfterEpoch2(TrialCheckpoints):
+        def save(self, state):
+            super().save(state)
+            if state["epoch"] == 2:
+                raise RuntimeError("node lost")
+
+    with pytest.raises(RuntimeError, match="node lost"):
+        run_trial(config, tmp_path, results=results, log=lines.append,
+                  checkpoints=CrashAfterEpoch2(results, config.trial_id, lines.append))
+    assert read_table(results)["status"].to_list() == ["failed"]
+    resumed = run_trial(config, tmp_path, results=results, log=lines.append,
+                        checkpoints=TrialCheckpoints(results, config.trial_id, lines.append))
+    assert "resumed from the checkpoint of epoch 2" in lines
+    for key in ("status", "best_epoch", "val_loss", "test_acc", "last_test_acc", "confusion"):
+        assert resumed[key] == whole[key], key
+    curves = [read_table(r, "epochs").filter(pl.col("stage") == "method")["val_loss"].to_list()
+              for r in (tmp_path / "whole", results)]
+    assert curves[0] == curves[1]
+
+
 # -- a killed driver, and a cluster reached by --address --------------------------------------------------------
 def _session_pids(session: int) -> list[int]:
     out = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True).stdout.split("\n")
