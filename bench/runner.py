@@ -289,7 +289,7 @@ def make_callback(tally: Tally, results: str, trials: dict[str, TrialConfig], mi
             self._finish(trial, errored=True)
 
         def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            out(f"      trial {trial.config['trial_id']} crashed; Ray retries it (warm start from the cache)")
+            out(f"      trial {trial.config['trial_id']} crashed; Ray retries it from its last epoch checkpoint")
 
     return Progress()
 
