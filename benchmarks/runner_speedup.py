@@ -7,6 +7,7 @@ the runner gives each trial 1 CPU and sets its torch threads to that), so the co
 side by side, not intra-op threading. Every trial has its own seed, hence its own warm-start cell: neither arm
 gets cache hits, and each arm writes into its own fresh results folder. The Ray arm's wall time includes starting
 and stopping Ray; the time from the first trial's launch is printed as well. No MLflow logging in either arm.
+Both arms run at the same CPU priority (Ray's workers default to nice 15; here they run at nice 0).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ def main() -> None:
     parser.add_argument("--train-subset", type=int, default=None)
     parser.add_argument("--data-root", default=str(Path.home() / ".cache" / "bench" / "data"))
     args = parser.parse_args()
+    # Ray starts its workers at nice 15 (below everything else on the machine) while the sequential loop runs at
+    # nice 0: on a machine that other work shares, that alone skews the comparison. Same priority for both arms.
+    os.environ.setdefault("RAY_worker_niceness", "0")
 
     exp = parse_experiment(dict(
         name="speedup", dataset=args.dataset, noise="case3", r=0.4, seeds=args.trials, epochs=args.epochs,
