@@ -179,14 +179,14 @@ def summarise(
     num_classes: int,
     t: np.ndarray | None,
 ) -> NoisyLabels:
-    """What the noisy labels realised. A clean label < 0 is unknown (Clothing1M's noisy training set): it stays out
-    of the empirical T, and the noise rate is NaN unless every clean label is known."""
+    """What the noisy labels realised. A clean label < 0 is unknown (Clothing1M's noisy training set): the empirical
+    T and the noise rate both count only the examples whose clean label is known (NaN when none is)."""
     clean_train, noisy_train = np.asarray(clean_train), np.asarray(noisy_train)
     known = clean_train >= 0
-    if not known.all():
-        noise_rate = float("nan")
+    if known.any():
+        noise_rate = float(np.mean(noisy_train[known] != clean_train[known]))
     else:
-        noise_rate = float(np.mean(noisy_train != clean_train)) if len(clean_train) else 0.0
+        noise_rate = float("nan") if len(clean_train) else 0.0
     return NoisyLabels(
         train=noisy_train,
         val=noisy_val,

@@ -4,10 +4,12 @@
 
 Both arms run the same trials with one torch thread per trial (the sequential loop sets torch.set_num_threads(1);
 the runner gives each trial 1 CPU and sets its torch threads to that), so the comparison measures running trials
-side by side, not intra-op threading. Every trial has its own seed, hence its own warm-start cell: neither arm
-gets cache hits, and each arm writes into its own fresh results folder. The Ray arm's wall time includes starting
-and stopping Ray; the time from the first trial's launch is printed as well. No MLflow logging in either arm.
-Both arms run at the same CPU priority (Ray's workers default to nice 15; here they run at nice 0).
+side by side, not intra-op threading. The sequential loop also runs once with torch's default threads (all cores
+for one trial: what a plain script does), and the speedup over that is printed too. Every trial has its own seed,
+hence its own warm-start cell: no arm gets cache hits, and each arm writes into its own fresh results folder.
+The Ray arm's wall time includes starting and stopping Ray; the time from the first trial's launch is printed as
+well. No MLflow logging in any arm. All arms run at the same CPU priority (Ray's workers default to nice 15; here
+they run at nice 0).
 """
 
 from __future__ import annotations
@@ -53,13 +55,21 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-seq-") as seq_dir, \
             tempfile.TemporaryDirectory(prefix="bench-ray-") as ray_dir:
-        torch.set_num_threads(1)
-        started = time.perf_counter()
-        for trial in trials:
-            run_trial(trial, args.data_root, results=seq_dir, log=lambda line: None,
-                      warm_cache=WarmStartCache(seq_dir))
-        sequential = time.perf_counter() - started
-        print(f"sequential loop: {sequential:6.1f} s  ({sequential / len(trials):.1f} s per trial)", flush=True)
+        def sequential_loop(threads: int, folder: str) -> float:
+            torch.set_num_threads(threads)
+            started = time.perf_counter()
+            for trial in trials:
+                run_trial(trial, args.data_root, results=folder, log=lambda line: None,
+                          warm_cache=WarmStartCache(folder))
+            seconds = time.perf_counter() - started
+            print(f"sequential loop, {threads} torch thread(s): {seconds:6.1f} s  ({seconds / len(trials):.1f} s per "
+                  "trial)", flush=True)
+            return seconds
+
+        default_threads = torch.get_num_threads()
+        with tempfile.TemporaryDirectory(prefix="bench-seq-threads-") as threads_dir:
+            sequential_threaded = sequential_loop(default_threads, threads_dir)
+        sequential = sequential_loop(1, seq_dir)
 
         lines: list[str] = []
         started = time.perf_counter()
@@ -74,6 +84,8 @@ def main() -> None:
           f"the rest is Ray start-up and shutdown)")
     print(f"speedup: {sequential / through_ray:.2f}x end to end, {sequential / grid_only:.2f}x from launch "
           f"({args.cpus} CPUs, 1 CPU and 1 torch thread per trial)")
+    print(f"against the sequential loop with {default_threads} torch threads: "
+          f"{sequential_threaded / through_ray:.2f}x end to end, {sequential_threaded / grid_only:.2f}x from launch")
     # If other work holds the cores, trials under Ray slow down instead of overlapping: show it.
     print(f"mean wall of one trial: {per_trial['seq']:.1f} s alone, {per_trial['ray']:.1f} s side by side; "
           f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after (on an idle machine both arms "

@@ -6,7 +6,8 @@ Reads the published annotation files and image tree under `DATA_ROOT/clothing1M/
 (one image key a line), and `images/`. The paper's protocol: train on the noisy training set (1M) with its
 published labels, select on the clean validation set (14,313), test on the clean test set (10,526). Noise pattern
 `real`: the labels as published; the clean label of a training image is known only where `clean_label_kv.txt`
-also annotates it, and is -1 (unknown) elsewhere, so the realised noise rate is not known.
+also annotates it, and is -1 (unknown) elsewhere, so the realised noise rate and the empirical T count only
+the training images that both files annotate.
 
 The set does not fit in memory: its splits stream through DataLoader workers that decode each JPEG on the fly
 (shorter side resized to 256, centre 256 x 256, uint8). The paper's augmentation then runs on the training device

@@ -393,8 +393,10 @@ def test_clothing1m_annotations_streaming_and_transforms(tmp_path: Path, monkeyp
     assert [k.decode() for k in splits.train.x.keys] == keys["train"]
 
     summary = noise.summarise(splits.train.y, noisy_train, val_labels, 14, None)
-    assert np.isnan(summary.noise_rate)
     known = splits.train.y >= 0
+    # Over the annotated half only: i = 0, 2, ..., 10 of which i % 3 == 0 (0, 6) are flipped.
+    assert summary.noise_rate == pytest.approx(2 / 6)
+    assert np.isnan(noise.summarise(np.full(4, -1), np.zeros(4, np.int64), val_labels, 14, None).noise_rate)
     np.testing.assert_allclose(summary.empirical, noise.empirical_transition(
         splits.train.y[known], noisy_train[known], 14))
 
