@@ -11,9 +11,10 @@ Semi-Supervised Text Classification. ICLR 2017 (the perturbation acts on the wor
 
 alpha = 1; eps = 2.0 on [0, 1] pixels (their supervised MNIST setting). A model that offers
 `forward_embedded` (WordCNN, for MR) is perturbed in embedding space instead, with eps_text = 5.0 (the ICLR 2017
-setting). The paper's xi = 1e-6 is a finite-difference step for the product H d of D's Hessian with d; in
-float32, x + 1e-6 d is not resolved (measured: one gradient in ten comes out exactly zero), so the default
-xi = 0 computes the limit xi -> 0 exactly (a Hessian-vector product); xi > 0 runs the paper's finite difference.
+setting) in units of the embedding table's standard deviation (they perturb normalised embeddings). The paper's
+xi = 1e-6 is a finite-difference step for the product H d of D's Hessian with d; in float32, x + 1e-6 d is not
+resolved (measured: one gradient in ten comes out exactly zero), so the default xi = 0 computes the limit
+xi -> 0 exactly (a Hessian-vector product); xi > 0 runs the paper's finite difference.
 The L_DMI paper reports VAT as inapplicable to MR; this way it applies.
 """
 
@@ -114,7 +115,10 @@ class VirtualAdversarialTraining(Method):
     def train_loss(self, nets: list[nn.Module], batch: Batch) -> torch.Tensor:
         net = nets[0]
         if hasattr(net, "forward_embedded"):
-            x, forward, eps = net.embedding(batch.x), net.forward_embedded, self.eps_text
+            # Miyato et al. (2017) perturb normalised embeddings (unit variance per dimension): eps_text counts in
+            # standard deviations of the embedding table, whatever scale the model's embeddings have.
+            x, forward = net.embedding(batch.x), net.forward_embedded
+            eps = self.eps_text * net.embedding.weight.detach().std()
         else:
             x, forward, eps = batch.x, net, self.eps
         forward = same_dropout(forward, x.device)

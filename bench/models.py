@@ -63,7 +63,11 @@ class FashionCNN(nn.Module):
 @register("word_cnn")
 class WordCNN(nn.Module):
     """Kim's (2014) sentence CNN: random 128-d embeddings, filters of width 3/4/5 x 100, ReLU,
-    max-over-time pooling, dropout 0.5, linear 300 -> C. Token 0 is padding."""
+    max-over-time pooling, dropout 0.5, linear 300 -> C. Token 0 is padding.
+
+    The random embeddings start as in Kim's CNN-rand, uniform in [-0.25, 0.25] (the variance of pre-trained
+    word2vec vectors), not torch's N(0, 1): on MR at r = 0, N(0, 1) measured 67-69% clean test accuracy at the
+    selected CE epoch, Kim's initialisation 76-78% (the paper reports 72%)."""
 
     def __init__(
         self, num_classes: int, vocab_size: int, embed_dim: int = 128,
@@ -71,6 +75,9 @@ class WordCNN(nn.Module):
     ) -> None:
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=0)
+        nn.init.uniform_(self.embedding.weight, -0.25, 0.25)
+        with torch.no_grad():
+            self.embedding.weight[0].zero_()
         self.convs = nn.ModuleList(nn.Conv1d(embed_dim, filters, w) for w in widths)
         self.dropout = nn.Dropout(0.5)
         self.classifier = nn.Linear(filters * len(widths), num_classes)

@@ -190,6 +190,30 @@ def test_vat_perturbs_embeddings_of_a_text_model() -> None:
     assert torch.isfinite(loss) and net.embedding.weight.grad.abs().sum() > 0
 
 
+def test_vat_on_text_ignores_the_scale_of_the_embeddings() -> None:
+    """eps_text counts in standard deviations of the embedding table (Miyato et al. perturb normalised embeddings):
+    a WordCNN whose embeddings are k times larger and whose filters are k times smaller computes the same function,
+    and must get the same VAT loss. A fixed eps in raw units would perturb one of them k times harder."""
+    from bench.models import WordCNN
+    torch.manual_seed(0)
+    net = WordCNN(2, vocab_size=50)
+    scaled = WordCNN(2, vocab_size=50)
+    scaled.load_state_dict(net.state_dict())
+    k = 8.0
+    with torch.no_grad():
+        scaled.embedding.weight.mul_(k)
+        for conv in scaled.convs:
+            conv.weight.div_(k)
+    tokens = torch.randint(1, 50, (8, 12))
+    batch = Batch(x=tokens, y=torch.randint(0, 2, (8,)), index=torch.arange(8), epoch=0)
+    method = registry()["vat"](2)
+    losses = []
+    for model in (net, scaled):
+        torch.manual_seed(1)  # the same dropout masks and the same random start d
+        losses.append(float(method.train_loss([model], batch).detach()))
+    assert losses[0] == pytest.approx(losses[1], rel=1e-4)
+
+
 # --- MentorNet ---------------------------------------------------------------------------------------------
 
 def test_mentornet_drops_the_highest_loss_fraction() -> None:
