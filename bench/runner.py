@@ -556,7 +556,10 @@ def cmd_ui(args: argparse.Namespace) -> int:
     mlflow_bin = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or shutil.which("mlflow")
     command = [mlflow_bin or "mlflow", "server", "--host", "127.0.0.1", "--port", str(args.port), "--workers", "1",
                "--backend-store-uri", uri]
-    print(f"MLflow UI for {uri} on http://127.0.0.1:{args.port} (Ctrl-C stops it)", flush=True)
+    address = f"http://127.0.0.1:{args.port}"
+    print(f"MLflow UI for {uri} on {address} (Ctrl-C stops it)", flush=True)
+    for line in tracking.runs_links(uri, address):
+        print(f"  {line}", flush=True)
     server = subprocess.Popen(command)
     try:
         return server.wait()

@@ -235,6 +235,19 @@ class Mirror:
         return count
 
 
+def runs_links(uri: str, address: str) -> list[str]:
+    """'name: link' to the runs table of each experiment in the store. MLflow 3's UI opens an experiment on its
+    GenAI overview, where a grid's trials do not show; the runs table is where they are."""
+    _quiet_sqlalchemy()
+    from mlflow.tracking import MlflowClient
+
+    try:
+        experiments = MlflowClient(tracking_uri=uri).search_experiments()
+    except Exception as e:  # noqa: BLE001 - the server can still start; the links are a convenience
+        return [f"(could not list the experiments: {type(e).__name__})"]
+    return [f"{e.name}: {address}/#/experiments/{e.experiment_id}/runs" for e in experiments if e.name != "Default"]
+
+
 def open_mirror(results: str | os.PathLike[str], uri: str | None, warn=None) -> Mirror | None:
     """A mirror on the chosen store, or None (with a warning) when there is no store to use."""
     chosen = tracking_uri(results, uri)

@@ -158,6 +158,11 @@ def test_grid_writes_one_row_and_one_mlflow_run_per_trial(grid):
         assert run.data.tags["mlflow.parentRunId"]
     assert len({r.data.tags["mlflow.parentRunId"] for r in runs}) == 2  # one parent run per (noise, r) cell
 
+    # `bench ui` links each experiment's runs table (MLflow 3 opens an experiment on its GenAI overview).
+    from bench.tracking import runs_links
+    assert runs_links(f"sqlite:///{results / 'mlflow.db'}", "http://127.0.0.1:5000") == [
+        f"syn: http://127.0.0.1:5000/#/experiments/{runs[0].info.experiment_id}/runs"]
+
 
 def test_warm_start_is_shared_by_the_methods_of_a_cell(grid):
     _, results, tally, _ = grid
