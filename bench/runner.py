@@ -468,7 +468,9 @@ def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: C
             .sort(["noise", "r", "method"]))
     wide = best.pivot(on="method", index=["noise", "r"], values="test_acc").sort(["noise", "r"])
     out("clean test accuracy (%), mean over seeds; hyper-parameters selected by the lowest noisy-validation loss:")
-    with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True):
+    # Wide enough for a column per method: polars otherwise wraps every cell to the terminal it guesses.
+    with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True,
+                   tbl_width_chars=40 + 10 * wide.width):
         out(str(wide))
 
 
