@@ -90,6 +90,13 @@ def main() -> None:
     print(f"mean wall of one trial: {per_trial['seq']:.1f} s alone, {per_trial['ray']:.1f} s side by side; "
           f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after (on an idle machine both arms "
           f"add little to {args.cpus}: the speedup needs {args.cpus} free cores)")
+    # Where vCPUs share a physical core (SMT siblings, or a host that throttles), a trial slows down when another
+    # runs beside it; no runner can beat this bound, so it is printed next to the speed-up.
+    slowdown = per_trial["ray"] / per_trial["seq"]
+    ceiling = args.cpus / slowdown
+    print(f"ceiling on this machine: {args.cpus} trials side by side each take {slowdown:.2f}x as long as alone, "
+          f"so running them at once can give at most {ceiling:.2f}x; the runner reaches "
+          f"{sequential / grid_only / ceiling:.0%} of that from launch")
 
 
 if __name__ == "__main__":
