@@ -183,15 +183,16 @@ def summarise(
     T and the noise rate both count only the examples whose clean label is known (NaN when none is)."""
     clean_train, noisy_train = np.asarray(clean_train), np.asarray(noisy_train)
     known = clean_train >= 0
+    clean_known, noisy_known = clean_train[known], noisy_train[known]
     if known.any():
-        noise_rate = float(np.mean(noisy_train[known] != clean_train[known]))
+        noise_rate = float(np.mean(noisy_known != clean_known))
     else:
         noise_rate = float("nan") if len(clean_train) else 0.0
     return NoisyLabels(
         train=noisy_train,
         val=noisy_val,
         transition=t,
-        empirical=empirical_transition(clean_train[known], noisy_train[known], num_classes),
+        empirical=empirical_transition(clean_known, noisy_known, num_classes),
         noise_rate=noise_rate,
         noise_hash=labels_hash(noisy_train, noisy_val),
     )
