@@ -17,10 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from bench.config import UserError
-from bench.methods import Method
+from bench.methods import Method, one_hot
 
 
 class Bootstrapping(Method):
@@ -38,11 +37,11 @@ class Bootstrapping(Method):
             raise UserError(f"bootstrap: variant must be soft or hard, got {self.variant!r}")
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        log_q = torch.log_softmax(logits.float(), dim=1)
-        target = F.one_hot(labels, self.num_classes).to(log_q.dtype)
+        log_q = torch.log_softmax(logits.float(), dim=-1)
+        target = one_hot(labels, self.num_classes, log_q.dtype)
         if self.variant == "soft":
             target = self.beta_soft * target + (1 - self.beta_soft) * log_q.exp()
         else:
-            z = F.one_hot(log_q.argmax(dim=1), self.num_classes).to(log_q.dtype)
+            z = one_hot(log_q.argmax(dim=-1), self.num_classes, log_q.dtype)
             target = self.beta_hard * target + (1 - self.beta_hard) * z
-        return -(target * log_q).sum(dim=1).mean()
+        return -(target * log_q).sum(dim=-1).mean(-1)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.methods import Method, StageContext
+from bench.methods import Method, StageContext, at_label
 
 
 def anchor_transition(probs: torch.Tensor, quantile: float) -> torch.Tensor:
@@ -41,10 +41,10 @@ def anchor_transition(probs: torch.Tensor, quantile: float) -> torch.Tensor:
 def forward_nll(logits: torch.Tensor, labels: torch.Tensor, transition: torch.Tensor) -> torch.Tensor:
     """Mean of -log (softmax(logits) @ T)[y~], computed as a log-sum-exp in log space (no underflow for
     confident predictions; entries T = 0 contribute exp(-inf) = 0)."""
-    log_t = transition.to(logits.device, torch.float32).log()  # (C, C)
-    log_p = torch.log_softmax(logits.float(), dim=1)  # (N, C)
-    log_noisy = torch.logsumexp(log_p.unsqueeze(2) + log_t.unsqueeze(0), dim=1)  # (N, C): log p(y~ = j | x)
-    return -log_noisy.gather(1, labels.unsqueeze(1)).mean()
+    log_t = transition.to(logits.device, torch.float32).log()  # (..., C, C): one T per leading index
+    log_p = torch.log_softmax(logits.float(), dim=-1)  # (..., N, C)
+    log_noisy = torch.logsumexp(log_p.unsqueeze(-1) + log_t.unsqueeze(-3), dim=-2)  # (..., N, C): log p(y~ | x)
+    return -at_label(log_noisy, labels).mean(-1)
 
 
 class Forward(Method):
@@ -55,22 +55,24 @@ class Forward(Method):
     paper = "Patrini, Rozza, Menon, Nock, Qu. Making Deep Neural Networks Robust to Label Noise: " \
         "a Loss Correction Approach. CVPR 2017"
     defaults: dict[str, Any] = {"quantile": 0.97}
+    member_state = ("transition",)
 
     def __init__(self, num_classes: int, **params: Any) -> None:
         super().__init__(num_classes, **params)
         self.transition = torch.eye(num_classes, dtype=torch.float64)
 
     def setup(self, stage: StageContext) -> None:
-        self.transition = anchor_transition(stage.predict_train(), self.quantile).cpu()
+        # Kept on the training device: the loss reads it every step.
+        self.transition = anchor_transition(stage.predict_train(), self.quantile)
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return forward_nll(logits, labels, self.transition)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"transition": self.transition.clone()}
+        return {"transition": self.transition.cpu().clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.transition = state["transition"].clone()
+        self.transition = state["transition"].to(self.transition.device).clone()
 
     def estimated_transition(self) -> np.ndarray | None:
-        return self.transition.numpy().copy()
+        return self.transition.cpu().numpy().copy()

@@ -29,4 +29,4 @@ class ForwardOracle(Forward):
     def setup(self, stage: StageContext) -> None:
         if stage.true_transition is None:
             raise UserError("fw_oracle needs the true transition matrix; this noise (human labels) has none")
-        self.transition = torch.as_tensor(stage.true_transition, dtype=torch.float64)
+        self.transition = torch.as_tensor(stage.true_transition, dtype=torch.float64, device=stage.device)

@@ -29,14 +29,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
 
-from bench.methods import Batch, Method, StageContext
+from bench.methods import Batch, Method, StageContext, at_label
 
 
 def lq_loss(logits: torch.Tensor, labels: torch.Tensor, q: float) -> torch.Tensor:
     """Per-example L_q = (1 - f_y^q) / q, with f_y^q = exp(q log f_y) (stable for tiny f_y)."""
-    log_fy = torch.log_softmax(logits.float(), dim=1).gather(1, labels.unsqueeze(1)).squeeze(1)
+    log_fy = at_label(torch.log_softmax(logits.float(), dim=-1), labels)
     return -torch.expm1(q * log_fy) / q
 
 
@@ -70,12 +69,15 @@ class GeneralizedCrossEntropy(Method):
             # The truncated loss itself, min(L_q(f_y), L_q(k)): a function of the prediction alone, so it is
             # also what selects the checkpoint on the validation set (which has no pruning weights).
             per_example = per_example.clamp(max=self._lq_k())
-        return per_example.mean()
+        return per_example.mean(-1)
 
-    def train_loss(self, nets: list[nn.Module], batch: Batch) -> torch.Tensor:
-        per_example = lq_loss(nets[0](batch.x), batch.y, self.q)
+    def packable(self) -> bool:
+        return not self.truncated  # the pruning weights are per-example state
+
+    def logits_loss(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        per_example = lq_loss(logits, batch.y, self.q)
         if not self.truncated:
-            return per_example.mean()
+            return per_example.mean(-1)
         w = self.weights[batch.index]
         return (w * (per_example - self._lq_k())).mean()
 

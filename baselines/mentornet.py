@@ -44,16 +44,18 @@ class MentorNetPD(Method):
 
     def __init__(self, num_classes: int, **params: Any) -> None:
         super().__init__(num_classes, **params)
-        self.threshold: float | None = None  # lambda, the moving average of the loss percentile
+        # lambda, the moving average of the loss percentile: a tensor on the training device, so that a step never
+        # waits for a value to come back to the host.
+        self.threshold: torch.Tensor | None = None
 
     def setup(self, stage: StageContext) -> None:
         probs = stage.predict_train()
         losses = -probs.gather(1, stage.noisy_train.unsqueeze(1)).squeeze(1).clamp_min(1e-12).log()
-        self.threshold = float(torch.quantile(losses.float(), self.percentile))
+        self.threshold = torch.quantile(losses.float(), self.percentile)
 
     def weights(self, losses: torch.Tensor) -> torch.Tensor:
         """Move lambda with this batch's percentile, then v_i = 1[l_i < lambda]."""
-        percentile = float(torch.quantile(losses.detach().float(), self.percentile))
+        percentile = torch.quantile(losses.detach().float(), self.percentile)
         self.threshold = percentile if self.threshold is None else \
             self.decay * self.threshold + (1 - self.decay) * percentile
         return (losses.detach() < self.threshold).to(losses.dtype)

@@ -17,13 +17,13 @@ from typing import Any
 import torch
 
 from bench.baselines.sce import reverse_ce
-from bench.methods import Method
+from bench.methods import Method, at_label
 
 
 def normalized_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per-example -log p_y / sum_k (-log p_k)."""
-    log_p = torch.log_softmax(logits.float(), dim=1)
-    return log_p.gather(1, labels.unsqueeze(1)).squeeze(1) / log_p.sum(dim=1)
+    log_p = torch.log_softmax(logits.float(), dim=-1)
+    return at_label(log_p, labels) / log_p.sum(dim=-1)
 
 
 class NormalizedCEReverseCE(Method):
@@ -37,4 +37,4 @@ class NormalizedCEReverseCE(Method):
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         nce = normalized_ce(logits, labels)
-        return (self.alpha * nce + self.beta * reverse_ce(logits, labels, self.log_zero)).mean()
+        return (self.alpha * nce + self.beta * reverse_ce(logits, labels, self.log_zero)).mean(-1)

@@ -18,10 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from bench.methods import Batch, Method
+from bench.methods import Batch, Method, at_label, one_hot, per_example_ce
 
 
 class PeerLoss(Method):
@@ -35,14 +33,14 @@ class PeerLoss(Method):
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         # Deterministic: the peer term in expectation over the peer draws, not one random draw, so that two
         # checkpoints are compared without sampling noise.
-        log_p = torch.log_softmax(logits.float(), dim=1)
-        prior = torch.bincount(labels, minlength=self.num_classes).to(log_p.dtype) / labels.numel()
-        ce = -log_p.gather(1, labels.unsqueeze(1)).mean()
-        return ce - self.alpha * -(log_p.mean(dim=0) * prior).sum()
+        log_p = torch.log_softmax(logits.float(), dim=-1)
+        prior = one_hot(labels, self.num_classes, log_p.dtype).mean(dim=-2)  # (..., C), no host sync
+        ce = -at_label(log_p, labels).mean(-1)
+        return ce - self.alpha * -(log_p.mean(dim=-2) * prior).sum(-1)
 
-    def train_loss(self, nets: list[nn.Module], batch: Batch) -> torch.Tensor:
-        logits = nets[0](batch.x)
-        n = batch.y.numel()
-        p1 = torch.randint(n, (n,), device=logits.device)
-        p2 = torch.randint(n, (n,), device=logits.device)
-        return F.cross_entropy(logits, batch.y) - self.alpha * F.cross_entropy(logits[p1], batch.y[p2])
+    def logits_loss(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        n = batch.y.shape[-1]
+        p1, p2 = batch.randint(n), batch.randint(n)
+        peer_logits = logits.gather(-2, p1.unsqueeze(-1).expand(*p1.shape, logits.shape[-1]))
+        peer_ce = per_example_ce(peer_logits, batch.y.gather(-1, p2))
+        return per_example_ce(logits, batch.y).mean(-1) - self.alpha * peer_ce.mean(-1)

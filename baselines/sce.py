@@ -14,14 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from bench.methods import Method
+from bench.methods import Method, at_label, per_example_ce
 
 
 def reverse_ce(logits: torch.Tensor, labels: torch.Tensor, log_zero: float) -> torch.Tensor:
     """Per-example RCE = -sum_k p_k log q_k with log 0 := `log_zero`, i.e. -log_zero (1 - p_y)."""
-    p_y = torch.softmax(logits.float(), dim=1).gather(1, labels.unsqueeze(1)).squeeze(1)
+    p_y = at_label(torch.softmax(logits.float(), dim=-1), labels)
     return -log_zero * (1.0 - p_y)
 
 
@@ -35,5 +34,5 @@ class SymmetricCrossEntropy(Method):
     defaults: dict[str, Any] = {"alpha": 0.1, "beta": 1.0, "log_zero": -4.0}
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        ce = F.cross_entropy(logits.float(), labels, reduction="none")
-        return (self.alpha * ce + self.beta * reverse_ce(logits, labels, self.log_zero)).mean()
+        ce = per_example_ce(logits, labels)
+        return (self.alpha * ce + self.beta * reverse_ce(logits, labels, self.log_zero)).mean(-1)

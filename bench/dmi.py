@@ -19,18 +19,18 @@ class equals the gradient of the reduced (C-1)-class problem: finite, with the l
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from bench.methods import Method
+from bench.methods import Method, one_hot
 
 DMI_EPS = 1e-8
 
 
 def joint_matrix(logits: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """U = (1/N) softmax(logits)^T onehot(labels), in float64 (C x C: rows predicted, columns noisy class)."""
-    probs = torch.softmax(logits.double(), dim=1)
-    onehot = F.one_hot(labels, num_classes).to(probs.dtype)
-    return probs.t() @ onehot / labels.shape[0]
+    """U = (1/N) softmax(logits)^T onehot(labels), in float64 (C x C: rows predicted, columns noisy class).
+    Logits (..., N, C) and labels (..., N) give one U per leading index (..., C, C)."""
+    probs = torch.softmax(logits.double(), dim=-1)
+    onehot = one_hot(labels, num_classes, probs.dtype)
+    return probs.transpose(-1, -2) @ onehot / labels.shape[-1]
 
 
 def neg_log_abs_det(u: torch.Tensor) -> torch.Tensor:
@@ -39,11 +39,12 @@ def neg_log_abs_det(u: torch.Tensor) -> torch.Tensor:
 
 
 def dmi_loss(logits: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """-log|det U| for a batch, in float64; finite even when a class is missing from the batch."""
+    """-log|det U| for a batch, in float64; finite even when a class is missing from the batch. Leading
+    dimensions (a pack's members) give one loss each. No value leaves the device (no host sync)."""
     with torch.autocast(device_type=logits.device.type, enabled=False):
         u = joint_matrix(logits, labels, num_classes)
-        missing = torch.bincount(labels, minlength=num_classes) == 0
-        u = u + torch.diag(missing.to(u.dtype) * (DMI_EPS / num_classes))
+        missing = one_hot(labels, num_classes, u.dtype).sum(dim=-2) == 0  # (..., C): a zero column of U
+        u = u + torch.diag_embed(missing.to(u.dtype) * (DMI_EPS / num_classes))
         return neg_log_abs_det(u)
 
 

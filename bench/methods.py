@@ -5,11 +5,18 @@ trainer runs the CE warm start, then calls the method's hooks:
 
 * `setup(stage)` once after the warm start (FW estimates T here from the warm-started model; LCCN initialises its
   transition counts; a method with two networks copies the first);
-* `train_loss(nets, batch)` for each training step; the default is `loss(net(x), y)`. VAT overrides it to
-  perturb the input, LCCN to sample latent labels, Co-teaching to exchange small-loss samples between two nets;
+* `train_loss(nets, batch)` for each training step; the default is `logits_loss(net(x), batch)`. VAT overrides
+  it to perturb the input, LCCN to sample latent labels, Co-teaching to exchange small-loss samples between nets;
+* `logits_loss(logits, batch)`: the training loss from the logits alone; the default is `loss(logits, y)`
+  (peer loss overrides it to draw its random peers);
 * `loss(logits, labels)` is the method's own objective; the trainer applies it to the whole noisy validation
   set to select the checkpoint (the paper's protocol: the method's loss, not accuracy);
 * `end_epoch(epoch)` after each epoch (MentorNet moves its threshold, LCCN its counts).
+
+A method whose step is "logits -> `logits_loss`" is `packable()`: many trials of it train as one stacked model
+(`bench.packed`). Its `loss` and `logits_loss` then take logits (..., B, C) and labels (..., B) with leading member
+dimensions and return one loss per member (...); per-member state tensors (FW's T) are named in `member_state`
+and stacked along the same leading dimension (`stack`).
 
 Hyper-parameters are declared as data in `defaults` (the method's own paper's values) and arrive as keyword
 arguments; unknown ones are rejected with the allowed list.
@@ -38,6 +45,16 @@ class Batch:
     y: torch.Tensor  # noisy labels (int64)
     index: torch.Tensor  # positions of these examples in the training split (int64), for per-example state
     epoch: int  # 0-based epoch of the method stage
+    # A pack's members' own generators (one per member, on the device); None in a solo trial (torch's default).
+    generators: list[torch.Generator] | None = None
+
+    def randint(self, high: int) -> torch.Tensor:
+        """Uniform integers in [0, high), shaped like `y`: each member of a pack draws from its own generator, so
+        its draws do not depend on its pack-mates; a solo trial draws from torch's default generator."""
+        n = self.y.shape[-1]
+        if self.generators is None:
+            return torch.randint(high, (n,), device=self.y.device)
+        return torch.stack([torch.randint(high, (n,), device=self.y.device, generator=g) for g in self.generators])
 
 
 @dataclass
@@ -53,6 +70,22 @@ class StageContext:
     epochs: int  # length of the method stage
 
 
+def per_example_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross entropy of each example, for logits (..., B, C) and labels (..., B): shape (..., B)."""
+    flat = torch.nn.functional.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), reduction="none")
+    return flat.view(labels.shape)
+
+
+def at_label(values: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """values[..., i, labels[..., i]]: each example's entry at its label."""
+    return values.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+
+
+def one_hot(labels: torch.Tensor, num_classes: int, dtype: torch.dtype) -> torch.Tensor:
+    """One-hot rows by comparison (F.one_hot reads the labels' maximum back to the host: a sync per step)."""
+    return (labels.unsqueeze(-1) == torch.arange(num_classes, device=labels.device)).to(dtype)
+
+
 class Method:
     """Base class: subclasses set `name`, `paper`, `defaults` and implement `loss`."""
 
@@ -62,6 +95,7 @@ class Method:
     defaults: ClassVar[dict[str, Any]] = {}
     networks: ClassVar[int] = 1  # how many networks the trainer builds (Co-teaching: 2)
     uses_true_transition: ClassVar[bool] = False  # privileged information: flagged in results
+    member_state: ClassVar[tuple[str, ...]] = ()  # tensor attributes that differ between members of a pack
 
     def __init__(self, num_classes: int, **params: Any) -> None:
         unknown = sorted(set(params) - set(self.defaults))
@@ -83,8 +117,28 @@ class Method:
         """The checkpoint-selection criterion on the whole noisy validation set: by default the method's loss."""
         return self.loss(logits, labels)
 
+    def logits_loss(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """The training loss of a batch from its logits (leading member dimensions allowed when packable)."""
+        return self.loss(logits, batch.y)
+
     def train_loss(self, nets: list[nn.Module], batch: Batch) -> torch.Tensor:
-        return self.loss(nets[0](batch.x), batch.y)
+        return self.logits_loss(nets[0](batch.x), batch)
+
+    def packable(self) -> bool:
+        """Whether a training step is "logits of one network -> `logits_loss`", so that many trials can train as
+        one stacked model. Methods with extra passes, two networks or per-example state say no."""
+        return self.networks == 1 and type(self).train_loss is Method.train_loss
+
+    @classmethod
+    def stack(cls, members: list[Method]) -> Method:
+        """One instance that computes the losses of several members (same class and hyper-parameters) at once:
+        the first member with each `member_state` tensor stacked along a new leading dimension."""
+        import copy
+
+        group = copy.copy(members[0])
+        for name in cls.member_state:
+            setattr(group, name, torch.stack([getattr(m, name) for m in members]))
+        return group
 
     def end_epoch(self, epoch: int) -> None:
         """Called after each epoch of the method stage."""

@@ -30,6 +30,33 @@ def create(name: str, num_classes: int, **kwargs: Any) -> nn.Module:
     return MODELS[name](num_classes=num_classes, **kwargs)
 
 
+class Dropout(nn.Module):
+    """Inverted dropout whose mask is drawn from an explicit generator, or handed in.
+
+    Drawn: `bernoulli_(1 - p)` scaled by 1 / (1 - p) from `generator` (None: torch's default one), the very bits
+    `nn.Dropout` draws on the CPU, so a solo trial's numbers do not change. Handed in (`mask`, set by
+    `bench.packed` for the length of one vmapped forward pass): each member of a pack draws its masks from its own
+    generator, so that its numbers do not depend on its pack-mates."""
+
+    def __init__(self, p: float = 0.5) -> None:
+        super().__init__()
+        self.p = p
+        self.generator: torch.Generator | None = None
+        self.mask: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return x
+        if self.mask is not None:
+            return x * self.mask
+        return x * self.draw(x.shape, x.device, self.generator).to(x.dtype)
+
+    def draw(self, shape: torch.Size, device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
+        """One mask, already scaled by 1 / (1 - p)."""
+        noise = torch.empty(shape, device=device).bernoulli_(1 - self.p, generator=generator)
+        return noise.div_(1 - self.p)
+
+
 @register("mlp")
 class MLP(nn.Module):
     """A small two-layer perceptron for synthetic data and tests."""
@@ -53,7 +80,7 @@ class FashionCNN(nn.Module):
             nn.Conv2d(1, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(16, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
         )
-        self.dropout = nn.Dropout(0.5)
+        self.dropout = Dropout(0.5)
         self.classifier = nn.Linear(32 * 4 * 4, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -79,7 +106,7 @@ class WordCNN(nn.Module):
         with torch.no_grad():
             self.embedding.weight[0].zero_()
         self.convs = nn.ModuleList(nn.Conv1d(embed_dim, filters, w) for w in widths)
-        self.dropout = nn.Dropout(0.5)
+        self.dropout = Dropout(0.5)
         self.classifier = nn.Linear(filters * len(widths), num_classes)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

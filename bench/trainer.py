@@ -20,7 +20,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -185,11 +185,6 @@ def prepare(config: TrialConfig, data_root: str | os.PathLike[str]) -> Prepared:
     )
 
 
-@dataclass
-class EpochLog:
-    rows: list[dict[str, Any]] = field(default_factory=list)
-
-
 def train_epoch(
     nets: list[nn.Module],
     step_loss: Callable[[list[nn.Module], Batch], torch.Tensor],
@@ -198,8 +193,9 @@ def train_epoch(
     batch_size: int,
     epoch: int,
     generator: torch.Generator,
-) -> float:
-    """One pass over the training split; returns the mean training loss (NaN if it diverged)."""
+) -> torch.Tensor:
+    """One pass over the training split; returns the mean training loss as a device tensor (NaN if it diverged).
+    No value comes back to the host inside the loop."""
     for net in nets:
         net.train()
     total = torch.zeros((), dtype=torch.float64, device=loader.device)
@@ -211,7 +207,7 @@ def train_epoch(
         optimizer.step()
         total += loss.detach()
         steps += 1
-    return float(total) / max(steps, 1)
+    return total / max(steps, 1)
 
 
 def _ce_step(nets: list[nn.Module], batch: Batch) -> torch.Tensor:
@@ -229,31 +225,14 @@ def warm_start_key(p: Prepared, net_index: int) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def warm_start(p: Prepared, net_index: int, log: Log, epoch_log: EpochLog) -> dict[str, torch.Tensor]:
-    """Train one network with CE on the noisy labels; return the state with the lowest noisy-validation CE."""
-    c = p.config
-    seed_everything(c.seed * 1000 + net_index)
-    net = build_model(p)
-    optimizer = make_optimizer(list(net.parameters()), p.warmup)
-    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, list(p.warmup.milestones), p.warmup.gamma)
-    generator = torch.Generator().manual_seed(c.seed * 1000 + net_index)
-    best_state, best_loss = copy.deepcopy(net.state_dict()), float("inf")
-    for epoch in range(1, p.warmup.epochs + 1):
-        started = time.perf_counter()
-        train_loss = train_epoch([net], _ce_step, optimizer, p.train, p.warmup.batch_size, epoch - 1, generator)
-        scheduler.step()
-        logits = predict(net, p.val)
-        val_loss = float(F.cross_entropy(logits, p.val.labels))
-        val_acc, _, _ = accuracy(logits, p.val.labels, p.dataset.num_classes)
-        improved = val_loss < best_loss
-        if improved:
-            best_loss, best_state = val_loss, copy.deepcopy(net.state_dict())
-        seconds = time.perf_counter() - started
-        epoch_log.rows.append(dict(stage=f"warmup{net_index}" if net_index else "warmup", epoch=epoch,
-                                   train_loss=train_loss, val_loss=val_loss, val_acc=val_acc, seconds=seconds))
-        log(f"warm-up {epoch}/{p.warmup.epochs}  train CE {train_loss:.4f}  val CE {val_loss:.4f}  "
-            f"val acc {val_acc:5.1f}%{'  *' if improved else ''}  {seconds:.1f}s")
-    return best_state
+def warm_seed(seed: int, net_index: int) -> int:
+    """The seed of a warm start (initial weights, data order, dropout) of network `net_index`."""
+    return seed * 1000 + net_index
+
+
+def method_seed(seed: int) -> int:
+    """The method stage's own seed: a cached warm start must not change what follows it."""
+    return seed * 1000 + 999
 
 
 def build_model(p: Prepared) -> nn.Module:
@@ -261,6 +240,210 @@ def build_model(p: Prepared) -> nn.Module:
 
 
 WarmStartCache = Callable[[str, Callable[[], dict[str, torch.Tensor]]], dict[str, torch.Tensor]]
+
+
+class Checkpoints(Protocol):
+    """Per-epoch checkpoints of the method stage (the runner keeps them so that a retried trial resumes)."""
+
+    def load(self) -> dict[str, Any] | None: ...
+
+    def save(self, state: dict[str, Any]) -> None: ...
+
+
+# -- the stage loop: one for the warm start and the method stage, solo or packed ---------------------------------
+class Stage(Protocol):
+    """K members trained side by side for one stage (a solo trial is K = 1; `bench.packed` stacks K trials).
+
+    The loop in `run_stage` owns the protocol: epochs, divergence, selection on the whole noisy validation set,
+    checkpoints and the epoch table. A stage owns the arithmetic: a training pass, the selection loss, keeping
+    each member's best state, and its own state for checkpoints."""
+
+    members: int
+
+    def train_epoch(self, epoch: int) -> np.ndarray: ...  # (K,) mean training loss; NaN where diverged
+
+    def validate(self) -> tuple[np.ndarray, np.ndarray]: ...  # (K,) selection losses, (K,) noisy-val accuracy %
+
+    def keep_best(self, improved: np.ndarray) -> None: ...  # members whose current state is their new best
+
+    def freeze(self, members: np.ndarray) -> None: ...  # diverged members: no further updates
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class StageResult:
+    best_epoch: np.ndarray  # (K,) 0 = the initial state (a candidate only in the method stage)
+    best_loss: np.ndarray  # (K,)
+    status: list[str]  # "ok" or "diverged", per member
+    errors: list[str]
+    epochs: list[list[dict[str, Any]]]  # per member, one row per epoch
+    seconds: float
+
+
+def run_stage(
+    stage: Stage,
+    name: str,
+    epochs: int,
+    log: Log,
+    initial_is_candidate: bool,
+    checkpoints: Checkpoints | None = None,
+    on_epoch: Callable[[dict[str, Any]], None] | None = None,
+) -> StageResult:
+    """Train `epochs` epochs; after each, every member's selection loss on the whole noisy validation set, and
+    each member keeps the state with the lowest. With `initial_is_candidate`, the state before the first epoch
+    competes as epoch 0 (the method stage: the warm-started model, the paper's Algorithm 1). A member whose
+    training loss stops being finite is frozen and recorded as diverged, keeping its best state so far; the
+    others go on. With `checkpoints`, the whole loop state is saved after each epoch and resumed from."""
+    k = stage.members
+    rows: list[list[dict[str, Any]]] = [[] for _ in range(k)]
+    active = np.ones(k, dtype=bool)
+    status, errors = ["ok"] * k, [""] * k
+    best_epoch = np.zeros(k, dtype=np.int64)
+    best_loss = np.full(k, np.inf)
+    stage.keep_best(active.copy())  # with no epoch trained (or none better), the initial state stands
+    if initial_is_candidate:
+        best_loss, _ = stage.validate()
+        for m in range(k):
+            rows[m].append(dict(stage=name, epoch=0, train_loss=None, val_loss=float(best_loss[m]), val_acc=None,
+                                seconds=0.0))
+        log(f"{name}: epoch 0 (initial state) val loss "
+            + " ".join(f"{v:.4f}" for v in best_loss[:8]) + (" ..." if k > 8 else ""))
+    first = 1
+    resume = checkpoints.load() if checkpoints else None
+    if resume is not None and resume.get("members") == k and "stage" in resume:
+        stage.load_state_dict(resume["stage"])
+        best_epoch, best_loss = np.asarray(resume["best_epoch"]), np.asarray(resume["best_loss"])
+        active, status, errors = np.asarray(resume["active"]), list(resume["status"]), list(resume["errors"])
+        rows = resume["epochs"]
+        first = resume["epoch"] + 1
+        log(f"resumed from the checkpoint of epoch {resume['epoch']}")
+    started = time.perf_counter()
+    for epoch in range(first, epochs + 1):
+        t0 = time.perf_counter()
+        train_loss = stage.train_epoch(epoch - 1)
+        diverged = active & ~np.isfinite(train_loss)
+        for m in np.flatnonzero(diverged):
+            status[m], errors[m] = "diverged", f"training loss became {train_loss[m]} in epoch {epoch}"
+            log(f"{name} epoch {epoch}: member {m}: {errors[m]}; frozen, keeping its best checkpoint so far")
+        if diverged.any():
+            active &= ~diverged
+            stage.freeze(diverged)
+        if not active.any():
+            break
+        val_loss, val_acc = stage.validate()
+        improved = active & (val_loss < best_loss)
+        stage.keep_best(improved)
+        best_loss = np.where(improved, val_loss, best_loss)
+        best_epoch = np.where(improved, epoch, best_epoch)
+        seconds = time.perf_counter() - t0
+        for m in np.flatnonzero(active):
+            row = dict(stage=name, epoch=epoch, train_loss=float(train_loss[m]), val_loss=float(val_loss[m]),
+                       val_acc=float(val_acc[m]), seconds=seconds)
+            rows[m].append(row)
+            if on_epoch and k == 1:
+                on_epoch(row)
+        if checkpoints:
+            checkpoints.save(dict(
+                # Plain lists: checkpoints are read back with weights_only=True, which refuses numpy arrays.
+                members=k, epoch=epoch, stage=stage.state_dict(), best_epoch=best_epoch.tolist(),
+                best_loss=best_loss.tolist(), active=active.tolist(), status=status, errors=errors, epochs=rows,
+            ))
+        if k == 1:
+            log(f"{'epoch' if name == 'method' else name} {epoch}/{epochs}  train {train_loss[0]:.4f}  val {val_loss[0]:.4f}  "
+                f"noisy val acc {val_acc[0]:5.1f}%{'  *' if improved[0] else ''}  {seconds:.1f}s")
+        else:
+            log(f"{name} {epoch}/{epochs}  {int(active.sum())} of {k} members training, {int(improved.sum())} "
+                f"improved; val loss min {np.nanmin(val_loss):.4f} max {np.nanmax(val_loss):.4f}  {seconds:.1f}s")
+    return StageResult(best_epoch=best_epoch, best_loss=best_loss, status=status, errors=errors, epochs=rows,
+                       seconds=time.perf_counter() - started)
+
+
+class SoloStage:
+    """One trial's networks with a torch optimizer: the `Stage` of a solo trial (K = 1)."""
+
+    members = 1
+
+    def __init__(
+        self,
+        p: Prepared,
+        nets: list[nn.Module],
+        schedule: Schedule,
+        seed: int,
+        step_loss: Callable[[list[nn.Module], Batch], torch.Tensor],
+        selection_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        method: Method | None = None,
+    ) -> None:
+        self.p, self.nets, self.schedule = p, nets, schedule
+        self.step_loss, self.selection_loss, self.method = step_loss, selection_loss, method
+        self.generator = torch.Generator().manual_seed(seed)  # the data order
+        self.optimizer = make_optimizer([q for net in nets for q in net.parameters()], schedule)
+        self.scheduler = torch.optim.lr_scheduler.MultiStepLR(
+            self.optimizer, list(schedule.milestones), schedule.gamma
+        )
+        self.best_state: dict[str, torch.Tensor] = {}
+
+    def train_epoch(self, epoch: int) -> np.ndarray:
+        loss = train_epoch(self.nets, self.step_loss, self.optimizer, self.p.train, self.schedule.batch_size,
+                           epoch, self.generator)
+        self.scheduler.step()
+        if self.method is not None:
+            self.method.end_epoch(epoch)
+        return np.array([float(loss)])
+
+    def validate(self) -> tuple[np.ndarray, np.ndarray]:
+        logits = predict(self.nets[0], self.p.val)
+        with torch.no_grad():
+            loss = float(self.selection_loss(logits, self.p.val.labels))
+        acc, _, _ = accuracy(logits, self.p.val.labels, self.p.dataset.num_classes)
+        return np.array([loss]), np.array([acc])
+
+    def keep_best(self, improved: np.ndarray) -> None:
+        if improved[0]:
+            self.best_state = copy.deepcopy(self.nets[0].state_dict())
+
+    def freeze(self, members: np.ndarray) -> None:
+        """A diverged solo trial ends its stage: nothing to freeze."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(
+            nets=[net.state_dict() for net in self.nets], optimizer=self.optimizer.state_dict(),
+            scheduler_epoch=self.scheduler.last_epoch, method=self.method.state_dict() if self.method else {},
+            generator=self.generator.get_state(), torch_rng=torch.get_rng_state(),
+            cuda_rng=torch.cuda.get_rng_state_all() if self.p.device.type == "cuda" else None,
+            best_state=self.best_state,
+        )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for net, net_state in zip(self.nets, state["nets"], strict=True):
+            net.load_state_dict(net_state)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.last_epoch = state["scheduler_epoch"]
+        if self.method is not None:
+            self.method.load_state_dict(state["method"])
+        self.generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        if state.get("cuda_rng") and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        self.best_state = state["best_state"]
+
+
+def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits, labels)
+
+
+def warm_start(p: Prepared, net_index: int, log: Log, epochs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """Train one network with CE on the noisy labels; return the state with the lowest noisy-validation CE."""
+    seed = warm_seed(p.config.seed, net_index)
+    seed_everything(seed)
+    net = build_model(p)
+    stage = SoloStage(p, [net], p.warmup, seed, _ce_step, _ce)
+    name = f"warmup{net_index}" if net_index else "warmup"
+    result = run_stage(stage, name, p.warmup.epochs, log, initial_is_candidate=False)
+    epochs.extend(result.epochs[0])
+    return stage.best_state
 
 
 @dataclass
@@ -281,14 +464,7 @@ class Outcome:
     warmup_s: float
     method_s: float
     error: str = ""
-
-
-class Checkpoints(Protocol):
-    """Per-epoch checkpoints of the method stage (the runner keeps them so that a retried trial resumes)."""
-
-    def load(self) -> dict[str, Any] | None: ...
-
-    def save(self, state: dict[str, Any]) -> None: ...
+    pack_size: int = 1
 
 
 def train(
@@ -306,13 +482,13 @@ def train(
     c, ds = p.config, p.dataset
     method_cls = get_method(c.method)
     method: Method = method_cls(ds.num_classes, **c.params)
-    epoch_log = EpochLog()
+    epochs: list[dict[str, Any]] = []
 
     started = time.perf_counter()
     nets = []
     for i in range(method_cls.networks):
         def fresh(i: int = i) -> dict[str, torch.Tensor]:
-            return warm_start(p, i, log, epoch_log)
+            return warm_start(p, i, log, epochs)
 
         state = warm_cache(warm_start_key(p, i), fresh) if warm_cache else fresh()
         net = build_model(p)
@@ -322,92 +498,27 @@ def train(
     warmup_test_acc, _, _ = accuracy(predict(nets[0], p.test), p.test.labels, ds.num_classes)
     log(f"warm start done: clean test acc {warmup_test_acc:.2f}%  ({warmup_s:.1f}s)")
 
-    # The method stage is seeded on its own: a cached warm start must not change what follows.
-    seed_everything(c.seed * 1000 + 999)
-    generator = torch.Generator().manual_seed(c.seed * 1000 + 999)
+    seed_everything(method_seed(c.seed))
     method.setup(StageContext(
         nets=nets, num_classes=ds.num_classes, noisy_train=p.train.labels,
         predict_train=lambda: torch.softmax(predict(nets[0], p.train_eval), dim=1),
         true_transition=p.labels.transition if method_cls.uses_true_transition else None,
         device=p.device, epochs=p.method_stage.epochs,
     ))
-    params = [q for net in nets for q in net.parameters()]
-    optimizer = make_optimizer(params, p.method_stage)
-    scheduler = torch.optim.lr_scheduler.MultiStepLR(
-        optimizer, list(p.method_stage.milestones), p.method_stage.gamma
-    )
-
-    def validation_loss() -> float:
-        with torch.no_grad():
-            return float(method.validation_loss(predict(nets[0], p.val), p.val.labels))
-
-    best_loss, best_epoch = validation_loss(), 0
-    best_state = copy.deepcopy(nets[0].state_dict())
-    epoch_log.rows.append(dict(stage="method", epoch=0, train_loss=None, val_loss=best_loss, val_acc=None,
-                               seconds=0.0))
-    log(f"method {c.method}: epoch 0 (warm start) val loss {best_loss:.4f}")
-    status, error = "ok", ""
-    first_epoch = 1
-    resume = checkpoints.load() if checkpoints else None
-    if resume is not None:
-        for net, state in zip(nets, resume["nets"], strict=True):
-            net.load_state_dict(state)
-        optimizer.load_state_dict(resume["optimizer"])
-        scheduler.last_epoch = resume["scheduler_epoch"]
-        method.load_state_dict(resume["method"])
-        generator.set_state(resume["generator"])
-        torch.set_rng_state(resume["torch_rng"])
-        if resume.get("cuda_rng") and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(resume["cuda_rng"])
-        best_loss, best_epoch, best_state = resume["best_loss"], resume["best_epoch"], resume["best_state"]
-        epoch_log.rows[:] = resume["epochs"]
-        first_epoch = resume["epoch"] + 1
-        log(f"resumed from the checkpoint of epoch {resume['epoch']}")
-    method_started = time.perf_counter()
-    for epoch in range(first_epoch, p.method_stage.epochs + 1):
-        t0 = time.perf_counter()
-        train_loss = train_epoch(
-            nets, method.train_loss, optimizer, p.train, p.method_stage.batch_size, epoch - 1, generator
-        )
-        scheduler.step()
-        method.end_epoch(epoch - 1)
-        if not np.isfinite(train_loss):
-            status, error = "diverged", f"training loss became {train_loss} in epoch {epoch}"
-            log(f"epoch {epoch}: {error}; keeping the best checkpoint so far")
-            break
-        val_logits = predict(nets[0], p.val)
-        with torch.no_grad():
-            val_loss = float(method.validation_loss(val_logits, p.val.labels))
-        val_acc, _, _ = accuracy(val_logits, p.val.labels, ds.num_classes)
-        improved = val_loss < best_loss
-        if improved:
-            best_loss, best_epoch, best_state = val_loss, epoch, copy.deepcopy(nets[0].state_dict())
-        seconds = time.perf_counter() - t0
-        row = dict(stage="method", epoch=epoch, train_loss=train_loss, val_loss=val_loss, val_acc=val_acc,
-                   seconds=seconds)
-        epoch_log.rows.append(row)
-        if on_epoch:
-            on_epoch(row)
-        if checkpoints:
-            checkpoints.save(dict(
-                epoch=epoch, nets=[net.state_dict() for net in nets], optimizer=optimizer.state_dict(),
-                scheduler_epoch=scheduler.last_epoch, method=method.state_dict(), generator=generator.get_state(),
-                torch_rng=torch.get_rng_state(),
-                cuda_rng=torch.cuda.get_rng_state_all() if p.device.type == "cuda" else None,
-                best_loss=best_loss, best_epoch=best_epoch, best_state=best_state, epochs=epoch_log.rows,
-            ))
-        log(f"epoch {epoch}/{p.method_stage.epochs}  train {train_loss:.4f}  val {val_loss:.4f}  "
-            f"noisy val acc {val_acc:5.1f}%{'  *' if improved else ''}  {seconds:.1f}s")
-    method_s = time.perf_counter() - method_started
+    stage = SoloStage(p, nets, p.method_stage, method_seed(c.seed), method.train_loss, method.validation_loss,
+                      method)
+    result = run_stage(stage, "method", p.method_stage.epochs, log, initial_is_candidate=True,
+                       checkpoints=checkpoints, on_epoch=on_epoch)
+    epochs.extend(result.epochs[0])
 
     last_acc, last_bal, _ = accuracy(predict(nets[0], p.test), p.test.labels, ds.num_classes)
-    nets[0].load_state_dict(best_state)
+    nets[0].load_state_dict(stage.best_state)
     test_acc, test_bal, confusion = accuracy(predict(nets[0], p.test), p.test.labels, ds.num_classes)
     return Outcome(
-        status=status, best_epoch=best_epoch, val_loss=best_loss, warmup_test_acc=warmup_test_acc,
-        test_acc=test_acc, test_bal_acc=test_bal, last_test_acc=last_acc, last_test_bal_acc=last_bal,
-        confusion=confusion, estimated_transition=method.estimated_transition(), epochs=epoch_log.rows,
-        warmup_s=warmup_s, method_s=method_s, error=error,
+        status=result.status[0], best_epoch=int(result.best_epoch[0]), val_loss=float(result.best_loss[0]),
+        warmup_test_acc=warmup_test_acc, test_acc=test_acc, test_bal_acc=test_bal, last_test_acc=last_acc,
+        last_test_bal_acc=last_bal, confusion=confusion, estimated_transition=method.estimated_transition(),
+        epochs=epochs, warmup_s=warmup_s, method_s=result.seconds, error=result.errors[0],
     )
 
 
