@@ -14,11 +14,16 @@ from torch import nn
 from bench.config import UserError
 
 MODELS: dict[str, Callable[..., nn.Module]] = {}
+# Models whose trials can train as one stacked model (`bench.packed`): no BatchNorm running statistics, and
+# dropout only through `Dropout` below, so that each member draws its own masks.
+PACKABLE: set[str] = set()
 
 
-def register(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
+def register(name: str, packable: bool = False) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
     def wrap(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         MODELS[name] = builder
+        if packable:
+            PACKABLE.add(name)
         return builder
 
     return wrap
@@ -57,7 +62,7 @@ class Dropout(nn.Module):
         return noise.div_(1 - self.p)
 
 
-@register("mlp")
+@register("mlp", packable=True)
 class MLP(nn.Module):
     """A small two-layer perceptron for synthetic data and tests."""
 
@@ -69,7 +74,7 @@ class MLP(nn.Module):
         return self.net(x)
 
 
-@register("fashion_cnn")
+@register("fashion_cnn", packable=True)
 class FashionCNN(nn.Module):
     """The paper's two-layer CNN for 28x28 Fashion-MNIST: conv 1->16 5x5, pool, conv 16->32 5x5, pool,
     dropout 0.5, linear 512 -> C."""
@@ -87,7 +92,7 @@ class FashionCNN(nn.Module):
         return self.classifier(self.dropout(self.features(x).flatten(1)))
 
 
-@register("word_cnn")
+@register("word_cnn", packable=True)
 class WordCNN(nn.Module):
     """Kim's (2014) sentence CNN: random 128-d embeddings, filters of width 3/4/5 x 100, ReLU,
     max-over-time pooling, dropout 0.5, linear 300 -> C. Token 0 is padding.

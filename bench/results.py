@@ -16,14 +16,18 @@ import platform
 import subprocess
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import polars as pl
-import pyarrow as pa
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 import torch
+
+if TYPE_CHECKING:
+    import polars as pl
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+
+# pyarrow and polars are imported where files are read or written: making a row needs only numpy and torch, so the
+# training core (which makes rows) runs on a bare GPU box; writing needs pyarrow, reading polars.
 
 from bench.config import TrialConfig
 from bench.noise import NoisyLabels
@@ -102,6 +106,7 @@ def make_row(
         estimated_transition=_matrix(outcome.estimated_transition) if outcome else None,
         confusion=_matrix(outcome.confusion) if outcome else None,
         privileged=bool(privileged),
+        pack_size=outcome.pack_size if outcome else None,  # trials trained together with this one (1: solo)
         error=(outcome.error if outcome and outcome.error else error),
         python_version=platform.python_version(),
         numpy_version=np.__version__,
@@ -112,6 +117,8 @@ def make_row(
 
 
 def _filesystem(root: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
+    import pyarrow.fs as pafs
+
     root = str(root)
     if "://" in root:
         return pafs.FileSystem.from_uri(root)
@@ -119,6 +126,8 @@ def _filesystem(root: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
 
 
 def _write_atomic(table: pa.Table, fs: pafs.FileSystem, path: str) -> None:
+    import pyarrow.parquet as pq
+
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"
     pq.write_table(table, tmp, filesystem=fs)
     fs.move(tmp, path)
@@ -126,23 +135,26 @@ def _write_atomic(table: pa.Table, fs: pafs.FileSystem, path: str) -> None:
 
 def write_trial(results: str | os.PathLike[str], row: dict[str, Any], epochs: list[dict[str, Any]]) -> str:
     """Write the per-epoch table, then the trial row (atomically); return the trial row's path."""
+    import pyarrow as pa
+
     fs, root = _filesystem(results)
     for sub in ("trials", "epochs"):
         fs.create_dir(f"{root}/{sub}", recursive=True)
     trial_id = row["trial_id"]
-    curve = pl.DataFrame(
-        [{"trial_id": trial_id, **e} for e in epochs],
-        schema={"trial_id": pl.String, "stage": pl.String, "epoch": pl.Int64, "train_loss": pl.Float64,
-                "val_loss": pl.Float64, "val_acc": pl.Float64, "seconds": pl.Float64},
-    )
-    _write_atomic(curve.to_arrow(), fs, f"{root}/epochs/{trial_id}.parquet")
+    schema = pa.schema([("trial_id", pa.string()), ("stage", pa.string()), ("epoch", pa.int64()),
+                        ("train_loss", pa.float64()), ("val_loss", pa.float64()), ("val_acc", pa.float64()),
+                        ("seconds", pa.float64())])
+    curve = pa.Table.from_pylist([{"trial_id": trial_id, **e} for e in epochs], schema=schema)
+    _write_atomic(curve, fs, f"{root}/epochs/{trial_id}.parquet")
     path = f"{root}/trials/{trial_id}.parquet"
-    _write_atomic(pl.DataFrame([row], infer_schema_length=None).to_arrow(), fs, path)
+    _write_atomic(pa.Table.from_pylist([row]), fs, path)
     return path
 
 
 def finished_trial_ids(results: str | os.PathLike[str]) -> set[str]:
     """Trial ids that have a result row (any status)."""
+    import pyarrow.fs as pafs
+
     fs, root = _filesystem(results)
     selector = pafs.FileSelector(f"{root}/trials", allow_not_found=True)
     return {
@@ -154,6 +166,10 @@ def finished_trial_ids(results: str | os.PathLike[str]) -> set[str]:
 
 def read_table(results: str | os.PathLike[str], table: str = "trials") -> pl.DataFrame:
     """All rows of `trials` or `epochs` under a results folder, as one polars frame (empty if none)."""
+    import polars as pl
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
     fs, root = _filesystem(results)
     selector = pafs.FileSelector(f"{root}/{table}", allow_not_found=True)
     paths = sorted(info.path for info in fs.get_file_info(selector) if info.path.endswith(".parquet"))

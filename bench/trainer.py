@@ -50,6 +50,13 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on the training device without making the host wait (pinned memory, asynchronous copy)."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 class SplitLoader:
     """Batches of one split on the training device: index slicing for tensors, a DataLoader for streams."""
 
@@ -67,7 +74,7 @@ class SplitLoader:
         """(inputs, labels, indices). Training batches are shuffled and the last partial batch is dropped,
         so that no step sees a tiny batch (a small batch misses classes, which makes L_DMI's U singular)."""
         if train:
-            order = torch.randperm(self.size, generator=generator).to(self.device)
+            order = to_device(torch.randperm(self.size, generator=generator), self.device)
             stop = self.size - self.size % batch_size if self.size >= batch_size else self.size
         else:
             order = torch.arange(self.size, device=self.device)
@@ -133,8 +140,23 @@ class Prepared:
     method_stage: Schedule
 
 
-def prepare(config: TrialConfig, data_root: str | os.PathLike[str]) -> Prepared:
-    """Validate the config, load the data and draw the noisy labels (train and validation only)."""
+def load_data(config: TrialConfig, data_root: str | os.PathLike[str]) -> tuple[Dataset, Splits]:
+    """The dataset's splits, with tensor inputs moved to the training device once (a pack's members share them)."""
+    dataset = get_dataset(config.dataset)(data_root)
+    splits = dataset.load()
+    device = resolve_device(config.device)
+    for split in (splits.train, splits.val, splits.test):
+        if isinstance(split.x, torch.Tensor):
+            split.x = split.x.to(device)
+    return dataset, splits
+
+
+def prepare(
+    config: TrialConfig, data_root: str | os.PathLike[str], data: tuple[Dataset, Splits] | None = None,
+    log: Log = print,
+) -> Prepared:
+    """Validate the config, load the data (unless `data` gives it, from `load_data`) and draw the noisy labels
+    (train and validation only)."""
     dataset_cls = get_dataset(config.dataset)
     # Unknown methods and hyper-parameters fail here, before any data is loaded or anything written.
     get_method(config.method)(dataset_cls.num_classes, **config.params)
@@ -156,10 +178,9 @@ def prepare(config: TrialConfig, data_root: str | os.PathLike[str]) -> Prepared:
     if method_stage.epochs < 0 or warmup.epochs < 0:
         raise UserError("--epochs and --epochs-warmup must be >= 0")
 
-    dataset = dataset_cls(data_root)
-    splits = dataset.load()
+    dataset, splits = data if data is not None else load_data(config, data_root)
     for note in splits.notes:
-        print(f"note: {note}")
+        log(f"note: {note}")
     c = dataset_cls.num_classes
     if config.noise in dataset_cls.noise_patterns and noise.PATTERNS.get(config.noise) is None:
         # Real human noise: the labels come from the dataset's own files.
@@ -352,7 +373,8 @@ def run_stage(
                 best_loss=best_loss.tolist(), active=active.tolist(), status=status, errors=errors, epochs=rows,
             ))
         if k == 1:
-            log(f"{'epoch' if name == 'method' else name} {epoch}/{epochs}  train {train_loss[0]:.4f}  val {val_loss[0]:.4f}  "
+            label = "epoch" if name == "method" else name
+            log(f"{label} {epoch}/{epochs}  train {train_loss[0]:.4f}  val {val_loss[0]:.4f}  "
                 f"noisy val acc {val_acc[0]:5.1f}%{'  *' if improved[0] else ''}  {seconds:.1f}s")
         else:
             log(f"{name} {epoch}/{epochs}  {int(active.sum())} of {k} members training, {int(improved.sum())} "
@@ -385,9 +407,12 @@ class SoloStage:
         )
         self.best_state: dict[str, torch.Tensor] = {}
 
-    def train_epoch(self, epoch: int) -> np.ndarray:
-        loss = train_epoch(self.nets, self.step_loss, self.optimizer, self.p.train, self.schedule.batch_size,
+    def train_steps(self, epoch: int) -> torch.Tensor:
+        return train_epoch(self.nets, self.step_loss, self.optimizer, self.p.train, self.schedule.batch_size,
                            epoch, self.generator)
+
+    def train_epoch(self, epoch: int) -> np.ndarray:
+        loss = self.train_steps(epoch)
         self.scheduler.step()
         if self.method is not None:
             self.method.end_epoch(epoch)
@@ -539,7 +564,7 @@ def run_trial(
     from bench import results as results_mod
 
     started = time.perf_counter()
-    p = prepare(config, data_root)
+    p = prepare(config, data_root, log=log)
     privileged = get_method(config.method).uses_true_transition
     row_args = dict(
         config=config, model=p.dataset.model, labels=p.labels, lr=p.method_stage.lr,

@@ -61,6 +61,20 @@ class WarmStartCache:
         self.trained_s += seconds
         return state
 
+    def get(self, key: str) -> State | None:
+        """The cached state of `key`, or None (a packed grid looks up all its cells first, then trains the
+        missing ones together and `put`s them)."""
+        found = self._load(key) if self.fs.get_file_info(self.root).type == pafs.FileType.Directory else None
+        return None if found is None else self._hit(found)
+
+    def put(self, key: str, state: State, seconds: float) -> None:
+        """Store a warm start trained elsewhere (in a pack); `seconds` is its share of the training time."""
+        self.fs.create_dir(self.root, recursive=True)
+        with self._lock(key):
+            self._save(key, {"state": state, "seconds": seconds, "created": time.time()})
+        self.misses += 1
+        self.trained_s += seconds
+
     def _hit(self, entry: dict[str, Any]) -> State:
         self.hits += 1
         self.saved_s += float(entry.get("seconds", 0.0))

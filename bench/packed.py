@@ -1,0 +1,540 @@
+"""Packed trials: K trials of a grid trained as one stacked model on one device (`bench run --pack`).
+
+Members share the dataset (its tensors live once on the device), the model architecture and the shape of each
+stage (optimiser type, epochs, batch size, lr milestones); they may differ in noise pattern, r, seed, learning rate
+and method (any method whose `packable()` says yes). Their parameters are stacked
+(`torch.func.stack_module_state`) and one `torch.func.vmap` of `functional_call` gives every member's logits (the
+convolutions become grouped ones). Each member's loss comes from its own method, and the sum is back-propagated:
+no parameter is shared, so member k's gradient is the gradient of its own loss alone.
+
+Each member stays its own trial: its initial weights from its seed, its data order from its own generator, its
+dropout masks and random draws from its own device generator (seeded exactly as a solo trial seeds torch), its
+own noisy labels and learning rate (a stacked Adam or SGD step), its own selection on the whole noisy validation
+set with its best state kept on the device, its own result row. A member's numbers therefore equal its solo
+trial's up to the order of floating-point sums (a grouped convolution adds in another order than a single one),
+whoever its pack-mates are. A member whose training loss stops being finite is frozen and recorded as diverged.
+The loop itself is `bench.trainer.run_stage`, the same one a solo trial runs (K = 1).
+
+Only torch and numpy are imported here, so a bare GPU box runs packs.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call, stack_module_state, vmap
+
+from bench import models
+from bench.config import Schedule, TrialConfig, UserError
+from bench.data import Dataset, get_dataset
+from bench.methods import Batch, Method, StageContext, get_method
+from bench.trainer import (
+    Checkpoints,
+    Log,
+    Outcome,
+    Prepared,
+    WarmStartCache,
+    accuracy,
+    build_model,
+    load_data,
+    method_seed,
+    prepare,
+    run_stage,
+    seed_everything,
+    to_device,
+    warm_seed,
+    warm_start_key,
+)
+
+PACK_MAX = 256  # members per pack at most (`--pack auto`); beyond this the GPU is already full for our models
+EVAL_IMAGES = 65536  # member-images per evaluation chunk: K members x chunk rows
+
+
+# -- which trials can pack, and with whom -----------------------------------------------------------------------
+def why_solo(c: TrialConfig) -> str | None:
+    """Why this trial cannot train in a pack (None: it can)."""
+    ds = get_dataset(c.dataset)
+    if ds.model not in models.PACKABLE:
+        return f"model {ds.model} (BatchNorm statistics are not stacked)"
+    if ds.train_transform is not Dataset.train_transform:
+        return f"{c.dataset} augments its inputs at random"
+    if not get_method(c.method)(ds.num_classes, **c.params).packable():
+        return f"method {c.method} (extra passes, two networks or per-example state)"
+    return None
+
+
+def _shape(s: Schedule) -> tuple[Any, ...]:
+    return (s.optimizer, s.epochs, s.batch_size, s.momentum, s.weight_decay, s.milestones, s.gamma)
+
+
+def pack_key(c: TrialConfig) -> tuple[Any, ...]:
+    """What members of one pack must share: data, model, device and the shape of both stages (not the lr)."""
+    ds = get_dataset(c.dataset)
+    method_stage = ds.method_stage.with_overrides(batch_size=c.batch_size, epochs=c.epochs)
+    warmup = ds.warmup.with_overrides(epochs=c.epochs_warmup)
+    return (c.dataset, ds.model, c.train_subset, c.device, _shape(warmup), _shape(method_stage))
+
+
+def warm_cell(c: TrialConfig) -> tuple[Any, ...]:
+    """A trial's CE warm-start cell (what `bench.trainer.warm_start_key` depends on that a config shows)."""
+    return (c.dataset, c.noise, round(c.r, 10), c.seed, c.transition, c.train_subset, c.epochs_warmup)
+
+
+def plan_units(trials: list[TrialConfig], pack: str | int) -> list[list[TrialConfig]]:
+    """Units of work for the runner: lists of trials trained together (a list of one is a solo trial).
+
+    `pack` is "off", "auto" (packs on CUDA, solo on a CPU, where packing measured slower) or a member count.
+    Packs hold whole warm-start cells, so no cell's warm start is trained by two packs."""
+    if pack == "off" or pack == 1:
+        return [[t] for t in trials]
+    units: list[list[TrialConfig]] = []
+    groups: dict[tuple[Any, ...], dict[tuple[Any, ...], list[TrialConfig]]] = {}
+    for t in trials:
+        if (pack == "auto" and not t.device.startswith("cuda")) or why_solo(t):
+            units.append([t])
+        else:
+            groups.setdefault(pack_key(t), {}).setdefault(warm_cell(t), []).append(t)
+    size = PACK_MAX if pack == "auto" else int(pack)
+    for cells in groups.values():
+        current: list[TrialConfig] = []
+        for members in cells.values():
+            if current and len(current) + len(members) > size:
+                units.append(current)
+                current = []
+            current = current + members
+        if current:
+            units.append(current)
+    return units
+
+
+def pack_id(trials: list[TrialConfig]) -> str:
+    """Identity of a pack: its members' trial ids (a relaunch with other members is another pack)."""
+    import hashlib
+
+    return "pack-" + hashlib.sha256(" ".join(sorted(t.trial_id for t in trials)).encode()).hexdigest()[:16]
+
+
+# -- the stacked optimiser --------------------------------------------------------------------------------------
+class StackedOptimizer:
+    """Adam or SGD (momentum, L2 weight decay, lr milestones) on stacked parameters, each member with its own
+    learning rate. The arithmetic is torch.optim's, term for term, so one member's step equals a solo step."""
+
+    def __init__(self, params: dict[str, torch.Tensor], schedule: Schedule, lrs: list[float]) -> None:
+        self.params, self.schedule = params, schedule
+        device = next(iter(params.values())).device
+        self.host_lr = [float(lr) for lr in lrs]
+        self.lr = torch.tensor(self.host_lr, dtype=torch.float64, device=device)
+        self.steps = 0
+        self.epochs = 0
+        self.state: dict[str, dict[str, torch.Tensor]] = {name: {} for name in params}
+
+    def end_epoch(self) -> None:
+        """MultiStepLR's rule: after the epochs named in `milestones`, lr *= gamma (same float sequence)."""
+        self.epochs += 1
+        for _ in range(self.schedule.milestones.count(self.epochs)):
+            self.host_lr = [lr * self.schedule.gamma for lr in self.host_lr]
+        self.lr = torch.tensor(self.host_lr, dtype=torch.float64, device=self.lr.device)
+
+    @torch.no_grad()
+    def step(self, active: torch.Tensor | None) -> None:
+        """One step for every member; members not `active` (diverged) keep their parameters."""
+        s = self.schedule
+        self.steps += 1
+        if s.optimizer == "adam":
+            beta1, beta2, eps = 0.9, 0.999, 1e-8
+            bias1, bias2_sqrt = 1 - beta1**self.steps, math.sqrt(1 - beta2**self.steps)
+            step_size = (self.lr / bias1).float()
+        for name, p in self.params.items():
+            grad = p.grad
+            if s.weight_decay:
+                grad = grad.add(p, alpha=s.weight_decay)
+            per_member = (-1,) + (1,) * (p.dim() - 1)
+            state = self.state[name]
+            if s.optimizer == "adam":
+                if not state:
+                    state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
+                state["exp_avg"].lerp_(grad, 1 - beta1)
+                state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                denom = (state["exp_avg_sq"].sqrt() / bias2_sqrt).add_(eps)
+                update = state["exp_avg"] * step_size.view(per_member) / denom
+            elif s.optimizer == "sgd":
+                if s.momentum:
+                    if "momentum_buffer" not in state:
+                        state["momentum_buffer"] = grad.detach().clone()
+                    else:
+                        state["momentum_buffer"].mul_(s.momentum).add_(grad)
+                    grad = state["momentum_buffer"]
+                update = grad * self.lr.float().view(per_member)
+            else:
+                raise UserError(f"unknown optimizer {s.optimizer!r}; use adam or sgd")
+            if active is None:
+                p.sub_(update)
+            else:
+                p.copy_(torch.where(active.view(per_member), p - update, p))
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(host_lr=self.host_lr, steps=self.steps, epochs=self.epochs,
+                    state={n: {k: v.cpu() for k, v in st.items()} for n, st in self.state.items()})
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.host_lr, self.steps, self.epochs = list(state["host_lr"]), state["steps"], state["epochs"]
+        self.lr = torch.tensor(self.host_lr, dtype=torch.float64, device=self.lr.device)
+        device = self.lr.device
+        self.state = {n: {k: v.to(device) for k, v in st.items()} for n, st in state["state"].items()}
+
+
+# -- the packed stage -------------------------------------------------------------------------------------------
+def device_generator(device: torch.device, seed: int) -> torch.Generator:
+    """A member's own generator, in the state torch's default generator of `device` has in a solo trial right
+    after `torch.manual_seed(seed)` and (on the CPU, which also initialises the weights) the model's creation."""
+    if device.type == "cpu":
+        generator = torch.Generator()
+        generator.set_state(torch.get_rng_state())
+        return generator
+    return torch.Generator(device).manual_seed(seed)
+
+
+class _CE(Method):
+    """The warm start's loss (CE on the noisy labels), over leading member dimensions."""
+
+    name = ""
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        from bench.methods import per_example_ce
+
+        return per_example_ce(logits, labels).mean(-1)
+
+
+class PackedStage:
+    """The `bench.trainer.Stage` of K members stacked into one model (see the module docstring)."""
+
+    def __init__(
+        self,
+        members: list[Prepared],
+        nets: list[nn.Module],
+        generators: list[torch.Generator],
+        schedule: Schedule,
+        lrs: list[float],
+        seeds: list[int],
+        methods: list[Method] | None = None,
+    ) -> None:
+        self.members, self.p, self.schedule = len(members), members, schedule
+        self.device = members[0].device
+        params, buffers = stack_module_state(nets)
+        if buffers:
+            raise UserError(f"{members[0].dataset.model}: models with buffers (BatchNorm) do not pack")
+        self.params = params
+        self.base = copy.deepcopy(nets[0]).to("meta")
+        self.dropouts = [m for m in self.base.modules() if isinstance(m, models.Dropout)]
+        self.order_generators = [torch.Generator().manual_seed(s) for s in seeds]
+        self.generators = generators
+        self.train_x, self.val_x = members[0].train.x, members[0].val.x
+        self.train_labels = torch.stack([p.train.labels for p in members])
+        self.val_labels = torch.stack([p.val.labels for p in members])
+        self.optimizer = StackedOptimizer(self.params, schedule, lrs)
+        self.active = torch.ones(self.members, dtype=torch.bool, device=self.device)
+        self.all_active = True
+        self.best = {n: p.detach().clone() for n, p in self.params.items()}
+        self.set_methods(methods)
+        self._dropout_shapes: dict[torch.Size, list[torch.Size]] = {}
+
+    def set_methods(self, methods: list[Method] | None) -> None:
+        """The members' methods (None: CE, the warm start), set up; their losses are computed group by group."""
+        self.methods = methods
+        self.groups = self._groups(methods)
+
+    @staticmethod
+    def _groups(methods: list[Method] | None) -> list[tuple[slice, Method]]:
+        """Contiguous runs of members with the same method and hyper-parameters, each with one stacked instance
+        (the caller orders members so that equal methods are adjacent)."""
+        if methods is None:
+            return [(slice(0, None), _CE(2))]
+        groups: list[tuple[slice, Method]] = []
+        start = 0
+        for i in range(1, len(methods) + 1):
+            if i == len(methods) or _method_key(methods[i]) != _method_key(methods[start]):
+                group = methods[start:i]
+                groups.append((slice(start, i), type(group[0]).stack(group)))
+                start = i
+        return groups
+
+    # The forward pass of one member (vmapped over the stack): masks are handed to the Dropout layers for the
+    # length of the call, so that every member uses the masks drawn from its own generator.
+    def _forward_train(self, params: dict[str, torch.Tensor], x: torch.Tensor,
+                       masks: list[torch.Tensor]) -> torch.Tensor:
+        for layer, mask in zip(self.dropouts, masks, strict=True):
+            layer.mask = mask
+        try:
+            return functional_call(self.base, params, (x,))
+        finally:
+            for layer in self.dropouts:
+                layer.mask = None
+
+    def _forward_eval(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.base, params, (x,))
+
+    def _masks(self, member_input: torch.Tensor) -> list[torch.Tensor]:
+        """Each Dropout layer's masks for this step, (K, *shape), member k's from member k's generator, drawn in
+        the layers' forward order as a solo forward pass draws them."""
+        shape = member_input.shape
+        if shape not in self._dropout_shapes:
+            seen: list[torch.Size] = []
+            hooks = [layer.register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape))
+                     for layer in self.dropouts]
+            self.base.eval()
+            with torch.no_grad():
+                functional_call(self.base, {n: p[0] for n, p in self.params.items()}, (member_input,))
+            self.base.train()
+            for hook in hooks:
+                hook.remove()
+            self._dropout_shapes[shape] = seen
+        layers = self._dropout_shapes[shape]
+        return [torch.stack([layer.draw(s, self.device, g) for g in self.generators])
+                for layer, s in zip(self.dropouts, layers, strict=True)]
+
+    def _losses(self, logits: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, x: torch.Tensor,
+                epoch: int) -> torch.Tensor:
+        parts = []
+        for sl, method in self.groups:
+            batch = Batch(x=x[sl], y=y[sl], index=idx[sl], epoch=epoch, generators=self.generators[sl])
+            parts.append(method.logits_loss(logits[sl], batch).double())
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def train_steps(self, epoch: int) -> torch.Tensor:
+        """One pass over the training split: every member's mean training loss, on the device (no host sync)."""
+        n, b = self.train_x.shape[0], self.schedule.batch_size
+        orders = to_device(torch.stack([torch.randperm(n, generator=g) for g in self.order_generators]),
+                           self.device)
+        stop = n - n % b if n >= b else n
+        total = torch.zeros(self.members, dtype=torch.float64, device=self.device)
+        steps = 0
+        transform = self.p[0].dataset.train_transform
+        self.base.train()
+        train = vmap(self._forward_train)
+        for start in range(0, stop, b):
+            idx = orders[:, start : start + b]
+            x = transform(self.train_x[idx.flatten()]).unflatten(0, idx.shape)
+            y = self.train_labels.gather(1, idx)
+            logits = train(self.params, x, self._masks(x[0]))
+            losses = self._losses(logits, y, idx, x, epoch)
+            for p in self.params.values():
+                p.grad = None
+            losses.sum().backward()
+            self.optimizer.step(None if self.all_active else self.active)
+            total += losses.detach()
+            steps += 1
+        return total / max(steps, 1)
+
+    def train_epoch(self, epoch: int) -> np.ndarray:
+        total = self.train_steps(epoch)
+        self.optimizer.end_epoch()
+        for method in self.methods or []:
+            method.end_epoch(epoch)
+        return total.cpu().numpy()
+
+    @torch.no_grad()
+    def predict(self, x: torch.Tensor, params: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """Logits (K, N, C) of every member on a shared input split, in evaluation mode (no dropout)."""
+        params = self.params if params is None else params
+        self.base.eval()
+        chunk = max(1, EVAL_IMAGES // self.members)
+        forward = vmap(self._forward_eval, in_dims=(0, None))
+        out = torch.cat([forward(params, x[s : s + chunk]).float() for s in range(0, x.shape[0], chunk)], dim=1)
+        self.base.train()
+        return out
+
+    def validate(self) -> tuple[np.ndarray, np.ndarray]:
+        logits = self.predict(self.val_x)
+        with torch.no_grad():
+            losses = torch.cat([method.validation_loss(logits[sl], self.val_labels[sl]).double()
+                                for sl, method in self.groups])
+            acc = 100.0 * (logits.argmax(-1) == self.val_labels).double().mean(-1)
+        return losses.cpu().numpy(), acc.cpu().numpy()
+
+    @torch.no_grad()
+    def keep_best(self, improved: np.ndarray) -> None:
+        which = torch.as_tensor(np.flatnonzero(improved), device=self.device)
+        if which.numel():
+            for name, p in self.params.items():
+                self.best[name][which] = p.detach()[which]
+
+    def freeze(self, members: np.ndarray) -> None:
+        self.active[torch.as_tensor(np.flatnonzero(members), device=self.device)] = False
+        self.all_active = False
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(
+            params={n: p.detach().cpu() for n, p in self.params.items()},
+            best={n: p.cpu() for n, p in self.best.items()},
+            optimizer=self.optimizer.state_dict(), active=self.active.cpu(),
+            order_generators=[g.get_state() for g in self.order_generators],
+            generators=[g.get_state() for g in self.generators],
+            methods=[m.state_dict() for m in self.methods or []],
+        )
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, p in self.params.items():
+            p.copy_(state["params"][name])
+            self.best[name].copy_(state["best"][name])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.active = state["active"].to(self.device)
+        self.all_active = bool(self.active.all())
+        for g, s in zip(self.order_generators, state["order_generators"], strict=True):
+            g.set_state(s)
+        for g, s in zip(self.generators, state["generators"], strict=True):
+            g.set_state(s)
+        for method, s in zip(self.methods or [], state["methods"], strict=True):
+            method.load_state_dict(s)
+        self.set_methods(self.methods)
+
+    def member_state(self, k: int, params: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """Member k's state dict, as a solo model's `state_dict()` (the warm-start cache stores these)."""
+        params = self.best if params is None else params
+        return {n: p[k].detach().clone() for n, p in params.items()}
+
+
+def _method_key(method: Method) -> str:
+    return method.name + json.dumps(method.params, sort_keys=True, default=str)
+
+
+# -- a whole pack: warm starts, the method stage, rows ----------------------------------------------------------
+def train_warm_starts(ps: list[Prepared], log: Log) -> tuple[list[dict[str, torch.Tensor]], list[dict], float]:
+    """CE warm starts of several cells as one pack: (best state per member, epoch rows per member, seconds)."""
+    nets, generators, seeds = [], [], []
+    for p in ps:
+        seed = warm_seed(p.config.seed, 0)
+        seed_everything(seed)
+        nets.append(build_model(p))
+        generators.append(device_generator(p.device, seed))
+        seeds.append(seed)
+    schedule = ps[0].warmup
+    stage = PackedStage(ps, nets, generators, schedule, [schedule.lr] * len(ps), seeds)
+    log(f"packed warm start: {len(ps)} CE warm starts, {schedule.epochs} epochs")
+    result = run_stage(stage, "warmup", schedule.epochs, log, initial_is_candidate=False)
+    return [stage.member_state(k) for k in range(len(ps))], result.epochs, result.seconds
+
+
+def run_pack(
+    configs: list[TrialConfig],
+    data_root: str | os.PathLike[str],
+    results: str | os.PathLike[str] | None = None,
+    log: Log = print,
+    warm_cache: WarmStartCache | Any | None = None,
+    checkpoints: Checkpoints | None = None,
+) -> list[dict[str, Any]]:
+    """Train several trials as one pack; return their result rows (in the order given), and with `results`
+    write each row where its solo trial would have written it."""
+    from bench import results as results_mod
+
+    started = time.perf_counter()
+    for c in configs:
+        reason = why_solo(c)
+        if reason:
+            raise UserError(f"trial {c.trial_id} cannot be packed: {reason}")
+    if len({pack_key(c) for c in configs}) != 1:
+        raise UserError("a pack's trials must share dataset, model, device and stage shapes")
+    # Members with the same method and hyper-parameters side by side: their losses are computed together.
+    order = sorted(range(len(configs)), key=lambda i: (configs[i].method, json.dumps(configs[i].params,
+                                                                                       sort_keys=True, default=str)))
+    data = load_data(configs[0], data_root)
+    ps = [prepare(configs[i], data_root, data=data, log=log) for i in order]
+    ds, k = ps[0].dataset, len(ps)
+    log(f"pack of {k} trials on {ps[0].device}: "
+        + ", ".join(f"{n} {m}" for m, n in sorted(_count(p.config.method for p in ps).items())))
+
+    # Warm starts: from the cache where present, the missing cells trained together, then cached.
+    keys = [warm_start_key(p, 0) for p in ps]
+    states: dict[str, dict[str, torch.Tensor]] = {}
+    warm_epochs: dict[str, list[dict]] = {}
+    for key in dict.fromkeys(keys):
+        found = warm_cache.get(key) if warm_cache is not None else None
+        if found is not None:
+            states[key] = found
+    missing = [key for key in dict.fromkeys(keys) if key not in states]
+    warmup_s = 0.0
+    if missing:
+        cells = [ps[keys.index(key)] for key in missing]
+        trained, rows, warmup_s = train_warm_starts(cells, log)
+        for key, state, member_rows in zip(missing, trained, rows, strict=True):
+            states[key], warm_epochs[key] = state, member_rows
+            if warm_cache is not None:
+                warm_cache.put(key, state, warmup_s / len(missing))
+
+    # The method stage: each member's method set up on its own warm-started model, then the stack trained.
+    nets, generators = [], []
+    for p, key in zip(ps, keys, strict=True):
+        net = build_model(p)
+        net.load_state_dict(states[key])
+        nets.append(net)
+        seed_everything(method_seed(p.config.seed))
+        generators.append(device_generator(p.device, method_seed(p.config.seed)))
+    stage = PackedStage(ps, nets, generators, ps[0].method_stage, [p.method_stage.lr for p in ps],
+                        [method_seed(p.config.seed) for p in ps])
+    test_x, test_y = ps[0].test.x, ps[0].test.labels
+    warm_logits = stage.predict(test_x)
+    warm_test = [accuracy(warm_logits[m], test_y, ds.num_classes)[0] for m in range(k)]
+    train_probs: list[torch.Tensor] = []
+
+    def predict_train(m: int) -> torch.Tensor:
+        if not train_probs:  # every member's, once, when the first method asks (FW's anchor points)
+            train_probs.append(torch.softmax(stage.predict(ps[0].train_eval.x), dim=-1))
+        return train_probs[0][m]
+
+    methods = []
+    for m, p in enumerate(ps):
+        method_cls = get_method(p.config.method)
+        method = method_cls(ds.num_classes, **p.config.params)
+        method.setup(StageContext(
+            nets=[nets[m]], num_classes=ds.num_classes, noisy_train=p.train.labels,
+            predict_train=lambda m=m: predict_train(m),
+            true_transition=p.labels.transition if method_cls.uses_true_transition else None,
+            device=p.device, epochs=p.method_stage.epochs,
+        ))
+        methods.append(method)
+    train_probs.clear()
+    stage.set_methods(methods)
+    result = run_stage(stage, "method", ps[0].method_stage.epochs, log, initial_is_candidate=True,
+                       checkpoints=checkpoints)
+
+    last = stage.predict(test_x)
+    best = stage.predict(test_x, stage.best)
+    wall = time.perf_counter() - started
+    rows: list[dict[str, Any]] = [{}] * k
+    for m, p in enumerate(ps):
+        test_acc, test_bal, confusion = accuracy(best[m], test_y, ds.num_classes)
+        last_acc, last_bal, _ = accuracy(last[m], test_y, ds.num_classes)
+        outcome = Outcome(
+            status=result.status[m], best_epoch=int(result.best_epoch[m]), val_loss=float(result.best_loss[m]),
+            warmup_test_acc=float(warm_test[m]), test_acc=test_acc, test_bal_acc=test_bal, last_test_acc=last_acc,
+            last_test_bal_acc=last_bal, confusion=confusion, estimated_transition=methods[m].estimated_transition(),
+            epochs=warm_epochs.get(keys[m], []) + result.epochs[m], warmup_s=warmup_s / max(len(missing), 1),
+            method_s=result.seconds / k, error=result.errors[m], pack_size=k,
+        )
+        row = results_mod.make_row(
+            config=p.config, model=ds.model, labels=p.labels, outcome=outcome, wall_s=wall / k,
+            lr=p.method_stage.lr, batch_size=p.method_stage.batch_size, epochs=p.method_stage.epochs,
+            epochs_warmup=p.warmup.epochs, privileged=get_method(p.config.method).uses_true_transition,
+        )
+        row["pack_wall_s"] = wall
+        if results is not None:
+            results_mod.write_trial(results, row, outcome.epochs)
+        rows[order[m]] = row
+    log(f"pack of {k} done in {wall:.1f}s ({wall / k:.2f}s per trial)")
+    return rows
+
+
+def _count(items: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item] = counts.get(item, 0) + 1
+    return counts
+

@@ -1,0 +1,228 @@
+"""Packed trials (bench.packed): each member is its own trial, whatever its pack-mates.
+
+Solo and packed runs are compared on the CPU: same noisy labels, data order, dropout masks and initial weights,
+so they agree up to the order of floating-point sums (grouped vs single convolutions)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from bench.config import Schedule, TrialConfig, freeze_params
+from bench.methods import Batch, Method, registry
+from bench.packed import StackedOptimizer, pack_id, plan_units, run_pack, why_solo
+from bench.results import read_table
+from bench.trainer import run_trial
+
+REPO = Path(__file__).resolve().parents[1]
+QUIET = dict(log=lambda s: None)
+
+
+def _close(a: float, b: float, rel: float = 1e-5) -> bool:
+    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-7)
+
+
+def _assert_same_trial(packed: dict, solo: dict, rel: float = 1e-5) -> None:
+    assert packed["trial_id"] == solo["trial_id"]
+    assert packed["noise_hash"] == solo["noise_hash"]
+    assert packed["status"] == solo["status"]
+    assert packed["best_epoch"] == solo["best_epoch"]
+    assert _close(packed["val_loss"], solo["val_loss"], rel), (packed["val_loss"], solo["val_loss"])
+    for key in ("test_acc", "last_test_acc", "warmup_test_acc"):
+        assert packed[key] == pytest.approx(solo[key], abs=1e-6), key
+
+
+def _curves(results: Path, trial_id: str) -> pl.DataFrame:
+    return pl.read_parquet(results / "epochs" / f"{trial_id}.parquet")
+
+
+def test_a_packed_member_equals_its_solo_trial_with_dropout(tiny_fashion: Path, tmp_path: Path) -> None:
+    """Fashion-MNIST's CNN (dropout 0.5): 9 epochs x 6 steps of batch 16 in each stage, 54 steps; the per-epoch
+    training losses (means over the steps) agree to 1e-5, so do selection and test accuracy."""
+    configs = [
+        TrialConfig("fashion_mnist", method, "case3", r, seed=seed, lr=lr, batch_size=16, epochs=9,
+                    epochs_warmup=9)
+        for method, r, seed, lr in (("ce", 0.3, 0, 1e-3), ("dmi", 0.6, 1, 3e-4), ("dmi", 0.3, 0, 1e-3))
+    ]
+    rows = run_pack(configs, tiny_fashion, results=tmp_path / "packed", **QUIET)
+    for config, packed in zip(configs, rows, strict=True):
+        solo = run_trial(config, tiny_fashion, results=tmp_path / "solo", **QUIET)
+        _assert_same_trial(packed, solo)
+        assert packed["pack_size"] == 3 and solo["pack_size"] == 1
+        a, b = _curves(tmp_path / "packed", config.trial_id), _curves(tmp_path / "solo", config.trial_id)
+        assert a["stage"].to_list() == b["stage"].to_list() and a.height == 9 + 10
+        for x, y in zip(a["train_loss"].drop_nulls(), b["train_loss"].drop_nulls(), strict=True):
+            assert _close(x, y), (x, y)
+        for x, y in zip(a["val_loss"], b["val_loss"], strict=True):
+            assert _close(x, y), (x, y)
+
+
+@pytest.mark.parametrize("method,params", [
+    ("fw", {}), ("fw_oracle", {}), ("peer", {}), ("gce", {"q": 0.5}), ("sce", {}), ("nce_rce", {}),
+    ("bootstrap", {"variant": "hard"}),
+])
+def test_every_packable_method_matches_its_solo_trial(tmp_path: Path, method: str, params: dict) -> None:
+    config = TrialConfig("synthetic", method, "case2", 0.4, seed=2, epochs=4, epochs_warmup=2,
+                         method_params=freeze_params(params))
+    neighbour = TrialConfig("synthetic", "dmi", "case3", 0.2, seed=5, epochs=4, epochs_warmup=2)
+    packed = run_pack([neighbour, config], "unused", **QUIET)[1]
+    _assert_same_trial(packed, run_trial(config, "unused", **QUIET))
+    if method.startswith("fw"):
+        assert packed["estimated_transition"] is not None
+
+
+def test_a_members_numbers_do_not_depend_on_its_pack(tiny_fashion: Path) -> None:
+    me = TrialConfig("fashion_mnist", "dmi", "case2", 0.4, seed=3, lr=5e-4, batch_size=16, epochs=3,
+                     epochs_warmup=3)
+    others = [TrialConfig("fashion_mnist", m, "case1", r, seed=s, lr=lr, batch_size=16, epochs=3, epochs_warmup=3)
+              for m, r, s, lr in (("ce", 0.1, 0, 1e-3), ("dmi", 0.5, 1, 1e-4), ("ce", 0.7, 2, 2e-4),
+                                  ("dmi", 0.2, 4, 1e-3), ("ce", 0.3, 5, 5e-4), ("dmi", 0.8, 6, 3e-4),
+                                  ("ce", 0.0, 7, 1e-3))]
+    alone = run_pack([me], tiny_fashion, **QUIET)[0]
+    first = run_pack([me, *others[:2]], tiny_fashion, **QUIET)[0]
+    middle = run_pack([*others[:4], me, *others[4:]], tiny_fashion, **QUIET)[4]
+    for row in (first, middle):
+        _assert_same_trial(row, alone, rel=1e-6)
+    assert (alone["pack_size"], first["pack_size"], middle["pack_size"]) == (1, 3, 8)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_the_stacked_step_is_each_members_own_optimizer_step(optimizer: str) -> None:
+    """Two members with their own learning rates, three steps and a milestone, against torch.optim per member."""
+    torch.manual_seed(0)
+    schedule = Schedule(optimizer, 0.1, epochs=3, batch_size=8, momentum=0.9 if optimizer == "sgd" else 0.0,
+                        weight_decay=1e-2, milestones=(1,), gamma=0.5)
+    lrs = [1e-2, 3e-4]
+    start = [torch.randn(4, 3), torch.randn(4, 3)]
+    grads = [[torch.randn(4, 3) for _ in range(2)] for _ in range(3)]
+    stacked = {"w": torch.stack(start).requires_grad_()}
+    opt = StackedOptimizer(stacked, schedule, lrs)
+    for step in range(3):
+        stacked["w"].grad = torch.stack(grads[step])
+        opt.step(None)
+        opt.end_epoch()  # one step per "epoch": the milestone halves both lrs after the first
+    for m in range(2):
+        w = start[m].clone().requires_grad_()
+        solo = (torch.optim.Adam([w], lr=lrs[m], weight_decay=1e-2) if optimizer == "adam"
+                else torch.optim.SGD([w], lr=lrs[m], momentum=0.9, weight_decay=1e-2))
+        sched = torch.optim.lr_scheduler.MultiStepLR(solo, [1], 0.5)
+        for step in range(3):
+            w.grad = grads[step][m]
+            solo.step()
+            sched.step()
+        torch.testing.assert_close(stacked["w"][m].detach(), w.detach(), rtol=1e-6, atol=1e-7)
+    assert not torch.equal(stacked["w"][0], start[0]) and not torch.equal(stacked["w"][1], start[1])
+
+
+class NaNAfterFirstEpoch(Method):
+    """A test method: CE, whose training loss turns NaN from the second epoch on."""
+
+    name = "nan_after_first_epoch"
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return registry()["ce"](self.num_classes).loss(logits, labels)
+
+    def logits_loss(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        loss = self.loss(logits, batch.y)
+        return loss * float("nan") if batch.epoch >= 1 else loss
+
+
+def test_a_diverging_member_is_frozen_and_the_others_are_unchanged(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setitem(registry(), NaNAfterFirstEpoch.name, NaNAfterFirstEpoch)
+    healthy = [TrialConfig("synthetic", m, "case3", 0.3, seed=s, epochs=4, epochs_warmup=2)
+               for m, s in (("ce", 0), ("dmi", 1))]
+    sick = TrialConfig("synthetic", NaNAfterFirstEpoch.name, "case3", 0.3, seed=0, epochs=4, epochs_warmup=2)
+    without = run_pack(healthy, "unused", **QUIET)
+    with_sick = run_pack([healthy[0], sick, healthy[1]], "unused", results=tmp_path, **QUIET)
+    for a, b in zip(without, (with_sick[0], with_sick[2]), strict=True):
+        _assert_same_trial(b, a, rel=1e-6)
+    assert with_sick[1]["status"] == "diverged" and "epoch 2" in with_sick[1]["error"]
+    assert with_sick[1]["best_epoch"] in (0, 1)  # its best state from before the NaN
+    assert read_table(tmp_path).filter(pl.col("status") == "diverged").height == 1
+
+
+def test_a_killed_pack_resumes_from_its_epoch_checkpoint_with_the_same_numbers(tmp_path: Path) -> None:
+    from bench.runner import TrialCheckpoints
+
+    configs = [TrialConfig("synthetic", m, "case3", 0.4, seed=3, epochs=5, epochs_warmup=2) for m in ("ce", "dmi")]
+    whole = run_pack(configs, "unused", **QUIET)
+    results = str(tmp_path / "resumed")
+    lines: list[str] = []
+
+    class CrashAfterEpoch2(TrialCheckpoints):
+        def save(self, state):
+            super().save(state)
+            if state["epoch"] == 2:
+                raise RuntimeError("node lost")
+
+    with pytest.raises(RuntimeError, match="node lost"):
+        run_pack(configs, "unused", results=results, log=lines.append,
+                 checkpoints=CrashAfterEpoch2(results, pack_id(configs), lines.append))
+    assert read_table(results).is_empty()
+    resumed = run_pack(configs, "unused", results=results, log=lines.append,
+                       checkpoints=TrialCheckpoints(results, pack_id(configs), lines.append))
+    assert "resumed from the checkpoint of epoch 2" in lines
+    for a, b in zip(resumed, whole, strict=True):
+        for key in ("status", "best_epoch", "val_loss", "test_acc", "last_test_acc", "confusion"):
+            assert a[key] == b[key], key
+
+
+def test_plan_packs_whole_warm_start_cells_and_leaves_the_rest_solo() -> None:
+    trials = [TrialConfig("synthetic", m, "case3", r, seed=s, device="cuda", epochs=2, epochs_warmup=1)
+              for m in ("ce", "dmi", "vat") for r in (0.2, 0.4) for s in (0, 1, 2)]
+    units = plan_units(trials, 5)
+    packs = [u for u in units if len(u) > 1]
+    assert sorted(len(u) for u in units if len(u) == 1 and u[0].method == "vat") == [1] * 6
+    assert all(why_solo(t) is None for u in packs for t in u)
+    # 6 cells of (ce, dmi); at most 5 members a pack, in whole cells: 3 packs of 2 cells.
+    assert sum(len(u) for u in units) == len(trials) and [len(u) for u in packs] == [4, 4, 4]
+    cells = [{(t.r, t.seed) for t in u} for u in packs]
+    assert all(len(c) == 2 for c in cells) and len(set().union(*cells)) == 6  # no cell in two packs
+    assert plan_units(trials, "off") == [[t] for t in trials]
+    cpu = [TrialConfig("synthetic", "ce", "case3", 0.2, seed=s) for s in range(3)]
+    assert plan_units(cpu, "auto") == [[t] for t in cpu]  # auto packs on CUDA only
+    assert why_solo(TrialConfig("synthetic", "coteaching", "case3", 0.2)) is not None
+    assert why_solo(TrialConfig("cifar10", "ce", "pairs", 0.2)) is not None
+
+
+def test_the_training_core_imports_only_torch_and_numpy(tmp_path: Path) -> None:
+    """A bare GPU box has torch and numpy: the core and the benchmark must not need Ray, MLflow, polars,
+    pyarrow, pandas or scipy (checked by refusing those imports in a fresh interpreter)."""
+    script = f"""
+import sys
+for name in ("ray", "mlflow", "polars", "pyarrow", "pandas", "scipy", "matplotlib", "yaml"):
+    sys.modules[name] = None  # `import name` now fails, as where it is not installed
+import bench.packed, bench.trainer, bench.noise
+from bench.data import registry as datasets
+from bench.methods import registry as methods
+assert len(datasets()) >= 7 and len(methods()) >= 13
+from bench.config import TrialConfig
+rows = bench.packed.run_pack([TrialConfig("synthetic", m, "case3", 0.3, epochs=1, epochs_warmup=1)
+                              for m in ("ce", "dmi")], "unused", log=lambda s: None)
+assert [r["status"] for r in rows] == ["ok", "ok"]
+sys.argv = ["pack_speedup", "--device", "cpu", "--members", "1,2", "--steps", "2", "--synthetic"]
+import runpy
+runpy.run_path("{REPO / 'benchmarks' / 'pack_speedup.py'}", run_name="__main__")
+print("CORE-OK")
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "CORE-OK" in out.stdout
+
+
+def test_dmi_loss_over_members_equals_each_members_loss() -> None:
+    from bench.dmi import dmi_loss
+
+    logits, labels = torch.randn(5, 64, 3), torch.randint(0, 3, (5, 64))
+    labels[2] = labels[2].clamp(max=1)  # member 2 misses class 2: the guard applies to it alone
+    stacked = dmi_loss(logits, labels, 3)
+    each = torch.stack([dmi_loss(logits[k], labels[k], 3) for k in range(5)])
+    torch.testing.assert_close(stacked, each)
+    assert np.isfinite(stacked.numpy()).all()

@@ -1,0 +1,70 @@
+"""Packed trials on a CUDA device (skipped without one). Imports only torch, numpy and pytest, so that it runs on
+a bare GPU box: `python3 -m pytest tests/test_packed_cuda.py`."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.config import TrialConfig
+from bench.packed import run_pack
+from bench.trainer import run_trial
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+QUIET = dict(log=lambda s: None)
+
+
+def _configs() -> list[TrialConfig]:
+    return [TrialConfig("fashion_mnist", m, "case3", r, seed=s, lr=lr, batch_size=16, epochs=6, epochs_warmup=6,
+                        device="cuda")
+            for m, r, s, lr in (("ce", 0.3, 0, 1e-3), ("dmi", 0.6, 1, 3e-4), ("peer", 0.2, 2, 1e-3))]
+
+
+@pytest.fixture
+def exact_fp32():
+    """TF32 off: solo and packed then differ only by the order of float32 sums."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_a_packed_member_equals_its_solo_trial_on_cuda(tiny_fashion: Path, exact_fp32) -> None:
+    configs = _configs()
+    rows = run_pack(configs, tiny_fashion, **QUIET)
+    for config, packed in zip(configs, rows, strict=True):
+        solo = run_trial(config, tiny_fashion, **QUIET)
+        assert packed["noise_hash"] == solo["noise_hash"]
+        assert packed["best_epoch"] == solo["best_epoch"], config.method
+        assert math.isclose(packed["val_loss"], solo["val_loss"], rel_tol=1e-5), (packed["val_loss"], solo["val_loss"])
+        assert packed["test_acc"] == pytest.approx(solo["test_acc"], abs=1e-6)
+
+
+def test_no_host_sync_inside_a_training_step(tiny_fashion: Path) -> None:
+    """Inside the step loop of a pack and of a solo trial, no operation waits for the device (CUDA's sync debug
+    mode raises on any synchronising call); a float comes back only at the end of an epoch."""
+    from bench.methods import get_method
+    from bench.packed import PackedStage, device_generator
+    from bench.trainer import SoloStage, build_model, method_seed, prepare, seed_everything
+
+    configs = _configs()
+    ps = [prepare(c, tiny_fashion, log=lambda s: None) for c in configs]
+    nets, generators, methods = [], [], []
+    for p in ps:
+        seed_everything(method_seed(p.config.seed))
+        nets.append(build_model(p))
+        generators.append(device_generator(p.device, method_seed(p.config.seed)))
+        methods.append(get_method(p.config.method)(2))
+    pack = PackedStage(ps, nets, generators, ps[0].method_stage, [1e-3] * 3, [0, 1, 2], methods)
+    solo = SoloStage(ps[1], [build_model(ps[1])], ps[1].method_stage, 0, methods[1].train_loss,
+                     methods[1].validation_loss, methods[1])
+    pack.train_epoch(0), solo.train_epoch(0)  # first use: allocations, kernel selection
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        pack.train_steps(1)
+        solo.train_steps(1)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
