@@ -55,7 +55,8 @@ from bench.trainer import (
 )
 
 PACK_MAX = 256  # members per pack at most (`--pack auto`); beyond this the GPU is already full for our models
-EVAL_IMAGES = 65536  # member-images per evaluation chunk: K members x chunk rows
+# Member-images per evaluation chunk (K members x chunk rows): large on a GPU, cache-sized on a CPU.
+EVAL_IMAGES = {"cuda": 65536, "cpu": 2048}
 
 
 # -- which trials can pack, and with whom -----------------------------------------------------------------------
@@ -225,8 +226,11 @@ class PackedStage:
         lrs: list[float],
         seeds: list[int],
         methods: list[Method] | None = None,
+        precision: str = "fp32",
     ) -> None:
         self.members, self.p, self.schedule = len(members), members, schedule
+        # "bf16": the forward pass under bf16 autocast on CUDA (losses from float32 logits; L_DMI in float64).
+        self.autocast = precision == "bf16" and members[0].device.type == "cuda"
         self.device = members[0].device
         params, buffers = stack_module_state(nets)
         if buffers:
@@ -323,7 +327,9 @@ class PackedStage:
             idx = orders[:, start : start + b]
             x = transform(self.train_x[idx.flatten()]).unflatten(0, idx.shape)
             y = self.train_labels.gather(1, idx)
-            logits = train(self.params, x, self._masks(x[0]))
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
+                logits = train(self.params, x, self._masks(x[0]))
+            logits = logits.float()
             losses = self._losses(logits, y, idx, x, epoch)
             for p in self.params.values():
                 p.grad = None
@@ -345,9 +351,10 @@ class PackedStage:
         """Logits (K, N, C) of every member on a shared input split, in evaluation mode (no dropout)."""
         params = self.params if params is None else params
         self.base.eval()
-        chunk = max(1, EVAL_IMAGES // self.members)
+        chunk = max(1, EVAL_IMAGES.get(self.device.type, 2048) // self.members)
         forward = vmap(self._forward_eval, in_dims=(0, None))
-        out = torch.cat([forward(params, x[s : s + chunk]).float() for s in range(0, x.shape[0], chunk)], dim=1)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
+            out = torch.cat([forward(params, x[s : s + chunk]).float() for s in range(0, x.shape[0], chunk)], 1)
         self.base.train()
         return out
 
