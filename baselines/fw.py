@@ -55,6 +55,7 @@ class Forward(Method):
     paper = "Patrini, Rozza, Menon, Nock, Qu. Making Deep Neural Networks Robust to Label Noise: " \
         "a Loss Correction Approach. CVPR 2017"
     defaults: dict[str, Any] = {"quantile": 0.97}
+    ranges = {"quantile": "(0, 1]"}  # 1.0: the argmax, Patrini's original anchor point
 
     def __init__(self, num_classes: int, **params: Any) -> None:
         super().__init__(num_classes, **params)
