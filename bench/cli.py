@@ -80,7 +80,7 @@ def cmd_datasets(args: argparse.Namespace) -> int:
     if args.download:
         for name in args.download:
             get_dataset(name)(root).download()
-            print(f"{name}: downloaded and verified under {root}")
+            print(f"{name}: files present and verified under {root}")
         return 0
     print(f"data root: {root}")
     for name, cls in registry().items():
