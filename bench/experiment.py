@@ -332,15 +332,23 @@ def check_names(exp: Experiment) -> None:
     if exp.transition is not None and len(exp.transition) != dataset.num_classes:
         raise ck.fail("transition", f"{exp.dataset} has {dataset.num_classes} classes; the matrix is "
                       f"{len(exp.transition)} x {len(exp.transition)}")
+    if exp.train_subset is not None and exp.train_subset > dataset.split_sizes[0]:
+        raise ck.fail("train_subset", f"{exp.dataset} has {dataset.split_sizes[0]:,} training examples, got "
+                      f"{exp.train_subset:,}")
     for pattern in exp.noise:
         if pattern in dataset.noise_patterns and noise.PATTERNS.get(pattern) is None:
             continue  # real human noise: no matrix
-        explicit = None if exp.transition is None else np.asarray(exp.transition, dtype=np.float64)
+        if exp.transition is not None:
+            try:
+                noise.validate_transition(np.asarray(exp.transition, dtype=np.float64), dataset.num_classes, "T")
+            except UserError as e:
+                raise ck.fail("transition", str(e).removeprefix("T: ")) from None
+            continue
         for r in exp.r:
             try:
-                noise.transition_matrix(pattern, r, dataset.num_classes, dataset.accepted_noise(), explicit)
+                noise.transition_matrix(pattern, r, dataset.num_classes, dataset.accepted_noise())
             except UserError as e:
-                raise ck.fail("transition" if explicit is not None else "r", str(e)) from None
+                raise ck.fail("r", str(e)) from None
     known_methods = methods()
     for grid in exp.methods:
         if grid.name not in known_methods:

@@ -527,6 +527,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             return 0
         device = None if args.gpus_per_trial is None else ("cuda" if args.gpus_per_trial > 0 else "cpu")
         print_plan(Plan.make(exp, absolute_results(results), device=device))
+        if args.address is None:  # on a cluster the data lives on the nodes
+            try:
+                check_data([exp.dataset], args.data_root)
+                print(f"data: {exp.dataset} present and intact under {args.data_root}")
+            except UserError as e:
+                print(f"data: {e} (`bench run` stops here)")
         return 0
     check_grid_size(exp.size(), args.yes)
     settings = Settings(
