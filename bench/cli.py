@@ -9,9 +9,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.config import TrialConfig, UserError, default_data_root, freeze_params
-
-EXIT_USAGE = 2
+from bench.config import EXIT_USAGE, TrialConfig, UserError, default_data_root, freeze_params
 
 
 def _add_data_root(parser: argparse.ArgumentParser) -> None:

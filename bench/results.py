@@ -263,8 +263,13 @@ def hold(results: str | os.PathLike[str]) -> Iterator[None]:
     if not isinstance(fs, pafs.LocalFileSystem):
         yield
         return
-    Path(root).mkdir(parents=True, exist_ok=True)
-    with open(Path(root) / ".bench.lock", "a+") as handle:
+    try:
+        Path(root).mkdir(parents=True, exist_ok=True)
+        handle = open(Path(root) / ".bench.lock", "a+")  # noqa: SIM115 - held for the whole block
+    except OSError:  # a read-only folder (sync-mlflow to a server): nobody else can write into it either
+        yield
+        return
+    with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -10,6 +10,10 @@ crashed trial (`--retries`); the method stage checkpoints after every epoch, so 
 after the driver was killed) resumes from its last finished epoch, and its warm start comes from the cache.
 Locally Ray starts in-process (`ray.init(address="local")`, never attaching to another Ray on the machine);
 `--address` joins a cluster.
+
+Before Ray starts, the driver checks every trial (`bench.validate`), the data files and the results folder, and takes
+the folder's lock (one driver per folder). A `UserError` that only a worker meets is reported to the driver once,
+not raised, so that Ray does not retry what retrying cannot fix.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.config import TrialConfig, UserError
+from bench.config import EXIT_USAGE, TrialConfig, UserError
 from bench.experiment import Experiment, load_experiment
 from bench.validate import GRID_LIMIT, check_data, check_grid_size, check_results, check_trials
 
@@ -542,6 +546,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         num_cpus=args.num_cpus,
     )
     tally = run_experiment(exp, settings, out=lambda line: print(line, flush=True))
+    if tally.rejected:
+        return EXIT_USAGE
     return 0 if tally.done == tally.total and not tally.statuses.get("failed") else 1
 
 
