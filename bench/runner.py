@@ -611,18 +611,24 @@ def cmd_ui(args: argparse.Namespace) -> int:
     print(f"MLflow UI for {uri} on {address} (Ctrl-C stops it)", flush=True)
     for line in tracking.runs_links(uri, address):
         print(f"  {line}", flush=True)
-    server = subprocess.Popen(command)
+    server: subprocess.Popen | None = None
+    signalled: list[int] = []
 
     def terminated(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
+        signalled.append(signum)
+        if server is not None:  # raised inside Popen, the exit would lose the child it is starting
+            raise SystemExit(128 + signum)
 
     # SIGTERM (kill, a service manager) must stop the server too, as Ctrl-C does, not orphan it.
     previous = signal.signal(signal.SIGTERM, terminated)
     try:
+        server = subprocess.Popen(command)
+        if signalled:
+            raise SystemExit(128 + signalled[0])
         return server.wait()
     finally:  # Ctrl-C, SIGTERM or an error here: stop the server this command started
         signal.signal(signal.SIGTERM, previous)
-        if server.poll() is None:
+        if server is not None and server.poll() is None:
             server.terminate()
             try:
                 server.wait(timeout=15)

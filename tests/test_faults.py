@@ -358,3 +358,35 @@ def test_report_escapes_names_from_the_data(grid, tmp_path):
     md = (tmp_path / "report" / "leaderboard.md").read_text()
     assert r"a\_b\&c" in tex and "a_b&c" not in tex
     assert r"a\_b&c\<script\>" in md and "<script>" not in md
+
+
+def test_sigterm_to_bench_ui_stops_its_mlflow_server(tmp_path):
+    import signal
+
+    store = tmp_path / "mlflow.db"
+    store.touch()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    ui = subprocess.Popen([str(Path(sys.executable).parent / "bench"), "ui", str(tmp_path), "--port", port,
+                           "--mlflow-uri", f"sqlite:///{store}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                          text=True)
+    try:
+        assert ui.stdout.readline().startswith("MLflow UI for")
+        children = Path(f"/proc/{ui.pid}/task/{ui.pid}/children")
+        server = None
+        while server is None:  # the server starts after the links are listed
+            assert ui.poll() is None
+            for pid in children.read_text().split():
+                try:  # other short-lived children come and go
+                    if b"server" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                        server = int(pid)
+                except OSError:
+                    continue
+        ui.send_signal(signal.SIGTERM)
+        assert ui.wait(timeout=60) == 128 + signal.SIGTERM
+        with pytest.raises(ProcessLookupError):
+            os.kill(server, 0)
+    finally:
+        if ui.poll() is None:
+            ui.kill()
