@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from bench.config import UserError
 from bench.methods import Method, one_hot
 
 
@@ -30,11 +29,8 @@ class Bootstrapping(Method):
     paper = "Reed, Lee, Anguelov, Szegedy, Erhan, Rabinovich. Training Deep Neural Networks on Noisy Labels " \
         "with Bootstrapping. arXiv:1412.6596, 2014 (ICLR 2015 workshop)"
     defaults: dict[str, Any] = {"variant": "soft", "beta_soft": 0.95, "beta_hard": 0.8}
-
-    def __init__(self, num_classes: int, **params: Any) -> None:
-        super().__init__(num_classes, **params)
-        if self.variant not in ("soft", "hard"):
-            raise UserError(f"bootstrap: variant must be soft or hard, got {self.variant!r}")
+    ranges = {"beta_soft": "[0, 1]", "beta_hard": "[0, 1]"}  # weight of the noisy label in the target
+    choices = {"variant": ("soft", "hard")}
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         log_q = torch.log_softmax(logits.float(), dim=-1)

@@ -43,6 +43,8 @@ class CoTeaching(Method):
     paper = "Han, Yao, Yu, Niu, Xu, Hu, Tsang, Sugiyama. Co-teaching: Robust Training of Deep Neural Networks " \
         "with Extremely Noisy Labels. NeurIPS 2018"
     defaults: dict[str, Any] = {"forget_rate": 0.2, "num_gradual": 10, "exponent": 1.0}
+    # tau < 1 keeps some examples; T_k = 0 forgets at the full rate from the start; c > 0 makes the ramp rise.
+    ranges = {"forget_rate": "[0, 1)", "num_gradual": "[0, inf)", "exponent": "(0, inf)"}
     networks = 2
 
     def keep_rate(self, epoch: int) -> float:

@@ -56,6 +56,7 @@ class Forward(Method):
         "a Loss Correction Approach. CVPR 2017"
     defaults: dict[str, Any] = {"quantile": 0.97}
     member_state = ("transition",)
+    ranges = {"quantile": "(0, 1]"}  # 1.0: the argmax, Patrini's original anchor point
 
     def __init__(self, num_classes: int, **params: Any) -> None:
         super().__init__(num_classes, **params)

@@ -25,6 +25,7 @@ class ForwardOracle(Forward):
     title = "FW with the true T (oracle)"
     uses_true_transition = True
     defaults = {}
+    ranges = {}  # no anchor points to estimate: the true T needs no quantile
 
     def setup(self, stage: StageContext) -> None:
         if stage.true_transition is None:

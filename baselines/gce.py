@@ -47,6 +47,8 @@ class GeneralizedCrossEntropy(Method):
     paper = "Zhang, Sabuncu. Generalized Cross Entropy Loss for Training Deep Neural Networks with Noisy " \
         "Labels. NeurIPS 2018"
     defaults: dict[str, Any] = {"q": 0.7, "truncated": False, "k": 0.5, "prune_start": 40, "prune_every": 10}
+    # L_q is defined for q in (0, 1] (q -> 0 is CE); the truncation threshold k is a probability in (0, 1).
+    ranges = {"q": "(0, 1]", "k": "(0, 1)", "prune_start": "[0, inf)", "prune_every": "[1, inf)"}
 
     def __init__(self, num_classes: int, **params: Any) -> None:
         super().__init__(num_classes, **params)

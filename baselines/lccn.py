@@ -52,6 +52,8 @@ class LCCN(Method):
     paper = "Yao, Wu, Zhang, Tsang, Sun. Safeguarded Dynamic Label Regression for Noisy Supervision. AAAI 2019"
     # alpha, 200 steps and 20k-of-46.9k warm-up steps (120 epochs of 50k at batch size 128): the paper's code.
     defaults: dict[str, Any] = {"alpha": 1.0, "update_every": 200, "warmup_fraction": 0.43}
+    # alpha > 0: the Dirichlet prior keeps every row of phi a distribution even where a class has no count.
+    ranges = {"alpha": "(0, inf)", "update_every": "[1, inf)", "warmup_fraction": "[0, 1]"}
 
     def __init__(self, num_classes: int, **params: Any) -> None:
         super().__init__(num_classes, **params)

@@ -41,6 +41,7 @@ class MentorNetPD(Method):
     paper = "Jiang, Zhou, Leung, Li, Fei-Fei. MentorNet: Learning Data-Driven Curriculum for Very Deep Neural " \
         "Networks on Corrupted Labels. ICML 2018"
     defaults: dict[str, Any] = {"percentile": 0.7, "decay": 0.9}
+    ranges = {"percentile": "(0, 1]", "decay": "[0, 1)"}  # decay 1 would freeze lambda at its first value
 
     def __init__(self, num_classes: int, **params: Any) -> None:
         super().__init__(num_classes, **params)

@@ -34,6 +34,7 @@ class NormalizedCEReverseCE(Method):
     paper = "Ma, Huang, Wang, Romano, Erfani, Bailey. Normalized Loss Functions for Deep Learning with Noisy " \
         "Labels. ICML 2020"
     defaults: dict[str, Any] = {"alpha": 1.0, "beta": 1.0, "log_zero": -4.0}
+    ranges = {"alpha": "[0, inf)", "beta": "[0, inf)", "log_zero": "(-inf, 0)"}  # log 0 := a negative number
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         nce = normalized_ce(logits, labels)

@@ -29,6 +29,7 @@ class PeerLoss(Method):
     title = "Peer loss"
     paper = "Liu, Guo. Peer Loss Functions: Learning from Noisy Labels without Knowing Noise Rates. ICML 2020"
     defaults: dict[str, Any] = {"alpha": 1.0}
+    ranges = {"alpha": "[0, inf)"}
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         # Deterministic: the peer term in expectation over the peer draws, not one random draw, so that two

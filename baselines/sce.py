@@ -32,6 +32,7 @@ class SymmetricCrossEntropy(Method):
     paper = "Wang, Ma, Chen, Luo, Yi, Bailey. Symmetric Cross Entropy for Robust Learning with Noisy Labels. " \
         "ICCV 2019"
     defaults: dict[str, Any] = {"alpha": 0.1, "beta": 1.0, "log_zero": -4.0}
+    ranges = {"alpha": "[0, inf)", "beta": "[0, inf)", "log_zero": "(-inf, 0)"}  # log 0 := a negative number
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         ce = per_example_ce(logits, labels)

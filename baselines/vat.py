@@ -106,6 +106,9 @@ class VirtualAdversarialTraining(Method):
     paper = "Miyato, Maeda, Koyama, Ishii. Virtual Adversarial Training: A Regularization Method for Supervised " \
         "and Semi-Supervised Learning. IEEE TPAMI 2018"
     defaults: dict[str, Any] = {"eps": 2.0, "eps_text": 5.0, "xi": 0.0, "alpha": 1.0, "power_iterations": 1}
+    # xi = 0: the exact Hessian-vector product; xi > 0: the paper's finite difference.
+    ranges = {"eps": "[0, inf)", "eps_text": "[0, inf)", "xi": "[0, inf)", "alpha": "[0, inf)",
+              "power_iterations": "[1, inf)"}
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         # Selection uses the CE part only: the smoothness term needs the network and a random start, and it

@@ -9,9 +9,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.config import TrialConfig, UserError, default_data_root, freeze_params
-
-EXIT_USAGE = 2
+from bench.config import EXIT_USAGE, TrialConfig, UserError, default_data_root, freeze_params
 
 
 def _add_data_root(parser: argparse.ArgumentParser) -> None:
@@ -25,22 +23,23 @@ def _data_root(args: argparse.Namespace) -> Path:
     return args.data_root if args.data_root is not None else default_data_root()
 
 
-def _parse_params(items: list[str]) -> dict[str, object]:
-    """--param key=value pairs; values parsed as YAML scalars (numbers, booleans, strings)."""
-    import yaml
+def _parse_params(method: str, items: list[str]) -> dict[str, object]:
+    """--param key=value pairs, each value converted to the type the method declares for it and checked."""
+    from bench.methods import check_params, get_method
 
     params: dict[str, object] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not key:
+        if not sep or not key.strip():
             raise UserError(f"--param expects key=value, got {item!r}")
-        params[key.strip()] = yaml.safe_load(value)
-    return params
+        params[key.strip()] = value.strip()
+    return check_params(get_method(method), params, from_text=True)
 
 
 def cmd_trial(args: argparse.Namespace) -> int:
     from bench import noise
     from bench.trainer import run_trial
+    from bench.validate import check_data, check_results, check_trial
 
     transition = None
     noise_name = args.noise
@@ -52,9 +51,12 @@ def cmd_trial(args: argparse.Namespace) -> int:
     config = TrialConfig(
         dataset=args.dataset, method=args.method, noise=noise_name, r=args.r, seed=args.seed, lr=args.lr,
         batch_size=args.batch_size, epochs=args.epochs, epochs_warmup=args.epochs_warmup,
-        method_params=freeze_params(_parse_params(args.param)), transition=transition,
+        method_params=freeze_params(_parse_params(args.method, args.param)), transition=transition,
         train_subset=args.train_subset, device=args.device, experiment=args.experiment,
     )
+    check_trial(config)
+    check_results(args.results)
+    check_data([config.dataset], _data_root(args))
     row = run_trial(config, _data_root(args), results=args.results, log=lambda s: print(s, flush=True))
     print()
     print(f"trial {row['trial_id']}  status {row['status']}")
@@ -76,7 +78,7 @@ def cmd_datasets(args: argparse.Namespace) -> int:
     if args.download:
         for name in args.download:
             get_dataset(name)(root).download()
-            print(f"{name}: downloaded and verified under {root}")
+            print(f"{name}: files present and verified under {root}")
         return 0
     print(f"data root: {root}")
     for name, cls in registry().items():
@@ -90,15 +92,14 @@ def cmd_datasets(args: argparse.Namespace) -> int:
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
-    from bench.methods import registry
+    from bench.methods import describe_params, registry
 
     for name, cls in registry().items():
         flags = "  [uses the true T: privileged diagnostic]" if cls.uses_true_transition else ""
-        params = ", ".join(f"{k}={v}" for k, v in cls.defaults.items())
         print(f"{name:12s} {cls.title}{flags}")
         print(f"{'':12s} {cls.paper}")
-        if params:
-            print(f"{'':12s} parameters: {params}")
+        for line in describe_params(cls):
+            print(f"{'':12s} {line}")
     return 0
 
 
@@ -138,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_root(p)
     p.set_defaults(func=cmd_datasets)
 
-    p = sub.add_parser("methods", help="list the methods with their papers and default hyper-parameters")
+    p = sub.add_parser("methods", help="list the methods with their papers and hyper-parameters (default, type, "
+                       "range or choices)")
     _add_data_root(p)
     p.set_defaults(func=cmd_methods)
 

@@ -19,6 +19,9 @@ class UserError(Exception):
     """Bad input (unknown name, impossible value, missing data): shown as one line, exit code 2."""
 
 
+EXIT_USAGE = 2
+
+
 def default_data_root() -> Path:
     """`$BENCH_DATA`, else `~/.cache/bench/data`."""
     env = os.environ.get("BENCH_DATA")

@@ -117,7 +117,11 @@ class Dataset:
         for url, rel in self.urls.items():
             target = self.root / rel
             if not target.exists():
-                fetch(url, target)
+                try:
+                    fetch(url, target)
+                except UserError as e:
+                    raise UserError(f"{self.name}: {e}; without internet, put {', '.join(self.files)} under "
+                                    f"{self.root} by hand (from {self.source})") from None
                 expected = self.files.get(rel) or self.archive_md5.get(rel)
                 if expected and file_md5(target) != expected:
                     target.unlink()

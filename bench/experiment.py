@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,18 @@ class _Loader(yaml.SafeLoader):
     """YAML 1.1 reads `1e-4` (no dot) as a string; learning rates are written that way, so read it as a float."""
 
 
+def _unique_keys(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    """A mapping that names a key twice is an error, not "the last one wins"."""
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice", key_node.start_mark)
+        seen.add(key)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_keys)
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"),
@@ -106,6 +119,11 @@ class Experiment:
     transition: tuple[tuple[float, ...], ...] | None = None
     description: str = ""
     source: str = ""  # the file it came from
+
+    def size(self) -> int:
+        """The number of trials, counted without expanding the grid."""
+        cells = len(self.seeds) * len(self.noise) * len(self.r)
+        return sum(math.prod(len(values) for _, values in m.axes) * cells for m in self.methods)
 
     def trials(self) -> list[TrialConfig]:
         """The grid, one `TrialConfig` per trial.
@@ -163,6 +181,8 @@ class _Checker:
     def number(self, key: str, value: Any, low: float, high: float | None = None, open_low: bool = False) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.fail(key, f"expected a number, got {self._show(value)}")
+        if not math.isfinite(value):
+            raise self.fail(key, f"expected a finite number, got {value}")
         bad_low = value <= low if open_low else value < low
         if bad_low or (high is not None and value > high):
             bound = f"> {low}" if open_low else f">= {low}"
@@ -294,7 +314,11 @@ def parse_experiment(data: Any, source: str = "<config>") -> Experiment:
 
 def check_names(exp: Experiment) -> None:
     """Check dataset, noise patterns, methods and their hyper-parameters against the registries."""
+    import numpy as np
+
+    from bench import noise
     from bench.data import registry as datasets
+    from bench.methods import check_params
     from bench.methods import registry as methods
 
     ck = _Checker(exp.source)
@@ -308,15 +332,40 @@ def check_names(exp: Experiment) -> None:
     if exp.transition is not None and len(exp.transition) != dataset.num_classes:
         raise ck.fail("transition", f"{exp.dataset} has {dataset.num_classes} classes; the matrix is "
                       f"{len(exp.transition)} x {len(exp.transition)}")
+    if exp.train_subset is not None and exp.train_subset > dataset.split_sizes[0]:
+        raise ck.fail("train_subset", f"{exp.dataset} has {dataset.split_sizes[0]:,} training examples, got "
+                      f"{exp.train_subset:,}")
+    for pattern in exp.noise:
+        if pattern in dataset.noise_patterns and noise.PATTERNS.get(pattern) is None:
+            continue  # real human noise: no matrix
+        if exp.transition is not None:
+            try:
+                noise.validate_transition(np.asarray(exp.transition, dtype=np.float64), dataset.num_classes, "T")
+            except UserError as e:
+                raise ck.fail("transition", str(e).removeprefix("T: ")) from None
+            continue
+        for r in exp.r:
+            try:
+                noise.transition_matrix(pattern, r, dataset.num_classes, dataset.accepted_noise())
+            except UserError as e:
+                raise ck.fail("r", str(e)) from None
     known_methods = methods()
     for grid in exp.methods:
         if grid.name not in known_methods:
             raise ck.unknown("methods", grid.name, list(known_methods), "method")
-        allowed = sorted(known_methods[grid.name].defaults)
-        for key, _ in grid.axes:
-            if key not in STAGE_KEYS and key not in allowed:
+        method = known_methods[grid.name]
+        allowed = sorted(method.defaults)
+        for key, values in grid.axes:
+            if key in STAGE_KEYS:
+                continue
+            if key not in allowed:
                 raise ck.unknown(f"methods.{grid.name}.{key}", key, list(STAGE_KEYS) + allowed,
                                  f"setting of {grid.name}:")
+            for value in values:
+                try:
+                    check_params(method, {key: value})
+                except UserError as e:
+                    raise ck.fail(f"methods.{grid.name}.{key}", str(e)) from None
 
 
 def read_yaml(path: str | Path) -> Any:
@@ -324,7 +373,12 @@ def read_yaml(path: str | Path) -> Any:
     if not path.is_file():
         raise UserError(f"{path}: no such experiment file")
     try:
-        return yaml.load(path.read_text(), Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); save the "
+                        "file as UTF-8") from None
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         raise UserError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
 

@@ -18,14 +18,19 @@ A method whose step is "logits -> `logits_loss`" is `packable()`: many trials of
 dimensions and return one loss per member (...); per-member state tensors (FW's T) are named in `member_state`
 and stacked along the same leading dimension (`stack`).
 
-Hyper-parameters are declared as data in `defaults` (the method's own paper's values) and arrive as keyword
-arguments; unknown ones are rejected with the allowed list.
+Hyper-parameters are declared as data: `defaults` (the method's own paper's values; the type of each default is
+the parameter's type), `ranges` (interval notation for numeric ones, e.g. "(0, 1]") and `choices` (the allowed
+values of categorical ones). They arrive as keyword arguments and are checked against that declaration (unknown
+name, wrong type, out of range: one line naming the method, the parameter, the value and what is allowed), the
+same declaration `bench methods` prints.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 import pkgutil
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -93,17 +98,15 @@ class Method:
     title: ClassVar[str] = ""
     paper: ClassVar[str] = ""
     defaults: ClassVar[dict[str, Any]] = {}
+    ranges: ClassVar[dict[str, str]] = {}  # numeric parameter -> interval, e.g. "(0, 1]", "[0, inf)"
+    choices: ClassVar[dict[str, tuple[Any, ...]]] = {}  # categorical parameter -> its allowed values
     networks: ClassVar[int] = 1  # how many networks the trainer builds (Co-teaching: 2)
     uses_true_transition: ClassVar[bool] = False  # privileged information: flagged in results
     member_state: ClassVar[tuple[str, ...]] = ()  # tensor attributes that differ between members of a pack
 
     def __init__(self, num_classes: int, **params: Any) -> None:
-        unknown = sorted(set(params) - set(self.defaults))
-        if unknown:
-            allowed = ", ".join(sorted(self.defaults)) or "none"
-            raise UserError(f"method {self.name!r} has no parameter {', '.join(unknown)} (allowed: {allowed})")
         self.num_classes = num_classes
-        self.params = {**self.defaults, **params}
+        self.params = {**self.defaults, **check_params(type(self), params)}
         for key, value in self.params.items():
             setattr(self, key, value)
 
@@ -153,6 +156,114 @@ class Method:
     def estimated_transition(self) -> np.ndarray | None:
         """The method's estimate of T, where it makes one (FW, LCCN); recorded in the result row."""
         return None
+
+
+# -- hyper-parameter declarations: type from `defaults`, bounds from `ranges`, allowed values from `choices` ------
+_INTERVAL = re.compile(r"^\s*([\[(])\s*([^,\s]+)\s*,\s*([^,\s]+)\s*([\])])\s*$")
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A numeric range in interval notation: round brackets exclude a bound, square ones include it."""
+
+    low: float
+    high: float
+    low_closed: bool
+    high_closed: bool
+    text: str
+
+    @classmethod
+    def parse(cls, text: str) -> Interval:
+        m = _INTERVAL.match(text)
+        if not m:
+            raise ValueError(f"not an interval: {text!r} (write e.g. '(0, 1]' or '[0, inf)')")
+        low, high = float(m.group(2)), float(m.group(3))
+        if math.isnan(low) or math.isnan(high) or low > high:
+            raise ValueError(f"not an interval: {text!r}")
+        return cls(low, high, m.group(1) == "[", m.group(4) == "]", text.strip())
+
+    def __contains__(self, value: float) -> bool:
+        if math.isnan(value):
+            return False
+        above = value >= self.low if self.low_closed else value > self.low
+        below = value <= self.high if self.high_closed else value < self.high
+        return above and below
+
+
+def _kind(default: Any) -> type:
+    return bool if isinstance(default, bool) else type(default)
+
+
+def _from_text(kind: type, text: str) -> Any:
+    """A `--param key=value` string converted to the parameter's declared type (ValueError if it is not one)."""
+    if kind is bool:
+        if text.strip().lower() in _TRUE:
+            return True
+        if text.strip().lower() in _FALSE:
+            return False
+        raise ValueError
+    if kind is int:
+        return int(text.strip(), 10)
+    if kind is float:
+        return float(text)
+    return text
+
+
+def _type_name(kind: type) -> str:
+    return {bool: "true or false", int: "an integer", float: "a number", str: "text"}.get(kind, kind.__name__)
+
+
+def _declaration(cls: type[Method], key: str) -> str:
+    """What a parameter allows, in words: its type and its range or choices."""
+    kind = _kind(cls.defaults[key])
+    if key in cls.choices:
+        return "one of " + ", ".join(str(c) for c in cls.choices[key])
+    if key in cls.ranges:
+        return f"{_type_name(kind)} in {cls.ranges[key]}"
+    return _type_name(kind)
+
+
+def _check_param(cls: type[Method], key: str, value: Any, from_text: bool) -> Any:
+    if key not in cls.defaults:
+        allowed = ", ".join(sorted(cls.defaults)) or "none"
+        raise UserError(f"method {cls.name!r} has no parameter {key} (allowed: {allowed})")
+    kind = _kind(cls.defaults[key])
+    problem = f"method {cls.name!r}: parameter {key}={value!r} is not allowed; expected {_declaration(cls, key)}"
+    if from_text and isinstance(value, str):
+        try:
+            value = _from_text(kind, value)
+        except ValueError:
+            raise UserError(problem) from None
+    # bool is an int to Python: accept it only where a bool is declared; a float parameter takes an int too.
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, kind)
+    if not ok:
+        raise UserError(problem)
+    if key in cls.choices and value not in cls.choices[key]:
+        raise UserError(problem)
+    if key in cls.ranges and value not in Interval.parse(cls.ranges[key]):
+        raise UserError(problem)
+    if kind is float and not math.isfinite(value) and key not in cls.ranges:
+        raise UserError(problem)
+    return value
+
+
+def check_params(cls: type[Method], params: dict[str, Any], from_text: bool = False) -> dict[str, Any]:
+    """The parameters checked against the method's declaration; with `from_text`, strings (from `--param
+    key=value`) are first converted to the declared type ("false" -> False, "abc" for a number -> error)."""
+    return {key: _check_param(cls, key, value, from_text) for key, value in params.items()}
+
+
+def describe_params(cls: type[Method]) -> list[str]:
+    """One 'name=default (what it allows)' per parameter, as `bench methods` prints them."""
+    return [f"{key}={cls.defaults[key]} ({_declaration(cls, key)})" for key in cls.defaults]
 
 
 def _discover() -> dict[str, type[Method]]:

@@ -96,7 +96,11 @@ def read_transition_file(path: str | Path) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"--transition: no such file: {path}")
-    text = path.read_text()
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"--transition {path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
+                        "save it as UTF-8") from None
     try:
         if path.suffix.lower() == ".json":
             return np.asarray(json.loads(text), dtype=np.float64)

@@ -28,6 +28,7 @@ import importlib.resources
 import io
 import json
 import math
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -367,12 +368,17 @@ LEGEND = (
 )
 
 
+def _md(s: object) -> str:
+    """Text from the data (names, noise patterns) as literal Markdown: no emphasis, links, HTML or cell breaks."""
+    return re.sub(r"([\\`*_\[\]<>|~])", r"\\\1", str(s))
+
+
 def to_markdown(tabs: list[Table], wtl: pl.DataFrame, comparison: pl.DataFrame, summary: str) -> str:
     lines = ["# Leaderboard", "", LEGEND, "", summary, ""]
     for t in tabs:
         priv = _privileged(t)
-        lines += [f"## {t.dataset} · {t.noise}", ""]
-        lines.append("| r | " + " | ".join(_label(m, m in priv) for m in t.methods) + " |")
+        lines += [f"## {_md(t.dataset)} · {_md(t.noise)}", ""]
+        lines.append("| r | " + " | ".join(_md(_label(m, m in priv)) for m in t.methods) + " |")
         lines.append("|---|" + "---|" * len(t.methods))
         for r in t.rs:
             cells = []
@@ -385,8 +391,8 @@ def to_markdown(tabs: list[Table], wtl: pl.DataFrame, comparison: pl.DataFrame, 
     if not wtl.is_empty():
         lines += [f"## {REFERENCE.upper()} against each baseline (cells won / tied / lost, paired tests)", "",
                   "| dataset | baseline | win | tie | loss | untested | missing |", "|---|---|---|---|---|---|---|"]
-        lines += [f"| {w['dataset']} | {w['method']} | {w['win']} | {w['tie']} | {w['loss']} | {w['untested']} | "
-                  f"{w['missing']} |" for w in wtl.iter_rows(named=True)]
+        lines += [f"| {_md(w['dataset'])} | {_md(w['method'])} | {w['win']} | {w['tie']} | {w['loss']} | "
+                  f"{w['untested']} | {w['missing']} |" for w in wtl.iter_rows(named=True)]
         lines.append("")
     lines += ["## Paper vs measured", ""]
     if comparison.is_empty():
@@ -398,7 +404,7 @@ def to_markdown(tabs: list[Table], wtl: pl.DataFrame, comparison: pl.DataFrame, 
             ours = MISSING if c["ours_mean"] is None else _fmt(c["ours_mean"]) + (
                 "" if c["ours_std"] is None else f" ± {_fmt(c['ours_std'])}")
             diff = MISSING if c["diff"] is None else f"{c['diff']:+.2f}"
-            lines.append(f"| {c['dataset']} | {_r(c['r'])} | {c['method']} | {paper} | {ours} | {diff} | "
+            lines.append(f"| {_md(c['dataset'])} | {_r(c['r'])} | {_md(c['method'])} | {paper} | {ours} | {diff} | "
                          f"{'beyond std' if c['flag'] else ''} |")
     lines.append("")
     return "\n".join(lines)
@@ -432,7 +438,7 @@ def to_latex(tabs: list[Table]) -> str:
         parts += [
             r"\begin{table}[t]", r"\centering", r"\small",
             rf"\caption{{Test accuracy (\%) on {name} noise (mean $\pm$ std.\ dev.\ over seeds).}}",
-            rf"\label{{tab:{t.dataset}-{t.noise}}}".replace("_", "-"),
+            rf"\label{{tab:{re.sub(r'[^A-Za-z0-9]+', '-', f'{t.dataset}-{t.noise}')}}}",
             rf"\begin{{tabular}}{{c{'c' * len(t.methods)}}}", r"\toprule",
             rf"$r$ & {head} \\", r"\midrule", *body, r"\bottomrule", r"\end{tabular}", r"\end{table}", "",
         ]

@@ -10,6 +10,10 @@ crashed trial (`--retries`); the method stage checkpoints after every epoch, so 
 after the driver was killed) resumes from its last finished epoch, and its warm start comes from the cache.
 Locally Ray starts in-process (`ray.init(address="local")`, never attaching to another Ray on the machine);
 `--address` joins a cluster.
+
+Before Ray starts, the driver checks every trial (`bench.validate`), the data files and the results folder, and takes
+the folder's lock (one driver per folder). A `UserError` that only a worker meets is reported to the driver once,
+not raised, so that Ray does not retry what retrying cannot fix.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -27,8 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.config import TrialConfig, UserError
+from bench.config import EXIT_USAGE, TrialConfig, UserError
 from bench.experiment import Experiment, load_experiment
+from bench.validate import GRID_LIMIT, check_data, check_grid_size, check_results, check_trials
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no status table from Ray Tune
@@ -68,6 +74,7 @@ class Plan:
         trials = experiment.trials()
         if device is not None:
             trials = [TrialConfig(**{**asdict_frozen(t), "device": device}) for t in trials]
+        check_trials(trials)
         rows = finished(results)
         done = {t.trial_id: rows[t.trial_id] for t in trials if rows.get(t.trial_id, "failed") != "failed"}
         return cls(experiment, trials, results, done)
@@ -111,6 +118,9 @@ def describe_trial(t: TrialConfig) -> str:
     return f"{t.method}{lr}{bs}{params}  {t.noise} r={t.r:g} seed={t.seed}"
 
 
+LIST_LIMIT = 1_000  # --dry-run lists the trials of a grid up to this size
+
+
 def print_plan(plan: Plan, out: Callable[[str], None] = print) -> None:
     exp, pending = plan.experiment, plan.pending
     total = len(plan.trials)
@@ -128,11 +138,24 @@ def print_plan(plan: Plan, out: Callable[[str], None] = print) -> None:
     out(f"per trial: {res.cpu:g} CPU, {res.gpu:g} GPU, device {pending[0].device if pending else exp.device}; "
         f"at most {exp.max_concurrent or 'as many as fit'} at once")
     out(f"results: {plan.results}")
+    if total > LIST_LIMIT:
+        out(f"trials: {total:,} (not listed: more than {LIST_LIMIT:,})")
+        return
     out("trials:")
     width = len(str(total))
     for i, t in enumerate(plan.trials, 1):
         state = plan.done.get(t.trial_id, "pending")
         out(f"  {i:>{width}}. {t.trial_id}  {state:8s} {describe_trial(t)}")
+
+
+def print_size(exp: Experiment, out: Callable[[str], None] = print) -> None:
+    """A grid too large to expand: its size by method, counted, not listed."""
+    cells = len(exp.seeds) * len(exp.noise) * len(exp.r)
+    parts = " + ".join(f"{cells * len(m.combinations()):,} {m.name}" for m in exp.methods)
+    out(f"experiment {exp.name} ({exp.source}): {exp.dataset}, noise {', '.join(exp.noise)}, {len(exp.r)} r values, "
+        f"{len(exp.seeds):,} seeds")
+    out(f"grid: {exp.size():,} trials = {parts}; more than {GRID_LIMIT:,}: not expanded, not listed "
+        "(running it needs --yes)")
 
 
 # -- the trial, in a Ray worker ---------------------------------------------------------------------------------
@@ -196,7 +219,6 @@ def ray_trial(config: dict[str, Any], trials: dict[str, dict[str, Any]], data_ro
 
     torch.set_num_threads(threads)
     trial = TrialConfig(**trials[config["trial_id"]])
-    cache = WarmStartCache(results)
     if "://" in results:
         log_path = Path("trial.log")  # the trial's own folder in Ray's storage
     else:
@@ -207,8 +229,16 @@ def ray_trial(config: dict[str, Any], trials: dict[str, dict[str, Any]], data_ro
             log_file.write(line + "\n")
             log_file.flush()
 
+        cache = WarmStartCache(results, log=log)
         checkpoints = TrialCheckpoints(results, trial.trial_id, log)
-        row = run_trial(trial, data_root, results=results, log=log, warm_cache=cache, checkpoints=checkpoints)
+        try:
+            row = run_trial(trial, data_root, results=results, log=log, warm_cache=cache, checkpoints=checkpoints)
+        except UserError as e:
+            # Bad input that only the worker could see (a data file damaged after the driver's check, a row that
+            # could not be written): retrying cannot help, so report it once to the driver instead of raising.
+            log(f"bench: error: {e}")
+            tune.report({"trial_id": trial.trial_id, "status": "rejected", "error": str(e), **cache.stats()})
+            return
         checkpoints.clear()
     tune.report({"trial_id": trial.trial_id, "status": row["status"], "test_acc": row["test_acc"],
                  **cache.stats()})
@@ -231,32 +261,17 @@ class Tally:
     warm_saved_s: float = 0.0
     compute_s: float = 0.0
     mlflow_logged: int = 0
+    rejected: dict[str, str] = field(default_factory=dict)  # trial_id -> the error a worker's check raised
 
 
 def make_callback(tally: Tally, results: str, trials: dict[str, TrialConfig], mirror: Any,
                   out: Callable[[str], None]):
     from ray import tune
 
+    from bench.results import read_row
+
     class Progress(tune.Callback):
         """One line per finished trial (n/N, ETA); mirrors each new result row to MLflow."""
-
-        def _row(self, trial_id: str) -> tuple[dict[str, Any] | None, Any]:
-            import polars as pl
-            import pyarrow.parquet as pq
-
-            from bench.results import _filesystem
-
-            fs, root = _filesystem(results)
-            try:
-                row = pl.from_arrow(pq.read_table(f"{root}/trials/{trial_id}.parquet", filesystem=fs)).row(
-                    0, named=True)
-            except (OSError, FileNotFoundError):
-                return None, None
-            try:
-                epochs = pl.from_arrow(pq.read_table(f"{root}/epochs/{trial_id}.parquet", filesystem=fs))
-            except (OSError, FileNotFoundError):
-                epochs = None
-            return row, epochs
 
         def _finish(self, trial: Any, errored: bool) -> None:
             trial_id = trial.config["trial_id"]
@@ -265,8 +280,12 @@ def make_callback(tally: Tally, results: str, trials: dict[str, TrialConfig], mi
             tally.warm_hits += int(result.get("warm_hits", 0))
             tally.warm_misses += int(result.get("warm_misses", 0))
             tally.warm_saved_s += float(result.get("warm_saved_s", 0.0))
-            row, epochs = self._row(trial_id)
-            status = "failed" if errored or row is None else row["status"]
+            row, epochs = read_row(results, trial_id)
+            rejected = result.get("status") == "rejected" and not errored
+            if rejected:
+                tally.rejected[trial_id] = result.get("error", "")
+                row = epochs = None
+            status = "rejected" if rejected else "failed" if errored or row is None else row["status"]
             tally.statuses[status] += 1
             if row is not None:
                 tally.compute_s += float(row["wall_s"] or 0.0)
@@ -276,7 +295,9 @@ def make_callback(tally: Tally, results: str, trials: dict[str, TrialConfig], mi
             warm = " (warm start reused)" if result.get("warm_hits") else ""
             wall = f"{row['wall_s']:.0f}s" if row is not None else ""
             width = len(str(tally.total))
-            note = f"  see {results}/logs/{trial_id}.log" if status == "failed" else ""
+            note = f"  see {results}/logs/{trial_id}.log" if status == "failed" and "://" not in results else ""
+            if rejected:
+                note = f"\n      bench: error: {tally.rejected[trial_id]}"
             out(f"[{tally.done:>{width}}/{tally.total}] {status:8s} {describe_trial(trials[trial_id])}  {acc} "
                 f"{wall}{warm}  elapsed {fmt_seconds(elapsed)}  ETA {fmt_seconds(eta)}{note}")
             if mirror is not None and row is not None and mirror.log_row(row, epochs):
@@ -338,15 +359,6 @@ def check_resources(cpu: float, gpu: float) -> None:
                     f"(nodes: {have}); {fix}")
 
 
-def check_data(plan: Plan, data_root: Path) -> None:
-    from bench.data import get_dataset
-
-    for name in sorted({t.dataset for t in plan.pending}):
-        ds = get_dataset(name)(data_root)
-        if ds.missing_files():
-            raise UserError(f"{name}: missing {', '.join(ds.missing_files())} under {ds.root}; {ds.how_to_get()}")
-
-
 @dataclass
 class Settings:
     results: str
@@ -362,10 +374,21 @@ class Settings:
 
 
 def run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None] = print) -> Tally:
-    """Run the pending trials of an experiment; return the tally. Raises UserError on an impossible request."""
+    """Run the pending trials of an experiment; return the tally. Raises UserError on an impossible request, and
+    when another driver holds the results folder."""
+    from bench.results import hold
+
+    results = absolute_results(s.results)
+    check_results(results)
+    with hold(results):
+        return _run_experiment(exp, s, out)
+
+
+def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) -> Tally:
     from ray import tune
 
     from bench import tracking
+    from bench.results import set_aside_damaged
 
     cpu = s.cpus_per_trial if s.cpus_per_trial is not None else exp.resources.cpu
     gpu = s.gpus_per_trial if s.gpus_per_trial is not None else exp.resources.gpu
@@ -373,6 +396,8 @@ def run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None] = pr
     if device == "cpu" and exp.device.startswith("cuda"):
         out("note: --gpus-per-trial 0 runs this grid on the CPU")
     results = absolute_results(s.results)
+    for moved in set_aside_damaged(results):
+        out(f"set aside the unreadable result file {moved}: its trial runs again")
     plan = Plan.make(exp, results, device=device)
     pending = plan.pending
     by_id = {t.trial_id: t for t in plan.trials}
@@ -388,7 +413,7 @@ def run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None] = pr
         out(f"{exp.name}: all {len(plan.trials)} trials already have a result row in {results}; nothing to run")
         return tally
     if s.address is None:
-        check_data(plan, s.data_root)
+        check_data({t.dataset for t in pending}, s.data_root)
     w = plan.work(pending)
     out(f"{exp.name}: running {len(pending)} of {len(plan.trials)} trials ({len(plan.done)} already done); "
         f"{w['method_epochs']} method-stage epochs + {w['warm_epochs']} warm-start epochs "
@@ -443,13 +468,21 @@ def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: C
         f"saving {fmt_seconds(tally.warm_saved_s)} of compute")
     if tally.done < tally.total:
         out(f"{tally.total - tally.done} trials did not finish: run the same command again to run only those")
-    if tally.statuses.get("failed"):
-        out(f"failed trials keep a row with status failed and the error (see {plan.results}/logs); "
+    if tally.rejected:
+        first = next(iter(tally.rejected.values()))
+        out(f"{len(tally.rejected)} trials stopped on an error that retrying cannot fix and wrote no row (the first: "
+            f"{first}); fix it and run the same command again")
+    failed_rows = tally.statuses.get("failed", 0)
+    if failed_rows:
+        logs = f"{plan.results}/logs" if "://" not in plan.results else "each trial's folder under results/ray"
+        out(f"{failed_rows} failed trials keep a row with status failed and the error (logs: {logs}); "
             "the next `bench run` re-runs them")
     if mirror is not None:
         where = f"MLflow: {tally.mlflow_logged} runs logged to {mirror.uri} (experiment {exp.name})"
         if not mirror.ok:
-            where += f"; store FAILED ({mirror.failed}): run `bench sync-mlflow {plan.results}` to backfill"
+            target = "" if mirror.embedded else f" --mlflow-uri {mirror.uri}"
+            where += (f"; store FAILED ({mirror.failed}): run `bench sync-mlflow {plan.results}{target}` to "
+                      "backfill")
         elif mirror.embedded:
             where += f"; view with `bench ui {plan.results}`"
         out(where)
@@ -489,10 +522,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserError(f"--cpus-per-trial must be > 0, got {args.cpus_per_trial}")
     if args.gpus_per_trial is not None and args.gpus_per_trial < 0:
         raise UserError(f"--gpus-per-trial must be >= 0, got {args.gpus_per_trial}")
+    if args.num_cpus is not None and args.num_cpus < 1:
+        raise UserError(f"--num-cpus must be >= 1, got {args.num_cpus}")
+    check_results(absolute_results(results))
     if args.dry_run:
+        if exp.size() > GRID_LIMIT:
+            print_size(exp)
+            return 0
         device = None if args.gpus_per_trial is None else ("cuda" if args.gpus_per_trial > 0 else "cpu")
         print_plan(Plan.make(exp, absolute_results(results), device=device))
+        if args.address is None:  # on a cluster the data lives on the nodes
+            try:
+                check_data([exp.dataset], args.data_root)
+                print(f"data: {exp.dataset} present and intact under {args.data_root}")
+            except UserError as e:
+                print(f"data: {e} (`bench run` stops here)")
         return 0
+    check_grid_size(exp.size(), args.yes)
     settings = Settings(
         results=results, data_root=args.data_root, address=args.address, max_concurrent=args.max_concurrent,
         mlflow_uri=args.mlflow_uri, mlflow=not args.no_mlflow, cpus_per_trial=args.cpus_per_trial,
@@ -500,6 +546,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         num_cpus=args.num_cpus,
     )
     tally = run_experiment(exp, settings, out=lambda line: print(line, flush=True))
+    if tally.rejected:
+        return EXIT_USAGE
     return 0 if tally.done == tally.total and not tally.statuses.get("failed") else 1
 
 
@@ -533,14 +581,15 @@ def cmd_results(args: argparse.Namespace) -> int:
 
 def cmd_sync_mlflow(args: argparse.Namespace) -> int:
     from bench import tracking
-    from bench.results import read_table
+    from bench.results import hold, read_table
 
     if read_table(args.results).is_empty():
         raise UserError(f"no result rows under {args.results}/trials")
-    mirror = tracking.open_mirror(absolute_results(args.results), args.mlflow_uri)
-    if mirror is None:
-        return 1
-    count = mirror.sync(absolute_results(args.results))
+    with hold(absolute_results(args.results)):  # not while a `bench run` logs into the same store
+        mirror = tracking.open_mirror(absolute_results(args.results), args.mlflow_uri)
+        if mirror is None:
+            return 1
+        count = mirror.sync(absolute_results(args.results))
     if not mirror.ok:
         return 1
     print(f"MLflow {mirror.uri}: logged {count} missing runs (the others were already there)")
@@ -562,11 +611,24 @@ def cmd_ui(args: argparse.Namespace) -> int:
     print(f"MLflow UI for {uri} on {address} (Ctrl-C stops it)", flush=True)
     for line in tracking.runs_links(uri, address):
         print(f"  {line}", flush=True)
-    server = subprocess.Popen(command)
+    server: subprocess.Popen | None = None
+    signalled: list[int] = []
+
+    def terminated(signum: int, frame: Any) -> None:
+        signalled.append(signum)
+        if server is not None:  # raised inside Popen, the exit would lose the child it is starting
+            raise SystemExit(128 + signum)
+
+    # SIGTERM (kill, a service manager) must stop the server too, as Ctrl-C does, not orphan it.
+    previous = signal.signal(signal.SIGTERM, terminated)
     try:
+        server = subprocess.Popen(command)
+        if signalled:
+            raise SystemExit(128 + signalled[0])
         return server.wait()
-    finally:  # Ctrl-C or an error here: stop the server this command started
-        if server.poll() is None:
+    finally:  # Ctrl-C, SIGTERM or an error here: stop the server this command started
+        signal.signal(signal.SIGTERM, previous)
+        if server is not None and server.poll() is None:
             server.terminate()
             try:
                 server.wait(timeout=15)
@@ -590,6 +652,8 @@ def add_commands(sub: argparse._SubParsersAction, add_data_root: Callable[[argpa
                    help="override resources.gpu (> 0 runs on cuda, 0 on the CPU); fractions share a GPU")
     p.add_argument("--retries", type=int, default=None, help="retries of a crashed trial (default 2)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
+    p.add_argument("--yes", action="store_true",
+                   help=f"run a grid of more than {GRID_LIMIT:,} trials (without it such a grid is refused)")
     add_data_root(p)
     p.set_defaults(func=cmd_run)
 

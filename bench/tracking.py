@@ -156,7 +156,22 @@ class Mirror:
     # -- logging ----------------------------------------------------------------------------------------------
     def log_row(self, row: dict[str, Any], epochs: pl.DataFrame | None = None) -> bool:
         """Log one trial (skipped if already logged with the same status). True if it is in MLflow now."""
+        if not self.loggable(row):
+            return False
         return bool(self._guard(f"logging trial {row['trial_id']}", self._log_row, row, epochs))
+
+    def loggable(self, row: dict[str, Any]) -> bool:
+        """A row whose experiment name could not be a folder name (a path, '..') is not logged: the embedded
+        store keeps each experiment's artifacts in a folder of that name."""
+        from bench.config import UserError
+        from bench.validate import check_name
+
+        try:
+            check_name("experiment", row.get("experiment") or "adhoc")
+        except UserError as e:
+            self.warn(f"not logging trial {row['trial_id']} to MLflow: {e}")
+            return False
+        return True
 
     def _log_row(self, row: dict[str, Any], epochs: pl.DataFrame | None) -> bool:
         from mlflow.entities import Metric, Param
@@ -220,7 +235,7 @@ class Mirror:
         epochs = read_table(results, "epochs")
         count = 0
         for row in rows.iter_rows(named=True):
-            if trial_ids is not None and row["trial_id"] not in trial_ids:
+            if trial_ids is not None and row["trial_id"] not in trial_ids or not self.loggable(row):
                 continue
             experiment = row.get("experiment") or "adhoc"
             known = self._guard("listing runs", self.logged, experiment)

@@ -7,6 +7,9 @@ to a temporary name and renamed, so a reader never sees half a file. On a local 
 trains, the others wait and load. The kernel drops the lock when a holder dies, so a killed trial never blocks
 the grid. On an object-store URI there is no lock: two trials may then train the same warm start at once (same
 numbers, wasted compute, still correct).
+
+A cache file that cannot be loaded (damaged, truncated, or not a tensor file: loading never unpickles code) is
+renamed aside to `<key>.pt.damaged-<time>`, logged with its path, and the warm start is trained again once.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ State = dict[str, torch.Tensor]
 class WarmStartCache:
     """A `bench.trainer.WarmStartCache`: call it with (key, train_fn) to get the warm-started state."""
 
-    def __init__(self, results: str | os.PathLike[str]) -> None:
+    def __init__(self, results: str | os.PathLike[str], log: Callable[[str], None] = print) -> None:
         self.fs, root = _filesystem(results)
+        self.log = log
         self.root = f"{root}/warmstart"
         self.local = isinstance(self.fs, pafs.LocalFileSystem)
         self.hits = 0  # warm starts loaded instead of trained
@@ -84,9 +88,21 @@ class WarmStartCache:
         path = self.path(key)
         if self.fs.get_file_info(path).type != pafs.FileType.File:
             return None
-        with self.fs.open_input_stream(path) as f:
-            blob = f.read()
-        return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+        try:
+            with self.fs.open_input_stream(path) as f:
+                blob = f.read()
+            return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any unreadable entry is retrained, never fatal to its cell
+            aside = f"{path}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+            try:
+                self.fs.move(path, aside)
+            except OSError:  # another trial set it aside first
+                pass
+            # Only the first sentence: PyTorch's own advice (weights_only=False) would execute a planted pickle.
+            reason = " ".join(str(e).split()).split(". ")[0][:160]
+            self.log(f"warm-start cache: {path} could not be loaded ({type(e).__name__}: {reason}); set it aside as "
+                     f"{aside} and training this warm start again")
+            return None
 
     def _save(self, key: str, entry: dict[str, Any]) -> None:
         buffer = io.BytesIO()

@@ -10,6 +10,7 @@ diagonally non-dominant for r > 0.5.
 from __future__ import annotations
 
 import gzip
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,11 @@ FILES = {
 
 def read_idx(path: Path) -> np.ndarray:
     """An idx file (gzip-compressed): magic (0, 0, dtype 0x08 = uint8, ndim), big-endian dims, then the data."""
-    data = gzip.decompress(path.read_bytes())
+    try:
+        data = gzip.decompress(path.read_bytes())
+    except (OSError, EOFError, zlib.error) as e:
+        raise UserError(f"{path} is not a readable gzip file ({type(e).__name__}: {e}); delete it and download it "
+                        "again (`bench datasets --download fashion_mnist`)") from None
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
         raise UserError(f"{path} is not an idx file of unsigned bytes")
     ndim = data[3]

@@ -1,0 +1,135 @@
+"""Checks made in the driver before any training: every value of every trial, names that become paths, the data
+files' integrity, the results folder, and the size of a grid.
+
+Each failure is a `UserError`: one line saying what is wrong and how to fix it (exit code 2), raised before
+anything is written, so that a bad value never reaches a Ray worker (where it would be retried and logged there).
+`bench trial` and `bench run` (including `--dry-run`) call the same checks; the trainer repeats the cheap ones.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from bench.config import TrialConfig, UserError
+
+# Experiment, dataset and method names become folder and file names (results, MLflow artifacts).
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+# A grid this large is most likely a typo (seeds: 1000000); running it needs --yes.
+GRID_LIMIT = 100_000
+
+
+def check_name(what: str, value: str) -> str:
+    """A name that becomes a path component: letters, digits, '-', '_', '.', no separators and no '..'."""
+    if not isinstance(value, str) or not NAME.fullmatch(value) or ".." in value:
+        raise UserError(f"{what} {value!r} is not a safe name: use letters, digits, '-', '_' and '.' "
+                        "(no path separators, no '..')")
+    return value
+
+
+def _finite(what: str, value: Any, allowed: str, ok: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or not ok:
+        raise UserError(f"{what} must be {allowed}, got {value!r}")
+
+
+def _integer(what: str, value: Any, low: int, high: int | None = None) -> None:
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if not is_int or value < low or (high is not None and value > high):
+        allowed = f"an integer >= {low}" + (f" and <= {high:,}" if high is not None else "")
+        raise UserError(f"{what} must be {allowed}, got {value!r}")
+
+
+def check_trial(config: TrialConfig, transitions: dict[tuple[Any, ...], None] | None = None) -> None:
+    """Every value of one trial: names, method hyper-parameters (by the method's declaration), r, seed, lr,
+    batch size, epochs, the training subset and the transition matrix. `transitions` remembers the matrices
+    already checked (a grid repeats them)."""
+    from bench import noise
+    from bench.data import get_dataset
+    from bench.methods import check_params, get_method
+
+    check_name("experiment", config.experiment)
+    dataset = get_dataset(config.dataset)
+    method = get_method(config.method)
+    check_params(method, config.params)
+    if config.noise not in dataset.accepted_noise():
+        raise UserError(f"unknown noise {config.noise!r} for {config.dataset}; choose from "
+                        f"{', '.join(dataset.accepted_noise())}")
+    # Named by the `bench trial` flags; an experiment file's own values were checked (with its keys) on loading.
+    _finite("--r", config.r, "a number in [0, 1]", isinstance(config.r, int | float) and 0.0 <= config.r <= 1.0)
+    _integer("--seed", config.seed, 0)
+    if config.lr is not None:
+        _finite("--lr", config.lr, "positive (a finite number > 0)", isinstance(config.lr, int | float)
+                and config.lr > 0)
+    if config.batch_size is not None:
+        _integer("--batch-size", config.batch_size, 1)
+    for what, value in (("--epochs", config.epochs), ("--epochs-warmup", config.epochs_warmup)):
+        if value is not None:
+            _integer(what, value, 0)
+    if config.train_subset is not None:
+        _integer("--train-subset", config.train_subset, 1, dataset.split_sizes[0])
+    human = config.noise in dataset.noise_patterns and noise.PATTERNS.get(config.noise) is None
+    key = (config.dataset, config.noise, round(config.r, 10), config.transition)
+    if not human and (transitions is None or key not in transitions):
+        explicit = None if config.transition is None else _matrix(config.transition)
+        noise.transition_matrix(config.noise, config.r, dataset.num_classes, dataset.accepted_noise(), explicit)
+        if transitions is not None:
+            transitions[key] = None
+
+
+def _matrix(rows: tuple[tuple[float, ...], ...]) -> Any:
+    import numpy as np
+
+    return np.asarray(rows, dtype=np.float64)
+
+
+def check_trials(trials: Iterable[TrialConfig]) -> None:
+    seen: dict[tuple[Any, ...], None] = {}
+    for trial in trials:
+        check_trial(trial, seen)
+
+
+def check_data(datasets: Iterable[str], data_root: str | os.PathLike[str]) -> None:
+    """The data files of each dataset: present, and intact (their md5 checksums, unless BENCH_VERIFY_CHECKSUMS=0)."""
+    from bench.data import get_dataset
+
+    for name in sorted(set(datasets)):
+        get_dataset(name)(data_root).check_files()
+
+
+def check_results(results: str) -> None:
+    """A local results folder must be a folder this process can write (checked by writing a probe file into it,
+    or into its nearest existing parent), so that no finished trial loses its row to a late write error."""
+    if "://" in results:
+        return  # an object store: credentials and buckets are checked by the first write
+    try:
+        results.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UserError(f"results folder {results!r} is not valid UTF-8; choose another --results") from None
+    path = Path(results).expanduser().absolute()
+    probe_in = path
+    while not probe_in.exists():
+        if probe_in.is_symlink() or probe_in.parent == probe_in:
+            break
+        probe_in = probe_in.parent
+    for sub in ("", "trials", "epochs"):
+        folder = probe_in / sub if probe_in == path else probe_in
+        if folder.exists() and not folder.is_dir():
+            raise UserError(f"results folder {path}: {folder} is a file, not a folder; choose another --results")
+    probe = probe_in / f".bench-probe-{uuid.uuid4().hex}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"results folder {path} is not writable ({e.strerror or e} in {probe_in}); choose another "
+                        "--results") from None
+
+
+def check_grid_size(size: int, yes: bool) -> None:
+    if size > GRID_LIMIT and not yes:
+        raise UserError(f"the grid has {size:,} trials (more than {GRID_LIMIT:,}); check seeds, r and the method "
+                        "grids, or pass --yes to run it anyway (--dry-run summarises it)")
