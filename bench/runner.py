@@ -111,6 +111,29 @@ def asdict_frozen(t: TrialConfig) -> dict[str, Any]:
     return {f: getattr(t, f) for f in t.__dataclass_fields__}
 
 
+def plan_units(trials: list[TrialConfig], pack: str | int) -> list[list[TrialConfig]]:
+    """Solo trials and packs (`bench.packed.plan_units`); imported here so that `bench --help` stays light."""
+    from bench.packed import plan_units as plan
+
+    return plan(trials, pack)
+
+
+def unit_id(unit: list[TrialConfig]) -> str:
+    """A solo trial is named by its trial id, a pack by its members' (`pack-<hash>`)."""
+    from bench.packed import pack_id
+
+    return pack_id(unit) if len(unit) > 1 else unit[0].trial_id
+
+
+def parse_pack(value: str) -> str | int:
+    """`--pack`: auto, off, or a number of members per pack."""
+    if value in ("auto", "off"):
+        return value
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise UserError(f"--pack must be auto, off or a number of trials per pack (>= 1), got {value!r}")
+
+
 def describe_trial(t: TrialConfig) -> str:
     params = "".join(f" {k}={v}" for k, v in t.method_params)
     lr = f" lr={t.lr:g}" if t.lr is not None else ""
@@ -121,7 +144,7 @@ def describe_trial(t: TrialConfig) -> str:
 LIST_LIMIT = 1_000  # --dry-run lists the trials of a grid up to this size
 
 
-def print_plan(plan: Plan, out: Callable[[str], None] = print) -> None:
+def print_plan(plan: Plan, out: Callable[[str], None] = print, pack: str | int = "auto") -> None:
     exp, pending = plan.experiment, plan.pending
     total = len(plan.trials)
     out(f"experiment {exp.name} ({exp.source}): {exp.dataset}, noise {', '.join(exp.noise)}, "
@@ -138,6 +161,20 @@ def print_plan(plan: Plan, out: Callable[[str], None] = print) -> None:
     out(f"per trial: {res.cpu:g} CPU, {res.gpu:g} GPU, device {pending[0].device if pending else exp.device}; "
         f"at most {exp.max_concurrent or 'as many as fit'} at once")
     out(f"results: {plan.results}")
+    units = plan_units(pending, pack)
+    packs = [u for u in units if len(u) > 1]
+    if packs:
+        out(f"packs (--pack {pack}): {sum(map(len, packs))} trials in {len(packs)} packs of "
+            f"{', '.join(str(len(u)) for u in packs)}; {len(units) - len(packs)} trials solo")
+    if pack != "off":
+        from bench.packed import why_solo
+
+        reasons = Counter(why_solo(u[0]) for u in units if len(u) == 1)
+        for reason, n in sorted(reasons.items(), key=lambda kv: str(kv[0])):
+            if reason:
+                out(f"  solo: {n} trials: {reason}")
+        if pack == "auto" and pending and not pending[0].device.startswith("cuda"):
+            out("  solo: --pack auto packs on CUDA only (on a CPU, packing measured slower than solo trials)")
     if total > LIST_LIMIT:
         out(f"trials: {total:,} (not listed: more than {LIST_LIMIT:,})")
         return
@@ -208,21 +245,24 @@ class TrialCheckpoints:
             self.fs.delete_file(self.path)
 
 
-def ray_trial(config: dict[str, Any], trials: dict[str, dict[str, Any]], data_root: str, results: str,
-              threads: int) -> None:
-    """Run one trial of the grid (in a Ray worker) and report its status and warm-start cache use."""
+def ray_unit(config: dict[str, Any], units: dict[str, list[dict[str, Any]]], data_root: str, results: str,
+             threads: int) -> None:
+    """Run one unit of the grid in a Ray worker: a solo trial, or a pack of trials trained as one stacked model
+    (`bench.packed`); report its status and warm-start cache use."""
     import torch
     from ray import tune
 
+    from bench.packed import run_pack
     from bench.trainer import run_trial
     from bench.warmstart import WarmStartCache
 
     torch.set_num_threads(threads)
-    trial = TrialConfig(**trials[config["trial_id"]])
+    unit_id = config["unit"]
+    trials = [TrialConfig(**t) for t in units[unit_id]]
     if "://" in results:
         log_path = Path("trial.log")  # the trial's own folder in Ray's storage
     else:
-        log_path = Path(results) / "logs" / f"{trial.trial_id}.log"
+        log_path = Path(results) / "logs" / f"{unit_id}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a") as log_file:
         def log(line: str) -> None:
@@ -230,18 +270,22 @@ def ray_trial(config: dict[str, Any], trials: dict[str, dict[str, Any]], data_ro
             log_file.flush()
 
         cache = WarmStartCache(results, log=log)
-        checkpoints = TrialCheckpoints(results, trial.trial_id, log)
+        checkpoints = TrialCheckpoints(results, unit_id, log)
         try:
-            row = run_trial(trial, data_root, results=results, log=log, warm_cache=cache, checkpoints=checkpoints)
+            if unit_id.startswith("pack-"):
+                rows = run_pack(trials, data_root, results=results, log=log, warm_cache=cache,
+                                checkpoints=checkpoints)
+            else:
+                rows = [run_trial(trials[0], data_root, results=results, log=log, warm_cache=cache,
+                                  checkpoints=checkpoints)]
         except UserError as e:
             # Bad input that only the worker could see (a data file damaged after the driver's check, a row that
             # could not be written): retrying cannot help, so report it once to the driver instead of raising.
             log(f"bench: error: {e}")
-            tune.report({"trial_id": trial.trial_id, "status": "rejected", "error": str(e), **cache.stats()})
+            tune.report({"unit": unit_id, "status": "rejected", "error": str(e), **cache.stats()})
             return
         checkpoints.clear()
-    tune.report({"trial_id": trial.trial_id, "status": row["status"], "test_acc": row["test_acc"],
-                 **cache.stats()})
+    tune.report({"unit": unit_id, "status": ",".join(sorted({r["status"] for r in rows})), **cache.stats()})
 
 
 # -- the driver -------------------------------------------------------------------------------------------------
@@ -264,22 +308,27 @@ class Tally:
     rejected: dict[str, str] = field(default_factory=dict)  # trial_id -> the error a worker's check raised
 
 
-def make_callback(tally: Tally, results: str, trials: dict[str, TrialConfig], mirror: Any,
-                  out: Callable[[str], None]):
+def make_callback(tally: Tally, results: str, trials: dict[str, TrialConfig], units: dict[str, list[str]],
+                  mirror: Any, out: Callable[[str], None]):
     from ray import tune
 
     from bench.results import read_row
 
     class Progress(tune.Callback):
-        """One line per finished trial (n/N, ETA); mirrors each new result row to MLflow."""
+        """One line per finished trial (n/N, ETA), also for each member of a finished pack; mirrors each new result
+        row to MLflow."""
 
         def _finish(self, trial: Any, errored: bool) -> None:
-            trial_id = trial.config["trial_id"]
+            unit = trial.config["unit"]
             result = trial.last_result or {}
-            tally.done += 1
             tally.warm_hits += int(result.get("warm_hits", 0))
             tally.warm_misses += int(result.get("warm_misses", 0))
             tally.warm_saved_s += float(result.get("warm_saved_s", 0.0))
+            for trial_id in units[unit]:
+                self._finish_trial(trial_id, result, errored, len(units[unit]), unit)
+
+        def _finish_trial(self, trial_id: str, result: dict[str, Any], errored: bool, size: int, unit: str) -> None:
+            tally.done += 1
             row, epochs = read_row(results, trial_id)
             rejected = result.get("status") == "rejected" and not errored
             if rejected:
@@ -292,10 +341,11 @@ def make_callback(tally: Tally, results: str, trials: dict[str, TrialConfig], mi
             elapsed = time.monotonic() - tally.started
             eta = elapsed / tally.done * (tally.total - tally.done)
             acc = f"test {row['test_acc']:6.2f}%" if row is not None and row["test_acc"] is not None else "-"
-            warm = " (warm start reused)" if result.get("warm_hits") else ""
-            wall = f"{row['wall_s']:.0f}s" if row is not None else ""
+            warm = " (warm start reused)" if result.get("warm_hits") and size == 1 else ""
+            warm += f" (pack of {size})" if size > 1 else ""
+            wall = f"{row['wall_s']:.0f}s" if row is not None and size == 1 else ""
             width = len(str(tally.total))
-            note = f"  see {results}/logs/{trial_id}.log" if status == "failed" and "://" not in results else ""
+            note = f"  see {results}/logs/{unit}.log" if status == "failed" and "://" not in results else ""
             if rejected:
                 note = f"\n      bench: error: {tally.rejected[trial_id]}"
             out(f"[{tally.done:>{width}}/{tally.total}] {status:8s} {describe_trial(trials[trial_id])}  {acc} "
@@ -310,7 +360,7 @@ def make_callback(tally: Tally, results: str, trials: dict[str, TrialConfig], mi
             self._finish(trial, errored=True)
 
         def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            out(f"      trial {trial.config['trial_id']} crashed; Ray retries it from its last epoch checkpoint")
+            out(f"      {trial.config['unit']} crashed; Ray retries it from its last epoch checkpoint")
 
     return Progress()
 
@@ -371,6 +421,7 @@ class Settings:
     gpus_per_trial: float | None = None
     retries: int = 2
     num_cpus: int | None = None
+    pack: str | int = "auto"  # "auto" (packs on CUDA), "off", or members per pack
 
 
 def run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None] = print) -> Tally:
@@ -419,28 +470,36 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) ->
         f"{w['method_epochs']} method-stage epochs + {w['warm_epochs']} warm-start epochs "
         f"({w['warm_starts']} warm starts)")
 
+    units = {unit_id(u): u for u in plan_units(pending, s.pack)}
+    packs = [u for u in units.values() if len(u) > 1]
+    if packs:
+        out(f"packed: {sum(map(len, packs))} trials in {len(packs)} packs (sizes "
+            f"{', '.join(str(len(u)) for u in packs)}); {len(units) - len(packs)} trials solo")
     started_here = start_ray(s.address, s.num_cpus)
     try:
         check_resources(cpu, gpu)
         trainable = tune.with_parameters(
-            ray_trial, trials={t.trial_id: asdict_frozen(t) for t in pending},
+            ray_unit, units={k: [asdict_frozen(t) for t in u] for k, u in units.items()},
             data_root=str(Path(s.data_root).expanduser().resolve()), results=results,
             threads=max(1, int(cpu)),
         )
-        trainable = tune.with_resources(trainable, {"cpu": cpu, "gpu": gpu})
+        # A pack takes its members' GPU shares together, at most one whole GPU (it runs on one device).
+        trainable = tune.with_resources(
+            trainable, lambda spec: {"cpu": cpu, "gpu": min(1.0, gpu * len(units[spec["unit"]])) if gpu else 0})
         storage = f"{results}/ray"
         if "://" not in results:
             Path(storage).mkdir(parents=True, exist_ok=True)
         tuner = tune.Tuner(
             trainable,
-            param_space={"trial_id": tune.grid_search([t.trial_id for t in pending])},
+            param_space={"unit": tune.grid_search(list(units))},
             tune_config=tune.TuneConfig(
                 reuse_actors=True, max_concurrent_trials=s.max_concurrent or exp.max_concurrent
             ),
             run_config=tune.RunConfig(
                 name=f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}", storage_path=storage, verbose=0,
                 failure_config=tune.FailureConfig(max_failures=s.retries),
-                callbacks=[make_callback(tally, results, by_id, mirror, out)],
+                callbacks=[make_callback(tally, results, by_id, {k: [t.trial_id for t in u] for k, u in units.items()},
+                                         mirror, out)],
             ),
         )
         tally.started = time.monotonic()  # progress and ETA count from the first trial, not Ray's start-up
@@ -530,7 +589,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             print_size(exp)
             return 0
         device = None if args.gpus_per_trial is None else ("cuda" if args.gpus_per_trial > 0 else "cpu")
-        print_plan(Plan.make(exp, absolute_results(results), device=device))
+        print_plan(Plan.make(exp, absolute_results(results), device=device), pack=parse_pack(args.pack))
         if args.address is None:  # on a cluster the data lives on the nodes
             try:
                 check_data([exp.dataset], args.data_root)
@@ -543,7 +602,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         results=results, data_root=args.data_root, address=args.address, max_concurrent=args.max_concurrent,
         mlflow_uri=args.mlflow_uri, mlflow=not args.no_mlflow, cpus_per_trial=args.cpus_per_trial,
         gpus_per_trial=args.gpus_per_trial, retries=2 if args.retries is None else args.retries,
-        num_cpus=args.num_cpus,
+        num_cpus=args.num_cpus, pack=parse_pack(args.pack),
     )
     tally = run_experiment(exp, settings, out=lambda line: print(line, flush=True))
     if tally.rejected:
@@ -652,6 +711,9 @@ def add_commands(sub: argparse._SubParsersAction, add_data_root: Callable[[argpa
                    help="override resources.gpu (> 0 runs on cuda, 0 on the CPU); fractions share a GPU")
     p.add_argument("--retries", type=int, default=None, help="retries of a crashed trial (default 2)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
+    p.add_argument("--pack", default="auto",
+                   help="train trials that share data, model and schedule as one stacked model on one device: "
+                        "auto (on CUDA, up to 256 a pack; solo on a CPU), off, or N trials a pack")
     p.add_argument("--yes", action="store_true",
                    help=f"run a grid of more than {GRID_LIMIT:,} trials (without it such a grid is refused)")
     add_data_root(p)

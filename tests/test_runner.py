@@ -379,3 +379,36 @@ def test_grid_on_a_local_cluster_reached_by_address(tmp_path):
         assert read_table(results).height == 8
     finally:
         _kill_session(head.pid)
+
+
+def test_a_packed_grid_gives_each_trial_its_row_and_run_and_the_solo_numbers(grid, tmp_path):
+    """`--pack 4` on the CPU (auto would run solo here): the same 8 trials in 2 packs of whole warm-start cells,
+    one row and one MLflow run per trial, the numbers of the solo grid; a relaunch runs nothing."""
+    config, solo_results, _, _ = grid
+    results = tmp_path / "packed"
+    lines: list[str] = []
+    settings = Settings(results=str(results), data_root=tmp_path, pack=4)
+    tally = run_experiment(load_experiment(config), settings, lines.append)
+    assert tally.done == 8 and any("8 trials in 2 packs" in line for line in lines)
+    rows = read_table(results).sort("trial_id")
+    solo = read_table(solo_results).sort("trial_id")
+    assert rows["trial_id"].to_list() == solo["trial_id"].to_list()
+    assert set(rows["pack_size"]) == {4} and set(solo["pack_size"]) == {1}
+    assert rows["best_epoch"].to_list() == solo["best_epoch"].to_list()
+    for a, b in zip(rows["val_loss"], solo["val_loss"], strict=True):
+        assert a == pytest.approx(b, rel=1e-5)
+    assert rows["test_acc"].to_list() == pytest.approx(solo["test_acc"].to_list(), abs=1e-6)
+    assert len(mlflow_trial_runs(results, "syn")) == 8
+    assert len(list((results / "warmstart").glob("*.pt"))) == 4  # each cell's warm start trained once, cached
+    again = run_experiment(load_experiment(config), settings, lines.append)
+    assert again.total == 0 and "nothing to run" in lines[-1]
+
+
+def test_dry_run_shows_the_packs_and_why_the_rest_runs_solo(tmp_path, capsys):
+    config = write_config(tmp_path, device="cuda", resources={"cpu": 1, "gpu": 0.5},
+                          methods={"ce": {}, "dmi": {}, "vat": {}})
+    assert main(["run", str(config), "--dry-run", "--pack", "3", "--results", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "8 trials in 4 packs of 2, 2, 2, 2; 4 trials solo" in out
+    assert "solo: 4 trials: method vat" in out
+    assert main(["run", str(config), "--dry-run", "--pack", "zero", "--results", str(tmp_path / "r")]) == 2
