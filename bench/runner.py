@@ -516,7 +516,7 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) ->
 def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: Callable[[str], None]) -> None:
     import polars as pl
 
-    from bench.results import read_table
+    from bench import report
 
     elapsed = time.monotonic() - tally.started
     states = ", ".join(f"{n} {k}" for k, n in sorted(tally.statuses.items()))
@@ -546,20 +546,21 @@ def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: C
             where += f"; view with `bench ui {plan.results}`"
         out(where)
     out(f"results: {plan.results}/trials (`bench results {plan.results}`)")
-    table = read_table(plan.results)
-    if table.is_empty():
+    try:
+        table = report.load_trials(plan.results)
+    except UserError:
         return
     ids = [t.trial_id for t in plan.trials]
-    ok = table.filter(pl.col("trial_id").is_in(ids) & (pl.col("status") != "failed"))
-    if ok.is_empty():
+    grid = table.filter(pl.col("trial_id").is_in(ids))
+    if grid.is_empty() or not grid["usable"].any():
         return
-    # The paper's protocol: per (method, noise, r, seed) keep the hyper-parameters with the lowest noisy-validation
-    # loss, then average the clean test accuracy over seeds.
-    best = (ok.sort("val_loss").group_by(["method", "noise", "r", "seed"]).first()
-            .group_by(["noise", "r", "method"]).agg(pl.col("test_acc").mean().round(2), pl.len().alias("n"))
-            .sort(["noise", "r", "method"]))
-    wide = best.pivot(on="method", index=["noise", "r"], values="test_acc").sort(["noise", "r"])
-    out("clean test accuracy (%), mean over seeds; hyper-parameters selected by the lowest noisy-validation loss:")
+    # The one selection rule (bench.report.select_settings, also behind `bench report` and `bench leaderboard`):
+    # per cell, the hyper-parameters with the lowest mean noisy-validation loss over seeds.
+    cells = report.aggregate(grid).filter(pl.col("acc_mean").is_not_null())
+    wide = (cells.with_columns(pl.col("acc_mean").round(2))
+            .pivot(on="method", index=["dataset", "noise", "r"], values="acc_mean").sort(["dataset", "noise", "r"]))
+    out("clean test accuracy (%), mean over seeds; per cell the hyper-parameters with the lowest mean "
+        "noisy-validation loss:")
     # Wide enough for a column per method: polars otherwise wraps every cell to the terminal it guesses.
     with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True,
                    tbl_width_chars=40 + 10 * wide.width):

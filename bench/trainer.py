@@ -47,6 +47,12 @@ def resolve_device(name: str) -> torch.device:
         raise UserError(f"--device {name}: no CUDA device is available here; use --device cpu")
     if name not in {"cpu", "cuda"} and not name.startswith("cuda:"):
         raise UserError(f"--device must be cpu or cuda (or cuda:N), got {name!r}")
+    if name.startswith("cuda"):
+        # TF32 on the matrix units for float32 convolutions (torch's default) and matrix products (not its default):
+        # the protocol's numbers (accuracies, selection) do not need float32's last bits, and L_DMI's determinant
+        # is computed in float64 anyway. BENCH_TF32=0 keeps full float32 (the exactness tests use it).
+        tf32 = os.environ.get("BENCH_TF32", "1") != "0"
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
     return torch.device(name)
 
 

@@ -24,12 +24,11 @@ def _configs() -> list[TrialConfig]:
 
 
 @pytest.fixture
-def exact_fp32():
-    """TF32 off: solo and packed then differ only by the order of float32 sums."""
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+def exact_fp32(monkeypatch):
+    """TF32 off (BENCH_TF32=0): solo and packed then differ only by the order of float32 sums."""
+    monkeypatch.setenv("BENCH_TF32", "0")
     yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
 
 
 def test_a_packed_member_equals_its_solo_trial_on_cuda(tiny_fashion: Path, exact_fp32) -> None:
