@@ -27,6 +27,13 @@ from bench.packed import plan_units, run_pack
 from bench.trainer import run_trial
 
 
+def _solo(trial, data_root: str, results: str | None) -> dict:
+    from bench.warmstart import WarmStartCache
+
+    cache = WarmStartCache(results, log=lambda s: None) if results else None
+    return run_trial(trial, data_root, results=results, log=lambda s: None, warm_cache=cache)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("config")
@@ -35,6 +42,9 @@ def main() -> None:
     parser.add_argument("--pack", default="auto")
     parser.add_argument("--results", default=None, help="also write the result rows here (needs pyarrow)")
     parser.add_argument("--summary", default=None, help="write one CSV line per trial here")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="solo trials run in this many processes at once, sharing the device (as Ray's "
+                             "fractional GPUs would); packs run first, one at a time")
     args = parser.parse_args()
     if torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -49,16 +59,34 @@ def main() -> None:
     more = " ..." if len(sizes) > 8 else ""
     print(f"{exp.name}: {len(trials)} trials in {len(units)} units (sizes {sizes[:8]}{more})"
           f" on {torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}", flush=True)
+    # Packs first: they train their cells' warm starts, which the solo trials then find in the cache.
+    packs, solos = [u for u in units if len(u) > 1], [u[0] for u in units if len(u) == 1]
+    cache = None
+    if args.results:
+        from bench.warmstart import WarmStartCache
+
+        cache = WarmStartCache(args.results, log=lambda s: None)
     rows = []
-    for i, unit in enumerate(units, 1):
+    for i, unit in enumerate(packs, 1):
         t0 = time.perf_counter()
-        if len(unit) == 1 and unit[0].device == "cpu":
-            rows.append(run_trial(unit[0], args.data_root, results=args.results, log=lambda s: None))
-        else:
-            rows += run_pack(unit, args.data_root, results=args.results,
-                             log=lambda s: print("   ", s, flush=True) if "pack" in s else None)
-        print(f"unit {i}/{len(units)}: {len(unit)} trials in {time.perf_counter() - t0:.1f}s "
+        rows += run_pack(unit, args.data_root, results=args.results, warm_cache=cache,
+                         log=lambda s: print("   ", s, flush=True) if "pack" in s else None)
+        print(f"pack {i}/{len(packs)}: {len(unit)} trials in {time.perf_counter() - t0:.1f}s "
               f"(elapsed {time.perf_counter() - started:.1f}s)", flush=True)
+    if solos:
+        import concurrent.futures
+        import multiprocessing
+
+        t0 = time.perf_counter()
+        with concurrent.futures.ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) \
+                as pool:
+            futures = [pool.submit(_solo, t, args.data_root, args.results) for t in solos]
+            for n, future in enumerate(concurrent.futures.as_completed(futures), 1):
+                row = future.result()
+                rows.append(row)
+                print(f"solo {n}/{len(solos)}: {row['method']} {row['noise']} r={row['r']} {row['status']} "
+                      f"test {row['test_acc']:.2f}% (elapsed {time.perf_counter() - started:.1f}s)", flush=True)
+        print(f"{len(solos)} solo trials in {time.perf_counter() - t0:.1f}s on {args.workers} workers", flush=True)
     wall = time.perf_counter() - started
     print(f"{len(rows)} trials, {sum(r['status'] == 'ok' for r in rows)} ok, end to end {wall:.1f}s "
           f"({wall / 60:.1f} min)")
