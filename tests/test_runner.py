@@ -118,7 +118,10 @@ def test_shipped_configs_validate_against_the_registries():
     for path in paths:
         exp = load_experiment(path)  # schema and names: every dataset, noise and method is registered
         assert exp.name == path.stem
-        if path.stem != "demo" and exp.dataset not in ("clothing1m", "cifar10n"):
+        if path.stem == "fashion_mnist_figure":  # the figure grid: CE vs L_DMI at the paper's settings
+            assert exp.noise == ("case1", "case2", "case3") and len(exp.r) == 10 and len(exp.seeds) == 5
+            assert {(t.method, t.lr, t.batch_size) for t in exp.trials()} == {("ce", None, None), ("dmi", None, None)}
+        elif path.stem != "demo" and exp.dataset not in ("clothing1m", "cifar10n"):
             assert exp.r == tuple(round(0.1 * i, 1) for i in range(10))
             assert len(exp.seeds) == 5
             dmi = {t.lr for t in exp.trials() if t.method == "dmi"}, {t.batch_size for t in exp.trials()
