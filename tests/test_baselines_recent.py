@@ -1,0 +1,211 @@
+"""The methods of issue 13 (the field's current baselines): each against its paper's defining property or an
+independent computation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bench.baselines.backward import Backward, backward_nll
+from bench.baselines.coteaching_plus import CoTeachingPlus
+from bench.baselines.elr import EarlyLearningRegularization, elr_regulariser
+from bench.baselines.fdiv import FDivergence
+from bench.baselines.fw import Forward
+from bench.baselines.gls import GeneralizedLabelSmoothing, gls_targets
+from bench.baselines.jocor import JoCoR
+from bench.methods import Batch, StageContext
+
+
+def numpy_softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
+
+
+def random_problem(n: int = 256, c: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(n, c)) * 2
+    labels = rng.integers(0, c, n)
+    return torch.tensor(logits, dtype=torch.float32), torch.tensor(labels), numpy_softmax(logits)
+
+
+def stage(probs: torch.Tensor, labels: torch.Tensor, nets: list[nn.Module] | None = None, epochs: int = 4,
+          **extra) -> StageContext:  # noqa: ANN003
+    return StageContext(nets=nets or [], num_classes=probs.shape[1], noisy_train=labels,
+                        predict_train=lambda: probs, true_transition=None, device=torch.device("cpu"),
+                        epochs=epochs, **extra)
+
+
+T3 = np.array([[0.8, 0.15, 0.05], [0.1, 0.7, 0.2], [0.3, 0.0, 0.7]])
+
+
+# --- backward correction -----------------------------------------------------------------------------------
+
+def test_backward_with_identity_is_ce_and_works_over_leading_dims() -> None:
+    logits, labels, p = random_problem()
+    ce = -np.log(p[np.arange(len(p)), labels.numpy()]).mean()
+    assert float(backward_nll(logits, labels, torch.eye(4))) == pytest.approx(ce, rel=1e-5)
+    stacked = backward_nll(torch.stack([logits, 2 * logits]), torch.stack([labels, labels]), torch.eye(4))
+    assert stacked.shape == (2,) and float(stacked[0]) == pytest.approx(ce, rel=1e-5)
+
+
+def test_backward_is_unbiased_for_the_clean_loss() -> None:
+    """Patrini's Thm. 1: sum_j T[y, j] l_back(h(x), j) = -log p_y for every x and clean y."""
+    logits, _, p = random_problem(n=50, c=3, seed=1)
+    per_label = np.stack([
+        float(backward_nll(logits[i : i + 1], torch.tensor([j]), torch.tensor(T3)))
+        for i in range(50) for j in range(3)
+    ]).reshape(50, 3)
+    expected = per_label @ T3.T  # [i, y] = sum_j T[y, j] l_back(x_i, j)
+    assert expected == pytest.approx(-np.log(p), rel=1e-4, abs=1e-4)
+
+
+def test_backward_estimates_t_like_fw() -> None:
+    rng = np.random.default_rng(3)
+    clean = rng.dirichlet(np.ones(3), size=900)
+    clean[:300] = np.eye(3)[np.arange(300) % 3]
+    probs = torch.tensor(clean @ T3, dtype=torch.float32)
+    labels = torch.zeros(900, dtype=torch.int64)
+    fw, bw = Forward(3), Backward(3)
+    fw.setup(stage(probs, labels))
+    bw.setup(stage(probs, labels))
+    assert bw.estimated_transition() == pytest.approx(T3, abs=1e-6)
+    assert bw.estimated_transition() == pytest.approx(fw.estimated_transition())
+
+
+# --- GLS ---------------------------------------------------------------------------------------------------
+
+def test_gls_rate_zero_is_ce_and_matches_the_smoothed_target() -> None:
+    logits, labels, p = random_problem(seed=2)
+    ce = -np.log(p[np.arange(len(p)), labels.numpy()])
+    assert float(GeneralizedLabelSmoothing(4, smooth_rate=0.0).loss(logits, labels)) == pytest.approx(ce.mean(),
+                                                                                                     rel=1e-5)
+    for r in (0.4, -0.6):
+        expected = ((1 - r) * ce + r * -np.log(p).mean(axis=1)).mean()
+        assert float(GeneralizedLabelSmoothing(4, smooth_rate=r).loss(logits, labels)) == pytest.approx(expected,
+                                                                                                       rel=1e-5)
+
+
+def test_gls_negative_rate_leaves_the_simplex() -> None:
+    t = gls_targets(torch.tensor([0, 2]), 4, -0.4).numpy()
+    assert t.sum(axis=1) == pytest.approx([1.0, 1.0])
+    assert t[0, 0] == pytest.approx(1.4 - 0.1) and t[0, 0] > 1 and (np.delete(t[0], 0) < 0).all()
+    positive = gls_targets(torch.tensor([0]), 4, 0.4).numpy()
+    assert ((positive >= 0) & (positive <= 1)).all()
+
+
+# --- f-divergence ------------------------------------------------------------------------------------------
+
+def test_fdiv_tv_scores_a_constant_classifier_zero_and_a_perfect_one_better() -> None:
+    rng = np.random.default_rng(4)
+    labels = torch.tensor(rng.integers(0, 3, 300))
+    method = FDivergence(3)
+    constant = torch.tensor([[0.3, -1.0, 2.0]]).repeat(300, 1)
+    assert float(method.loss(constant, labels)) == pytest.approx(0.0, abs=1e-7)
+    perfect = 50.0 * F.one_hot(labels, 3).float()
+    prior = np.bincount(labels.numpy(), minlength=3) / 300
+    # p_k(x) is 1 on x's label, 0 elsewhere, and tanh(0) = 0: D_f = tanh(1)/2 - sum_k P(k) P(k) tanh(1)/2.
+    expected = -(0.5 * np.tanh(1.0) - (prior * prior).sum() * 0.5 * np.tanh(1.0))
+    assert float(method.loss(perfect, labels)) == pytest.approx(expected, rel=1e-5)
+    assert float(method.loss(perfect, labels)) < 0
+
+
+def test_fdiv_training_estimate_is_unbiased_for_the_selection_criterion() -> None:
+    """The peer-batch estimate (random input and label permutations) averages to the exact expectation."""
+    torch.manual_seed(0)
+    net = nn.Linear(5, 3)
+    x, y = torch.randn(64, 5), torch.randint(0, 3, (64,))
+    for divergence in ("total_variation", "pearson", "jensen_shannon"):
+        method = FDivergence(3, divergence=divergence)
+        with torch.no_grad():
+            draws = [float(method.train_loss([net], Batch(x=x, y=y, index=torch.arange(64), epoch=0)))
+                     for _ in range(3000)]
+            exact = float(method.loss(net(x), y))
+        assert np.mean(draws) == pytest.approx(exact, abs=4 * np.std(draws) / np.sqrt(3000) + 1e-6)
+
+
+# --- ELR ---------------------------------------------------------------------------------------------------
+
+def test_elr_regulariser_gradient_pushes_p_toward_the_target() -> None:
+    """Descending log(1 - <p, t>) raises <p, t> for every example (their Lemma 4.3); the CE part is separate."""
+    logits, _, _ = random_problem(n=64, c=4, seed=5)
+    targets = torch.softmax(torch.randn(64, 4) * 3, dim=1)
+    logits = logits.clone().requires_grad_(True)
+    elr_regulariser(logits, targets).sum().backward()
+    with torch.no_grad():
+        before = (torch.softmax(logits, dim=1) * targets).sum(dim=1)
+        after = (torch.softmax(logits - 1e-2 * logits.grad, dim=1) * targets).sum(dim=1)
+    assert torch.all(after > before)
+
+
+def test_elr_targets_are_a_temporal_ensemble() -> None:
+    torch.manual_seed(0)
+    net = nn.Linear(5, 3)
+    x, y = torch.randn(40, 5), torch.randint(0, 3, (40,))
+    warm = torch.softmax(net(x), dim=1).detach()
+    method = EarlyLearningRegularization(3)
+    method.setup(stage(warm, y, nets=[net]))
+    idx = torch.arange(0, 40, 2)
+    with torch.no_grad():
+        net.weight.add_(0.5)  # the prediction moves away from the warm start
+    loss = method.train_loss([net], Batch(x=x[idx], y=y[idx], index=idx, epoch=0))
+    p = torch.softmax(net(x[idx]), dim=1).clamp(1e-4, 1 - 1e-4)
+    p = p / p.sum(1, keepdim=True)
+    warm_c = warm.clamp(1e-4, 1 - 1e-4)
+    warm_c = warm_c / warm_c.sum(1, keepdim=True)
+    expected_t = 0.7 * warm_c[idx] + 0.3 * p
+    assert method.targets[idx].numpy() == pytest.approx(expected_t.detach().numpy(), abs=1e-6)
+    assert method.targets[1::2].numpy() == pytest.approx(warm_c[1::2].numpy(), abs=1e-6)  # untouched
+    expected = F.cross_entropy(net(x[idx]), y[idx]) + 3.0 * torch.log(1 - (p * expected_t).sum(1)).mean()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+# --- Co-teaching+ and JoCoR --------------------------------------------------------------------------------
+
+def test_coteaching_plus_only_exchanges_disagreeing_examples() -> None:
+    torch.manual_seed(1)
+    f, g = nn.Linear(4, 2), nn.Linear(4, 2)
+    x = torch.randn(64, 4, requires_grad=True)
+    y = torch.randint(0, 2, (64,))
+    method = CoTeachingPlus(2, forget_rate=0.5, num_gradual=1)
+    loss = method.train_loss([f, g], Batch(x=x, y=y, index=torch.arange(64), epoch=3))
+    loss.backward()
+    with torch.no_grad():
+        lf, lg = F.cross_entropy(f(x), y, reduction="none"), F.cross_entropy(g(x), y, reduction="none")
+        disagree = (f(x).argmax(1) != g(x).argmax(1)).numpy()
+    assert 0 < disagree.sum() < 64
+    touched = (x.grad.abs().sum(dim=1) > 0).numpy()
+    assert not touched[~disagree].any()  # agreed examples take no part
+    d = np.flatnonzero(disagree)
+    k = int(0.5 * len(d))
+    pick_f = d[np.argsort(lf.numpy()[d])[:k]]
+    pick_g = d[np.argsort(lg.numpy()[d])[:k]]
+    expected = lf.numpy()[pick_g].mean() + lg.numpy()[pick_f].mean()
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    assert set(np.flatnonzero(touched)) == set(pick_f) | set(pick_g)
+
+
+def test_coteaching_plus_trains_on_everything_when_the_nets_agree() -> None:
+    f = nn.Linear(4, 2)
+    x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+    loss = CoTeachingPlus(2).train_loss([f, f], Batch(x=x, y=y, index=torch.arange(16), epoch=5))
+    assert float(loss) == pytest.approx(2 * float(F.cross_entropy(f(x), y)), rel=1e-6)
+
+
+def test_jocor_loss_is_symmetric_and_the_weighted_ce_kl_sum() -> None:
+    torch.manual_seed(2)
+    f, g = nn.Linear(4, 3), nn.Linear(4, 3)
+    x, y = torch.randn(50, 4), torch.randint(0, 3, (50,))
+    method = JoCoR(3, forget_rate=0.4, num_gradual=2)
+    batch = Batch(x=x, y=y, index=torch.arange(50), epoch=1)  # keep rate 1 - 0.4 * 1/2 = 0.8
+    loss = float(method.train_loss([f, g], batch))
+    assert loss == pytest.approx(float(method.train_loss([g, f], batch)), rel=1e-6)
+    with torch.no_grad():
+        p1, p2 = numpy_softmax(f(x).numpy()), numpy_softmax(g(x).numpy())
+    lab = y.numpy()
+    ce = -np.log(p1[np.arange(50), lab]) - np.log(p2[np.arange(50), lab])
+    kl = (p1 * np.log(p1 / p2)).sum(1) + (p2 * np.log(p2 / p1)).sum(1)
+    joint = 0.1 * ce + 0.9 * kl
+    assert loss == pytest.approx(np.sort(joint)[:40].mean(), rel=1e-5)
