@@ -209,3 +209,103 @@ def test_jocor_loss_is_symmetric_and_the_weighted_ce_kl_sum() -> None:
     kl = (p1 * np.log(p1 / p2)).sum(1) + (p2 * np.log(p2 / p1)).sum(1)
     joint = 0.1 * ce + 0.9 * kl
     assert loss == pytest.approx(np.sort(joint)[:40].mean(), rel=1e-5)
+
+
+# --- VolMinNet, T-revision, SOP (parameters of their own) --------------------------------------------------
+
+def scattered_problem(t: np.ndarray, n: int = 4000, seed: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of clean posteriors spread over the simplex, and noisy labels drawn through T from them."""
+    rng = np.random.default_rng(seed)
+    c = t.shape[0]
+    clean = rng.dirichlet(np.ones(c) * 0.5, size=n).clip(1e-6)
+    noisy_posterior = clean @ t
+    labels = (noisy_posterior.cumsum(1) > rng.random((n, 1))).argmax(1)
+    return torch.tensor(np.log(clean), dtype=torch.float32), torch.tensor(labels)
+
+
+def test_volminnet_t_stays_row_stochastic_and_is_learned_from_the_noisy_labels() -> None:
+    from bench.baselines.volminnet import VolMinNet
+    logits, labels = scattered_problem(T3, n=2000)
+    method = VolMinNet(3, lr_t=1.0)
+    method.setup(stage(torch.softmax(logits, 1), labels))
+    start = method.estimated_transition()
+    assert start.sum(axis=1) == pytest.approx(np.ones(3))
+    assert np.all(np.diag(start) > start[~np.eye(3, dtype=bool)].reshape(3, 2).max(axis=1))
+    for _ in range(200):  # the classifier is fixed at the true clean posterior: only T learns
+        method.loss(logits, labels).backward()
+        method.end_epoch(0)  # applies the pending gradient of T
+    est = method.estimated_transition()
+    assert est.sum(axis=1) == pytest.approx(np.ones(3)) and (est >= 0).all()
+    assert np.abs(est - T3).sum() / np.abs(T3).sum() < 0.1
+    assert np.abs(est - T3).sum() < 0.3 * np.abs(start - T3).sum()
+
+
+def test_volminnet_volume_penalty_shrinks_the_determinant() -> None:
+    from bench.baselines.volminnet import VolMinNet
+    method = VolMinNet(3, lambda_=1.0, lr_t=0.1)
+    method.setup(stage(torch.full((4, 3), 1 / 3), torch.zeros(4, dtype=torch.int64)))
+    dets = []
+    for _ in range(50):
+        t = method.transition()
+        dets.append(float(torch.linalg.det(t.detach())))
+        torch.linalg.slogdet(t)[1].backward()
+        method.end_epoch(0)
+    assert dets[-1] < 0.8 * dets[0] and all(b <= a + 1e-9 for a, b in zip(dets, dets[1:], strict=False))
+    assert method.estimated_transition().sum(axis=1) == pytest.approx(np.ones(3))
+
+
+def test_trevision_weights_make_the_noisy_risk_the_clean_risk() -> None:
+    """With the true T, sum_j (p T)_j beta_j CE_j = sum_j p_j CE_j: the reweighted loss, in expectation over the
+    noisy label, is the clean loss (their Eq. 5). With T = I it is CE."""
+    from bench.baselines.trevision import TRevision, reweighted_ce
+    logits, labels, p = random_problem(n=30, c=3, seed=7)
+    ce = -np.log(p[np.arange(30), labels.numpy()]).mean()
+    assert float(reweighted_ce(logits, labels, torch.eye(3))) == pytest.approx(ce, rel=1e-5)
+    per_example = np.stack([
+        [reweighted_ce(logits[i : i + 1], torch.tensor([j]), torch.tensor(T3)).item() for j in range(3)]
+        for i in range(30)
+    ])
+    noisy = p @ T3
+    assert (noisy * per_example).sum(1) == pytest.approx((p * -np.log(p)).sum(1), rel=1e-4)
+    # The slack is learned only after revision_start, and the recorded estimate is T^ + Delta T.
+    method = TRevision(3, lr_revision=1e-2, revision_start=0.5)
+    method.setup(stage(torch.tensor(p, dtype=torch.float32), labels, epochs=4))
+    net = nn.Linear(3, 3)
+    x = torch.randn(30, 3)
+    for epoch in range(4):
+        method.train_loss([net], Batch(x=x, y=labels, index=torch.arange(30), epoch=epoch)).backward()
+        method.end_epoch(epoch)
+        moved = np.abs(method.estimated_transition() - method.anchor.double().numpy()).sum()
+        assert (moved > 0) == (epoch >= 2)
+
+
+def test_sop_noise_term_absorbs_the_examples_the_network_contradicts() -> None:
+    """With the network fixed, gradient descent on u, v alone drives u^2 -> 1 (and v^2 on the predicted class)
+    where the label contradicts the prediction, and leaves them near 0 where they agree (the sparse noise)."""
+    from bench.baselines.sop import SparseOverParameterization
+    torch.manual_seed(3)
+    logits = torch.randn(200, 3) * 4
+    labels = logits.argmax(1).clone()
+    flipped = torch.arange(200) < 50
+    labels[flipped] = (labels[flipped] + 1) % 3
+    method = SparseOverParameterization(3, init_std=1e-2, lr_u=1.0, lr_v=1.0)
+    method.setup(stage(torch.softmax(logits, 1), labels))
+    net = nn.Identity()
+    for _ in range(300):
+        idx = torch.randperm(200)[:64]
+        method.train_loss([net], Batch(x=logits[idx], y=labels[idx], index=idx, epoch=0)).backward()
+    method.end_epoch(0)
+    u2 = (method.u.detach() ** 2).squeeze(1).clamp(0, 1)
+    v2 = (method.v.detach() ** 2).clamp(0, 1)
+    assert u2[flipped].min() > 0.5 and u2[~flipped].max() < 0.2
+    predicted_v2 = v2[flipped].gather(1, logits[flipped].argmax(1, keepdim=True)).squeeze(1)
+    assert predicted_v2.median() > 0.5  # v grows multiplicatively from its tiny start: most, not all, are there
+    # Only the rows of examples seen in a batch ever move.
+    method2 = SparseOverParameterization(3)
+    method2.setup(stage(torch.softmax(logits, 1), labels))
+    before = method2.u.detach().clone()
+    idx = torch.arange(10)
+    method2.train_loss([net], Batch(x=logits[idx], y=labels[idx], index=idx, epoch=0)).backward()
+    method2.end_epoch(0)
+    changed = (method2.u.detach() != before).squeeze(1)
+    assert not changed[10:].any()
