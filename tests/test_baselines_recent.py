@@ -309,3 +309,25 @@ def test_sop_noise_term_absorbs_the_examples_the_network_contradicts() -> None:
     method2.end_epoch(0)
     changed = (method2.u.detach() != before).squeeze(1)
     assert not changed[10:].any()
+
+
+# --- CORES² ------------------------------------------------------------------------------------------------
+
+def test_cores_sieves_what_its_criterion_says_and_regularises_the_rest() -> None:
+    from bench.baselines.cores import CORES
+    logits, labels, p = random_problem(n=200, c=4, seed=8)
+    ce = -np.log(p)
+    lab = labels.numpy()
+    own = ce[np.arange(200), lab]
+    keep = own <= ce.mean(axis=1)
+    assert 0 < keep.sum() < 200
+    prior = np.bincount(lab, minlength=4) / 200
+    regularised = own - 2.0 * (ce * prior).sum(axis=1)
+    logits = logits.clone().requires_grad_(True)
+    loss = CORES(4).loss(logits, labels)
+    assert loss.item() == pytest.approx(regularised[keep].mean(), rel=1e-5)
+    loss.backward()
+    touched = (logits.grad.abs().sum(dim=1) > 0).numpy()
+    assert np.array_equal(touched, keep)  # sieved-out examples get no gradient
+    # beta = 0: plain CE over the sieved examples.
+    assert CORES(4, beta=0.0).loss(logits.detach(), labels).item() == pytest.approx(own[keep].mean(), rel=1e-5)
