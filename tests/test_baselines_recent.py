@@ -331,3 +331,81 @@ def test_cores_sieves_what_its_criterion_says_and_regularises_the_rest() -> None
     assert np.array_equal(touched, keep)  # sieved-out examples get no gradient
     # beta = 0: plain CE over the sieved examples.
     assert CORES(4, beta=0.0).loss(logits.detach(), labels).item() == pytest.approx(own[keep].mean(), rel=1e-5)
+
+
+# --- DivideMix ---------------------------------------------------------------------------------------------
+
+def test_dividemix_mixture_matches_sklearn_and_separates_two_loss_groups() -> None:
+    from bench.baselines.dividemix import clean_probability
+    rng = np.random.default_rng(9)
+    losses = np.concatenate([rng.gamma(2.0, 0.05, 700), 2.0 + rng.normal(0, 0.3, 300)])
+    w = clean_probability(torch.tensor(losses)).numpy()
+    assert w[:700].mean() > 0.95 and w[700:].mean() < 0.05
+    mixture = pytest.importorskip("sklearn.mixture")
+    x = ((losses - losses.min()) / (losses.max() - losses.min())).reshape(-1, 1)
+    gmm = mixture.GaussianMixture(n_components=2, max_iter=10, tol=1e-2, reg_covar=5e-4).fit(x)
+    expected = gmm.predict_proba(x)[:, gmm.means_.argmin()]
+    assert w == pytest.approx(expected, abs=0.02)
+
+
+class Deterministic(nn.Module):
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
+def test_dividemix_co_divides_refines_and_guesses(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.baselines.dividemix import DivideMix, sharpen
+    f, g = Deterministic(0), Deterministic(1)
+    x, y = torch.randn(40, 4), torch.randint(0, 3, (40,))
+    method = DivideMix(3)
+    method.clean = [torch.zeros(40), torch.rand(40)]  # net 0 learns from net 1's division and vice versa
+    w = method.clean[1]
+    labelled = w > 0.5
+    targets = method.targets(f, g, x, y, w, labelled)
+    with torch.no_grad():
+        pf, pg = torch.softmax(f(x), 1), torch.softmax(g(x), 1)
+    refined = sharpen(w[:, None] * F.one_hot(y, 3) + (1 - w[:, None]) * pf, 0.5)
+    guessed = sharpen((pf + pg) / 2, 0.5)
+    assert targets[labelled].numpy() == pytest.approx(refined[labelled].numpy(), abs=1e-6)
+    assert targets[~labelled].numpy() == pytest.approx(guessed[~labelled].numpy(), abs=1e-6)
+    # Without mixing (lambda' = 1), the step's loss for net 0 is CE against its targets on the
+    # labelled rows, lambda_u r(0) times the squared error on the others, plus the prior penalty; net 1 sees
+    # net 0's division, which labels nothing.
+    class NoMixing:
+        def __init__(self, *args: float) -> None: ...
+
+        def sample(self) -> torch.Tensor:
+            return torch.tensor(1.0)
+
+    monkeypatch.setattr(torch.distributions, "Beta", NoMixing)
+    method = DivideMix(3)
+    method.clean = [torch.zeros(40), w]
+    torch.manual_seed(0)
+    loss = method.train_loss([f, g], Batch(x=x, y=y, index=torch.arange(40), epoch=0))
+    with torch.no_grad():
+        log_pf = torch.log_softmax(f(x), 1)
+        lx = -(targets * log_pf).sum(1)[labelled].mean()
+        lu = ((pf - targets) ** 2).mean(1)[~labelled].mean()
+        penalty = lambda p: (torch.full((3,), 1 / 3) * (1 / 3 / p.mean(0)).log()).sum()  # noqa: E731
+        loss_f = lx + 25.0 / 16 * lu + penalty(pf)
+        targets_g = method.targets(g, f, x, y, torch.zeros(40), torch.zeros(40, dtype=torch.bool))
+        loss_g = 25.0 / 16 * ((pg - targets_g) ** 2).mean(1).mean() + penalty(pg)
+    assert loss.item() == pytest.approx((loss_f + loss_g).item(), rel=1e-4)
+
+
+def test_dividemix_mixes_word_embeddings_for_text() -> None:
+    from bench.baselines.dividemix import DivideMix
+    from bench.models import WordCNN
+    torch.manual_seed(0)
+    nets = [WordCNN(2, vocab_size=50), WordCNN(2, vocab_size=50)]
+    tokens, y = torch.randint(1, 50, (16, 12)), torch.randint(0, 2, (16,))
+    method = DivideMix(2)
+    method.clean = [torch.rand(16), torch.rand(16)]
+    loss = method.train_loss(nets, Batch(x=tokens, y=y, index=torch.arange(16), epoch=0))
+    loss.backward()
+    assert torch.isfinite(loss) and all(net.embedding.weight.grad.abs().sum() > 0 for net in nets)
