@@ -409,3 +409,34 @@ def test_dividemix_mixes_word_embeddings_for_text() -> None:
     loss = method.train_loss(nets, Batch(x=tokens, y=y, index=torch.arange(16), epoch=0))
     loss.backward()
     assert torch.isfinite(loss) and all(net.embedding.weight.grad.abs().sum() > 0 for net in nets)
+
+
+# --- registry, declared ranges, README ---------------------------------------------------------------------
+
+NEW = ("backward", "elr", "gls", "fdiv", "coteaching_plus", "jocor", "trevision", "volminnet", "sop", "cores",
+       "dividemix")
+
+
+def test_the_new_methods_are_registered_with_papers_and_declared_ranges() -> None:
+    from bench.methods import registry
+    methods = registry()
+    assert len(methods) >= 24
+    for name in NEW:
+        cls = methods[name]
+        assert cls.paper and cls.title
+        declared = set(getattr(cls, "ranges", {})) | set(getattr(cls, "choices", {}))
+        assert declared == set(cls.defaults), name
+        for key, options in getattr(cls, "choices", {}).items():
+            assert cls.defaults[key] in options
+
+
+def test_readme_method_table_lists_exactly_the_registry() -> None:
+    import re
+    from pathlib import Path
+
+    from bench.methods import registry
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Methods", 1)[1].split("\n## ", 1)[0]
+    names = {n for line in section.splitlines() if line.startswith("| `")
+             for n in re.findall(r"`([a-z_0-9]+)`", line.split("|")[1])}
+    assert names == set(registry())
