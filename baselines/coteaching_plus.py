@@ -13,7 +13,7 @@ Where the networks agree on the whole batch the step trains both on all of it wi
 paper's first "init_epoch" epochs run plain Co-teaching; our CE warm start plays that part, so the disagreement
 step runs from the first method epoch. tau (forget rate) = 0.2 is its setting for 20% noise (the paper sets
 tau = the noise rate), T_k = 10 with c = 1 as in Co-teaching; the two networks are the trainer's two warm
-starts (different seeds).
+starts (different seeds). Nothing is augmented or mixed, so it runs unchanged on images and on text.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ With p_1, p_2 the two networks' softmax outputs and the epoch's keep rate R(T) (
 Unlike Co-teaching there is no exchange: both networks are updated by the same selected loss, and the symmetric
 KL pulls them toward agreement. The KL is differentiated through both networks (the paper's code). lambda = 0.9
 and tau = 0.2, T_k = 10 with c = 1 (the paper's CIFAR-10 settings; tau = the noise rate). Selection (nets[0]
-alone): CE over its (1 - tau) small-loss fraction of the validation set, as for Co-teaching.
+alone): CE over its (1 - tau) small-loss fraction of the validation set, as for Co-teaching. Both networks see
+the same input (no augmentation of JoCoR's own), so the method runs unchanged on images and on text.
 """
 
 from __future__ import annotations
