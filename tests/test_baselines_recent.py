@@ -191,7 +191,7 @@ def test_coteaching_plus_trains_on_everything_when_the_nets_agree() -> None:
     f = nn.Linear(4, 2)
     x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
     loss = CoTeachingPlus(2).train_loss([f, f], Batch(x=x, y=y, index=torch.arange(16), epoch=5))
-    assert float(loss) == pytest.approx(2 * float(F.cross_entropy(f(x), y)), rel=1e-6)
+    assert loss.item() == pytest.approx(2 * F.cross_entropy(f(x), y).item(), rel=1e-6)
 
 
 def test_jocor_loss_is_symmetric_and_the_weighted_ce_kl_sum() -> None:
