@@ -10,8 +10,9 @@ risk is importance-reweighted towards the clean distribution:
     beta(x, y~) = p_{y~}(x) / [p(x) (T^ + Delta T)]_{y~}
     loss = mean_i beta(x_i, y~_i) CE(h(x_i), y~_i)                                      (their Eq. 5-7)
 
-Delta T starts at 0 and is learned with the classifier (their stage 3); it enters only through beta, which is
-differentiated as in the paper's code. The paper's schedule (their code): reweighting with T^ fixed, then the
+Delta T starts at 0 and is learned with the classifier (their stage 3); it enters only through beta. For the
+classifier beta is an importance weight, a constant (their reweighting code detaches it); Delta T learns through
+it. The paper's schedule (their code): reweighting with T^ fixed, then the
 revision with Adam at lr 5e-7 and weight decay 1e-4; here the first `revision_start` fraction of the method
 stage keeps Delta T = 0 and the rest revises it. The estimate recorded is T^ + Delta T.
 """
@@ -29,9 +30,10 @@ from bench.methods import Batch, Method, StageContext
 
 
 def reweighted_ce(logits: torch.Tensor, labels: torch.Tensor, transition: torch.Tensor) -> torch.Tensor:
-    """Mean over the last batch dimension of beta CE, beta = p_{y~} / (p T)_{y~}; logits (..., B, C)."""
+    """Mean over the last batch dimension of beta CE, beta = p_{y~} / (p T)_{y~} (constant for the network,
+    differentiable in T); logits (..., B, C)."""
     log_p = torch.log_softmax(logits.float(), dim=-1)
-    p = log_p.exp()
+    p = log_p.detach().exp()
     clean = p.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     noisy = (p @ transition.float()).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     beta = clean / noisy.clamp_min(torch.finfo(noisy.dtype).tiny)

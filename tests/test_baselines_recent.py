@@ -440,3 +440,16 @@ def test_readme_method_table_lists_exactly_the_registry() -> None:
     names = {n for line in section.splitlines() if line.startswith("| `")
              for n in re.findall(r"`([a-z_0-9]+)`", line.split("|")[1])}
     assert names == set(registry())
+
+
+def test_trevision_slack_learns_through_the_weights_and_the_network_sees_them_as_constants() -> None:
+    from bench.baselines.trevision import reweighted_ce
+    logits, labels, p = random_problem(n=30, c=3, seed=10)
+    logits = logits.clone().requires_grad_(True)
+    slack = torch.zeros(3, 3, requires_grad=True)
+    loss = reweighted_ce(logits, labels, torch.tensor(T3, dtype=torch.float32) + slack)
+    loss.backward()
+    assert slack.grad.abs().sum() > 0
+    beta = p[np.arange(30), labels.numpy()] / (p @ T3)[np.arange(30), labels.numpy()]
+    expected = (beta[:, None] * (p - np.eye(3)[labels.numpy()])) / 30  # d(beta CE)/d logits with beta constant
+    assert logits.grad.numpy() == pytest.approx(expected, abs=1e-6)
