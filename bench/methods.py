@@ -73,6 +73,8 @@ class StageContext:
     true_transition: np.ndarray | None  # privileged: only methods with `uses_true_transition` may read it
     device: torch.device
     epochs: int  # length of the method stage
+    # softmax outputs of nets[i] on the (unaugmented) training split: DivideMix divides each epoch by both nets
+    predict_train_of: Callable[[int], torch.Tensor] | None = None
 
 
 def per_example_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

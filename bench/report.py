@@ -59,7 +59,9 @@ PAPER_NOISE = {"cifar10": "pairs", "dogs_vs_cats": "cat_to_dog", "mr": "pos_to_n
 LABELS = {
     "ce": "CE", "mentornet": "MentorNet", "vat": "VAT", "fw": "FW", "fw_oracle": "FW (true T)", "gce": "GCE",
     "lccn": "LCCN", "dmi": "DMI", "sce": "SCE", "nce_rce": "NCE+RCE", "bootstrap": "Bootstrap", "peer": "Peer",
-    "coteaching": "Co-teaching",
+    "coteaching": "Co-teaching", "backward": "Backward", "elr": "ELR", "gls": "GLS", "fdiv": "f-div",
+    "coteaching_plus": "Co-teaching+", "jocor": "JoCoR", "trevision": "T-revision", "volminnet": "VolMinNet",
+    "sop": "SOP", "cores": "CORES²", "dividemix": "DivideMix",
 }
 _ORDER = ["ce", "mentornet", "vat", "fw", "fw_oracle", "gce", "lccn"]
 
@@ -257,6 +259,56 @@ def win_tie_loss(paired: pl.DataFrame) -> pl.DataFrame:
 # ------------------------------------------------------------------------------------------- paper vs measured
 
 
+def _relative_error(estimate: str, truth: str) -> float | None:
+    t_hat, t = np.asarray(json.loads(estimate), dtype=float), np.asarray(json.loads(truth), dtype=float)
+    if t_hat.shape != t.shape:
+        return None
+    return float(np.abs(t_hat - t).sum() / np.abs(t).sum())
+
+
+def transition_estimates(df: pl.DataFrame) -> pl.DataFrame:
+    """Per cell of every method that estimates T (fw, backward, trevision, volminnet, lccn, ...): the relative error
+    ||T^ - T||_1 / ||T||_1 (entrywise sums) of its estimate against the true T, over the seeds of the setting
+    the accuracy tables selected, with the clean test accuracy those trials bought. The true T is the noise
+    model's T where the noise is synthetic; for human noise (no model T), the empirical T of the noisy labels
+    against the clean ones."""
+    columns = {"dataset": pl.String, "noise": pl.String, "r": pl.Float64, "method": pl.String, "truth": pl.String,
+               "n": pl.Int64, "err_mean": pl.Float64, "err_std": pl.Float64, "acc_mean": pl.Float64,
+               "acc_std": pl.Float64, "last_mean": pl.Float64, "t_hat_mean": pl.String}
+    if "estimated_transition" not in df.columns:
+        return pl.DataFrame(schema=columns)
+    truth_cols = [c for c in ("transition", "empirical_transition") if c in df.columns]
+    chosen = (df.join(select_settings(df), on=CELL + ["setting"], how="inner")
+              .filter(pl.col("usable") & pl.col("estimated_transition").is_not_null()))
+    rows = []
+    for row in chosen.iter_rows(named=True):
+        source = next(((c, row[c]) for c in truth_cols if row[c] is not None), (None, None))
+        error = None if source[1] is None else _relative_error(row["estimated_transition"], source[1])
+        rows.append(dict(dataset=row["dataset"], noise=row["noise"], r=row["r"], method=row["method"],
+                         truth={"transition": "noise model", "empirical_transition": "empirical"}.get(source[0]),
+                         error=error, test_acc=row["test_acc"], last_test_acc=row["last_test_acc"],
+                         estimate=row["estimated_transition"]))
+    if not rows:
+        return pl.DataFrame(schema=columns)
+    frame = pl.DataFrame(rows, schema_overrides={"error": pl.Float64, "last_test_acc": pl.Float64})
+    out = []
+    for key, group in frame.group_by(CELL, maintain_order=True):
+        estimates = np.stack([np.asarray(json.loads(e), dtype=float) for e in group["estimate"]])
+        out.append(dict(zip(CELL, key, strict=True), truth=_joined(group["truth"].to_list()) or None,
+                        n=group.height, err_mean=group["error"].mean(), err_std=group["error"].std(),
+                        acc_mean=group["test_acc"].mean(), acc_std=group["test_acc"].std(),
+                        last_mean=group["last_test_acc"].mean(),
+                        t_hat_mean=json.dumps(np.round(estimates.mean(axis=0), 4).tolist())))
+    order = {m: i for i, m in enumerate(method_order(frame["method"].unique().to_list()))}
+    result = pl.DataFrame(out, schema=columns)
+    return result.with_columns(pl.col("method").replace_strict(order, default=len(order)).alias("_rank")) \
+        .sort("dataset", "noise", "r", "_rank").drop("_rank")
+
+
+def _pm(mean: float | None, std: float | None, digits: int = 2) -> str:
+    return _fmt(mean, digits) + ("" if std is None or math.isnan(std) else f" ± {_fmt(std, digits)}")
+
+
 def read_reference() -> pl.DataFrame:
     """The paper's published table, shipped as package data (bench/reference_results.csv)."""
     try:
@@ -373,7 +425,15 @@ def _md(s: object) -> str:
     return re.sub(r"([\\`*_\[\]<>|~])", r"\\\1", str(s))
 
 
-def to_markdown(tabs: list[Table], wtl: pl.DataFrame, comparison: pl.DataFrame, summary: str) -> str:
+ESTIMATES_NOTE = (
+    "Methods that estimate the noise transition matrix T: relative error ||T^ - T||_1 / ||T||_1 (entrywise) against "
+    "the true T (the noise model's; for human noise, the empirical T from the clean labels), mean ± std over seeds "
+    "of the selected setting, and the clean test accuracy (selected and last epoch) each estimate bought."
+)
+
+
+def to_markdown(tabs: list[Table], wtl: pl.DataFrame, comparison: pl.DataFrame, summary: str,
+                estimates: pl.DataFrame | None = None) -> str:
     lines = ["# Leaderboard", "", LEGEND, "", summary, ""]
     for t in tabs:
         priv = _privileged(t)
@@ -407,6 +467,15 @@ def to_markdown(tabs: list[Table], wtl: pl.DataFrame, comparison: pl.DataFrame, 
             lines.append(f"| {_md(c['dataset'])} | {_r(c['r'])} | {_md(c['method'])} | {paper} | {ours} | {diff} | "
                          f"{'beyond std' if c['flag'] else ''} |")
     lines.append("")
+    if estimates is not None and not estimates.is_empty():
+        lines += ["## Transition-matrix estimates", "", ESTIMATES_NOTE, "",
+                  "| dataset | noise | r | method | n | rel. error | test acc | last-epoch acc | T^ (mean) | true T |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for e in estimates.iter_rows(named=True):
+            lines.append(f"| {e['dataset']} | {e['noise']} | {_r(e['r'])} | {_label(e['method'], False)} | "
+                         f"{e['n']} | {_pm(e['err_mean'], e['err_std'], 3)} | {_pm(e['acc_mean'], e['acc_std'])} | "
+                         f"{_fmt(e['last_mean'])} | {e['t_hat_mean']} | {e['truth'] or MISSING} |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -506,7 +575,8 @@ def _png(path: Path) -> str:
 
 
 def to_html(tabs: list[Table], paired: pl.DataFrame, wtl: pl.DataFrame, comparison: pl.DataFrame,
-            df: pl.DataFrame, plots: dict[tuple[str, str], Path], heatmap: Path, summary: str) -> str:
+            df: pl.DataFrame, plots: dict[tuple[str, str], Path], heatmap: Path, summary: str,
+            estimates: pl.DataFrame | None = None) -> str:
     """One self-contained page: inline CSS and JS, figures as base64 PNG, no external asset."""
     p_of = {(p["dataset"], p["noise"], p["r"], p["method"]): p for p in paired.iter_rows(named=True)}
     body = [f"<h1>bench report</h1><p class=note>{html.escape(LEGEND)}</p><p>{html.escape(summary)}</p>"]
@@ -564,6 +634,17 @@ def to_html(tabs: list[Table], paired: pl.DataFrame, wtl: pl.DataFrame, comparis
         body.append(_html_table(["dataset", "r", "method", "paper", "std", "measured", "std", "n", "diff", "flag"],
                                 rows))
     body.append(_png(heatmap))
+    if estimates is not None and not estimates.is_empty():
+        body.append(f"<h2>Transition-matrix estimates</h2><p class=note>{html.escape(ESTIMATES_NOTE)}</p>")
+        rows = ["<tr>" + "".join([
+            _td(e["dataset"], "l"), _td(e["noise"], "l"), _td(_r(e["r"]), value=e["r"]),
+            _td(_label(e["method"], False), "l"), _td(e["n"]),
+            _td(_pm(e["err_mean"], e["err_std"], 3), value=e["err_mean"]),
+            _td(_pm(e["acc_mean"], e["acc_std"]), value=e["acc_mean"]), _td(_fmt(e["last_mean"])),
+            _td(e["t_hat_mean"], "l"), _td(e["truth"], "l"),
+        ]) + "</tr>" for e in estimates.iter_rows(named=True)]
+        body.append(_html_table(["dataset", "noise", "r", "method", "n", "rel. error", "test acc",
+                                 "last-epoch acc", "T^ (mean)", "true T"], rows, left=2))
     broken = df.filter(pl.col("status") != "ok").sort("dataset", "noise", "r", "method", "seed")
     body.append(f"<h2>Diverged and failed trials ({broken.height})</h2>")
     if not broken.is_empty():
@@ -621,6 +702,7 @@ def build_report(results: str | Path, out: Path, log: Log = _stderr) -> dict[str
     paired = paired_comparison(df, grid)
     wtl = win_tie_loss(paired)
     comparison = paper_comparison(grid)
+    estimates = transition_estimates(df)
     tabs = tables(grid, paired)
     summary = _summary(df, grid, str(results))
     log(summary)
@@ -639,14 +721,14 @@ def build_report(results: str | Path, out: Path, log: Log = _stderr) -> dict[str
     written["heatmap"], written["heatmap svg"] = heat_png, heat_svg
     log("writing tables ...")
     for name, frame in (("cells", grid), ("paired", paired), ("win_tie_loss", wtl),
-                        ("paper_vs_measured", comparison)):
+                        ("paper_vs_measured", comparison), ("transition_estimates", estimates)):
         written[f"{name} csv"] = out / f"{name}.csv"
         frame.write_csv(written[f"{name} csv"])
     texts = {
-        "leaderboard.md": to_markdown(tabs, wtl, comparison, summary),
+        "leaderboard.md": to_markdown(tabs, wtl, comparison, summary, estimates),
         "leaderboard.tex": to_latex(tabs),
         "report.html": to_html(tabs, paired, wtl, comparison, df, figures, heat_png,
-                               summary + f" Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC."),
+                               summary + f" Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.", estimates),
     }
     for name, text in texts.items():
         written[name] = out / name

@@ -332,3 +332,40 @@ def test_run_summary_and_report_select_by_the_same_rule(tmp_path):
                   lines.append)
     table = "\n".join(lines[lines.index(next(x for x in lines if x.startswith("clean test accuracy"))):])
     assert "70.0" in table and "75.0" not in table
+
+
+def test_transition_estimates_are_scored_against_the_true_t(tmp_path: Path) -> None:
+    """Relative error ||T^ - T||_1 / ||T||_1 per trial against the noise model's T (or, for human noise, the
+    empirical T), mean ± std over the seeds of the selected setting, beside their accuracy; methods without an
+    estimate and unselected settings are left out."""
+    t = [[1.0, 0.0], [0.3, 0.7]]
+    est = {0: [[0.9, 0.1], [0.3, 0.7]], 1: [[1.0, 0.0], [0.1, 0.9]]}  # errors 0.2 / 2 and 0.4 / 2
+
+    def with_t(row: dict, estimate: list | None, truth: list | None = t, empirical: list | None = None) -> dict:
+        return row | dict(transition=None if truth is None else json.dumps(truth),
+                          empirical_transition=None if empirical is None else json.dumps(empirical),
+                          estimated_transition=None if estimate is None else json.dumps(estimate))
+
+    rows = [with_t(make_row("fw", 0.3, s, 0.5, 80.0 + s, last=70.0), est[s]) for s in (0, 1)]
+    rows.append(with_t(make_row("fw", 0.3, 0, 0.9, 50.0, lr=1e-3), [[0.5, 0.5], [0.5, 0.5]]))  # not selected
+    rows.append(with_t(make_row("ce", 0.3, 0, 0.4, 60.0), None))
+    human = [[0.8, 0.2], [0.1, 0.9]]
+    rows.append(with_t(make_row("lccn", 0.0, 0, 0.5, 75.0, noise="aggre"), [[0.8, 0.2], [0.2, 0.8]],
+                       truth=None, empirical=human))
+    results = write(tmp_path / "results", rows)
+    frame = report.transition_estimates(report.load_trials(results))
+    assert set(frame["method"]) == {"fw", "lccn"}
+    fw = frame.filter(method="fw").to_dicts()[0]
+    errors = [0.2 / 2.0, 0.4 / 2.0]
+    assert fw["n"] == 2 and fw["truth"] == "noise model"
+    assert fw["err_mean"] == pytest.approx(np.mean(errors))
+    assert fw["err_std"] == pytest.approx(np.std(errors, ddof=1))
+    assert fw["acc_mean"] == pytest.approx(80.5) and fw["last_mean"] == pytest.approx(70.0)
+    assert np.array(json.loads(fw["t_hat_mean"])) == pytest.approx(np.array([[0.95, 0.05], [0.2, 0.8]]))
+    lccn = frame.filter(method="lccn").to_dicts()[0]
+    assert lccn["truth"] == "empirical" and lccn["err_mean"] == pytest.approx(0.2 / 2.0)
+    written = report.build_report(results, tmp_path / "out", log=lambda s: None)
+    markdown = written["leaderboard.md"].read_text()
+    assert "## Transition-matrix estimates" in markdown and "0.150 ± 0.071" in markdown
+    assert "Transition-matrix estimates" in written["report.html"].read_text()
+    assert written["transition_estimates csv"].exists()

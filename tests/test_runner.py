@@ -24,6 +24,7 @@ import yaml
 from bench.cli import main
 from bench.config import UserError
 from bench.experiment import load_experiment
+from bench.methods import registry
 from bench.results import read_table
 from bench.runner import Settings, run_experiment
 from bench.warmstart import WarmStartCache
@@ -121,6 +122,10 @@ def test_shipped_configs_validate_against_the_registries():
         if path.stem == "fashion_mnist_figure":  # the figure grid: CE vs L_DMI at the paper's settings
             assert exp.noise == ("case1", "case2", "case3") and len(exp.r) == 10 and len(exp.seeds) == 5
             assert {(t.method, t.lr, t.batch_size) for t in exp.trials()} == {("ce", None, None), ("dmi", None, None)}
+        elif path.stem == "baselines_fashion":  # every method once per cell, not the paper's grid
+            assert {m.name for m in exp.methods} == set(registry())
+            assert exp.r == (0.2, 0.7) and set(exp.noise) == {"case2", "case3"}
+            assert (exp.epochs_warmup, exp.epochs, exp.dataset) == (20, 4, "fashion_mnist")
         elif path.stem != "demo" and exp.dataset not in ("clothing1m", "cifar10n"):
             assert exp.r == tuple(round(0.1 * i, 1) for i in range(10))
             assert len(exp.seeds) == 5

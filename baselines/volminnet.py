@@ -1,0 +1,87 @@
+"""VolMinNet: the transition matrix learned jointly with the classifier under a volume penalty, no anchor points.
+
+Li, Liu, Han, Niu, Sugiyama. Provably End-to-end Label-noise Learning without Anchor Points. ICML 2021.
+
+The classifier's clean posterior p(y | x) = softmax(h(x)) is pushed through a learned T (rows = true class), and
+the volume of T (its log-determinant) is minimised: among the T that explain the noisy labels, the one of least
+volume is the true one when the clean posteriors are "sufficiently scattered" (their Thm. 1), no anchors needed.
+
+    T(w) = row-normalise(I + sigmoid(w) * (1 - I))        (diagonal 1, off-diagonal sigmoid(w); rows sum to 1)
+    loss = -log (softmax(h(x)) T)_{y~} + lambda log det T                               (their Eq. 6)
+
+T is row-stochastic with a dominant diagonal by construction. The paper's CIFAR-10 settings: lambda = 1e-4,
+w initialised to -2 (off-diagonal entries start at sigmoid(-2) before normalisation), and T trained by its own
+SGD (lr 0.01, momentum 0.9) while the classifier keeps its optimiser (here the trainer's).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from bench.baselines._own_optimizer import step_pending
+from bench.methods import Batch, Method, StageContext
+
+
+def transition_from(w: torch.Tensor) -> torch.Tensor:
+    """T(w): ones on the diagonal, sigmoid(w) off it, each row divided by its sum."""
+    eye = torch.eye(w.shape[0], dtype=w.dtype, device=w.device)
+    raw = eye + torch.sigmoid(w) * (1.0 - eye)
+    return raw / raw.sum(dim=1, keepdim=True)
+
+
+def forward_nll_last(logits: torch.Tensor, labels: torch.Tensor, transition: torch.Tensor) -> torch.Tensor:
+    """Mean over the last batch dimension of -log (softmax(logits) T)_{y~}; logits (..., B, C)."""
+    noisy = torch.softmax(logits.float(), dim=-1) @ transition.float()
+    picked = noisy.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    return -picked.clamp_min(torch.finfo(picked.dtype).tiny).log().mean(dim=-1)
+
+
+class VolMinNet(Method):
+    """Forward correction with T learned end to end, its log-determinant penalised."""
+
+    name = "volminnet"
+    title = "VolMinNet"
+    paper = "Li, Liu, Han, Niu, Sugiyama. Provably End-to-end Label-noise Learning without Anchor Points. ICML 2021"
+    defaults: dict[str, Any] = {"lambda_": 1e-4, "lr_t": 0.01, "momentum_t": 0.9, "init": 2.0}
+    ranges: ClassVar[dict[str, str]] = {"lambda_": "[0, inf)", "lr_t": "(0, inf)", "momentum_t": "[0, 1)",
+                                        "init": "(-inf, inf)"}
+
+    def __init__(self, num_classes: int, **params: Any) -> None:
+        super().__init__(num_classes, **params)
+        self.w = torch.nn.Parameter(torch.full((num_classes, num_classes), -float(self.init)))
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    def setup(self, stage: StageContext) -> None:
+        self.w = torch.nn.Parameter(self.w.detach().to(stage.device))
+        self.optimizer = torch.optim.SGD([self.w], lr=self.lr_t, momentum=self.momentum_t)
+
+    def transition(self) -> torch.Tensor:
+        return transition_from(self.w)
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        t = self.transition().to(logits.device)
+        return forward_nll_last(logits, labels, t) + self.lambda_ * torch.linalg.slogdet(t.double())[1].float()
+
+    def train_loss(self, nets: list[torch.nn.Module], batch: Batch) -> torch.Tensor:
+        step_pending(self.optimizer)
+        return self.loss(nets[0](batch.x), batch.y)
+
+    def end_epoch(self, epoch: int) -> None:
+        step_pending(self.optimizer)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"w": self.w.detach().clone(),
+                "optimizer": None if self.optimizer is None else self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with torch.no_grad():
+            self.w.copy_(state["w"])
+        if self.optimizer is not None and state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+
+    def estimated_transition(self) -> np.ndarray | None:
+        with torch.no_grad():
+            return self.transition().double().cpu().numpy()

@@ -1,0 +1,455 @@
+"""The methods of issue 13 (the field's current baselines): each against its paper's defining property or an
+independent computation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bench.baselines.backward import Backward, backward_nll
+from bench.baselines.coteaching_plus import CoTeachingPlus
+from bench.baselines.elr import EarlyLearningRegularization, elr_regulariser
+from bench.baselines.fdiv import FDivergence
+from bench.baselines.fw import Forward
+from bench.baselines.gls import GeneralizedLabelSmoothing, gls_targets
+from bench.baselines.jocor import JoCoR
+from bench.methods import Batch, StageContext
+
+
+def numpy_softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
+
+
+def random_problem(n: int = 256, c: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(n, c)) * 2
+    labels = rng.integers(0, c, n)
+    return torch.tensor(logits, dtype=torch.float32), torch.tensor(labels), numpy_softmax(logits)
+
+
+def stage(probs: torch.Tensor, labels: torch.Tensor, nets: list[nn.Module] | None = None, epochs: int = 4,
+          **extra) -> StageContext:  # noqa: ANN003
+    return StageContext(nets=nets or [], num_classes=probs.shape[1], noisy_train=labels,
+                        predict_train=lambda: probs, true_transition=None, device=torch.device("cpu"),
+                        epochs=epochs, **extra)
+
+
+T3 = np.array([[0.8, 0.15, 0.05], [0.1, 0.7, 0.2], [0.3, 0.0, 0.7]])
+
+
+# --- backward correction -----------------------------------------------------------------------------------
+
+def test_backward_with_identity_is_ce_and_works_over_leading_dims() -> None:
+    logits, labels, p = random_problem()
+    ce = -np.log(p[np.arange(len(p)), labels.numpy()]).mean()
+    assert float(backward_nll(logits, labels, torch.eye(4))) == pytest.approx(ce, rel=1e-5)
+    stacked = backward_nll(torch.stack([logits, 2 * logits]), torch.stack([labels, labels]), torch.eye(4))
+    assert stacked.shape == (2,) and float(stacked[0]) == pytest.approx(ce, rel=1e-5)
+
+
+def test_backward_is_unbiased_for_the_clean_loss() -> None:
+    """Patrini's Thm. 1: sum_j T[y, j] l_back(h(x), j) = -log p_y for every x and clean y."""
+    logits, _, p = random_problem(n=50, c=3, seed=1)
+    per_label = np.stack([
+        float(backward_nll(logits[i : i + 1], torch.tensor([j]), torch.tensor(T3)))
+        for i in range(50) for j in range(3)
+    ]).reshape(50, 3)
+    expected = per_label @ T3.T  # [i, y] = sum_j T[y, j] l_back(x_i, j)
+    assert expected == pytest.approx(-np.log(p), rel=1e-4, abs=1e-4)
+
+
+def test_backward_estimates_t_like_fw() -> None:
+    rng = np.random.default_rng(3)
+    clean = rng.dirichlet(np.ones(3), size=900)
+    clean[:300] = np.eye(3)[np.arange(300) % 3]
+    probs = torch.tensor(clean @ T3, dtype=torch.float32)
+    labels = torch.zeros(900, dtype=torch.int64)
+    fw, bw = Forward(3), Backward(3)
+    fw.setup(stage(probs, labels))
+    bw.setup(stage(probs, labels))
+    assert bw.estimated_transition() == pytest.approx(T3, abs=1e-6)
+    assert bw.estimated_transition() == pytest.approx(fw.estimated_transition())
+
+
+# --- GLS ---------------------------------------------------------------------------------------------------
+
+def test_gls_rate_zero_is_ce_and_matches_the_smoothed_target() -> None:
+    logits, labels, p = random_problem(seed=2)
+    ce = -np.log(p[np.arange(len(p)), labels.numpy()])
+    assert float(GeneralizedLabelSmoothing(4, smooth_rate=0.0).loss(logits, labels)) == pytest.approx(ce.mean(),
+                                                                                                     rel=1e-5)
+    for r in (0.4, -0.6):
+        expected = ((1 - r) * ce + r * -np.log(p).mean(axis=1)).mean()
+        assert float(GeneralizedLabelSmoothing(4, smooth_rate=r).loss(logits, labels)) == pytest.approx(expected,
+                                                                                                       rel=1e-5)
+
+
+def test_gls_negative_rate_leaves_the_simplex() -> None:
+    t = gls_targets(torch.tensor([0, 2]), 4, -0.4).numpy()
+    assert t.sum(axis=1) == pytest.approx([1.0, 1.0])
+    assert t[0, 0] == pytest.approx(1.4 - 0.1) and t[0, 0] > 1 and (np.delete(t[0], 0) < 0).all()
+    positive = gls_targets(torch.tensor([0]), 4, 0.4).numpy()
+    assert ((positive >= 0) & (positive <= 1)).all()
+
+
+# --- f-divergence ------------------------------------------------------------------------------------------
+
+def test_fdiv_tv_scores_a_constant_classifier_zero_and_a_perfect_one_better() -> None:
+    rng = np.random.default_rng(4)
+    labels = torch.tensor(rng.integers(0, 3, 300))
+    method = FDivergence(3)
+    constant = torch.tensor([[0.3, -1.0, 2.0]]).repeat(300, 1)
+    assert float(method.loss(constant, labels)) == pytest.approx(0.0, abs=1e-7)
+    perfect = 50.0 * F.one_hot(labels, 3).float()
+    prior = np.bincount(labels.numpy(), minlength=3) / 300
+    # p_k(x) is 1 on x's label, 0 elsewhere, and tanh(0) = 0: D_f = tanh(1)/2 - sum_k P(k) P(k) tanh(1)/2.
+    expected = -(0.5 * np.tanh(1.0) - (prior * prior).sum() * 0.5 * np.tanh(1.0))
+    assert float(method.loss(perfect, labels)) == pytest.approx(expected, rel=1e-5)
+    assert float(method.loss(perfect, labels)) < 0
+
+
+def test_fdiv_training_estimate_is_unbiased_for_the_selection_criterion() -> None:
+    """The peer-batch estimate (random input and label permutations) averages to the exact expectation."""
+    torch.manual_seed(0)
+    net = nn.Linear(5, 3)
+    x, y = torch.randn(64, 5), torch.randint(0, 3, (64,))
+    for divergence in ("total_variation", "pearson", "jensen_shannon"):
+        method = FDivergence(3, divergence=divergence)
+        with torch.no_grad():
+            draws = [float(method.train_loss([net], Batch(x=x, y=y, index=torch.arange(64), epoch=0)))
+                     for _ in range(3000)]
+            exact = float(method.loss(net(x), y))
+        assert np.mean(draws) == pytest.approx(exact, abs=4 * np.std(draws) / np.sqrt(3000) + 1e-6)
+
+
+# --- ELR ---------------------------------------------------------------------------------------------------
+
+def test_elr_regulariser_gradient_pushes_p_toward_the_target() -> None:
+    """Descending log(1 - <p, t>) raises <p, t> for every example (their Lemma 4.3); the CE part is separate."""
+    logits, _, _ = random_problem(n=64, c=4, seed=5)
+    targets = torch.softmax(torch.randn(64, 4) * 3, dim=1)
+    logits = logits.clone().requires_grad_(True)
+    elr_regulariser(logits, targets).sum().backward()
+    with torch.no_grad():
+        before = (torch.softmax(logits, dim=1) * targets).sum(dim=1)
+        after = (torch.softmax(logits - 1e-2 * logits.grad, dim=1) * targets).sum(dim=1)
+    assert torch.all(after > before)
+
+
+def test_elr_targets_are_a_temporal_ensemble() -> None:
+    torch.manual_seed(0)
+    net = nn.Linear(5, 3)
+    x, y = torch.randn(40, 5), torch.randint(0, 3, (40,))
+    warm = torch.softmax(net(x), dim=1).detach()
+    method = EarlyLearningRegularization(3)
+    method.setup(stage(warm, y, nets=[net]))
+    idx = torch.arange(0, 40, 2)
+    with torch.no_grad():
+        net.weight.add_(0.5)  # the prediction moves away from the warm start
+    loss = method.train_loss([net], Batch(x=x[idx], y=y[idx], index=idx, epoch=0))
+    p = torch.softmax(net(x[idx]), dim=1).clamp(1e-4, 1 - 1e-4)
+    p = p / p.sum(1, keepdim=True)
+    warm_c = warm.clamp(1e-4, 1 - 1e-4)
+    warm_c = warm_c / warm_c.sum(1, keepdim=True)
+    expected_t = 0.7 * warm_c[idx] + 0.3 * p
+    assert method.targets[idx].numpy() == pytest.approx(expected_t.detach().numpy(), abs=1e-6)
+    assert method.targets[1::2].numpy() == pytest.approx(warm_c[1::2].numpy(), abs=1e-6)  # untouched
+    expected = F.cross_entropy(net(x[idx]), y[idx]) + 3.0 * torch.log(1 - (p * expected_t).sum(1)).mean()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+# --- Co-teaching+ and JoCoR --------------------------------------------------------------------------------
+
+def test_coteaching_plus_only_exchanges_disagreeing_examples() -> None:
+    torch.manual_seed(1)
+    f, g = nn.Linear(4, 2), nn.Linear(4, 2)
+    x = torch.randn(64, 4, requires_grad=True)
+    y = torch.randint(0, 2, (64,))
+    method = CoTeachingPlus(2, forget_rate=0.5, num_gradual=1)
+    loss = method.train_loss([f, g], Batch(x=x, y=y, index=torch.arange(64), epoch=3))
+    loss.backward()
+    with torch.no_grad():
+        lf, lg = F.cross_entropy(f(x), y, reduction="none"), F.cross_entropy(g(x), y, reduction="none")
+        disagree = (f(x).argmax(1) != g(x).argmax(1)).numpy()
+    assert 0 < disagree.sum() < 64
+    touched = (x.grad.abs().sum(dim=1) > 0).numpy()
+    assert not touched[~disagree].any()  # agreed examples take no part
+    d = np.flatnonzero(disagree)
+    k = int(0.5 * len(d))
+    pick_f = d[np.argsort(lf.numpy()[d])[:k]]
+    pick_g = d[np.argsort(lg.numpy()[d])[:k]]
+    expected = lf.numpy()[pick_g].mean() + lg.numpy()[pick_f].mean()
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    assert set(np.flatnonzero(touched)) == set(pick_f) | set(pick_g)
+
+
+def test_coteaching_plus_trains_on_everything_when_the_nets_agree() -> None:
+    f = nn.Linear(4, 2)
+    x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+    loss = CoTeachingPlus(2).train_loss([f, f], Batch(x=x, y=y, index=torch.arange(16), epoch=5))
+    assert loss.item() == pytest.approx(2 * F.cross_entropy(f(x), y).item(), rel=1e-6)
+
+
+def test_jocor_loss_is_symmetric_and_the_weighted_ce_kl_sum() -> None:
+    torch.manual_seed(2)
+    f, g = nn.Linear(4, 3), nn.Linear(4, 3)
+    x, y = torch.randn(50, 4), torch.randint(0, 3, (50,))
+    method = JoCoR(3, forget_rate=0.4, num_gradual=2)
+    batch = Batch(x=x, y=y, index=torch.arange(50), epoch=1)  # keep rate 1 - 0.4 * 1/2 = 0.8
+    loss = float(method.train_loss([f, g], batch))
+    assert loss == pytest.approx(float(method.train_loss([g, f], batch)), rel=1e-6)
+    with torch.no_grad():
+        p1, p2 = numpy_softmax(f(x).numpy()), numpy_softmax(g(x).numpy())
+    lab = y.numpy()
+    ce = -np.log(p1[np.arange(50), lab]) - np.log(p2[np.arange(50), lab])
+    kl = (p1 * np.log(p1 / p2)).sum(1) + (p2 * np.log(p2 / p1)).sum(1)
+    joint = 0.1 * ce + 0.9 * kl
+    assert loss == pytest.approx(np.sort(joint)[:40].mean(), rel=1e-5)
+
+
+# --- VolMinNet, T-revision, SOP (parameters of their own) --------------------------------------------------
+
+def scattered_problem(t: np.ndarray, n: int = 4000, seed: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of clean posteriors spread over the simplex, and noisy labels drawn through T from them."""
+    rng = np.random.default_rng(seed)
+    c = t.shape[0]
+    clean = rng.dirichlet(np.ones(c) * 0.5, size=n).clip(1e-6)
+    noisy_posterior = clean @ t
+    labels = (noisy_posterior.cumsum(1) > rng.random((n, 1))).argmax(1)
+    return torch.tensor(np.log(clean), dtype=torch.float32), torch.tensor(labels)
+
+
+def test_volminnet_t_stays_row_stochastic_and_is_learned_from_the_noisy_labels() -> None:
+    from bench.baselines.volminnet import VolMinNet
+    logits, labels = scattered_problem(T3, n=2000)
+    method = VolMinNet(3, lr_t=1.0)
+    method.setup(stage(torch.softmax(logits, 1), labels))
+    start = method.estimated_transition()
+    assert start.sum(axis=1) == pytest.approx(np.ones(3))
+    assert np.all(np.diag(start) > start[~np.eye(3, dtype=bool)].reshape(3, 2).max(axis=1))
+    for _ in range(200):  # the classifier is fixed at the true clean posterior: only T learns
+        method.loss(logits, labels).backward()
+        method.end_epoch(0)  # applies the pending gradient of T
+    est = method.estimated_transition()
+    assert est.sum(axis=1) == pytest.approx(np.ones(3)) and (est >= 0).all()
+    assert np.abs(est - T3).sum() / np.abs(T3).sum() < 0.1
+    assert np.abs(est - T3).sum() < 0.3 * np.abs(start - T3).sum()
+
+
+def test_volminnet_volume_penalty_shrinks_the_determinant() -> None:
+    from bench.baselines.volminnet import VolMinNet
+    method = VolMinNet(3, lambda_=1.0, lr_t=0.1)
+    method.setup(stage(torch.full((4, 3), 1 / 3), torch.zeros(4, dtype=torch.int64)))
+    dets = []
+    for _ in range(50):
+        t = method.transition()
+        dets.append(float(torch.linalg.det(t.detach())))
+        torch.linalg.slogdet(t)[1].backward()
+        method.end_epoch(0)
+    assert dets[-1] < 0.8 * dets[0] and all(b <= a + 1e-9 for a, b in zip(dets, dets[1:], strict=False))
+    assert method.estimated_transition().sum(axis=1) == pytest.approx(np.ones(3))
+
+
+def test_trevision_weights_make_the_noisy_risk_the_clean_risk() -> None:
+    """With the true T, sum_j (p T)_j beta_j CE_j = sum_j p_j CE_j: the reweighted loss, in expectation over the
+    noisy label, is the clean loss (their Eq. 5). With T = I it is CE."""
+    from bench.baselines.trevision import TRevision, reweighted_ce
+    logits, labels, p = random_problem(n=30, c=3, seed=7)
+    ce = -np.log(p[np.arange(30), labels.numpy()]).mean()
+    assert float(reweighted_ce(logits, labels, torch.eye(3))) == pytest.approx(ce, rel=1e-5)
+    per_example = np.stack([
+        [reweighted_ce(logits[i : i + 1], torch.tensor([j]), torch.tensor(T3)).item() for j in range(3)]
+        for i in range(30)
+    ])
+    noisy = p @ T3
+    assert (noisy * per_example).sum(1) == pytest.approx((p * -np.log(p)).sum(1), rel=1e-4)
+    # The slack is learned only after revision_start, and the recorded estimate is T^ + Delta T.
+    method = TRevision(3, lr_revision=1e-2, revision_start=0.5)
+    method.setup(stage(torch.tensor(p, dtype=torch.float32), labels, epochs=4))
+    net = nn.Linear(3, 3)
+    x = torch.randn(30, 3)
+    for epoch in range(4):
+        method.train_loss([net], Batch(x=x, y=labels, index=torch.arange(30), epoch=epoch)).backward()
+        method.end_epoch(epoch)
+        moved = np.abs(method.estimated_transition() - method.anchor.double().numpy()).sum()
+        assert (moved > 0) == (epoch >= 2)
+
+
+def test_sop_noise_term_absorbs_the_examples_the_network_contradicts() -> None:
+    """With the network fixed, gradient descent on u, v alone drives u^2 -> 1 (and v^2 on the predicted class)
+    where the label contradicts the prediction, and leaves them near 0 where they agree (the sparse noise)."""
+    from bench.baselines.sop import SparseOverParameterization
+    torch.manual_seed(3)
+    logits = torch.randn(200, 3) * 4
+    labels = logits.argmax(1).clone()
+    flipped = torch.arange(200) < 50
+    labels[flipped] = (labels[flipped] + 1) % 3
+    method = SparseOverParameterization(3, init_std=1e-2, lr_u=1.0, lr_v=1.0)
+    method.setup(stage(torch.softmax(logits, 1), labels))
+    net = nn.Identity()
+    for _ in range(300):
+        idx = torch.randperm(200)[:64]
+        method.train_loss([net], Batch(x=logits[idx], y=labels[idx], index=idx, epoch=0)).backward()
+    method.end_epoch(0)
+    u2 = (method.u.detach() ** 2).squeeze(1).clamp(0, 1)
+    v2 = (method.v.detach() ** 2).clamp(0, 1)
+    assert u2[flipped].min() > 0.5 and u2[~flipped].max() < 0.2
+    predicted_v2 = v2[flipped].gather(1, logits[flipped].argmax(1, keepdim=True)).squeeze(1)
+    assert predicted_v2.median() > 0.5  # v grows multiplicatively from its tiny start: most, not all, are there
+    # Only the rows of examples seen in a batch ever move.
+    method2 = SparseOverParameterization(3)
+    method2.setup(stage(torch.softmax(logits, 1), labels))
+    before = method2.u.detach().clone()
+    idx = torch.arange(10)
+    method2.train_loss([net], Batch(x=logits[idx], y=labels[idx], index=idx, epoch=0)).backward()
+    method2.end_epoch(0)
+    changed = (method2.u.detach() != before).squeeze(1)
+    assert not changed[10:].any()
+
+
+# --- CORES² ------------------------------------------------------------------------------------------------
+
+def test_cores_sieves_what_its_criterion_says_and_regularises_the_rest() -> None:
+    from bench.baselines.cores import CORES
+    logits, labels, p = random_problem(n=200, c=4, seed=8)
+    ce = -np.log(p)
+    lab = labels.numpy()
+    own = ce[np.arange(200), lab]
+    keep = own <= ce.mean(axis=1)
+    assert 0 < keep.sum() < 200
+    prior = np.bincount(lab, minlength=4) / 200
+    regularised = own - 2.0 * (ce * prior).sum(axis=1)
+    logits = logits.clone().requires_grad_(True)
+    loss = CORES(4).loss(logits, labels)
+    assert loss.item() == pytest.approx(regularised[keep].mean(), rel=1e-5)
+    loss.backward()
+    touched = (logits.grad.abs().sum(dim=1) > 0).numpy()
+    assert np.array_equal(touched, keep)  # sieved-out examples get no gradient
+    # beta = 0: plain CE over the sieved examples.
+    assert CORES(4, beta=0.0).loss(logits.detach(), labels).item() == pytest.approx(own[keep].mean(), rel=1e-5)
+
+
+# --- DivideMix ---------------------------------------------------------------------------------------------
+
+def test_dividemix_mixture_matches_sklearn_and_separates_two_loss_groups() -> None:
+    from bench.baselines.dividemix import clean_probability
+    rng = np.random.default_rng(9)
+    losses = np.concatenate([rng.gamma(2.0, 0.05, 700), 2.0 + rng.normal(0, 0.3, 300)])
+    w = clean_probability(torch.tensor(losses)).numpy()
+    assert w[:700].mean() > 0.95 and w[700:].mean() < 0.05
+    mixture = pytest.importorskip("sklearn.mixture")
+    x = ((losses - losses.min()) / (losses.max() - losses.min())).reshape(-1, 1)
+    gmm = mixture.GaussianMixture(n_components=2, max_iter=10, tol=1e-2, reg_covar=5e-4).fit(x)
+    expected = gmm.predict_proba(x)[:, gmm.means_.argmin()]
+    assert w == pytest.approx(expected, abs=0.02)
+
+
+class Deterministic(nn.Module):
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
+def test_dividemix_co_divides_refines_and_guesses(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.baselines.dividemix import DivideMix, sharpen
+    f, g = Deterministic(0), Deterministic(1)
+    x, y = torch.randn(40, 4), torch.randint(0, 3, (40,))
+    method = DivideMix(3)
+    method.clean = [torch.zeros(40), torch.rand(40)]  # net 0 learns from net 1's division and vice versa
+    w = method.clean[1]
+    labelled = w > 0.5
+    targets = method.targets(f, g, x, y, w, labelled)
+    with torch.no_grad():
+        pf, pg = torch.softmax(f(x), 1), torch.softmax(g(x), 1)
+    refined = sharpen(w[:, None] * F.one_hot(y, 3) + (1 - w[:, None]) * pf, 0.5)
+    guessed = sharpen((pf + pg) / 2, 0.5)
+    assert targets[labelled].numpy() == pytest.approx(refined[labelled].numpy(), abs=1e-6)
+    assert targets[~labelled].numpy() == pytest.approx(guessed[~labelled].numpy(), abs=1e-6)
+    # Without mixing (lambda' = 1), the step's loss for net 0 is CE against its targets on the
+    # labelled rows, lambda_u r(0) times the squared error on the others, plus the prior penalty; net 1 sees
+    # net 0's division, which labels nothing.
+    class NoMixing:
+        def __init__(self, *args: float) -> None: ...
+
+        def sample(self) -> torch.Tensor:
+            return torch.tensor(1.0)
+
+    monkeypatch.setattr(torch.distributions, "Beta", NoMixing)
+    method = DivideMix(3)
+    method.clean = [torch.zeros(40), w]
+    torch.manual_seed(0)
+    loss = method.train_loss([f, g], Batch(x=x, y=y, index=torch.arange(40), epoch=0))
+    with torch.no_grad():
+        log_pf = torch.log_softmax(f(x), 1)
+        lx = -(targets * log_pf).sum(1)[labelled].mean()
+        lu = ((pf - targets) ** 2).mean(1)[~labelled].mean()
+        penalty = lambda p: (torch.full((3,), 1 / 3) * (1 / 3 / p.mean(0)).log()).sum()  # noqa: E731
+        loss_f = lx + 25.0 / 16 * lu + penalty(pf)
+        targets_g = method.targets(g, f, x, y, torch.zeros(40), torch.zeros(40, dtype=torch.bool))
+        loss_g = 25.0 / 16 * ((pg - targets_g) ** 2).mean(1).mean() + penalty(pg)
+    assert loss.item() == pytest.approx((loss_f + loss_g).item(), rel=1e-4)
+
+
+def test_dividemix_mixes_word_embeddings_for_text() -> None:
+    from bench.baselines.dividemix import DivideMix
+    from bench.models import WordCNN
+    torch.manual_seed(0)
+    nets = [WordCNN(2, vocab_size=50), WordCNN(2, vocab_size=50)]
+    tokens, y = torch.randint(1, 50, (16, 12)), torch.randint(0, 2, (16,))
+    method = DivideMix(2)
+    method.clean = [torch.rand(16), torch.rand(16)]
+    loss = method.train_loss(nets, Batch(x=tokens, y=y, index=torch.arange(16), epoch=0))
+    loss.backward()
+    assert torch.isfinite(loss) and all(net.embedding.weight.grad.abs().sum() > 0 for net in nets)
+
+
+# --- registry, declared ranges, README ---------------------------------------------------------------------
+
+NEW = ("backward", "elr", "gls", "fdiv", "coteaching_plus", "jocor", "trevision", "volminnet", "sop", "cores",
+       "dividemix")
+
+
+def test_the_new_methods_are_registered_with_papers_and_declared_ranges() -> None:
+    from bench.methods import registry
+    methods = registry()
+    assert len(methods) >= 24
+    for name in NEW:
+        cls = methods[name]
+        assert cls.paper and cls.title
+        declared = set(getattr(cls, "ranges", {})) | set(getattr(cls, "choices", {}))
+        assert declared == set(cls.defaults), name
+        for key, options in getattr(cls, "choices", {}).items():
+            assert cls.defaults[key] in options
+
+
+def test_readme_method_table_lists_exactly_the_registry() -> None:
+    import re
+    from pathlib import Path
+
+    from bench.methods import registry
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Methods", 1)[1].split("\n## ", 1)[0]
+    names = {n for line in section.splitlines() if line.startswith("| `")
+             for n in re.findall(r"`([a-z_0-9]+)`", line.split("|")[1])}
+    assert names == set(registry())
+
+
+def test_trevision_slack_learns_through_the_weights_and_the_network_sees_them_as_constants() -> None:
+    from bench.baselines.trevision import reweighted_ce
+    logits, labels, p = random_problem(n=30, c=3, seed=10)
+    logits = logits.clone().requires_grad_(True)
+    slack = torch.zeros(3, 3, requires_grad=True)
+    loss = reweighted_ce(logits, labels, torch.tensor(T3, dtype=torch.float32) + slack)
+    loss.backward()
+    assert slack.grad.abs().sum() > 0
+    beta = p[np.arange(30), labels.numpy()] / (p @ T3)[np.arange(30), labels.numpy()]
+    expected = (beta[:, None] * (p - np.eye(3)[labels.numpy()])) / 30  # d(beta CE)/d logits with beta constant
+    assert logits.grad.numpy() == pytest.approx(expected, abs=1e-6)
