@@ -29,9 +29,16 @@ def backward_nll(logits: torch.Tensor, labels: torch.Tensor, transition: torch.T
     """Mean over the last batch dimension of [T^-1 (-log softmax(logits))]_{y~}; logits (..., B, C)."""
     # The pseudo-inverse is the inverse for any invertible T; an estimate with det T = 0 (the warm start cannot
     # tell two classes apart) then gives the least-squares correction instead of stopping the trial.
-    inverse = torch.linalg.pinv(transition.double()).to(logits.device, torch.float32)  # (C, C)
+    return corrected_nll(logits, labels, torch.linalg.pinv(transition.double()))
+
+
+def corrected_nll(logits: torch.Tensor, labels: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """The backward-corrected loss given T^-1 ((..., C, C): one per leading index, as in a pack)."""
     losses = -torch.log_softmax(logits.float(), dim=-1)  # (..., B, C)
-    return (inverse[labels] * losses).sum(dim=-1).mean(dim=-1)
+    index = labels.unsqueeze(-1).expand(*labels.shape, losses.shape[-1])  # (..., B, C)
+    rows = torch.gather(inverse.to(logits.device, torch.float32).expand(*labels.shape[:-1], *inverse.shape[-2:]),
+                        -2, index)  # (..., B, C): row y~_i of T^-1 for each example
+    return (rows * losses).sum(dim=-1).mean(dim=-1)
 
 
 class Backward(Method):
@@ -43,22 +50,28 @@ class Backward(Method):
         "a Loss Correction Approach. CVPR 2017"
     defaults: dict[str, Any] = {"quantile": 0.97}
     ranges: ClassVar[dict[str, str]] = {"quantile": "(0, 1]"}
+    member_state = ("inverse",)
 
     def __init__(self, num_classes: int, **params: Any) -> None:
         super().__init__(num_classes, **params)
-        self.transition = torch.eye(num_classes, dtype=torch.float64)
+        self.set_transition(torch.eye(num_classes, dtype=torch.float64))
+
+    def set_transition(self, transition: torch.Tensor) -> None:
+        """T and, once, its (pseudo-)inverse, kept where the logits are: no per-step SVD, no host sync."""
+        self.transition = transition.cpu().double()
+        self.inverse = torch.linalg.pinv(self.transition).float().to(transition.device)
 
     def setup(self, stage: StageContext) -> None:
-        self.transition = anchor_transition(stage.predict_train(), self.quantile).cpu()
+        self.set_transition(anchor_transition(stage.predict_train(), self.quantile))
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return backward_nll(logits, labels, self.transition)
+        return corrected_nll(logits, labels, self.inverse)
 
     def state_dict(self) -> dict[str, Any]:
         return {"transition": self.transition.clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.transition = state["transition"].clone()
+        self.set_transition(state["transition"].to(self.inverse.device))
 
     def estimated_transition(self) -> np.ndarray | None:
         return self.transition.numpy().copy()

@@ -71,6 +71,7 @@ def main() -> None:
         t0 = time.perf_counter()
         rows += run_pack(unit, args.data_root, results=args.results, warm_cache=cache,
                          log=lambda s: print("   ", s, flush=True) if "pack" in s else None)
+        write_summary(args.summary, rows)
         print(f"pack {i}/{len(packs)}: {len(unit)} trials in {time.perf_counter() - t0:.1f}s "
               f"(elapsed {time.perf_counter() - started:.1f}s)", flush=True)
     if solos:
@@ -84,6 +85,7 @@ def main() -> None:
             for n, future in enumerate(concurrent.futures.as_completed(futures), 1):
                 row = future.result()
                 rows.append(row)
+                write_summary(args.summary, rows)
                 print(f"solo {n}/{len(solos)}: {row['method']} {row['noise']} r={row['r']} {row['status']} "
                       f"test {row['test_acc']:.2f}% (elapsed {time.perf_counter() - started:.1f}s)", flush=True)
         print(f"{len(solos)} solo trials in {time.perf_counter() - t0:.1f}s on {args.workers} workers", flush=True)
@@ -100,14 +102,21 @@ def main() -> None:
         accs = [cells.get((noise, r, m), []) for m in methods]
         print(f"{noise:>6} {r:>4.1f} " + " ".join(f"{np.mean(a):>7.2f} ± {np.std(a):>4.2f}" if a else f"{'-':>14}"
                                                for a in accs))
-    if args.summary:
-        keys = ["trial_id", "noise", "r", "seed", "method", "status", "best_epoch", "val_loss", "test_acc",
-                "last_test_acc", "warmup_test_acc", "noise_rate", "pack_size", "pack_wall_s"]
-        Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.summary, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(rows)
+    write_summary(args.summary, rows)
+
+
+def write_summary(path: str | None, rows: list[dict]) -> None:
+    """One CSV line per finished trial (rewritten as trials finish, so a cut-off run keeps what it did)."""
+    if not path:
+        return
+    keys = ["trial_id", "noise", "r", "seed", "method", "status", "best_epoch", "val_loss", "test_acc",
+            "last_test_acc", "warmup_test_acc", "noise_rate", "pack_size", "pack_wall_s", "estimated_transition",
+            "transition"]
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 if __name__ == "__main__":
