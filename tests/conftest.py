@@ -43,3 +43,26 @@ def tiny_fashion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         write_idx(raw / f"{prefix}-labels-idx1-ubyte.gz", labels)
     monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "0")
     return tmp_path
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """One local Ray for a test module (stopped by this process; never `ray stop`)."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield ray
+    ray.shutdown()
+
+
+def crashing_checkpoints(after_epoch: int = 2) -> type:
+    """Epoch checkpoints that raise "node lost" right after saving `after_epoch`: a worker killed mid-stage."""
+    from bench.runner import TrialCheckpoints
+
+    class CrashAfterEpoch(TrialCheckpoints):
+        def save(self, state):
+            super().save(state)
+            if state["epoch"] == after_epoch:
+                raise RuntimeError("node lost")
+
+    return CrashAfterEpoch

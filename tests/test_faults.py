@@ -50,15 +50,6 @@ def accuracies(results: Path) -> dict[str, float]:
 
 
 @pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield ray
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def grid(ray_session, tmp_path_factory):
     """The 2-trial grid, run once without faults: the reference numbers and a folder to copy and damage."""
     folder = tmp_path_factory.mktemp("reference")

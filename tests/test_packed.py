@@ -14,6 +14,7 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
+from conftest import crashing_checkpoints
 
 from bench.config import Schedule, TrialConfig, freeze_params
 from bench.methods import Batch, Method, registry
@@ -160,11 +161,7 @@ def test_a_killed_pack_resumes_from_its_epoch_checkpoint_with_the_same_numbers(t
     results = str(tmp_path / "resumed")
     lines: list[str] = []
 
-    class CrashAfterEpoch2(TrialCheckpoints):
-        def save(self, state):
-            super().save(state)
-            if state["epoch"] == 2:
-                raise RuntimeError("node lost")
+    CrashAfterEpoch2 = crashing_checkpoints(2)
 
     with pytest.raises(RuntimeError, match="node lost"):
         run_pack(configs, "unused", results=results, log=lines.append,

@@ -20,6 +20,7 @@ import polars as pl
 import pytest
 import torch
 import yaml
+from conftest import crashing_checkpoints
 
 from bench.cli import main
 from bench.config import UserError
@@ -55,15 +56,6 @@ def mlflow_trial_runs(results: Path, experiment: str) -> list:
     exp = client.get_experiment_by_name(experiment)
     return [run for run in client.search_runs([exp.experiment_id], max_results=1000)
             if run.data.tags.get("bench.kind") == "trial"]
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield ray
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -290,11 +282,7 @@ def test_a_crashed_trial_resumes_from_its_epoch_checkpoint_with_the_same_numbers
     results = str(tmp_path / "resumed")
     lines: list[str] = []
 
-    class CrashAfterEpoch2(TrialCheckpoints):
-        def save(self, state):
-            super().save(state)
-            if state["epoch"] == 2:
-                raise RuntimeError("node lost")
+    CrashAfterEpoch2 = crashing_checkpoints(2)
 
     with pytest.raises(RuntimeError, match="node lost"):
         run_trial(config, tmp_path, results=results, log=lines.append,
