@@ -94,12 +94,14 @@ def cmd_datasets(args: argparse.Namespace) -> int:
 def cmd_methods(args: argparse.Namespace) -> int:
     from bench.methods import describe_params, registry
 
+    width = max(map(len, registry())) + 1
     for name, cls in registry().items():
         flags = "  [uses the true T: privileged diagnostic]" if cls.uses_true_transition else ""
-        print(f"{name:12s} {cls.title}{flags}")
-        print(f"{'':12s} {cls.paper}")
+        packs = "  [packs on a GPU]" if cls(2).packable() else ""
+        print(f"{name:{width}s} {cls.title}{flags}{packs}")
+        print(f"{'':{width}s} {cls.paper}")
         for line in describe_params(cls):
-            print(f"{'':12s} {line}")
+            print(f"{'':{width}s} {line}")
     return 0
 
 
