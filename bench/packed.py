@@ -227,6 +227,7 @@ class PackedStage:
         seeds: list[int],
         methods: list[Method] | None = None,
         precision: str = "fp32",
+        im2col: bool = True,
     ) -> None:
         self.members, self.p, self.schedule = len(members), members, schedule
         # "bf16": the forward pass under bf16 autocast on CUDA (losses from float32 logits; L_DMI in float64).
@@ -238,6 +239,9 @@ class PackedStage:
         self.params = params
         self.base = copy.deepcopy(nets[0]).to("meta")
         self.dropouts = [m for m in self.base.modules() if isinstance(m, models.Dropout)]
+        for layer in self.base.modules():  # on the stack only: grouped convolutions as batched matrix products
+            if isinstance(layer, models.Conv2d):
+                layer.im2col = im2col
         self.order_generators = [torch.Generator().manual_seed(s) for s in seeds]
         self.generators = generators
         self.train_x, self.val_x = members[0].train.x, members[0].val.x
