@@ -64,8 +64,9 @@ class Dropout(nn.Module):
 
 
 class Conv2d(nn.Conv2d):
-    """`nn.Conv2d` that, in a pack, can run as im2col and one matrix product (`im2col = True`, set by
-    `bench.packed` on its stacked model only, so solo trials keep cuDNN's convolution and their numbers).
+    """`nn.Conv2d` that, in a pack, can run as im2col and one matrix product (`im2col = True`, an option of
+    `bench.packed.PackedStage` on its stacked model only, so solo trials keep cuDNN's convolution and their numbers;
+    `benchmarks/pack_speedup.py --im2col` times it).
 
     Why: under `vmap` over K members a convolution becomes a grouped one with K groups, which cuDNN runs group by
     group and, with one input channel, PyTorch runs as a slow depthwise kernel. Unfolded, the K members' products

@@ -227,7 +227,7 @@ class PackedStage:
         seeds: list[int],
         methods: list[Method] | None = None,
         precision: str = "fp32",
-        im2col: bool = True,
+        im2col: bool = False,
     ) -> None:
         self.members, self.p, self.schedule = len(members), members, schedule
         # "bf16": the forward pass under bf16 autocast on CUDA (losses from float32 logits; L_DMI in float64).
@@ -239,7 +239,8 @@ class PackedStage:
         self.params = params
         self.base = copy.deepcopy(nets[0]).to("meta")
         self.dropouts = [m for m in self.base.modules() if isinstance(m, models.Dropout)]
-        for layer in self.base.modules():  # on the stack only: grouped convolutions as batched matrix products
+        # Opt-in, on the stack only: grouped convolutions as batched matrix products (not yet timed on a GPU).
+        for layer in self.base.modules():
             if isinstance(layer, models.Conv2d):
                 layer.im2col = im2col
         self.order_generators = [torch.Generator().manual_seed(s) for s in seeds]

@@ -58,7 +58,7 @@ def members(k: int, data: tuple, args: argparse.Namespace) -> list:
     return ps
 
 
-def packed_stage(ps: list, precision: str = "fp32", im2col: bool = True) -> PackedStage:
+def packed_stage(ps: list, precision: str = "fp32", im2col: bool = False) -> PackedStage:
     nets, generators = [], []
     for p in ps:
         seed_everything(method_seed(p.config.seed))
@@ -95,8 +95,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="timed steps per arm")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="the pack's forward pass")
-    parser.add_argument("--no-im2col", action="store_true",
-                        help="the pack's convolutions as vmap's grouped convolutions (before: im2col + matmul)")
+    parser.add_argument("--im2col", action="store_true",
+                        help="the pack's convolutions as im2col + one batched matrix product (default: vmap's "
+                             "grouped convolutions)")
     parser.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its algorithms (both arms)")
     parser.add_argument("--solo-cap", type=int, default=16, help="solo trials actually run per K (then projected)")
     args = parser.parse_args()
@@ -110,14 +111,14 @@ def main() -> None:
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     print(f"device {args.device} ({name}), torch {torch.__version__}; {args.steps} steps of batch {BATCH} per arm, "
           f"best of {args.rounds} interleaved rounds; pack {args.precision}, "
-          f"{'grouped' if args.no_im2col else 'im2col'} convolutions, cudnn.benchmark {args.cudnn_benchmark}")
+          f"{'im2col' if args.im2col else 'grouped'} convolutions, cudnn.benchmark {args.cudnn_benchmark}")
     print(f"{'K':>5} {'packed samples/s':>17} {'per member':>11} {'solo samples/s':>15} {'speed-up':>9} "
           f"{'solo run':>9} {'GPU memory':>11}")
     for k in [int(v) for v in args.members.split(",")]:
         ps = members(k, data, args)
         if args.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
-        pack = packed_stage(ps, args.precision, not args.no_im2col)
+        pack = packed_stage(ps, args.precision, args.im2col)
         solo_n = min(k, args.solo_cap)
         solos = [solo_stage(p) for p in ps[:solo_n]]
         pack.train_epoch(0)  # warm-up: kernels chosen, caches filled
