@@ -387,7 +387,7 @@ def test_a_packed_grid_gives_each_trial_its_row_and_run_and_the_solo_numbers(gri
     tally = run_experiment(load_experiment(config), settings, lines.append)
     assert tally.done == 8 and any("8 trials in 2 packs" in line for line in lines)
     rows = read_table(results).sort("trial_id")
-    solo = read_table(solo_results).filter(pl.col("trial_id").is_in(rows["trial_id"])).sort("trial_id")
+    solo = read_table(solo_results).filter(pl.col("trial_id").is_in(rows["trial_id"].to_list())).sort("trial_id")
     assert rows.height == 8 and rows["trial_id"].to_list() == solo["trial_id"].to_list()
     assert set(rows["pack_size"]) == {4} and set(solo["pack_size"]) == {1}
     assert rows["best_epoch"].to_list() == solo["best_epoch"].to_list()
