@@ -21,8 +21,6 @@ from bench.config import UserError
 
 # Patterns any dataset accepts; dataset modules list the paper's own patterns they accept on top.
 GENERIC_PATTERNS = ("uniform", "symmetric", "transition")
-# Real human noise: the labels come from the dataset's files, not from a sampled T.
-HUMAN = "human"
 
 
 def _uniform(r: float, c: int) -> np.ndarray:

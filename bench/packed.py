@@ -85,7 +85,8 @@ def pack_key(c: TrialConfig) -> tuple[Any, ...]:
 
 
 def warm_cell(c: TrialConfig) -> tuple[Any, ...]:
-    """A trial's CE warm-start cell (what `bench.trainer.warm_start_key` depends on that a config shows)."""
+    """A trial's CE warm-start cell: what `bench.trainer.warm_start_key` depends on that a config shows (the noise
+    hash follows from these). The runner counts warm starts by it, and packs hold whole cells."""
     return (c.dataset, c.noise, round(c.r, 10), c.seed, c.transition, c.train_subset, c.epochs_warmup)
 
 

@@ -314,8 +314,8 @@ def read_reference() -> pl.DataFrame:
     try:
         text = importlib.resources.files("bench").joinpath(REFERENCE_CSV).read_text(encoding="utf-8")
     except (NotADirectoryError, FileNotFoundError, TypeError):
-        # `bench` is a namespace package (no __init__.py); an editable install adds a path-hook entry to its
-        # __path__ that importlib.resources rejects. The file is installed beside this module either way.
+        # An editable install maps `bench` (and its bench.baselines / bench.datasets folders) through a path hook
+        # that importlib.resources may reject. The file sits beside this module either way.
         text = Path(__file__).with_name(REFERENCE_CSV).read_text(encoding="utf-8")
     return pl.read_csv(io.StringIO(text), schema_overrides={"noise_r": pl.Float64, "acc_mean": pl.Float64,
                                                             "acc_std": pl.Float64})

@@ -49,7 +49,7 @@ except ModuleNotFoundError:  # pragma: no cover
 from bench.config import TrialConfig, UserError
 from bench.noise import NoisyLabels
 
-# Columns other tools rely on (DESIGN §3), first and in this order.
+# Columns other tools rely on, first and in this order.
 CORE_COLUMNS = [
     "trial_id", "experiment", "dataset", "model", "method", "noise", "r", "seed", "lr", "batch_size",
     "status", "best_epoch", "val_loss", "test_acc", "test_bal_acc", "last_test_acc", "noise_rate",
@@ -191,17 +191,6 @@ def write_trial(results: str | os.PathLike[str], row: dict[str, Any], epochs: li
                             f"{keep}/epochs/{row['trial_id']}.parquet into the results folder") from None
         raise UserError(f"could not write the row of trial {row['trial_id']} to {results} ({problem}), nor to "
                         f"{unsaved_folder()}: the trial's result is lost") from None
-
-
-def finished_trial_ids(results: str | os.PathLike[str]) -> set[str]:
-    """Trial ids that have a result row (any status)."""
-    fs, root = _filesystem(results)
-    selector = pafs.FileSelector(f"{root}/trials", allow_not_found=True)
-    return {
-        Path(info.path).name.removesuffix(".parquet")
-        for info in fs.get_file_info(selector)
-        if info.path.endswith(".parquet")
-    }
 
 
 _WARNED: set[str] = set()  # unreadable files already named in this process

@@ -19,6 +19,7 @@ not raised, so that Ray does not retry what retrying cannot fix.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import shutil
@@ -57,11 +58,6 @@ def finished(results: str) -> dict[str, str]:
     return dict(zip(table["trial_id"].to_list(), table["status"].to_list(), strict=True))
 
 
-def warm_cell(t: TrialConfig) -> tuple[Any, ...]:
-    """What `bench.trainer.warm_start_key` depends on that a config shows (the noise hash follows from these)."""
-    return (t.dataset, t.noise, round(t.r, 10), t.seed, t.transition, t.train_subset, t.epochs_warmup)
-
-
 @dataclass
 class Plan:
     experiment: Experiment
@@ -73,7 +69,7 @@ class Plan:
     def make(cls, experiment: Experiment, results: str, device: str | None = None) -> Plan:
         trials = experiment.trials()
         if device is not None:
-            trials = [TrialConfig(**{**asdict_frozen(t), "device": device}) for t in trials]
+            trials = [dataclasses.replace(t, device=device) for t in trials]
         check_trials(trials)
         rows = finished(results)
         done = {t.trial_id: rows[t.trial_id] for t in trials if rows.get(t.trial_id, "failed") != "failed"}
@@ -87,6 +83,7 @@ class Plan:
         """Epochs the trials imply: method stages, and warm starts with and without the shared cache."""
         from bench.data import get_dataset
         from bench.methods import get_method
+        from bench.packed import warm_cell
 
         method_epochs = warm_epochs = unshared = 0
         cells: set[tuple[Any, ...]] = set()
@@ -104,11 +101,6 @@ class Plan:
                     warm_epochs += warm
         return dict(method_epochs=method_epochs, warm_starts=len(cells), warm_epochs=warm_epochs,
                     warm_epochs_unshared=unshared)
-
-
-def asdict_frozen(t: TrialConfig) -> dict[str, Any]:
-    """A TrialConfig's fields, shallow (keeps tuples as tuples, so the rebuilt config has the same id)."""
-    return {f: getattr(t, f) for f in t.__dataclass_fields__}
 
 
 def plan_units(trials: list[TrialConfig], pack: str | int) -> list[list[TrialConfig]]:
@@ -245,7 +237,7 @@ class TrialCheckpoints:
             self.fs.delete_file(self.path)
 
 
-def ray_unit(config: dict[str, Any], units: dict[str, list[dict[str, Any]]], data_root: str, results: str,
+def ray_unit(config: dict[str, Any], units: dict[str, list[TrialConfig]], data_root: str, results: str,
              threads: int) -> None:
     """Run one unit of the grid in a Ray worker: a solo trial, or a pack of trials trained as one stacked model
     (`bench.packed`); report its status and warm-start cache use."""
@@ -258,7 +250,7 @@ def ray_unit(config: dict[str, Any], units: dict[str, list[dict[str, Any]]], dat
 
     torch.set_num_threads(threads)
     unit_id = config["unit"]
-    trials = [TrialConfig(**t) for t in units[unit_id]]
+    trials = units[unit_id]
     if "://" in results:
         log_path = Path("trial.log")  # the trial's own folder in Ray's storage
     else:
@@ -479,7 +471,7 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) ->
     try:
         check_resources(cpu, gpu)
         trainable = tune.with_parameters(
-            ray_unit, units={k: [asdict_frozen(t) for t in u] for k, u in units.items()},
+            ray_unit, units=units,
             data_root=str(Path(s.data_root).expanduser().resolve()), results=results,
             threads=max(1, int(cpu)),
         )
