@@ -22,6 +22,20 @@ class UserError(Exception):
 EXIT_USAGE = 2
 
 
+def discover(package: str, base: type, also: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The one plug-in mechanism (methods, datasets): every subclass of `base` with a `name`, defined in a module
+    of `package` (or in a module named in `also`), by name. Adding a method or a dataset is adding one file."""
+    import importlib
+    import pkgutil
+
+    modules = [importlib.import_module(name) for name in also]
+    pkg = importlib.import_module(package)
+    modules += [importlib.import_module(f"{package}.{info.name}") for info in pkgutil.iter_modules(pkg.__path__)]
+    found = {obj.name: obj for module in modules for obj in vars(module).values()
+             if isinstance(obj, type) and issubclass(obj, base) and obj.name and obj.__module__ == module.__name__}
+    return dict(sorted(found.items()))
+
+
 def default_data_root() -> Path:
     """`$BENCH_DATA`, else `~/.cache/bench/data`."""
     env = os.environ.get("BENCH_DATA")

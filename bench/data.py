@@ -9,10 +9,9 @@ training device; a set too big for memory gives a `torch.utils.data.Dataset` ins
 
 from __future__ import annotations
 
+import functools
 import hashlib
-import importlib
 import os
-import pkgutil
 import shutil
 import sys
 import tempfile
@@ -24,7 +23,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from bench.config import Schedule, UserError
+from bench.config import Schedule, UserError, discover
 from bench.noise import GENERIC_PATTERNS
 
 
@@ -184,26 +183,10 @@ def deterministic_permutation(n: int, key: str) -> np.ndarray:
     return np.random.default_rng(seed).permutation(n)
 
 
-def _discover() -> dict[str, type[Dataset]]:
-    import bench.datasets
-
-    found: dict[str, type[Dataset]] = {}
-    for info in pkgutil.iter_modules(bench.datasets.__path__):
-        module = importlib.import_module(f"bench.datasets.{info.name}")
-        for obj in vars(module).values():
-            if isinstance(obj, type) and issubclass(obj, Dataset) and obj.name and obj.__module__ == module.__name__:
-                found[obj.name] = obj
-    return dict(sorted(found.items()))
-
-
-_REGISTRY: dict[str, type[Dataset]] | None = None
-
-
+@functools.cache
 def registry() -> dict[str, type[Dataset]]:
-    global _REGISTRY
-    if _REGISTRY is None:
-        _REGISTRY = _discover()
-    return _REGISTRY
+    """Every dataset by name: one class per file in `datasets/`."""
+    return discover("bench.datasets", Dataset)
 
 
 def get_dataset(name: str) -> type[Dataset]:

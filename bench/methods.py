@@ -27,9 +27,8 @@ same declaration `bench methods` prints.
 
 from __future__ import annotations
 
-import importlib
+import functools
 import math
-import pkgutil
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bench.config import UserError
+from bench.config import UserError, discover
 
 
 @dataclass
@@ -268,29 +267,10 @@ def describe_params(cls: type[Method]) -> list[str]:
     return [f"{key}={cls.defaults[key]} ({_declaration(cls, key)})" for key in cls.defaults]
 
 
-def _discover() -> dict[str, type[Method]]:
-    import bench.baselines
-    import bench.dmi
-
-    modules = [bench.dmi]
-    for info in pkgutil.iter_modules(bench.baselines.__path__):
-        modules.append(importlib.import_module(f"bench.baselines.{info.name}"))
-    found: dict[str, type[Method]] = {}
-    for module in modules:
-        for obj in vars(module).values():
-            if isinstance(obj, type) and issubclass(obj, Method) and obj.name and obj.__module__ == module.__name__:
-                found[obj.name] = obj
-    return dict(sorted(found.items()))
-
-
-_REGISTRY: dict[str, type[Method]] | None = None
-
-
+@functools.cache
 def registry() -> dict[str, type[Method]]:
-    global _REGISTRY
-    if _REGISTRY is None:
-        _REGISTRY = _discover()
-    return _REGISTRY
+    """Every method by name: L_DMI (`bench/dmi.py`) and one class per file in `baselines/`."""
+    return discover("bench.baselines", Method, also=("bench.dmi",))
 
 
 def get_method(name: str) -> type[Method]:
