@@ -89,3 +89,15 @@ def test_datasets_and_methods_listings(tiny_fashion: Path, capsys) -> None:
     assert main(["methods"]) == 0
     out = capsys.readouterr().out
     assert "dmi" in out and "NeurIPS 2019" in out and "ce" in out
+
+
+def test_a_closed_pipe_ends_quietly() -> None:
+    """`bench methods | head -1`: the reader leaves early; bench exits 0 without a BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    bench = str(Path(sys.executable).parent / "bench")
+    out = subprocess.run(f"'{bench}' methods | head -1", shell=True, capture_output=True, text=True, timeout=120,
+                         executable="/bin/bash")
+    assert out.stdout.count("\n") == 1
+    assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr
