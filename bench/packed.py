@@ -25,6 +25,7 @@ import json
 import math
 import os
 import time
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,7 @@ from bench.trainer import (
     load_data,
     method_seed,
     prepare,
+    row_args,
     run_stage,
     seed_everything,
     to_device,
@@ -154,6 +156,8 @@ class StackedOptimizer:
             beta1, beta2, eps = 0.9, 0.999, 1e-8
             bias1, bias2_sqrt = 1 - beta1**self.steps, math.sqrt(1 - beta2**self.steps)
             step_size = (self.lr / bias1).float()
+        else:
+            lr = self.lr.float()
         for name, p in self.params.items():
             grad = p.grad
             if s.weight_decay:
@@ -174,7 +178,7 @@ class StackedOptimizer:
                     else:
                         state["momentum_buffer"].mul_(s.momentum).add_(grad)
                     grad = state["momentum_buffer"]
-                update = grad * self.lr.float().view(per_member)
+                update = grad * lr.view(per_member)
             else:
                 raise UserError(f"unknown optimizer {s.optimizer!r}; use adam or sgd")
             if active is None:
@@ -202,17 +206,6 @@ def device_generator(device: torch.device, seed: int) -> torch.Generator:
         generator.set_state(torch.get_rng_state())
         return generator
     return torch.Generator(device).manual_seed(seed)
-
-
-class _CE(Method):
-    """The warm start's loss (CE on the noisy labels), over leading member dimensions."""
-
-    name = ""
-
-    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        from bench.methods import per_example_ce
-
-        return per_example_ce(logits, labels).mean(-1)
 
 
 class PackedStage:
@@ -261,16 +254,16 @@ class PackedStage:
         self.methods = methods
         self.groups = self._groups(methods)
 
-    @staticmethod
-    def _groups(methods: list[Method] | None) -> list[tuple[slice, Method]]:
+    def _groups(self, methods: list[Method] | None) -> list[tuple[slice, Method]]:
         """Contiguous runs of members with the same method and hyper-parameters, each with one stacked instance
         (the caller orders members so that equal methods are adjacent)."""
-        if methods is None:
-            return [(slice(0, None), _CE(2))]
+        if methods is None:  # the warm start: CE, the same loss as the `ce` method
+            return [(slice(0, None), get_method("ce")(self.p[0].dataset.num_classes))]
         groups: list[tuple[slice, Method]] = []
         start = 0
         for i in range(1, len(methods) + 1):
-            if i == len(methods) or _method_key(methods[i]) != _method_key(methods[start]):
+            if i == len(methods) or group_key(methods[i].name, methods[i].params) != group_key(
+                    methods[start].name, methods[start].params):
                 group = methods[start:i]
                 groups.append((slice(start, i), type(group[0]).stack(group)))
                 start = i
@@ -415,8 +408,10 @@ class PackedStage:
         return {n: p[k].detach().clone() for n, p in params.items()}
 
 
-def _method_key(method: Method) -> str:
-    return method.name + json.dumps(method.params, sort_keys=True, default=str)
+def group_key(method: str, params: dict[str, Any]) -> str:
+    """Members whose losses are computed together: the same method with the same hyper-parameters (defaults
+    filled in, so that an omitted default and an explicit one agree)."""
+    return method + json.dumps({**get_method(method).defaults, **params}, sort_keys=True, default=str)
 
 
 # -- a whole pack: warm starts, the method stage, rows ----------------------------------------------------------
@@ -456,13 +451,12 @@ def run_pack(
     if len({pack_key(c) for c in configs}) != 1:
         raise UserError("a pack's trials must share dataset, model, device and stage shapes")
     # Members with the same method and hyper-parameters side by side: their losses are computed together.
-    order = sorted(range(len(configs)), key=lambda i: (configs[i].method, json.dumps(configs[i].params,
-                                                                                       sort_keys=True, default=str)))
+    order = sorted(range(len(configs)), key=lambda i: group_key(configs[i].method, configs[i].params))
     data = load_data(configs[0], data_root)
     ps = [prepare(configs[i], data_root, data=data, log=log) for i in order]
     ds, k = ps[0].dataset, len(ps)
     log(f"pack of {k} trials on {ps[0].device}: "
-        + ", ".join(f"{n} {m}" for m, n in sorted(_count(p.config.method for p in ps).items())))
+        + ", ".join(f"{n} {m}" for m, n in sorted(Counter(p.config.method for p in ps).items())))
 
     # Warm starts: from the cache where present, the missing cells trained together, then cached.
     keys = [warm_start_key(p, 0) for p in ps]
@@ -532,22 +526,11 @@ def run_pack(
             epochs=warm_epochs.get(keys[m], []) + result.epochs[m], warmup_s=warmup_s / max(len(missing), 1),
             method_s=result.seconds / k, error=result.errors[m], pack_size=k,
         )
-        row = results_mod.make_row(
-            config=p.config, model=ds.model, labels=p.labels, outcome=outcome, wall_s=wall / k,
-            lr=p.method_stage.lr, batch_size=p.method_stage.batch_size, epochs=p.method_stage.epochs,
-            epochs_warmup=p.warmup.epochs, privileged=get_method(p.config.method).uses_true_transition,
-        )
+        row = results_mod.make_row(outcome=outcome, wall_s=wall / k, **row_args(p))
         row["pack_wall_s"] = wall
         if results is not None:
             results_mod.write_trial(results, row, outcome.epochs)
         rows[order[m]] = row
     log(f"pack of {k} done in {wall:.1f}s ({wall / k:.2f}s per trial)")
     return rows
-
-
-def _count(items: Any) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for item in items:
-        counts[item] = counts.get(item, 0) + 1
-    return counts
 

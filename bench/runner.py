@@ -117,6 +117,15 @@ def unit_id(unit: list[TrialConfig]) -> str:
     return pack_id(unit) if len(unit) > 1 else unit[0].trial_id
 
 
+def describe_units(units: list[list[TrialConfig]], pack: str | int) -> str | None:
+    """The packs a grid runs as, in one line (None when every trial runs solo)."""
+    packs = [u for u in units if len(u) > 1]
+    if not packs:
+        return None
+    return (f"packs (--pack {pack}): {sum(map(len, packs))} trials in {len(packs)} packs of "
+            f"{', '.join(str(len(u)) for u in packs)}; {len(units) - len(packs)} trials solo")
+
+
 def parse_pack(value: str) -> str | int:
     """`--pack`: auto, off, or a number of members per pack."""
     if value in ("auto", "off"):
@@ -154,10 +163,8 @@ def print_plan(plan: Plan, out: Callable[[str], None] = print, pack: str | int =
         f"at most {exp.max_concurrent or 'as many as fit'} at once")
     out(f"results: {plan.results}")
     units = plan_units(pending, pack)
-    packs = [u for u in units if len(u) > 1]
-    if packs:
-        out(f"packs (--pack {pack}): {sum(map(len, packs))} trials in {len(packs)} packs of "
-            f"{', '.join(str(len(u)) for u in packs)}; {len(units) - len(packs)} trials solo")
+    if line := describe_units(units, pack):
+        out(line)
     if pack != "off":
         from bench.packed import why_solo
 
@@ -264,7 +271,7 @@ def ray_unit(config: dict[str, Any], units: dict[str, list[TrialConfig]], data_r
         cache = WarmStartCache(results, log=log)
         checkpoints = TrialCheckpoints(results, unit_id, log)
         try:
-            if unit_id.startswith("pack-"):
+            if len(trials) > 1:
                 rows = run_pack(trials, data_root, results=results, log=log, warm_cache=cache,
                                 checkpoints=checkpoints)
             else:
@@ -463,10 +470,8 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) ->
         f"({w['warm_starts']} warm starts)")
 
     units = {unit_id(u): u for u in plan_units(pending, s.pack)}
-    packs = [u for u in units.values() if len(u) > 1]
-    if packs:
-        out(f"packed: {sum(map(len, packs))} trials in {len(packs)} packs (sizes "
-            f"{', '.join(str(len(u)) for u in packs)}); {len(units) - len(packs)} trials solo")
+    if line := describe_units(list(units.values()), s.pack):
+        out(line)
     started_here = start_ray(s.address, s.num_cpus)
     try:
         check_resources(cpu, gpu)

@@ -330,14 +330,6 @@ def run_stage(
     status, errors = ["ok"] * k, [""] * k
     best_epoch = np.zeros(k, dtype=np.int64)
     best_loss = np.full(k, np.inf)
-    stage.keep_best(active.copy())  # with no epoch trained (or none better), the initial state stands
-    if initial_is_candidate:
-        best_loss, _ = stage.validate()
-        for m in range(k):
-            rows[m].append(dict(stage=name, epoch=0, train_loss=None, val_loss=float(best_loss[m]), val_acc=None,
-                                seconds=0.0))
-        log(f"{name}: epoch 0 (initial state) val loss "
-            + " ".join(f"{v:.4f}" for v in best_loss[:8]) + (" ..." if k > 8 else ""))
     first = 1
     resume = checkpoints.load() if checkpoints else None
     if resume is not None and resume.get("members") == k and "stage" in resume:
@@ -347,6 +339,15 @@ def run_stage(
         rows = resume["epochs"]
         first = resume["epoch"] + 1
         log(f"resumed from the checkpoint of epoch {resume['epoch']}")
+    else:
+        stage.keep_best(np.ones(k, dtype=bool))  # with no epoch trained (or none better), the initial state stands
+        if initial_is_candidate:
+            best_loss, _ = stage.validate()
+            for m in range(k):
+                rows[m].append(dict(stage=name, epoch=0, train_loss=None, val_loss=float(best_loss[m]),
+                                    val_acc=None, seconds=0.0))
+            log(f"{name}: epoch 0 (initial state) val loss "
+                + " ".join(f"{v:.4f}" for v in best_loss[:8]) + (" ..." if k > 8 else ""))
     started = time.perf_counter()
     for epoch in range(first, epochs + 1):
         t0 = time.perf_counter()
@@ -554,6 +555,14 @@ def train(
     )
 
 
+def row_args(p: Prepared) -> dict[str, Any]:
+    """The half of a result row (`bench.results.make_row`) that the prepared trial gives, solo or packed."""
+    c = p.config
+    return dict(config=c, model=p.dataset.model, labels=p.labels, lr=p.method_stage.lr,
+                batch_size=p.method_stage.batch_size, epochs=p.method_stage.epochs, epochs_warmup=p.warmup.epochs,
+                privileged=get_method(c.method).uses_true_transition)
+
+
 def run_trial(
     config: TrialConfig,
     data_root: str | os.PathLike[str],
@@ -572,12 +581,7 @@ def run_trial(
 
     started = time.perf_counter()
     p = prepare(config, data_root, log=log)
-    privileged = get_method(config.method).uses_true_transition
-    row_args = dict(
-        config=config, model=p.dataset.model, labels=p.labels, lr=p.method_stage.lr,
-        batch_size=p.method_stage.batch_size, epochs=p.method_stage.epochs, epochs_warmup=p.warmup.epochs,
-        privileged=privileged,
-    )
+    args = row_args(p)
     log(f"trial {config.trial_id}: {config.dataset} / {config.method} / {config.noise} r={config.r} "
         f"seed={config.seed}  realised noise rate {100 * p.labels.noise_rate:.1f}%  on {p.device}")
     try:
@@ -587,10 +591,10 @@ def run_trial(
     except Exception as e:
         if results is not None:
             row = results_mod.make_row(outcome=None, wall_s=time.perf_counter() - started,
-                                       error=f"{type(e).__name__}: {e}", **row_args)
+                                       error=f"{type(e).__name__}: {e}", **args)
             results_mod.write_trial(results, row, [])
         raise
-    row = results_mod.make_row(outcome=outcome, wall_s=time.perf_counter() - started, **row_args)
+    row = results_mod.make_row(outcome=outcome, wall_s=time.perf_counter() - started, **args)
     if results is not None:
         results_mod.write_trial(results, row, outcome.epochs)
     return row

@@ -49,33 +49,33 @@ class WarmStartCache:
         return f"{self.root}/{key}.pt"
 
     def __call__(self, key: str, train_fn: Callable[[], State]) -> State:
-        self.fs.create_dir(self.root, recursive=True)
-        found = self._load(key)
+        found = self.get(key)
         if found is not None:
-            return self._hit(found)
+            return found
+        self.fs.create_dir(self.root, recursive=True)
         with self._lock(key):
-            found = self._load(key)  # another trial may have trained it while this one waited
+            found = self.get(key)  # another trial may have trained it while this one waited
             if found is not None:
-                return self._hit(found)
+                return found
             started = time.perf_counter()
             state = train_fn()
-            seconds = time.perf_counter() - started
-            self._save(key, {"state": state, "seconds": seconds, "created": time.time()})
-        self.misses += 1
-        self.trained_s += seconds
+            self._store(key, state, time.perf_counter() - started)
         return state
 
     def get(self, key: str) -> State | None:
         """The cached state of `key`, or None (a packed grid looks up all its cells first, then trains the
         missing ones together and `put`s them)."""
-        found = self._load(key) if self.fs.get_file_info(self.root).type == pafs.FileType.Directory else None
+        found = self._load(key)
         return None if found is None else self._hit(found)
 
     def put(self, key: str, state: State, seconds: float) -> None:
         """Store a warm start trained elsewhere (in a pack); `seconds` is its share of the training time."""
         self.fs.create_dir(self.root, recursive=True)
         with self._lock(key):
-            self._save(key, {"state": state, "seconds": seconds, "created": time.time()})
+            self._store(key, state, seconds)
+
+    def _store(self, key: str, state: State, seconds: float) -> None:
+        self._save(key, {"state": state, "seconds": seconds, "created": time.time()})
         self.misses += 1
         self.trained_s += seconds
 

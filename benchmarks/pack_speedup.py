@@ -7,7 +7,8 @@ half CE and half L_DMI, each member its own noise seed and learning rate) for `-
 grid runs: `bench.packed.PackedStage` for the pack, `bench.trainer.SoloStage` for one trial after another. The solo
 arm runs min(K, --solo-cap) trials and projects K from their mean time (labelled "projected"). Each arm is warmed
 up (one untimed epoch) and timed over --rounds interleaved rounds; the best round counts. Prints member-samples/s
-(K x steps x batch / seconds) for both arms and their ratio, and the GPU memory the pack held.
+(K x steps x batch / seconds) for both arms and their ratio, and the peak GPU memory of the round (the pack
+dominates it; the solo arm's models are trained one at a time).
 
 Imports only torch and numpy (and bench's training core): it runs on a bare GPU box. `--synthetic` uses random
 images of Fashion-MNIST's shape instead of the files.
