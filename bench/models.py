@@ -5,6 +5,7 @@ Each model reads top to bottom; a dataset names its default model and passes wha
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -18,22 +19,33 @@ MODELS: dict[str, Callable[..., nn.Module]] = {}
 # Models whose trials can train as one stacked model (`bench.packed`): no BatchNorm running statistics, and
 # dropout only through `Dropout` below, so that each member draws its own masks.
 PACKABLE: set[str] = set()
+# Models that train in the channels-last layout on CUDA: cuDNN's tensor-core convolutions for BatchNorm networks
+# of this size want NHWC (measured by benchmarks/channels_last.py; `BENCH_CHANNELS_LAST=0` turns it off).
+CHANNELS_LAST: set[str] = set()
 
 
-def register(name: str, packable: bool = False) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
+def register(name: str, packable: bool = False,
+             channels_last: bool = False) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
     def wrap(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         MODELS[name] = builder
         if packable:
             PACKABLE.add(name)
+        if channels_last:
+            CHANNELS_LAST.add(name)
         return builder
 
     return wrap
 
 
-def create(name: str, num_classes: int, **kwargs: Any) -> nn.Module:
+def create(name: str, num_classes: int, device: torch.device | str = "cpu", **kwargs: Any) -> nn.Module:
+    """Model `name` on `device`, in the memory layout it trains fastest in there (channels-last: see above)."""
     if name not in MODELS:
         raise UserError(f"unknown model {name!r}; choose from {', '.join(sorted(MODELS))}")
-    return MODELS[name](num_classes=num_classes, **kwargs)
+    device = torch.device(device)
+    net = MODELS[name](num_classes=num_classes, **kwargs).to(device)
+    if device.type == "cuda" and name in CHANNELS_LAST and os.environ.get("BENCH_CHANNELS_LAST", "1") != "0":
+        net = net.to(memory_format=torch.channels_last)
+    return net
 
 
 class Dropout(nn.Module):
@@ -171,7 +183,7 @@ class _BasicBlock(nn.Module):
         return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
 
 
-@register("resnet34_cifar")
+@register("resnet34_cifar", channels_last=True)
 class ResNet34CIFAR(nn.Module):
     """ResNet-34 for 32x32 images: the CIFAR stem (one 3x3 conv, stride 1, no max-pool), then 3/4/6/3 basic blocks
     of 64/128/256/512 channels (stride 2 at each stage change), global average pooling, linear 512 -> C."""
@@ -193,7 +205,7 @@ class ResNet34CIFAR(nn.Module):
         return self.classifier(self.layers(self.stem(x)).mean(dim=(2, 3)))
 
 
-@register("vgg16_bn")
+@register("vgg16_bn", channels_last=True)
 class VGG16BN(nn.Module):
     """VGG-16 with batch norm: 13 3x3 conv + BN + ReLU layers in five blocks, each closed by a 2x2 max-pool, then,
     as in the L_DMI authors' Dogs vs Cats network, one linear layer on the flattened features. Its width follows the
@@ -219,7 +231,7 @@ class VGG16BN(nn.Module):
         return self.classifier(self.features(x).flatten(1))
 
 
-@register("resnet50")
+@register("resnet50", channels_last=True)
 def resnet50(num_classes: int, weights: str | None = None) -> nn.Module:
     """torchvision's ResNet-50 with a fresh linear 2048 -> C head. `weights`: a LOCAL file holding torchvision's
     ImageNet state dict (e.g. resnet50-11ad3fa6.pth) to start from, as the paper does on Clothing1M; nothing is

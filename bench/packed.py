@@ -197,6 +197,14 @@ class StackedOptimizer:
         self.state = {n: {k: v.to(device) for k, v in st.items()} for n, st in state["state"].items()}
 
 
+def compile_mode(device: torch.device) -> str | None:
+    """The torch.compile mode of a pack's method stage on CUDA: opt-in with `BENCH_PACK_COMPILE=default` (or
+    another mode). Measured 1.24x the throughput at K = 256 on an H100 (benchmarks/README.md), at the price of a
+    compilation per pack (tens of seconds) and float sums in another order: worth it for long stages only."""
+    mode = os.environ.get("BENCH_PACK_COMPILE", "")
+    return mode if mode and device.type == "cuda" else None
+
+
 # -- the packed stage -------------------------------------------------------------------------------------------
 def device_generator(device: torch.device, seed: int) -> torch.Generator:
     """A member's own generator, in the state torch's default generator of `device` has in a solo trial right
@@ -222,6 +230,7 @@ class PackedStage:
         methods: list[Method] | None = None,
         precision: str = "fp32",
         im2col: bool = False,
+        compile: str | None = None,
     ) -> None:
         self.members, self.p, self.schedule = len(members), members, schedule
         # "bf16": the forward pass under bf16 autocast on CUDA (losses from float32 logits; L_DMI in float64).
@@ -248,6 +257,11 @@ class PackedStage:
         self.best = {n: p.detach().clone() for n, p in self.params.items()}
         self.set_methods(methods)
         self._dropout_shapes: dict[torch.Size, list[torch.Size]] = {}
+        # Opt-in: the vmapped forward pass (and, through AOTAutograd, its backward) compiled by torch.compile,
+        # `compile` being its mode ("default", "reduce-overhead", "max-autotune-no-cudagraphs").
+        self._train_forward = vmap(self._forward_train)
+        if compile:
+            self._train_forward = torch.compile(self._train_forward, mode=compile, dynamic=False)
 
     def set_methods(self, methods: list[Method] | None) -> None:
         """The members' methods (None: CE, the warm start), set up; their losses are computed group by group."""
@@ -321,7 +335,7 @@ class PackedStage:
         steps = 0
         transform = self.p[0].dataset.train_transform
         self.base.train()
-        train = vmap(self._forward_train)
+        train = self._train_forward
         for start in range(0, stop, b):
             idx = orders[:, start : start + b]
             x = transform(self.train_x[idx.flatten()]).unflatten(0, idx.shape)
@@ -485,7 +499,7 @@ def run_pack(
         seed_everything(method_seed(p.config.seed))
         generators.append(device_generator(p.device, method_seed(p.config.seed)))
     stage = PackedStage(ps, nets, generators, ps[0].method_stage, [p.method_stage.lr for p in ps],
-                        [method_seed(p.config.seed) for p in ps])
+                        [method_seed(p.config.seed) for p in ps], compile=compile_mode(ps[0].device))
     test_x, test_y = ps[0].test.x, ps[0].test.labels
     warm_logits = stage.predict(test_x)
     warm_test = [accuracy(warm_logits[m], test_y, ds.num_classes)[0] for m in range(k)]

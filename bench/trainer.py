@@ -263,7 +263,7 @@ def method_seed(seed: int) -> int:
 
 
 def build_model(p: Prepared) -> nn.Module:
-    return models.create(p.dataset.model, p.dataset.num_classes, **p.splits.model_args).to(p.device)
+    return models.create(p.dataset.model, p.dataset.num_classes, p.device, **p.splits.model_args)
 
 
 WarmStartCache = Callable[[str, Callable[[], dict[str, torch.Tensor]]], dict[str, torch.Tensor]]

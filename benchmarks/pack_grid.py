@@ -1,7 +1,7 @@
 """A whole grid through packed trials, without Ray: the compute a GPU spends on an experiment file.
 
     python benchmarks/pack_grid.py tune_configs/fashion_mnist_figure.yaml --data-root DIR [--noise case1,case2]
-                                   [--results DIR] [--summary FILE.csv]
+                                   [--seeds 0,1] [--results DIR] [--summary FILE.csv] [--workers N]
 
 Plans the grid's units with the runner's planner (`bench.packed.plan_units`, `--pack auto` on CUDA), runs each
 pack with `bench.packed.run_pack` (the function a Ray trial of `bench run` calls) and each solo unit with
@@ -39,6 +39,11 @@ def main() -> None:
     parser.add_argument("config")
     parser.add_argument("--data-root", required=True)
     parser.add_argument("--noise", default=None, help="only these noise patterns (comma-separated)")
+    parser.add_argument("--seeds", default=None,
+                        help="only these seeds (comma-separated): a slice of the grid, to time it and project")
+    parser.add_argument("--where", default=None,
+                        help="only trials whose fields have these values, e.g. method=dmi,batch_size=256")
+    parser.add_argument("--skip-solo", action="store_true", help="run the packs only (time the packed part)")
     parser.add_argument("--pack", default="auto")
     parser.add_argument("--results", default=None, help="also write the result rows here (needs pyarrow)")
     parser.add_argument("--summary", default=None, help="write one CSV line per trial here")
@@ -54,6 +59,10 @@ def main() -> None:
     trials = exp.trials()
     if args.noise:
         trials = [t for t in trials if t.noise in args.noise.split(",")]
+    for key, _, value in (part.partition("=") for part in (args.where.split(",") if args.where else [])):
+        trials = [t for t in trials if str(getattr(t, key)) == value]
+    if args.seeds:
+        trials = [t for t in trials if str(t.seed) in args.seeds.split(",")]
     units = plan_units(trials, args.pack if args.pack == "auto" else int(args.pack))
     sizes = sorted((len(u) for u in units), reverse=True)
     more = " ..." if len(sizes) > 8 else ""
@@ -74,7 +83,9 @@ def main() -> None:
         write_summary(args.summary, rows)
         print(f"pack {i}/{len(packs)}: {len(unit)} trials in {time.perf_counter() - t0:.1f}s "
               f"(elapsed {time.perf_counter() - started:.1f}s)", flush=True)
-    if solos:
+    if solos and args.skip_solo:
+        print(f"{len(solos)} solo trials skipped (--skip-solo)")
+    elif solos:
         import concurrent.futures
         import multiprocessing
 
@@ -110,8 +121,8 @@ def write_summary(path: str | None, rows: list[dict]) -> None:
     if not path:
         return
     keys = ["trial_id", "noise", "r", "seed", "method", "status", "best_epoch", "val_loss", "test_acc",
-            "last_test_acc", "warmup_test_acc", "noise_rate", "pack_size", "pack_wall_s", "estimated_transition",
-            "transition"]
+            "last_test_acc", "warmup_test_acc", "noise_rate", "pack_size", "pack_wall_s", "warmup_s", "method_s",
+            "estimated_transition", "transition"]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")

@@ -59,7 +59,7 @@ def members(k: int, data: tuple, args: argparse.Namespace) -> list:
     return ps
 
 
-def packed_stage(ps: list, precision: str = "fp32", im2col: bool = False) -> PackedStage:
+def packed_stage(ps: list, precision: str = "fp32", im2col: bool = False, compile: str | None = None) -> PackedStage:
     nets, generators = [], []
     for p in ps:
         seed_everything(method_seed(p.config.seed))
@@ -67,7 +67,8 @@ def packed_stage(ps: list, precision: str = "fp32", im2col: bool = False) -> Pac
         generators.append(device_generator(p.device, method_seed(p.config.seed)))
     methods = [get_method(p.config.method)(2) for p in ps]
     return PackedStage(ps, nets, generators, ps[0].method_stage, [p.method_stage.lr for p in ps],
-                       [method_seed(p.config.seed) for p in ps], methods, precision=precision, im2col=im2col)
+                       [method_seed(p.config.seed) for p in ps], methods, precision=precision, im2col=im2col,
+                       compile=compile)
 
 
 def solo_stage(p) -> SoloStage:
@@ -95,10 +96,12 @@ def main() -> None:
     parser.add_argument("--members", default="1,8,64,256")
     parser.add_argument("--steps", type=int, default=40, help="timed steps per arm")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="the pack's forward pass")
-    parser.add_argument("--im2col", action="store_true",
-                        help="the pack's convolutions as im2col + one batched matrix product (default: vmap's "
-                             "grouped convolutions)")
+    parser.add_argument("--variants", default="fp32",
+                        help="pack variants timed in the same interleaved rounds, comma-separated; each joins "
+                             "with '+': fp32 or bf16 (the pack's forward pass under bf16 autocast), im2col (the "
+                             "pack's convolutions as im2col + one batched matrix product instead of vmap's grouped "
+                             "convolutions), compile or compile=MODE (torch.compile of the vmapped forward pass). "
+                             "Example: fp32,fp32+im2col,bf16+im2col")
     parser.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its algorithms (both arms)")
     parser.add_argument("--solo-cap", type=int, default=16, help="solo trials actually run per K (then projected)")
     args = parser.parse_args()
@@ -108,36 +111,57 @@ def main() -> None:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         torch.backends.cudnn.benchmark = args.cudnn_benchmark
+    variants = [parse_variant(v) for v in args.variants.split(",")]
     data = make_data(args, args.steps * BATCH)
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     print(f"device {args.device} ({name}), torch {torch.__version__}; {args.steps} steps of batch {BATCH} per arm, "
-          f"best of {args.rounds} interleaved rounds; pack {args.precision}, "
-          f"{'im2col' if args.im2col else 'grouped'} convolutions, cudnn.benchmark {args.cudnn_benchmark}")
-    print(f"{'K':>5} {'packed samples/s':>17} {'per member':>11} {'solo samples/s':>15} {'speed-up':>9} "
-          f"{'solo run':>9} {'GPU memory':>11}")
+          f"best of {args.rounds} interleaved rounds (every variant and the solo arm in each round); "
+          f"cudnn.benchmark {args.cudnn_benchmark}")
+    print(f"{'K':>5} {'pack variant':>22} {'packed samples/s':>17} {'per member':>11} {'solo samples/s':>15} "
+          f"{'speed-up':>9} {'solo run':>9} {'GPU memory':>11}")
     for k in [int(v) for v in args.members.split(",")]:
         ps = members(k, data, args)
-        if args.device.startswith("cuda"):
-            torch.cuda.reset_peak_memory_stats()
-        pack = packed_stage(ps, args.precision, args.im2col)
+        packs, memory = [], []
+        for v in variants:
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            pack = packed_stage(ps, v["precision"], v["im2col"], v["compile"])
+            pack.train_epoch(0)  # warm-up: kernels chosen (compiled), caches filled
+            packs.append(pack)
+            memory.append(f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB"
+                          if args.device.startswith("cuda") else "-")
         solo_n = min(k, args.solo_cap)
         solos = [solo_stage(p) for p in ps[:solo_n]]
-        pack.train_epoch(0)  # warm-up: kernels chosen, caches filled
         for s in solos:
             s.train_epoch(0)
-        best_pack, best_solo = np.inf, np.inf
+        best_pack, best_solo = [np.inf] * len(packs), np.inf
         for r in range(args.rounds):
-            best_pack = min(best_pack, timed(pack.train_epoch, r + 1, args.device))
+            for i, pack in enumerate(packs):
+                best_pack[i] = min(best_pack[i], timed(pack.train_epoch, r + 1, args.device))
             best_solo = min(best_solo, timed(lambda epoch, solos=solos: [s.train_epoch(epoch) for s in solos],
                                              r + 1, args.device))
-        samples = k * args.steps * BATCH
-        packed_rate = samples / best_pack
         solo_rate = solo_n * args.steps * BATCH / best_solo
-        memory = f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB" if args.device.startswith("cuda") else "-"
         label = "measured" if solo_n == k else f"proj. {solo_n}"
-        print(f"{k:>5} {packed_rate:>17,.0f} {packed_rate / k:>11,.0f} {solo_rate:>15,.0f} "
-              f"{packed_rate / solo_rate:>8.1f}x {label:>9} {memory:>11}", flush=True)
+        for v, best, mem in zip(variants, best_pack, memory, strict=True):
+            packed_rate = k * args.steps * BATCH / best
+            print(f"{k:>5} {v['name']:>22} {packed_rate:>17,.0f} {packed_rate / k:>11,.0f} {solo_rate:>15,.0f} "
+                  f"{packed_rate / solo_rate:>8.1f}x {label:>9} {mem:>11}", flush=True)
 
+
+def parse_variant(text: str) -> dict:
+    variant = {"name": text, "precision": "fp32", "im2col": False, "compile": None}
+    for token in text.split("+"):
+        if token in ("fp32", "bf16"):
+            variant["precision"] = token
+        elif token == "im2col":
+            variant["im2col"] = True
+        elif token.split("=")[0] == "compile":
+            variant["compile"] = token.partition("=")[2] or "default"
+        else:
+            raise SystemExit(f"pack_speedup.py: unknown variant part {token!r} in --variants (allowed: fp32, bf16, "
+                             "im2col, compile, compile=MODE)")
+    return variant
 
 if __name__ == "__main__":
     main()

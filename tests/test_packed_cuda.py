@@ -67,3 +67,15 @@ def test_no_host_sync_inside_a_training_step(tiny_fashion: Path) -> None:
         solo.train_steps(1)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_a_compiled_pack_trains_as_the_eager_pack(tiny_fashion: Path, exact_fp32, monkeypatch) -> None:
+    """BENCH_PACK_COMPILE (torch.compile of the vmapped forward and backward) changes the speed, not the training:
+    every member's validation loss and selected epoch as in the eager pack."""
+    configs = _configs()
+    eager = run_pack(configs, tiny_fashion, **QUIET)
+    monkeypatch.setenv("BENCH_PACK_COMPILE", "default")
+    compiled = run_pack(configs, tiny_fashion, **QUIET)
+    for a, b in zip(eager, compiled, strict=True):
+        assert a["best_epoch"] == b["best_epoch"], a["method"]
+        assert math.isclose(a["val_loss"], b["val_loss"], rel_tol=1e-4), (a["val_loss"], b["val_loss"])
