@@ -336,8 +336,8 @@ def check_names(exp: Experiment) -> None:
         raise ck.fail("train_subset", f"{exp.dataset} has {dataset.split_sizes[0]:,} training examples, got "
                       f"{exp.train_subset:,}")
     for pattern in exp.noise:
-        if pattern in dataset.noise_patterns and noise.PATTERNS.get(pattern) is None:
-            continue  # real human noise: no matrix
+        if dataset.is_real_noise(pattern):
+            continue  # no matrix
         if exp.transition is not None:
             try:
                 noise.validate_transition(np.asarray(exp.transition, dtype=np.float64), dataset.num_classes, "T")
@@ -346,7 +346,7 @@ def check_names(exp: Experiment) -> None:
             continue
         for r in exp.r:
             try:
-                noise.transition_matrix(pattern, r, dataset.num_classes, dataset.accepted_noise())
+                dataset.transition(pattern, r)
             except UserError as e:
                 raise ck.fail("r", str(e)) from None
     known_methods = methods()

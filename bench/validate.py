@@ -48,7 +48,6 @@ def check_trial(config: TrialConfig, transitions: dict[tuple[Any, ...], None] | 
     """Every value of one trial: names, method hyper-parameters (by the method's declaration), r, seed, lr,
     batch size, epochs, the training subset and the transition matrix. `transitions` remembers the matrices
     already checked (a grid repeats them)."""
-    from bench import noise
     from bench.data import get_dataset
     from bench.methods import check_params, get_method
 
@@ -72,11 +71,10 @@ def check_trial(config: TrialConfig, transitions: dict[tuple[Any, ...], None] | 
             _integer(what, value, 0)
     if config.train_subset is not None:
         _integer("--train-subset", config.train_subset, 1, dataset.split_sizes[0])
-    human = config.noise in dataset.noise_patterns and noise.PATTERNS.get(config.noise) is None
     key = (config.dataset, config.noise, round(config.r, 10), config.transition)
-    if not human and (transitions is None or key not in transitions):
+    if not dataset.is_real_noise(config.noise) and (transitions is None or key not in transitions):
         explicit = None if config.transition is None else _matrix(config.transition)
-        noise.transition_matrix(config.noise, config.r, dataset.num_classes, dataset.accepted_noise(), explicit)
+        dataset.transition(config.noise, config.r, explicit)
         if transitions is not None:
             transitions[key] = None
 
