@@ -202,8 +202,8 @@ def deterministic_permutation(n: int, key: str) -> np.ndarray:
 
 @functools.cache
 def registry() -> dict[str, type[Dataset]]:
-    """Every dataset by name: one class per file in `datasets/`."""
-    return discover("bench.datasets", Dataset)
+    """Every dataset by name: one class per file in `datasets/` or in a plug-in folder (`$BENCH_PLUGINS`)."""
+    return discover(Dataset, ("bench.datasets",))
 
 
 def paper_noise(name: str) -> str | None:

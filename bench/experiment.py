@@ -354,6 +354,10 @@ def check_names(exp: Experiment) -> None:
         if grid.name not in known_methods:
             raise ck.unknown("methods", grid.name, list(known_methods), "method")
         method = known_methods[grid.name]
+        for pattern in exp.noise:
+            refusal = method.refuses(dataset, pattern)
+            if refusal:
+                raise ck.fail(f"methods.{grid.name}", f"cannot run on noise {pattern!r} of {exp.dataset}: {refusal}")
         allowed = sorted(method.defaults)
         for key, values in grid.axes:
             if key in STAGE_KEYS:

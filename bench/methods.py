@@ -32,13 +32,16 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 
 from bench.config import UserError, discover
+
+if TYPE_CHECKING:
+    from bench.data import Dataset
 
 
 @dataclass
@@ -93,10 +96,10 @@ def one_hot(labels: torch.Tensor, num_classes: int, dtype: torch.dtype) -> torch
 
 
 class Method:
-    """Base class: subclasses set `name`, `paper`, `defaults` and implement `loss`."""
+    """Base class: subclasses set `name`, `title`, `paper`, `defaults` and implement `loss`."""
 
     name: ClassVar[str] = ""
-    title: ClassVar[str] = ""
+    title: ClassVar[str] = ""  # its label in listings
     paper: ClassVar[str] = ""
     defaults: ClassVar[dict[str, Any]] = {}
     ranges: ClassVar[dict[str, str]] = {}  # numeric parameter -> interval, e.g. "(0, 1]", "[0, inf)"
@@ -110,6 +113,12 @@ class Method:
         self.params = {**self.defaults, **check_params(type(self), params)}
         for key, value in self.params.items():
             setattr(self, key, value)
+
+    @classmethod
+    def refuses(cls, dataset: type[Dataset], noise: str) -> str | None:
+        """Why the method cannot run on this noise pattern of this dataset (None: it can). Asked when a trial or a
+        grid is checked, before any warm start trains, so that `bench trial` and `bench run --dry-run` say so."""
+        return None
 
     def setup(self, stage: StageContext) -> None:
         """Called once after the warm start, before the method stage."""
@@ -269,8 +278,9 @@ def describe_params(cls: type[Method]) -> list[str]:
 
 @functools.cache
 def registry() -> dict[str, type[Method]]:
-    """Every method by name: L_DMI (`bench/dmi.py`) and one class per file in `baselines/`."""
-    return discover("bench.baselines", Method, also=("bench.dmi",))
+    """Every method by name: L_DMI (`bench/dmi.py`), one class per file in `baselines/` and the plug-in folders
+    (`$BENCH_PLUGINS`)."""
+    return discover(Method, ("bench.dmi", "bench.baselines"))
 
 
 def get_method(name: str) -> type[Method]:

@@ -58,6 +58,9 @@ def check_trial(config: TrialConfig, transitions: dict[tuple[Any, ...], None] | 
     if config.noise not in dataset.accepted_noise():
         raise UserError(f"unknown noise {config.noise!r} for {config.dataset}; choose from "
                         f"{', '.join(dataset.accepted_noise())}")
+    refusal = method.refuses(dataset, config.noise)
+    if refusal:
+        raise UserError(f"method {config.method} cannot run on noise {config.noise!r} of {config.dataset}: {refusal}")
     # Named by the `bench trial` flags; an experiment file's own values were checked (with its keys) on loading.
     _finite("--r", config.r, "a number in [0, 1]", isinstance(config.r, int | float) and 0.0 <= config.r <= 1.0)
     _integer("--seed", config.seed, 0)
