@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -39,6 +38,7 @@ import torch
 from torch import nn
 
 from bench.config import UserError, discover
+from bench.schema import Interval
 
 if TYPE_CHECKING:
     from bench.data import Dataset
@@ -169,36 +169,7 @@ class Method:
 
 
 # -- hyper-parameter declarations: type from `defaults`, bounds from `ranges`, allowed values from `choices` ------
-_INTERVAL = re.compile(r"^\s*([\[(])\s*([^,\s]+)\s*,\s*([^,\s]+)\s*([\])])\s*$")
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
-
-
-@dataclass(frozen=True)
-class Interval:
-    """A numeric range in interval notation: round brackets exclude a bound, square ones include it."""
-
-    low: float
-    high: float
-    low_closed: bool
-    high_closed: bool
-    text: str
-
-    @classmethod
-    def parse(cls, text: str) -> Interval:
-        m = _INTERVAL.match(text)
-        if not m:
-            raise ValueError(f"not an interval: {text!r} (write e.g. '(0, 1]' or '[0, inf)')")
-        low, high = float(m.group(2)), float(m.group(3))
-        if math.isnan(low) or math.isnan(high) or low > high:
-            raise ValueError(f"not an interval: {text!r}")
-        return cls(low, high, m.group(1) == "[", m.group(4) == "]", text.strip())
-
-    def __contains__(self, value: float) -> bool:
-        if math.isnan(value):
-            return False
-        above = value >= self.low if self.low_closed else value > self.low
-        below = value <= self.high if self.high_closed else value < self.high
-        return above and below
 
 
 def _kind(default: Any) -> type:
