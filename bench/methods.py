@@ -13,6 +13,9 @@ trainer runs the CE warm start, then calls the method's hooks:
   set to select the checkpoint (the paper's protocol: the method's loss, not accuracy);
 * `end_epoch(epoch)` after each epoch (MentorNet moves its threshold, LCCN its counts).
 
+Before any of that, when a trial or a grid is checked, `refuses(dataset, noise)` may say why the method cannot run
+on that noise (FW with the true T on real noise, which has none).
+
 A method whose step is "logits -> `logits_loss`" is `packable()`: many trials of it train as one stacked model
 (`bench.packed`). Its `loss` and `logits_loss` then take logits (..., B, C) and labels (..., B) with leading member
 dimensions and return one loss per member (...); per-member state tensors (FW's T) are named in `member_state`
