@@ -15,6 +15,7 @@ import torch
 
 from bench.baselines.fw import Forward
 from bench.config import UserError
+from bench.data import Dataset
 from bench.methods import StageContext
 
 
@@ -26,6 +27,12 @@ class ForwardOracle(Forward):
     uses_true_transition = True
     defaults = {}
     ranges = {}  # no anchor points to estimate: the true T needs no quantile
+
+    @classmethod
+    def refuses(cls, dataset: type[Dataset], noise: str) -> str | None:
+        if dataset.is_real_noise(noise):
+            return f"it needs the true T, and {dataset.name}'s {noise!r} labels are real noise with no known T"
+        return None
 
     def setup(self, stage: StageContext) -> None:
         if stage.true_transition is None:

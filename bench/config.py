@@ -22,18 +22,60 @@ class UserError(Exception):
 EXIT_USAGE = 2
 
 
-def discover(package: str, base: type, also: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The one plug-in mechanism (methods, datasets): every subclass of `base` with a `name`, defined in a module
-    of `package` (or in a module named in `also`), by name. Adding a method or a dataset is adding one file."""
+def discover(base: type, places: tuple[str, ...]) -> dict[str, Any]:
+    """The one plug-in mechanism (methods, datasets, models): every subclass of `base` with a `name`, defined in
+    one of `places` (a module, or a package: each of its modules) or in a plug-in file, by name. Adding a method,
+    a dataset or a model is adding one file: under `baselines/` or `datasets/`, or in a folder named by
+    `$BENCH_PLUGINS` (folders separated by the path separator, every `*.py` in them is read)."""
     import importlib
     import pkgutil
 
-    modules = [importlib.import_module(name) for name in also]
-    pkg = importlib.import_module(package)
-    modules += [importlib.import_module(f"{package}.{info.name}") for info in pkgutil.iter_modules(pkg.__path__)]
-    found = {obj.name: obj for module in modules for obj in vars(module).values()
-             if isinstance(obj, type) and issubclass(obj, base) and obj.name and obj.__module__ == module.__name__}
+    modules = []
+    for place in places:
+        module = importlib.import_module(place)
+        modules.append(module)
+        if hasattr(module, "__path__"):  # a package: its modules
+            modules += [importlib.import_module(f"{place}.{m.name}") for m in pkgutil.iter_modules(module.__path__)]
+    modules += plugin_modules()
+    found: dict[str, Any] = {}
+    for module in modules:
+        for obj in vars(module).values():
+            # Defined here, not imported (CIFAR-10N imports CIFAR-10's class, fw_oracle FW's).
+            if isinstance(obj, type) and issubclass(obj, base) and obj.name and obj.__module__ == module.__name__:
+                if obj.name in found and found[obj.name] is not obj:
+                    raise UserError(f"two plug-ins are named {obj.name!r}: {found[obj.name].__module__} and "
+                                    f"{module.__name__}; rename one")
+                found[obj.name] = obj
     return dict(sorted(found.items()))
+
+
+PLUGINS_ENV = "BENCH_PLUGINS"
+
+
+def plugin_modules() -> list[Any]:
+    """The modules of the plug-in folders in `$BENCH_PLUGINS`, each file imported once (under a name derived from its
+    path, so that two folders may hold files of the same name)."""
+    import importlib.util
+    import sys
+
+    modules = []
+    for folder in filter(None, os.environ.get(PLUGINS_ENV, "").split(os.pathsep)):
+        path = Path(folder).expanduser().absolute()
+        if not path.is_dir():
+            raise UserError(f"${PLUGINS_ENV}: {path} is not a folder of plug-in files")
+        for file in sorted(path.glob("*.py")):
+            name = f"bench_plugin_{hashlib.sha256(str(file).encode()).hexdigest()[:8]}_{file.stem}"
+            if name not in sys.modules:
+                spec = importlib.util.spec_from_file_location(name, file)
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[name] = module  # before running it: dataclasses and pickling look the module up
+                try:
+                    spec.loader.exec_module(module)
+                except BaseException:
+                    del sys.modules[name]
+                    raise
+            modules.append(sys.modules[name])
+    return modules
 
 
 def default_data_root() -> Path:

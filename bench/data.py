@@ -1,8 +1,9 @@
 """The dataset interface, the registry that finds dataset modules, and the file helpers they share.
 
 A dataset is one class in one file under `datasets/` (installed as `bench.datasets`). It declares, as data: its
-name, classes, the paper's split sizes, default model, the paper's noise patterns and training schedules, and
-the published files it reads (with md5 checksums and download addresses). It implements `load`, which reads
+name, classes, the paper's split sizes, default model, its own noise patterns (name -> how T is built from r), which
+of its cells are the rows of the paper's tables, the paper's training schedules, and the published files it reads
+(with md5 checksums and download addresses). It implements `load`, which reads
 those files under the data root into `Splits`. Small sets load as tensors that the trainer keeps on the
 training device; a set too big for memory gives a `torch.utils.data.Dataset` instead and the trainer streams it.
 """
@@ -23,8 +24,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from bench import noise
 from bench.config import Schedule, UserError, discover
-from bench.noise import GENERIC_PATTERNS
 
 
 @dataclass
@@ -64,7 +65,12 @@ class Dataset:
     class_names: ClassVar[tuple[str, ...]] = ()
     split_sizes: ClassVar[tuple[int, int, int]] = (0, 0, 0)  # the paper's train / validation / test
     model: ClassVar[str] = ""
-    noise_patterns: ClassVar[tuple[str, ...]] = ()  # the paper's patterns for this dataset
+    # The dataset's own noise patterns, on top of `noise.GENERIC_PATTERNS`: name -> how T is built from (r, C)
+    # (`noise.flip`, `noise.uniform` or any function); None for real noise, whose labels come from the files.
+    noise_patterns: ClassVar[dict[str, noise.Builder | None]] = {}
+    # The paper's table for this dataset: its rows (dataset = `name`, noise_r = r) in bench/reference_results.csv
+    # are our cells (this pattern, r); None where the paper has no table for it.
+    paper_noise: ClassVar[str | None] = None
     warmup: ClassVar[Schedule]  # the CE warm start
     method_stage: ClassVar[Schedule]  # the method stage (lr, batch size and epochs are the grid's defaults)
     # Published files, relative to `folder` under the data root: path -> md5 (None: not checked).
@@ -83,7 +89,18 @@ class Dataset:
 
     @classmethod
     def accepted_noise(cls) -> tuple[str, ...]:
-        return tuple(cls.noise_patterns) + GENERIC_PATTERNS
+        return tuple(cls.noise_patterns) + noise.GENERIC_PATTERNS
+
+    @classmethod
+    def is_real_noise(cls, pattern: str) -> bool:
+        """Real (human) noise: the noisy labels come from the dataset's own files, and there is no T."""
+        return pattern in cls.noise_patterns and cls.noise_patterns[pattern] is None
+
+    @classmethod
+    def transition(cls, pattern: str, r: float, explicit: np.ndarray | None = None) -> np.ndarray:
+        """The checked T of one of the dataset's own or the generic patterns at r (`explicit` for `transition`)."""
+        own = {name: build for name, build in cls.noise_patterns.items() if build is not None}
+        return noise.transition_matrix(pattern, r, cls.num_classes, {**own, **noise.GENERIC}, explicit)
 
     def missing_files(self) -> list[str]:
         return [rel for rel in self.files if not (self.root / rel).exists()]
@@ -185,8 +202,14 @@ def deterministic_permutation(n: int, key: str) -> np.ndarray:
 
 @functools.cache
 def registry() -> dict[str, type[Dataset]]:
-    """Every dataset by name: one class per file in `datasets/`."""
-    return discover("bench.datasets", Dataset)
+    """Every dataset by name: one class per file in `datasets/` or in a plug-in folder (`$BENCH_PLUGINS`)."""
+    return discover(Dataset, ("bench.datasets",))
+
+
+def paper_noise(name: str) -> str | None:
+    """The pattern of the paper's table for a dataset name (None: no table, or no such dataset registered)."""
+    dataset = registry().get(name)
+    return dataset.paper_noise if dataset is not None else None
 
 
 def get_dataset(name: str) -> type[Dataset]:

@@ -1,4 +1,4 @@
-"""Experiment files (`tune_configs/*.yaml`): the schema, its validation, and the expansion into trials.
+"""Experiment files (`tune_configs/*.yaml`): reading, validation against the schema, and the expansion into trials.
 
 An experiment is one grid of the paper's protocol on one dataset:
 
@@ -21,8 +21,10 @@ Per-method settings: `lr`, `batch_size`, `epochs` (method stage) and the method'
 (`bench methods` lists them; an omitted one keeps its paper's default). A list is a grid axis; a value that is
 itself a list is written as a one-element list of it (`[[a, b]]`).
 
-Validation has two layers. `parse_experiment` checks the schema on its own (keys, types, ranges); `check_names`
-checks dataset, noise, method and hyper-parameter names against the registries. `load_experiment` does both.
+Validation has two layers. `parse_experiment` checks the file against its schema (`bench.schema.EXPERIMENT`: keys,
+types, defaults, ranges, declared there once for files and `bench trial` alike); `check_names` checks dataset, noise,
+method and hyper-parameter names against the registries, and asks each method whether it refuses a noise pattern.
+`load_experiment` does both.
 Every error names the file, the key and what is allowed, and is a `UserError` (one line, exit code 2).
 """
 
@@ -32,33 +34,14 @@ import difflib
 import itertools
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from bench.config import TrialConfig, UserError, freeze_params
-
-TOP_KEYS = {
-    "name": "the experiment's name (letters, digits, - _ .)",
-    "dataset": "a dataset name",
-    "noise": "a noise pattern or a list of them",
-    "r": "a noise level in [0, 1] or a list of them",
-    "seeds": "a list of non-negative integers, or N for seeds 0..N-1",
-    "methods": "a mapping: method name -> its settings",
-    "epochs": "method-stage epochs (integer >= 0)",
-    "epochs_warmup": "CE warm-start epochs (integer >= 0)",
-    "train_subset": "use the first N training examples (integer >= 1)",
-    "device": "cpu or cuda",
-    "resources": "per-trial resources {cpu: N, gpu: F}",
-    "max_concurrent": "at most this many trials at once (integer >= 1)",
-    "transition": "an explicit C x C row-stochastic matrix (with noise: transition)",
-    "description": "free text",
-}
-REQUIRED = ("name", "dataset", "noise", "r", "seeds", "methods")
-STAGE_KEYS = ("lr", "batch_size", "epochs")  # per-method settings that are not method hyper-parameters
-RESOURCE_KEYS = ("cpu", "gpu")
+from bench.schema import EXPERIMENT, METHOD_STAGE, PROBABILITY, RESOURCES, TEXT, WHOLE_EXPERIMENT, Key, Value
 
 
 class _Loader(yaml.SafeLoader):
@@ -86,8 +69,10 @@ _Loader.add_implicit_resolver(
 
 @dataclass(frozen=True)
 class Resources:
-    cpu: float = 1.0
-    gpu: float = 0.0
+    """Per trial (defaults: `bench.schema.RESOURCES`)."""
+
+    cpu: float
+    gpu: float
 
 
 @dataclass(frozen=True)
@@ -110,15 +95,16 @@ class Experiment:
     r: tuple[float, ...]
     seeds: tuple[int, ...]
     methods: tuple[MethodGrid, ...]
-    epochs: int | None = None
-    epochs_warmup: int | None = None
-    train_subset: int | None = None
-    device: str = "cpu"
-    resources: Resources = field(default_factory=Resources)
-    max_concurrent: int | None = None
-    transition: tuple[tuple[float, ...], ...] | None = None
-    description: str = ""
-    source: str = ""  # the file it came from
+    # Optional in the file (defaults: `bench.schema.EXPERIMENT`).
+    epochs: int | None
+    epochs_warmup: int | None
+    train_subset: int | None
+    device: str
+    resources: Resources
+    max_concurrent: int | None
+    transition: tuple[tuple[float, ...], ...] | None
+    description: str
+    source: str  # the file it came from
 
     def size(self) -> int:
         """The number of trials, counted without expanding the grid."""
@@ -134,8 +120,8 @@ class Experiment:
         seen: set[str] = set()
         for method in self.methods:
             for combo in method.combinations():
-                stage = {k: combo[k] for k in STAGE_KEYS if k in combo}
-                params = {k: v for k, v in combo.items() if k not in STAGE_KEYS}
+                stage = {k: combo[k] for k in METHOD_STAGE if k in combo}
+                params = {k: v for k, v in combo.items() if k not in METHOD_STAGE}
                 for seed in self.seeds:
                     for pattern in self.noise:
                         for r in self.r:
@@ -153,7 +139,7 @@ class Experiment:
 
 
 class _Checker:
-    """Builds error messages that name the file and the key."""
+    """Checks values against their declaration (`bench.schema`); its errors name the file and the key."""
 
     def __init__(self, source: str) -> None:
         self.source = source
@@ -167,33 +153,19 @@ class _Checker:
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         return self.fail(key, f"unknown {what} {name!r}{hint}; allowed: {', '.join(allowed)}")
 
-    @staticmethod
-    def _show(value: Any) -> str:
-        return f"{value!r} ({type(value).__name__})"
+    def value(self, key: str, value: Value, raw: Any) -> Any:
+        problem = value.problem(raw)
+        if problem:
+            raise self.fail(key, problem)
+        return float(raw) if value.kind is float else raw
 
-    def integer(self, key: str, value: Any, minimum: int) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(key, f"expected an integer >= {minimum}, got {self._show(value)}")
-        if value < minimum:
-            raise self.fail(key, f"must be >= {minimum}, got {value}")
-        return value
-
-    def number(self, key: str, value: Any, low: float, high: float | None = None, open_low: bool = False) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.fail(key, f"expected a number, got {self._show(value)}")
-        if not math.isfinite(value):
-            raise self.fail(key, f"expected a finite number, got {value}")
-        bad_low = value <= low if open_low else value < low
-        if bad_low or (high is not None and value > high):
-            bound = f"> {low}" if open_low else f">= {low}"
-            allowed = f"{bound} and <= {high}" if high is not None else bound
-            raise self.fail(key, f"must be {allowed}, got {value}")
-        return float(value)
-
-    def string(self, key: str, value: Any) -> str:
-        if not isinstance(value, str) or not value:
-            raise self.fail(key, f"expected a non-empty string, got {self._show(value)}")
-        return value
+    def key(self, key: str, spec: Key, raw: Any) -> Any:
+        """A key's value by its declaration: the default where it is absent, a tuple of values for a grid axis."""
+        if raw is None and not spec.required:
+            return spec.default
+        if spec.axis:
+            return tuple(self.value(key, spec.value, v) for v in self.axis(key, raw))
+        return self.value(key, spec.value, raw)
 
     def axis(self, key: str, value: Any) -> list[Any]:
         """A grid axis: a scalar or a non-empty list of distinct scalars."""
@@ -204,49 +176,32 @@ class _Checker:
             raise self.fail(key, f"repeats a value: {values}")
         return values
 
+    def mapping(self, key: str, raw: Any, declared: dict[str, Key]) -> dict[str, Any]:
+        """A mapping of declared keys (`resources`): unknown ones are an error, absent ones get their default."""
+        for name in raw:
+            if name not in declared:
+                raise self.unknown(f"{key}.{name}", str(name), list(declared))
+        return {name: self.key(f"{key}.{name}", spec, raw.get(name)) for name, spec in declared.items()}
+
 
 def parse_experiment(data: Any, source: str = "<config>") -> Experiment:
-    """Check the schema (keys, types, ranges) without looking at the registries."""
+    """Check the schema (`bench.schema.EXPERIMENT`: keys, types, ranges) without looking at the registries."""
     ck = _Checker(source)
+    required = [k for k, spec in EXPERIMENT.items() if spec.required]
     if not isinstance(data, dict):
-        raise ck.fail("", f"expected a mapping of keys ({', '.join(REQUIRED)}, ...), got {type(data).__name__}")
+        raise ck.fail("", f"expected a mapping of keys ({', '.join(required)}, ...), got {type(data).__name__}")
     for key in data:
-        if key not in TOP_KEYS:
-            raise ck.unknown(str(key), str(key), list(TOP_KEYS))
-    missing = [k for k in REQUIRED if k not in data]
+        if key not in EXPERIMENT:
+            raise ck.unknown(str(key), str(key), list(EXPERIMENT))
+    missing = [k for k in required if k not in data]
     if missing:
-        raise ck.fail(missing[0], f"missing required key; every experiment sets {', '.join(REQUIRED)}")
+        raise ck.fail(missing[0], f"missing required key; every experiment sets {', '.join(required)}")
+    if isinstance(data["seeds"], int) and not isinstance(data["seeds"], bool):  # N: seeds 0..N-1
+        data = {**data, "seeds": list(range(ck.value("seeds", Value(int, "[1, inf)"), data["seeds"])))}
+    v = {key: ck.key(key, spec, data.get(key)) for key, spec in EXPERIMENT.items()}
 
-    name = ck.string("name", data["name"])
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-        raise ck.fail("name", f"use letters, digits, '-', '_' and '.', got {name!r}")
-    dataset = ck.string("dataset", data["dataset"])
-    noise = tuple(ck.string("noise", v) for v in ck.axis("noise", data["noise"]))
-    r = tuple(ck.number("r", v, 0.0, 1.0) for v in ck.axis("r", data["r"]))
-
-    seeds_raw = data["seeds"]
-    if isinstance(seeds_raw, int) and not isinstance(seeds_raw, bool):
-        seeds = tuple(range(ck.integer("seeds", seeds_raw, 1)))
-    else:
-        seeds = tuple(ck.integer("seeds", v, 0) for v in ck.axis("seeds", seeds_raw))
-
-    optional_int = {"epochs": 0, "epochs_warmup": 0, "train_subset": 1, "max_concurrent": 1}
-    ints = {k: (None if data.get(k) is None else ck.integer(k, data[k], m)) for k, m in optional_int.items()}
-
-    device = data.get("device", "cpu")
-    if device not in ("cpu", "cuda") and not (isinstance(device, str) and re.fullmatch(r"cuda:\d+", device)):
-        raise ck.fail("device", f"allowed: cpu, cuda (or cuda:N), got {device!r}")
-
-    res_raw = data.get("resources") or {}
-    if not isinstance(res_raw, dict):
-        raise ck.fail("resources", f"expected a mapping {{cpu: N, gpu: F}}, got {type(res_raw).__name__}")
-    for key in res_raw:
-        if key not in RESOURCE_KEYS:
-            raise ck.unknown(f"resources.{key}", str(key), list(RESOURCE_KEYS))
-    resources = Resources(
-        cpu=ck.number("resources.cpu", res_raw.get("cpu", 1), 0.0, open_low=True),
-        gpu=ck.number("resources.gpu", res_raw.get("gpu", 0), 0.0),
-    )
+    resources = Resources(**ck.mapping("resources", v["resources"], RESOURCES))
+    device = v["device"]
     if resources.gpu > 1 and resources.gpu != int(resources.gpu):
         raise ck.fail("resources.gpu", f"a share above 1 must be a whole number of GPUs, got {resources.gpu}")
     if resources.gpu > 0 and not device.startswith("cuda"):
@@ -254,15 +209,13 @@ def parse_experiment(data: Any, source: str = "<config>") -> Experiment:
     if device.startswith("cuda") and resources.gpu == 0:
         raise ck.fail("device", "cuda needs a GPU share per trial: set resources.gpu (e.g. 0.25 or 1)")
 
-    transition = None
-    if data.get("transition") is not None:
-        rows = data["transition"]
-        if not (isinstance(rows, list) and rows and all(isinstance(row, list) for row in rows)):
-            raise ck.fail("transition", "expected a list of rows (a C x C matrix, rows = true class)")
-        transition = tuple(
-            tuple(ck.number(f"transition[{i}][{j}]", v, 0.0, 1.0) for j, v in enumerate(row))
-            for i, row in enumerate(rows)
-        )
+    noise, transition = v["noise"], None
+    if v["transition"] is not None:
+        rows = v["transition"]
+        if not (rows and all(isinstance(row, list) for row in rows)):
+            raise ck.fail("transition", f"expected {EXPERIMENT['transition'].value.words}")
+        transition = tuple(tuple(ck.value(f"transition[{i}][{j}]", PROBABILITY, x) for j, x in enumerate(row))
+                           for i, row in enumerate(rows))
         if any(len(row) != len(transition) for row in transition):
             raise ck.fail("transition", f"must be square, got {len(transition)} rows of lengths "
                           f"{sorted({len(row) for row in transition})}")
@@ -271,44 +224,36 @@ def parse_experiment(data: Any, source: str = "<config>") -> Experiment:
     elif "transition" in noise:
         raise ck.fail("noise", "the pattern 'transition' needs a transition: matrix in the file")
 
-    methods_raw = data["methods"]
-    if not isinstance(methods_raw, dict) or not methods_raw:
-        raise ck.fail("methods", "expected a non-empty mapping: method name -> settings (e.g. ce: {})")
+    if not v["methods"]:
+        raise ck.fail("methods", f"expected {EXPERIMENT['methods'].value.words}")
     methods = []
-    for method, settings in methods_raw.items():
-        method = ck.string("methods", method)
+    for method, settings in v["methods"].items():
+        method = ck.value("methods", TEXT, method)
         settings = {} if settings is None else settings
         if not isinstance(settings, dict):
             raise ck.fail(f"methods.{method}", f"expected a mapping of settings, got {type(settings).__name__}")
         axes = []
         for key, value in settings.items():
             path = f"methods.{method}.{key}"
-            values = ck.axis(path, value)
-            if key == "lr":
-                values = [ck.number(path, v, 0.0, open_low=True) for v in values]
-            elif key in ("batch_size",):
-                values = [ck.integer(path, v, 1) for v in values]
-            elif key == "epochs":
-                values = [ck.integer(path, v, 0) for v in values]
-            elif key in ("epochs_warmup", "seed", "r", "noise"):
+            if key in WHOLE_EXPERIMENT:
                 raise ck.fail(path, "is set for the whole experiment (it defines the shared warm-start cell), "
                               "not per method")
-            else:
-                for v in values:
-                    if isinstance(v, dict):
-                        raise ck.fail(path, f"expected a scalar or a list, got a mapping {v!r}")
-                values = [tuple(v) if isinstance(v, list) else v for v in values]
-            axes.append((str(key), tuple(values)))
+            if key in METHOD_STAGE:
+                values = ck.key(path, METHOD_STAGE[key], value)
+            else:  # the method's own hyper-parameters: checked against its declaration by `check_names`
+                values = ck.axis(path, value)
+                for x in values:
+                    if isinstance(x, dict):
+                        raise ck.fail(path, f"expected a scalar or a list, got a mapping {x!r}")
+                values = tuple(tuple(x) if isinstance(x, list) else x for x in values)
+            axes.append((str(key), values))
         methods.append(MethodGrid(method, tuple(axes)))
 
-    description = data.get("description", "")
-    if not isinstance(description, str):
-        raise ck.fail("description", f"expected text, got {type(description).__name__}")
     return Experiment(
-        name=name, dataset=dataset, noise=noise, r=r, seeds=seeds, methods=tuple(methods),
-        epochs=ints["epochs"], epochs_warmup=ints["epochs_warmup"], train_subset=ints["train_subset"],
-        device=device, resources=resources, max_concurrent=ints["max_concurrent"], transition=transition,
-        description=description, source=source,
+        name=v["name"], dataset=v["dataset"], noise=noise, r=v["r"], seeds=v["seeds"], methods=tuple(methods),
+        epochs=v["epochs"], epochs_warmup=v["epochs_warmup"], train_subset=v["train_subset"], device=device,
+        resources=resources, max_concurrent=v["max_concurrent"], transition=transition,
+        description=v["description"], source=source,
     )
 
 
@@ -336,8 +281,8 @@ def check_names(exp: Experiment) -> None:
         raise ck.fail("train_subset", f"{exp.dataset} has {dataset.split_sizes[0]:,} training examples, got "
                       f"{exp.train_subset:,}")
     for pattern in exp.noise:
-        if pattern in dataset.noise_patterns and noise.PATTERNS.get(pattern) is None:
-            continue  # real human noise: no matrix
+        if dataset.is_real_noise(pattern):
+            continue  # no matrix
         if exp.transition is not None:
             try:
                 noise.validate_transition(np.asarray(exp.transition, dtype=np.float64), dataset.num_classes, "T")
@@ -346,7 +291,7 @@ def check_names(exp: Experiment) -> None:
             continue
         for r in exp.r:
             try:
-                noise.transition_matrix(pattern, r, dataset.num_classes, dataset.accepted_noise())
+                dataset.transition(pattern, r)
             except UserError as e:
                 raise ck.fail("r", str(e)) from None
     known_methods = methods()
@@ -354,12 +299,16 @@ def check_names(exp: Experiment) -> None:
         if grid.name not in known_methods:
             raise ck.unknown("methods", grid.name, list(known_methods), "method")
         method = known_methods[grid.name]
+        for pattern in exp.noise:
+            refusal = method.refuses(dataset, pattern)
+            if refusal:
+                raise ck.fail(f"methods.{grid.name}", f"cannot run on noise {pattern!r} of {exp.dataset}: {refusal}")
         allowed = sorted(method.defaults)
         for key, values in grid.axes:
-            if key in STAGE_KEYS:
+            if key in METHOD_STAGE:
                 continue
             if key not in allowed:
-                raise ck.unknown(f"methods.{grid.name}.{key}", key, list(STAGE_KEYS) + allowed,
+                raise ck.unknown(f"methods.{grid.name}.{key}", key, list(METHOD_STAGE) + allowed,
                                  f"setting of {grid.name}:")
             for value in values:
                 try:

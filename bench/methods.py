@@ -13,6 +13,9 @@ trainer runs the CE warm start, then calls the method's hooks:
   set to select the checkpoint (the paper's protocol: the method's loss, not accuracy);
 * `end_epoch(epoch)` after each epoch (MentorNet moves its threshold, LCCN its counts).
 
+Before any of that, when a trial or a grid is checked, `refuses(dataset, noise)` may say why the method cannot run
+on that noise (FW with the true T on real noise, which has none).
+
 A method whose step is "logits -> `logits_loss`" is `packable()`: many trials of it train as one stacked model
 (`bench.packed`). Its `loss` and `logits_loss` then take logits (..., B, C) and labels (..., B) with leading member
 dimensions and return one loss per member (...); per-member state tensors (FW's T) are named in `member_state`
@@ -29,16 +32,19 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 
 from bench.config import UserError, discover
+from bench.schema import Interval
+
+if TYPE_CHECKING:
+    from bench.data import Dataset
 
 
 @dataclass
@@ -93,10 +99,10 @@ def one_hot(labels: torch.Tensor, num_classes: int, dtype: torch.dtype) -> torch
 
 
 class Method:
-    """Base class: subclasses set `name`, `paper`, `defaults` and implement `loss`."""
+    """Base class: subclasses set `name`, `title`, `paper`, `defaults` and implement `loss`."""
 
     name: ClassVar[str] = ""
-    title: ClassVar[str] = ""
+    title: ClassVar[str] = ""  # its label in listings
     paper: ClassVar[str] = ""
     defaults: ClassVar[dict[str, Any]] = {}
     ranges: ClassVar[dict[str, str]] = {}  # numeric parameter -> interval, e.g. "(0, 1]", "[0, inf)"
@@ -110,6 +116,12 @@ class Method:
         self.params = {**self.defaults, **check_params(type(self), params)}
         for key, value in self.params.items():
             setattr(self, key, value)
+
+    @classmethod
+    def refuses(cls, dataset: type[Dataset], noise: str) -> str | None:
+        """Why the method cannot run on this noise pattern of this dataset (None: it can). Asked when a trial or a
+        grid is checked, before any warm start trains, so that `bench trial` and `bench run --dry-run` say so."""
+        return None
 
     def setup(self, stage: StageContext) -> None:
         """Called once after the warm start, before the method stage."""
@@ -160,36 +172,7 @@ class Method:
 
 
 # -- hyper-parameter declarations: type from `defaults`, bounds from `ranges`, allowed values from `choices` ------
-_INTERVAL = re.compile(r"^\s*([\[(])\s*([^,\s]+)\s*,\s*([^,\s]+)\s*([\])])\s*$")
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
-
-
-@dataclass(frozen=True)
-class Interval:
-    """A numeric range in interval notation: round brackets exclude a bound, square ones include it."""
-
-    low: float
-    high: float
-    low_closed: bool
-    high_closed: bool
-    text: str
-
-    @classmethod
-    def parse(cls, text: str) -> Interval:
-        m = _INTERVAL.match(text)
-        if not m:
-            raise ValueError(f"not an interval: {text!r} (write e.g. '(0, 1]' or '[0, inf)')")
-        low, high = float(m.group(2)), float(m.group(3))
-        if math.isnan(low) or math.isnan(high) or low > high:
-            raise ValueError(f"not an interval: {text!r}")
-        return cls(low, high, m.group(1) == "[", m.group(4) == "]", text.strip())
-
-    def __contains__(self, value: float) -> bool:
-        if math.isnan(value):
-            return False
-        above = value >= self.low if self.low_closed else value > self.low
-        below = value <= self.high if self.high_closed else value < self.high
-        return above and below
 
 
 def _kind(default: Any) -> type:
@@ -269,8 +252,9 @@ def describe_params(cls: type[Method]) -> list[str]:
 
 @functools.cache
 def registry() -> dict[str, type[Method]]:
-    """Every method by name: L_DMI (`bench/dmi.py`) and one class per file in `baselines/`."""
-    return discover("bench.baselines", Method, also=("bench.dmi",))
+    """Every method by name: L_DMI (`bench/dmi.py`), one class per file in `baselines/` and the plug-in folders
+    (`$BENCH_PLUGINS`)."""
+    return discover(Method, ("bench.dmi", "bench.baselines"))
 
 
 def get_method(name: str) -> type[Method]:

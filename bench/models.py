@@ -1,49 +1,53 @@
-"""The paper's networks, registered by name (`create("fashion_cnn", num_classes=2)`).
+"""The paper's networks, each one class with a `name`, found like methods and datasets (`create("fashion_cnn", 2)`).
 
 Each model reads top to bottom; a dataset names its default model and passes what it needs (vocabulary size).
+A new model is one `Model` subclass here, in a dataset's file or in a plug-in file (`$BENCH_PLUGINS`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.config import UserError
-
-MODELS: dict[str, Callable[..., nn.Module]] = {}
-# Models whose trials can train as one stacked model (`bench.packed`): no BatchNorm running statistics, and
-# dropout only through `Dropout` below, so that each member draws its own masks.
-PACKABLE: set[str] = set()
-# Models that train in the channels-last layout on CUDA: cuDNN's tensor-core convolutions for BatchNorm networks
-# of this size want NHWC (measured by benchmarks/channels_last.py; `BENCH_CHANNELS_LAST=0` turns it off).
-CHANNELS_LAST: set[str] = set()
+from bench.config import UserError, discover
 
 
-def register(name: str, packable: bool = False,
-             channels_last: bool = False) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
-    def wrap(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-        MODELS[name] = builder
-        if packable:
-            PACKABLE.add(name)
-        if channels_last:
-            CHANNELS_LAST.add(name)
-        return builder
+class Model(nn.Module):
+    """Base class of the registered networks: `name`, and whether trials of it can train as one stacked model."""
 
-    return wrap
+    name: ClassVar[str] = ""
+    # Packable (`bench.packed`): no BatchNorm running statistics, and dropout only through `Dropout` below, so that
+    # each member of a pack draws its own masks.
+    packable: ClassVar[bool] = False
+    # Channels-last on CUDA: cuDNN's tensor-core convolutions for the BatchNorm networks want NHWC (1.2x for
+    # ResNet-34, 1.4x for VGG-16-BN on an H100: benchmarks/channels_last.py; `BENCH_CHANNELS_LAST=0` turns it off).
+    channels_last: ClassVar[bool] = False
+
+
+@functools.cache
+def registry() -> dict[str, type[Model]]:
+    """Every model by name: the classes here, in dataset files and in plug-in files."""
+    return discover(Model, ("bench.models", "bench.datasets"))
+
+
+def get_model(name: str) -> type[Model]:
+    models = registry()
+    if name not in models:
+        raise UserError(f"unknown model {name!r}; choose from {', '.join(models)}")
+    return models[name]
 
 
 def create(name: str, num_classes: int, device: torch.device | str = "cpu", **kwargs: Any) -> nn.Module:
-    """Model `name` on `device`, in the memory layout it trains fastest in there (channels-last: see above)."""
-    if name not in MODELS:
-        raise UserError(f"unknown model {name!r}; choose from {', '.join(sorted(MODELS))}")
+    """Model `name` on `device` (initialised on the CPU, so the weights are the same everywhere), in the memory
+    layout it trains fastest in there."""
     device = torch.device(device)
-    net = MODELS[name](num_classes=num_classes, **kwargs).to(device)
-    if device.type == "cuda" and name in CHANNELS_LAST and os.environ.get("BENCH_CHANNELS_LAST", "1") != "0":
+    net = get_model(name)(num_classes=num_classes, **kwargs).to(device)
+    if device.type == "cuda" and net.channels_last and os.environ.get("BENCH_CHANNELS_LAST", "1") != "0":
         net = net.to(memory_format=torch.channels_last)
     return net
 
@@ -100,9 +104,11 @@ class Conv2d(nn.Conv2d):
         return out.view(n, self.out_channels, h_out, w_out)
 
 
-@register("mlp", packable=True)
-class MLP(nn.Module):
+class MLP(Model):
     """A small two-layer perceptron for synthetic data and tests."""
+
+    name = "mlp"
+    packable = True
 
     def __init__(self, num_classes: int, in_features: int = 2, hidden: int = 32) -> None:
         super().__init__()
@@ -112,10 +118,12 @@ class MLP(nn.Module):
         return self.net(x)
 
 
-@register("fashion_cnn", packable=True)
-class FashionCNN(nn.Module):
+class FashionCNN(Model):
     """The paper's two-layer CNN for 28x28 Fashion-MNIST: conv 1->16 5x5, pool, conv 16->32 5x5, pool,
     dropout 0.5, linear 512 -> C."""
+
+    name = "fashion_cnn"
+    packable = True
 
     def __init__(self, num_classes: int) -> None:
         super().__init__()
@@ -130,14 +138,16 @@ class FashionCNN(nn.Module):
         return self.classifier(self.dropout(self.features(x).flatten(1)))
 
 
-@register("word_cnn", packable=True)
-class WordCNN(nn.Module):
+class WordCNN(Model):
     """Kim's (2014) sentence CNN: random 128-d embeddings, filters of width 3/4/5 x 100, ReLU,
     max-over-time pooling, dropout 0.5, linear 300 -> C. Token 0 is padding.
 
     The random embeddings start as in Kim's CNN-rand, uniform in [-0.25, 0.25] (the variance of pre-trained
     word2vec vectors), not torch's N(0, 1): on MR at r = 0, N(0, 1) measured 67-69% clean test accuracy at the
     selected CE epoch, Kim's initialisation 76-78% (the paper reports 72%)."""
+
+    name = "word_cnn"
+    packable = True
 
     def __init__(
         self, num_classes: int, vocab_size: int, embed_dim: int = 128,
@@ -183,10 +193,12 @@ class _BasicBlock(nn.Module):
         return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
 
 
-@register("resnet34_cifar", channels_last=True)
-class ResNet34CIFAR(nn.Module):
+class ResNet34CIFAR(Model):
     """ResNet-34 for 32x32 images: the CIFAR stem (one 3x3 conv, stride 1, no max-pool), then 3/4/6/3 basic blocks
     of 64/128/256/512 channels (stride 2 at each stage change), global average pooling, linear 512 -> C."""
+
+    name = "resnet34_cifar"
+    channels_last = True
 
     def __init__(self, num_classes: int, blocks: tuple[int, ...] = (3, 4, 6, 3)) -> None:
         super().__init__()
@@ -205,11 +217,13 @@ class ResNet34CIFAR(nn.Module):
         return self.classifier(self.layers(self.stem(x)).mean(dim=(2, 3)))
 
 
-@register("vgg16_bn", channels_last=True)
-class VGG16BN(nn.Module):
+class VGG16BN(Model):
     """VGG-16 with batch norm: 13 3x3 conv + BN + ReLU layers in five blocks, each closed by a 2x2 max-pool, then,
     as in the L_DMI authors' Dogs vs Cats network, one linear layer on the flattened features. Its width follows the
     image size: 512 x (size / 32)^2 (64-pixel images: 2048)."""
+
+    name = "vgg16_bn"
+    channels_last = True
 
     LAYERS = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
 
@@ -231,23 +245,34 @@ class VGG16BN(nn.Module):
         return self.classifier(self.features(x).flatten(1))
 
 
-@register("resnet50", channels_last=True)
-def resnet50(num_classes: int, weights: str | None = None) -> nn.Module:
+class ResNet50(Model):
     """torchvision's ResNet-50 with a fresh linear 2048 -> C head. `weights`: a LOCAL file holding torchvision's
     ImageNet state dict (e.g. resnet50-11ad3fa6.pth) to start from, as the paper does on Clothing1M; nothing is
-    ever downloaded."""
-    from pathlib import Path
+    ever downloaded. Its layers are torchvision's own (same names, so the same state dicts)."""
 
-    import torchvision
+    name = "resnet50"
+    channels_last = True
 
-    net = torchvision.models.resnet50(weights=None)
-    if weights:
-        path = Path(weights).expanduser()
-        if not path.is_file():
-            raise UserError(f"resnet50: no ImageNet weights file at {path}")
-        try:
-            net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-        except Exception as e:  # not a state dict, or one of another network
-            raise UserError(f"resnet50: {path} is not a torchvision ResNet-50 state dict ({e})") from None
-    net.fc = nn.Linear(net.fc.in_features, num_classes)
-    return net
+    def __init__(self, num_classes: int, weights: str | None = None) -> None:
+        super().__init__()
+        from pathlib import Path
+
+        import torchvision  # here, not at the top: the training core imports only torch and numpy
+
+        net = torchvision.models.resnet50(weights=None)
+        if weights:
+            path = Path(weights).expanduser()
+            if not path.is_file():
+                raise UserError(f"resnet50: no ImageNet weights file at {path}")
+            try:
+                net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+            except Exception as e:  # not a state dict, or one of another network
+                raise UserError(f"resnet50: {path} is not a torchvision ResNet-50 state dict ({e})") from None
+        net.fc = nn.Linear(net.fc.in_features, num_classes)
+        for layer, module in net.named_children():
+            self.add_module(layer, module)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))

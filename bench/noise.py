@@ -1,4 +1,6 @@
-"""Label noise: transition matrices T from named patterns, seeded vectorised sampling, and what it realised.
+"""Label noise, the generic machinery: builders of T (uniform, symmetric, pair flips), the validation of T, seeded
+vectorised sampling, and what the noisy labels realised. Which named patterns a dataset accepts, and how each builds
+T from r, is declared by the dataset (`Dataset.noise_patterns`, in its file under datasets/).
 
 T is C x C and row-stochastic; rows are the true class, columns the noisy class (the paper's T_{Y -> Y~}).
 Noise is sampled by a generator keyed by (dataset, pattern, r, seed) alone, so every method and every
@@ -11,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,22 +21,23 @@ import numpy as np
 
 from bench.config import UserError
 
-# Patterns any dataset accepts; dataset modules list the paper's own patterns they accept on top.
-GENERIC_PATTERNS = ("uniform", "symmetric", "transition")
+# How a pattern builds T from the noise level r and the number of classes C. A dataset declares its own patterns
+# (name -> builder, in its file under datasets/); the generic ones below are accepted by every dataset.
+Builder = Callable[[float, int], np.ndarray]
 
 
-def _uniform(r: float, c: int) -> np.ndarray:
-    # Replace the label by one drawn uniformly from all C classes (it may stay the same).
+def uniform(r: float, c: int) -> np.ndarray:
+    """Replace the label by one drawn uniformly from all C classes (it may stay the same): T = (1-r) I + r/C."""
     return (1 - r) * np.eye(c) + r / c * np.ones((c, c))
 
 
-def _symmetric(r: float, c: int) -> np.ndarray:
-    # Flip to one of the *other* C-1 classes uniformly.
+def symmetric(r: float, c: int) -> np.ndarray:
+    """Flip to one of the *other* C-1 classes uniformly: diagonal 1-r, off-diagonal r/(C-1)."""
     return (1 - r) * np.eye(c) + r / (c - 1) * (np.ones((c, c)) - np.eye(c))
 
 
-def _flip(pairs: dict[int, int]) -> Callable[[float, int], np.ndarray]:
-    """T where true class `a` is relabelled `b` with probability r, for each (a, b)."""
+def flip(pairs: dict[int, int]) -> Builder:
+    """T where true class `a` is relabelled `b` with probability r, for each (a, b); other classes stay."""
 
     def build(r: float, c: int) -> np.ndarray:
         t = np.eye(c)
@@ -45,26 +48,9 @@ def _flip(pairs: dict[int, int]) -> Callable[[float, int], np.ndarray]:
     return build
 
 
-def _case1(r: float, c: int) -> np.ndarray:
-    # Fashion-MNIST case 1: a label is replaced by a uniformly random one with probability r.
-    return _uniform(r, c)
-
-
-# name -> (builder, required number of classes or None, one-line description)
-PATTERNS: dict[str, tuple[Callable[[float, int], np.ndarray], int | None, str]] = {
-    "uniform": (_uniform, None, "replace by a uniformly drawn label: T = (1-r) I + r/C"),
-    "symmetric": (_symmetric, None, "flip to another class: diagonal 1-r, off-diagonal r/(C-1)"),
-    "case1": (_case1, 2, "Fashion-MNIST case 1: [[1-r/2, r/2], [r/2, 1-r/2]]"),
-    "case2": (_flip({0: 1}), 2, "Fashion-MNIST case 2, bag -> clothes: [[1-r, r], [0, 1]]"),
-    "case3": (_flip({1: 0}), 2, "Fashion-MNIST case 3, clothes -> bag: [[1, 0], [r, 1-r]]"),
-    "pairs": (
-        _flip({9: 1, 2: 0, 4: 7, 3: 5}),
-        10,
-        "CIFAR-10: truck->automobile, bird->airplane, deer->horse, cat->dog with prob r",
-    ),
-    "cat_to_dog": (_flip({1: 0}), 2, "Dogs vs Cats, cat -> dog (class 0 = dog): [[1, 0], [r, 1-r]]"),
-    "pos_to_neg": (_flip({1: 0}), 2, "MR, positive -> negative (class 0 = neg): [[1, 0], [r, 1-r]]"),
-}
+GENERIC: dict[str, Builder] = {"uniform": uniform, "symmetric": symmetric}
+# The names every dataset accepts: the generic builders, and an explicit matrix (`transition`).
+GENERIC_PATTERNS = (*GENERIC, "transition")
 
 
 def validate_transition(t: np.ndarray, num_classes: int, source: str = "T") -> np.ndarray:
@@ -112,22 +98,21 @@ def transition_matrix(
     pattern: str,
     r: float,
     num_classes: int,
-    allowed: tuple[str, ...] = tuple(PATTERNS),
+    patterns: Mapping[str, Builder] = GENERIC,
     explicit: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The C x C matrix T of a named pattern at noise level r (or the explicit one for `transition`)."""
+    """The C x C matrix T of pattern `pattern` of `patterns` (a dataset's own and the generic ones) at noise level r,
+    or the explicit one for `transition`; checked by `validate_transition`."""
     if not 0.0 <= r <= 1.0:
         raise UserError(f"noise level r must lie in [0, 1], got {r}")
     if pattern == "transition":
         if explicit is None:
             raise UserError("noise 'transition' needs an explicit matrix (--transition FILE)")
         return validate_transition(explicit, num_classes, "--transition")
-    if pattern not in PATTERNS or pattern not in allowed:
-        raise UserError(f"unknown noise pattern {pattern!r} for this dataset; choose from {', '.join(allowed)}")
-    build, classes, _ = PATTERNS[pattern]
-    if classes is not None and classes != num_classes:
-        raise UserError(f"noise {pattern!r} is defined for {classes} classes, the dataset has {num_classes}")
-    return validate_transition(build(r, num_classes), num_classes, f"noise {pattern!r}")
+    if pattern not in patterns:
+        allowed = ", ".join([*patterns, "transition"])
+        raise UserError(f"unknown noise pattern {pattern!r} for this dataset; choose from {allowed}")
+    return validate_transition(patterns[pattern](r, num_classes), num_classes, f"noise {pattern!r}")
 
 
 def noise_generator(dataset: str, pattern: str, r: float, seed: int) -> np.random.Generator:

@@ -65,7 +65,7 @@ EVAL_IMAGES = {"cuda": 65536, "cpu": 2048}
 def why_solo(c: TrialConfig) -> str | None:
     """Why this trial cannot train in a pack (None: it can)."""
     ds = get_dataset(c.dataset)
-    if ds.model not in models.PACKABLE:
+    if not models.get_model(ds.model).packable:
         return f"model {ds.model} (BatchNorm statistics are not stacked)"
     if ds.train_transform is not Dataset.train_transform:
         return f"{c.dataset} augments its inputs at random"

@@ -54,8 +54,6 @@ WILCOXON_MIN_PAIRS = 6  # with 5 pairs the smallest two-sided exact Wilcoxon p-v
 MISSING = "—"
 REFERENCE_CSV = "reference_results.csv"
 METRICS = {"best": "test_acc", "last": "last_test_acc"}
-# Our dataset -> the noise pattern of the paper's table for it (clothing1m: real noise, r recorded as 0).
-PAPER_NOISE = {"cifar10": "pairs", "dogs_vs_cats": "cat_to_dog", "mr": "pos_to_neg", "clothing1m": "real"}
 LABELS = {
     "ce": "CE", "mentornet": "MentorNet", "vat": "VAT", "fw": "FW", "fw_oracle": "FW (true T)", "gce": "GCE",
     "lccn": "LCCN", "dmi": "DMI", "sce": "SCE", "nce_rce": "NCE+RCE", "bootstrap": "Bootstrap", "peer": "Peer",
@@ -324,9 +322,11 @@ def read_reference() -> pl.DataFrame:
 def paper_comparison(grid: pl.DataFrame) -> pl.DataFrame:
     """Every published row of the datasets we have results for, with our number beside it (null: not measured),
     the difference and a flag where |diff| exceeds the combined std sqrt(ours^2 + paper^2)."""
+    from bench.data import paper_noise  # each dataset says which of its cells the paper's table holds
+
     ours = grid.filter(
         pl.struct("dataset", "noise").map_elements(
-            lambda s: PAPER_NOISE.get(s["dataset"]) == s["noise"], return_dtype=pl.Boolean)
+            lambda s: paper_noise(s["dataset"]) == s["noise"], return_dtype=pl.Boolean)
     ).select("dataset", "r", "method", "acc_mean", "acc_std", "n")
     paper = read_reference().with_columns(pl.col("noise_r").fill_null(0.0).round(6).alias("r"))
     paper = paper.filter(pl.col("dataset").is_in(grid["dataset"].unique().to_list()))

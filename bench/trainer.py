@@ -188,7 +188,7 @@ def prepare(
     for note in splits.notes:
         log(f"note: {note}")
     c = dataset_cls.num_classes
-    if config.noise in dataset_cls.noise_patterns and noise.PATTERNS.get(config.noise) is None:
+    if dataset_cls.is_real_noise(config.noise):
         # Real human noise: the labels come from the dataset's own files.
         if config.noise not in splits.human_labels:
             raise UserError(f"{config.dataset}: no human labels named {config.noise!r}")
@@ -196,7 +196,7 @@ def prepare(
         labels = noise.summarise(splits.train.y, noisy_train, noisy_val, c, None)
     else:
         explicit = np.asarray(config.transition) if config.transition is not None else None
-        t = noise.transition_matrix(config.noise, config.r, c, dataset_cls.accepted_noise(), explicit)
+        t = dataset_cls.transition(config.noise, config.r, explicit)
         labels = noise.inject(config.dataset, config.noise, config.r, config.seed, splits.train.y, splits.val.y, t)
 
     train_split, noisy_train = splits.train, labels.train

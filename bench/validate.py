@@ -8,47 +8,31 @@ anything is written, so that a bad value never reaches a Ray worker (where it wo
 
 from __future__ import annotations
 
-import math
 import os
-import re
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from bench.config import TrialConfig, UserError
+from bench.schema import NAME, TRIAL_FLAGS
 
-# Experiment, dataset and method names become folder and file names (results, MLflow artifacts).
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 # A grid this large is most likely a typo (seeds: 1000000); running it needs --yes.
 GRID_LIMIT = 100_000
 
 
 def check_name(what: str, value: str) -> str:
     """A name that becomes a path component: letters, digits, '-', '_', '.', no separators and no '..'."""
-    if not isinstance(value, str) or not NAME.fullmatch(value) or ".." in value:
+    if not isinstance(value, str) or NAME.problem(value) or ".." in value:
         raise UserError(f"{what} {value!r} is not a safe name: use letters, digits, '-', '_' and '.' "
                         "(no path separators, no '..')")
     return value
-
-
-def _finite(what: str, value: Any, allowed: str, ok: bool) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or not ok:
-        raise UserError(f"{what} must be {allowed}, got {value!r}")
-
-
-def _integer(what: str, value: Any, low: int, high: int | None = None) -> None:
-    is_int = isinstance(value, int) and not isinstance(value, bool)
-    if not is_int or value < low or (high is not None and value > high):
-        allowed = f"an integer >= {low}" + (f" and <= {high:,}" if high is not None else "")
-        raise UserError(f"{what} must be {allowed}, got {value!r}")
 
 
 def check_trial(config: TrialConfig, transitions: dict[tuple[Any, ...], None] | None = None) -> None:
     """Every value of one trial: names, method hyper-parameters (by the method's declaration), r, seed, lr,
     batch size, epochs, the training subset and the transition matrix. `transitions` remembers the matrices
     already checked (a grid repeats them)."""
-    from bench import noise
     from bench.data import get_dataset
     from bench.methods import check_params, get_method
 
@@ -59,24 +43,20 @@ def check_trial(config: TrialConfig, transitions: dict[tuple[Any, ...], None] | 
     if config.noise not in dataset.accepted_noise():
         raise UserError(f"unknown noise {config.noise!r} for {config.dataset}; choose from "
                         f"{', '.join(dataset.accepted_noise())}")
+    refusal = method.refuses(dataset, config.noise)
+    if refusal:
+        raise UserError(f"method {config.method} cannot run on noise {config.noise!r} of {config.dataset}: {refusal}")
     # Named by the `bench trial` flags; an experiment file's own values were checked (with its keys) on loading.
-    _finite("--r", config.r, "a number in [0, 1]", isinstance(config.r, int | float) and 0.0 <= config.r <= 1.0)
-    _integer("--seed", config.seed, 0)
-    if config.lr is not None:
-        _finite("--lr", config.lr, "positive (a finite number > 0)", isinstance(config.lr, int | float)
-                and config.lr > 0)
-    if config.batch_size is not None:
-        _integer("--batch-size", config.batch_size, 1)
-    for what, value in (("--epochs", config.epochs), ("--epochs-warmup", config.epochs_warmup)):
-        if value is not None:
-            _integer(what, value, 0)
-    if config.train_subset is not None:
-        _integer("--train-subset", config.train_subset, 1, dataset.split_sizes[0])
-    human = config.noise in dataset.noise_patterns and noise.PATTERNS.get(config.noise) is None
+    for name, (flag, value) in TRIAL_FLAGS.items():
+        given = getattr(config, name)
+        if given is not None:  # None: the dataset's paper default
+            problem = value.problem(given, dataset.split_sizes[0] if name == "train_subset" else None)
+            if problem:
+                raise UserError(f"{flag} {problem}")
     key = (config.dataset, config.noise, round(config.r, 10), config.transition)
-    if not human and (transitions is None or key not in transitions):
+    if not dataset.is_real_noise(config.noise) and (transitions is None or key not in transitions):
         explicit = None if config.transition is None else _matrix(config.transition)
-        noise.transition_matrix(config.noise, config.r, dataset.num_classes, dataset.accepted_noise(), explicit)
+        dataset.transition(config.noise, config.r, explicit)
         if transitions is not None:
             transitions[key] = None
 

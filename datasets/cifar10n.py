@@ -81,7 +81,8 @@ class CIFAR10N(CIFAR10):
 
     name = "cifar10n"
     title = "CIFAR-10N (real human noise)"
-    noise_patterns = tuple(HUMAN_KEYS)
+    noise_patterns = dict.fromkeys(HUMAN_KEYS)  # real noise: every label set comes from the file
+    paper_noise = None  # not in the paper (CIFAR-10N is of 2022)
     files = {**CIFAR10.files, LABELS_FILE: LABELS_MD5}
     urls = {**CIFAR10.urls, LABELS_URL: LABELS_FILE}
     source = CIFAR10.source + "; labels: https://github.com/UCSC-REAL/cifar-10-100n (data/CIFAR-10_human.pt)"

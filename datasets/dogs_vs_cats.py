@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from bench import noise
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits, deterministic_permutation
 from bench.datasets.cifar10 import PixelNormalisation, random_shift_flip
@@ -70,7 +71,8 @@ class DogsVsCats(Dataset):
     class_names = ("dog", "cat")
     split_sizes = (12_500, 6_250, 6_250)
     model = "vgg16_bn"
-    noise_patterns = ("cat_to_dog",)
+    noise_patterns = {"cat_to_dog": noise.flip({1: 0})}  # [[1, 0], [r, 1-r]]
+    paper_noise = "cat_to_dog"
     warmup = Schedule("sgd", 1e-4, epochs=50, batch_size=128, momentum=0.9, weight_decay=1e-4)
     method_stage = Schedule("sgd", 1e-5, epochs=50, batch_size=128, momentum=0.9, weight_decay=1e-4)
     folder = "dogs-vs-cats"

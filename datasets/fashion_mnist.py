@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench import noise
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits
 
@@ -26,6 +27,12 @@ FILES = {
     "raw/train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
     "raw/t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
     "raw/t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
+}
+# The paper's three cases (class 0 = bag, 1 = clothes), as the figures of its section 5.1 name them.
+CASES: dict[str, noise.Builder] = {
+    "case1": noise.uniform,  # a label is replaced by a uniformly random one: [[1-r/2, r/2], [r/2, 1-r/2]]
+    "case2": noise.flip({0: 1}),  # bag -> clothes: [[1-r, r], [0, 1]]
+    "case3": noise.flip({1: 0}),  # clothes -> bag: [[1, 0], [r, 1-r]]
 }
 
 
@@ -55,7 +62,7 @@ class FashionMNIST(Dataset):
     class_names = ("bag", "clothes")
     split_sizes = (50_000, 10_000, 10_000)
     model = "fashion_cnn"
-    noise_patterns = ("case1", "case2", "case3")
+    noise_patterns = CASES
     warmup = Schedule("adam", 1e-4, epochs=20, batch_size=128)
     method_stage = Schedule("adam", 1e-4, epochs=20, batch_size=128)
     folder = "FashionMNIST"

@@ -14,6 +14,7 @@ from collections import Counter
 import numpy as np
 import torch
 
+from bench import noise
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits, deterministic_permutation
 
@@ -68,7 +69,8 @@ class MovieReview(Dataset):
     class_names = ("negative", "positive")
     split_sizes = (7_676, 1_919, 1_067)
     model = "word_cnn"
-    noise_patterns = ("pos_to_neg",)
+    noise_patterns = {"pos_to_neg": noise.flip({1: 0})}  # [[1, 0], [r, 1-r]]
+    paper_noise = "pos_to_neg"
     warmup = Schedule("adam", 1e-3, epochs=50, batch_size=128)
     method_stage = Schedule("adam", 1e-4, epochs=50, batch_size=128)
     folder = "MR"

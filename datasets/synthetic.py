@@ -11,6 +11,7 @@ import torch
 
 from bench.config import Schedule
 from bench.data import Dataset, Split, Splits
+from bench.datasets.fashion_mnist import CASES
 
 FEATURES = 10
 
@@ -24,7 +25,7 @@ class Synthetic(Dataset):
     class_names = ("minority", "majority")
     split_sizes = (4_000, 1_000, 1_000)
     model = "mlp"
-    noise_patterns = ("case1", "case2", "case3")
+    noise_patterns = CASES  # the same imbalance, the same three cases
     warmup = Schedule("adam", 1e-2, epochs=3, batch_size=128)
     method_stage = Schedule("adam", 1e-3, epochs=5, batch_size=128)
     source = "generated in memory"

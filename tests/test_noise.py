@@ -12,16 +12,20 @@ import pytest
 
 from bench import noise
 from bench.config import TrialConfig, UserError
+from bench.data import registry
 from bench.trainer import prepare
 
 
 def test_paper_matrices() -> None:
+    """Each dataset declares its own patterns; the generic ones are the same for every dataset."""
     r = 0.3
-    np.testing.assert_allclose(noise.transition_matrix("case1", r, 2), [[0.85, 0.15], [0.15, 0.85]])
-    np.testing.assert_allclose(noise.transition_matrix("case2", r, 2), [[0.7, 0.3], [0.0, 1.0]])
-    np.testing.assert_allclose(noise.transition_matrix("case3", r, 2), [[1.0, 0.0], [0.3, 0.7]])
-    np.testing.assert_allclose(noise.transition_matrix("pos_to_neg", r, 2), [[1.0, 0.0], [0.3, 0.7]])
-    t = noise.transition_matrix("pairs", r, 10)
+    fashion, mr, cifar10, dogs = (registry()[name] for name in ("fashion_mnist", "mr", "cifar10", "dogs_vs_cats"))
+    np.testing.assert_allclose(fashion.transition("case1", r), [[0.85, 0.15], [0.15, 0.85]])
+    np.testing.assert_allclose(fashion.transition("case2", r), [[0.7, 0.3], [0.0, 1.0]])
+    np.testing.assert_allclose(fashion.transition("case3", r), [[1.0, 0.0], [0.3, 0.7]])
+    np.testing.assert_allclose(mr.transition("pos_to_neg", r), [[1.0, 0.0], [0.3, 0.7]])
+    np.testing.assert_allclose(dogs.transition("cat_to_dog", r), [[1.0, 0.0], [0.3, 0.7]])  # class 0 = dog
+    t = cifar10.transition("pairs", r)
     # Appendix C: truck->automobile, bird->airplane, deer->horse, cat->dog.
     for true, noisy in ((9, 1), (2, 0), (4, 7), (3, 5)):
         assert t[true, noisy] == pytest.approx(r) and t[true, true] == pytest.approx(1 - r)
@@ -29,6 +33,7 @@ def test_paper_matrices() -> None:
         assert t[unchanged, unchanged] == 1.0
     u = noise.transition_matrix("uniform", r, 4)
     np.testing.assert_allclose(u, (1 - r) * np.eye(4) + r / 4)
+    np.testing.assert_allclose(cifar10.transition("uniform", r), (1 - r) * np.eye(10) + r / 10)
     s = noise.transition_matrix("symmetric", r, 5)
     assert np.allclose(np.diag(s), 1 - r) and np.allclose(s[~np.eye(5, dtype=bool)], r / 4)
 
@@ -49,19 +54,20 @@ def test_bad_transition_rejected(matrix: list, message: str) -> None:
 
 def test_singular_transition_warns() -> None:
     with pytest.warns(UserWarning, match="det T = 0"):
-        noise.transition_matrix("case3", 1.0, 2)
+        registry()["fashion_mnist"].transition("case3", 1.0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        noise.transition_matrix("case3", 0.7, 2)  # non-dominant but invertible: no warning
+        registry()["fashion_mnist"].transition("case3", 0.7)  # non-dominant but invertible: no warning
 
 
 def test_r_outside_unit_interval_and_unknown_pattern() -> None:
+    synthetic = registry()["synthetic"]
     with pytest.raises(UserError, match=r"\[0, 1\]"):
-        noise.transition_matrix("case1", 1.5, 2)
+        synthetic.transition("case1", 1.5)
     with pytest.raises(UserError, match="unknown noise pattern"):
-        noise.transition_matrix("nonsense", 0.1, 2)
-    with pytest.raises(UserError, match="defined for 10 classes"):
-        noise.transition_matrix("pairs", 0.1, 2)
+        synthetic.transition("nonsense", 0.1)
+    with pytest.raises(UserError, match="unknown noise pattern 'pairs'"):  # CIFAR-10's pattern, not this dataset's
+        synthetic.transition("pairs", 0.1)
 
 
 def test_empirical_transition_converges_within_hoeffding_bound() -> None:

@@ -73,7 +73,7 @@ def grid(ray_session, tmp_path_factory):
 @pytest.mark.parametrize("change, key, allowed", [
     ({"epoch": 3}, "epoch", "allowed: name, dataset"),  # unknown key (did you mean epochs?)
     ({"seeds": "five"}, "seeds", "expected an integer"),  # wrong type
-    ({"r": [0.0, 1.5]}, "r", "<= 1.0"),  # impossible value
+    ({"r": [0.0, 1.5]}, "r", "in [0, 1]"),  # impossible value
     ({"epochs": -1}, "epochs", ">= 0"),
     ({"resources": {"cpu": 0}}, "resources.cpu", "> 0.0"),
     ({"resources": {"cpu": 1, "gpus": 1}}, "resources.gpus", "allowed: cpu, gpu"),
@@ -84,6 +84,20 @@ def grid(ray_session, tmp_path_factory):
     ({"dataset": "mnist"}, "dataset", "unknown dataset 'mnist'"),
     ({"noise": "pairs"}, "noise", "unknown noise for synthetic: 'pairs'"),
     ({"device": "tpu"}, "device", "allowed: cpu, cuda"),
+    ({"epochs_warmup": 1.5}, "epochs_warmup", "expected an integer >= 0, got 1.5 (float)"),
+    ({"max_concurrent": 0}, "max_concurrent", "must be an integer >= 1, got 0"),
+    ({"seeds": 0}, "seeds", "must be an integer >= 1, got 0"),  # N seeds
+    ({"description": 3}, "description", "expected text"),
+    ({"resources": [1]}, "resources", "expected a mapping {cpu: N, gpu: F}"),
+    ({"resources": {"gpu": 0.5}}, "resources.gpu", "set device: cuda"),
+    ({"methods": {}}, "methods", "expected a non-empty mapping: method name -> settings"),
+    ({"methods": {"ce": 3}}, "methods.ce", "expected a mapping of settings"),
+    ({"methods": {"ce": {"epochs": -2}}}, "methods.ce.epochs", "must be an integer >= 0"),
+    ({"methods": {"ce": {"r": 0.1}}}, "methods.ce.r", "is set for the whole experiment"),
+    ({"methods": {"ce": {"lr": []}}}, "methods.ce.lr", "an empty list leaves nothing to run"),
+    ({"noise": "transition", "transition": "x"}, "transition", "expected a list of rows"),
+    ({"noise": "transition", "transition": [[1.0], [0.0, 1.0]]}, "transition", "must be square"),
+    ({"noise": "transition", "transition": [[1.5, -0.5], [0.0, 1.0]]}, "transition[0][0]", "in [0, 1]"),
 ])
 def test_config_errors_name_file_and_key(tmp_path, capsys, change, key, allowed):
     path = write_config(tmp_path, **change)
@@ -93,6 +107,26 @@ def test_config_errors_name_file_and_key(tmp_path, capsys, change, key, allowed)
     assert allowed in err, err
     assert "\n" not in err
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("key, value, flag, allowed", [
+    ("r", 1.5, "--r", "a finite number in [0, 1]"),
+    ("seeds", [-1], "--seed", "an integer >= 0"),
+    ("epochs", -1, "--epochs", "an integer >= 0"),
+    ("lr", -1.0, "--lr", "positive (a finite number > 0.0)"),
+    ("batch_size", 0, "--batch-size", "an integer >= 1"),
+])
+def test_a_file_key_and_its_trial_flag_allow_the_same(tmp_path, capsys, key, value, flag, allowed):
+    """One declaration (bench.schema) for a value, whether an experiment file or `bench trial` sets it."""
+    change = {key: value} if key in ("r", "seeds", "epochs") else {"methods": {"ce": {key: value}}}
+    path = write_config(tmp_path, **change)
+    assert main(["run", str(path), "--dry-run", "--results", str(tmp_path / "r")]) == 2
+    from_file = capsys.readouterr().err
+    given = str(value[0] if isinstance(value, list) else value)
+    assert main(["trial", "--dataset", "synthetic", "--method", "ce", "--noise", "case3", "--r", "0.1",
+                 flag, given, "--results", str(tmp_path / "r")]) == 2
+    from_flag = capsys.readouterr().err
+    assert f"must be {allowed}, got" in from_file and f"{flag} must be {allowed}, got" in from_flag
 
 
 def test_config_yaml_reads_1e_minus_4_as_a_number(tmp_path):

@@ -1,0 +1,172 @@
+"""Plug-ins: contract tests over every registered dataset and method (plug-in folders included), the refusal of a
+method on noise it cannot use, and docs/extending.md's two templates run as a plug-in folder, with nothing else
+edited."""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import yaml
+
+from bench import models, noise
+from bench.cli import main
+from bench.data import registry as datasets
+from bench.methods import registry as methods
+from bench.report import read_reference
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
+LEVELS = [i / 20 for i in range(21)]
+# Datasets with a pattern of the paper's tables, by the reference file (bench/reference_results.csv).
+REFERENCE = read_reference()
+
+
+# -- every dataset ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(datasets()))
+def test_dataset_noise_patterns_build_row_stochastic_matrices(name):
+    dataset = datasets()[name]
+    c = dataset.num_classes
+    assert c >= 2 and len(dataset.class_names) == c
+    own = dataset.noise_patterns
+    assert not set(own) & set(noise.GENERIC_PATTERNS), "a dataset's pattern may not shadow a generic one"
+    accepted = dataset.accepted_noise()
+    assert len(set(accepted)) == len(accepted) == len(own) + len(noise.GENERIC_PATTERNS)
+    for pattern in accepted:
+        if pattern == "transition" or dataset.is_real_noise(pattern):
+            continue
+        for r in LEVELS:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # det T = 0 at some r: a warning, by design
+                t = dataset.transition(pattern, r)
+            assert t.shape == (c, c), (pattern, r)
+            assert (t >= 0).all() and np.allclose(t.sum(axis=1), 1.0), (pattern, r)
+            if r == 0:
+                np.testing.assert_array_equal(t, np.eye(c), err_msg=f"{name} {pattern}: r = 0 flips labels")
+
+
+@pytest.mark.parametrize("name", list(datasets()))
+def test_dataset_paper_mapping_points_at_published_rows(name):
+    dataset = datasets()[name]
+    rows = REFERENCE.filter(pl.col("dataset") == name)
+    if dataset.paper_noise is None:
+        assert rows.height == 0, f"the paper's table has rows for {name}; say which pattern they are"
+        return
+    assert dataset.paper_noise in dataset.noise_patterns
+    assert rows.height > 0
+    levels = rows["noise_r"].drop_nulls().to_list()
+    if dataset.is_real_noise(dataset.paper_noise):
+        assert levels == []  # real noise: the table records no r
+    else:
+        assert all(0 <= r <= 1 for r in levels) and len(levels) == rows.height
+
+
+def test_every_published_table_belongs_to_a_dataset():
+    claimed = {name for name, cls in datasets().items() if cls.paper_noise is not None}
+    assert set(REFERENCE["dataset"].unique()) == claimed == {"cifar10", "dogs_vs_cats", "mr", "clothing1m"}
+
+
+# -- every method ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(methods()))
+def test_method_has_a_label_and_answers_refuses(name):
+    method = methods()[name]
+    assert isinstance(method.title, str) and method.title.strip() and method.paper.strip()
+    for dataset in datasets().values():
+        for pattern in dataset.accepted_noise():
+            reason = method.refuses(dataset, pattern)
+            assert reason is None or (isinstance(reason, str) and reason.strip()), (dataset.name, pattern)
+
+
+def test_every_model_is_registered_once_with_its_packing():
+    found = models.registry()
+    assert {cls.name for cls in found.values()} == set(found)
+    assert {name for name, cls in found.items() if cls.packable} == {"mlp", "fashion_cnn", "word_cnn"}
+    assert {cls.model for cls in datasets().values()} <= set(found)
+
+
+def test_fw_oracle_refuses_real_noise_only():
+    oracle, ds = methods()["fw_oracle"], datasets()
+    assert "true T" in oracle.refuses(ds["cifar10n"], "aggre")
+    assert "true T" in oracle.refuses(ds["clothing1m"], "real")
+    assert oracle.refuses(ds["synthetic"], "case3") is None and oracle.refuses(ds["cifar10n"], "uniform") is None
+
+
+def one_error_line(capsys) -> str:
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if line]
+    assert len(err) == 1 and err[0].startswith("bench: error:"), err
+    return err[0]
+
+
+def test_a_refused_combination_stops_trial_and_dry_run_before_anything(tmp_path, capsys):
+    # No CIFAR-10N files anywhere: the refusal comes before the data check, and nothing is written.
+    assert main(["trial", "--dataset", "cifar10n", "--method", "fw_oracle", "--noise", "aggre", "--r", "0",
+                 "--data-root", str(tmp_path / "none"), "--results", str(tmp_path / "res")]) == 2
+    line = one_error_line(capsys)
+    assert "fw_oracle cannot run on noise 'aggre' of cifar10n" in line and "true T" in line
+    config = tmp_path / "grid.yaml"
+    config.write_text(yaml.safe_dump(dict(name="oracle", dataset="cifar10n", noise=["uniform", "aggre"], r=0.2,
+                                          seeds=1, methods={"ce": {}, "fw_oracle": {}})))
+    assert main(["run", str(config), "--dry-run", "--results", str(tmp_path / "res")]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"bench: error: {config}: methods.fw_oracle: cannot run on noise 'aggre'"), line
+    assert not (tmp_path / "res").exists()
+
+
+# -- the templates of docs/extending.md, as a plug-in folder --------------------------------------------------------
+def doc_files() -> dict[str, str]:
+    """The doc's code blocks that start with `# file: NAME`."""
+    blocks = re.findall(r"```python\n# file: (\S+)\n(.*?)```", DOC.read_text(), flags=re.S)
+    return {name: text for name, text in blocks}
+
+
+@pytest.fixture
+def plugin_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    for name, text in doc_files().items():
+        (folder / name).write_text(text)
+    monkeypatch.setenv("BENCH_PLUGINS", str(folder))
+    for registry in (datasets, methods, models.registry):
+        registry.cache_clear()
+    yield folder
+    monkeypatch.delenv("BENCH_PLUGINS")
+    for registry in (datasets, methods, models.registry):
+        registry.cache_clear()
+
+
+def test_the_docs_templates_are_one_file_each_and_train(plugin_folder, tmp_path, capsys):
+    from bench.config import TrialConfig
+    from bench.trainer import prepare
+
+    assert sorted(doc_files()) == ["ring_blobs.py", "taylor_ce.py"]
+    assert "ring_blobs" in datasets() and "taylor_ce" in methods()
+    assert main(["datasets"]) == 0 and "ring_blobs" in capsys.readouterr().out
+    assert main(["methods"]) == 0 and "taylor_ce" in capsys.readouterr().out
+
+    # The noisy labels of the new pattern follow the T the doc declares, written out here by hand.
+    r = 0.3
+    declared = np.array([[1 - r, r, 0], [0, 1 - r, r], [r, 0, 1 - r]])
+    config = TrialConfig(dataset="ring_blobs", method="taylor_ce", noise="next_class", r=r, seed=3)
+    p = prepare(config, tmp_path)
+    clean, noisy = p.splits.train.y, p.labels.train
+    for true_class in range(3):
+        drawn = noisy[clean == true_class]
+        observed = np.bincount(drawn, minlength=3) / len(drawn)
+        # Hoeffding with a union bound over the 9 entries, delta = 1e-6.
+        bound = math.sqrt(math.log(2 * 9 / 1e-6) / (2 * len(drawn)))
+        assert np.abs(observed - declared[true_class]).max() <= bound, (true_class, observed)
+    assert 0 < np.mean(noisy != clean) < 2 * r
+
+    results = tmp_path / "res"
+    assert main(["trial", "--dataset", "ring_blobs", "--method", "taylor_ce", "--noise", "next_class", "--r", str(r),
+                 "--seed", "3", "--param", "order=3", "--epochs-warmup", "1", "--epochs", "2",
+                 "--results", str(results)]) == 0
+    row = pl.read_parquet(next((results / "trials").glob("*.parquet"))).row(0, named=True)
+    assert (row["dataset"], row["method"], row["noise"], row["status"]) == ("ring_blobs", "taylor_ce", "next_class",
+                                                                            "ok")
+    assert row["noise_rate"] == pytest.approx(np.mean(noisy != clean))  # the same labels as drawn above
+    assert 33.3 < row["test_acc"] <= 100  # three blobs two standard deviations apart: better than chance
