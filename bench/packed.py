@@ -455,6 +455,21 @@ def run_pack(
 ) -> list[dict[str, Any]]:
     """Train several trials as one pack; return their result rows (in the order given), and with `results`
     write each row where its solo trial would have written it."""
+    try:
+        return _run_pack(configs, data_root, results, log, warm_cache, checkpoints)
+    except torch.OutOfMemoryError:
+        raise UserError(f"a pack of {len(configs)} trials does not fit in the memory of {configs[0].device}: "
+                        f"run with a smaller pack, e.g. --pack {max(1, len(configs) // 2)}") from None
+
+
+def _run_pack(
+    configs: list[TrialConfig],
+    data_root: str | os.PathLike[str],
+    results: str | os.PathLike[str] | None,
+    log: Log,
+    warm_cache: WarmStartCache | Any | None,
+    checkpoints: Checkpoints | None,
+) -> list[dict[str, Any]]:
     from bench import results as results_mod
 
     started = time.perf_counter()

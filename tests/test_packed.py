@@ -16,9 +16,9 @@ import pytest
 import torch
 from conftest import crashing_checkpoints
 
-from bench.config import Schedule, TrialConfig, freeze_params
+from bench.config import Schedule, TrialConfig, UserError, freeze_params
 from bench.methods import Batch, Method, registry
-from bench.packed import StackedOptimizer, pack_id, plan_units, run_pack, why_solo
+from bench.packed import PackedStage, StackedOptimizer, pack_id, plan_units, run_pack, why_solo
 from bench.results import read_table
 from bench.trainer import run_trial
 
@@ -151,6 +151,20 @@ def test_a_diverging_member_is_frozen_and_the_others_are_unchanged(tmp_path: Pat
     assert with_sick[1]["status"] == "diverged" and "epoch 2" in with_sick[1]["error"]
     assert with_sick[1]["best_epoch"] in (0, 1)  # its best state from before the NaN
     assert read_table(tmp_path).filter(pl.col("status") == "diverged").height == 1
+
+
+def test_a_pack_out_of_gpu_memory_stops_with_the_smaller_pack_to_use(tmp_path: Path, monkeypatch) -> None:
+    """CUDA's out-of-memory error inside a pack's training becomes one line naming a pack size that halves it,
+    and no member leaves a row behind."""
+    def out_of_memory(self, epoch):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(PackedStage, "train_steps", out_of_memory)
+    configs = [TrialConfig("synthetic", "ce", "case3", r, seed=0, epochs=2, epochs_warmup=1) for r in (0.1, 0.2, 0.3)]
+    configs.append(TrialConfig("synthetic", "dmi", "case3", 0.1, seed=0, epochs=2, epochs_warmup=1))
+    with pytest.raises(UserError, match=r"a pack of 4 trials does not fit .* --pack 2$"):
+        run_pack(configs, "unused", results=tmp_path, **QUIET)
+    assert read_table(tmp_path).height == 0
 
 
 def test_a_killed_pack_resumes_from_its_epoch_checkpoint_with_the_same_numbers(tmp_path: Path) -> None:
