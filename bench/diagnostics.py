@@ -266,9 +266,8 @@ def _labels(trials: pl.DataFrame) -> pl.DataFrame:
     ).sort("dataset", "noise", "r", "seed")
 
 
-def labels_command(dataset: str, noise: str, r: float, seed: int) -> str:
-    return (f"bench labels --dataset {dataset} --noise {noise} --r {r:g} --seed {seed} "
-            f"--out labels_{dataset}_{noise}_r{r:g}_seed{seed}.parquet")
+def labels_command(dataset: str, noise: str, r: float, seed: int, noise_hash: str) -> str:
+    return f"bench labels --dataset {dataset} --noise {noise} --r {r:g} --seed {seed} --out {noise_hash}.parquet"
 
 
 def _anchor(dataset: str, noise: str, r: float) -> str:
@@ -312,10 +311,9 @@ def to_html(diag: Diagnostics, figures: dict[str, Path], labels: dict[str, str])
                 _td(f"{c['last_gap']:+.2f}", value=c["last_gap"]), _td(f"{c['oracle_gap']:+.2f}", "flag",
                                                                          c["oracle_gap"]),
                 _td(_fmt(c["selected_epoch_mean"], 1)), _td(_fmt(c["oracle_epoch_mean"], 1), "flag")]) + link + "</tr>")
-        body.append(_html_table(["dataset", "noise", "r", "method", "n", "selected on noisy val (headline)",
-                                 "last epoch", f"best test epoch {ORACLE}", "last − selected",
-                                 f"{ORACLE} oracle − selected", "selected epoch", f"{ORACLE} oracle epoch",
-                                 "noisy labels"], rows, left=2))
+        body.append(_html_table(["dataset", "noise", "r", "method", "n", "selected (headline)", "last epoch",
+                                 f"best test epoch {ORACLE}", "last − sel.", f"{ORACLE} − sel.", "sel. epoch",
+                                 f"{ORACLE} epoch", "labels"], rows, left=2))
     if not diag.curves.is_empty():
         body.append(f"<h2>Memorisation curves</h2><p class=note>{html.escape(CURVES_NOTE)}</p>")
         body += [_png(path) for name, path in figures.items() if name.startswith("memorisation")]
@@ -326,7 +324,7 @@ def to_html(diag: Diagnostics, figures: dict[str, Path], labels: dict[str, str])
             for m in ("flagged", "precision", "recall", "auroc")]) + "</tr>"
             for c in diag.detection.iter_rows(named=True)]
         body.append(_html_table(["dataset", "noise", "r", "method", "n"] + [
-            f"{m} ({when})" for when in ("selected", "last") for m in ("flagged", "precision", "recall", "AUROC")],
+            f"{m} ({when})" for when in ("sel.", "last") for m in ("flagged", "precision", "recall", "AUROC")],
             rows, left=2))
         body += [_png(path) for name, path in figures.items() if name.startswith("detection")]
     if not diag.cost.is_empty():
@@ -343,8 +341,8 @@ def to_html(diag: Diagnostics, figures: dict[str, Path], labels: dict[str, str])
             _td(_fmt(c["acc_per_device_hour"], 0), value=c["acc_per_device_hour"])]) + "</tr>"
             for c in diag.cost.iter_rows(named=True)]
         body.append(_html_table(["dataset", "noise", "r", "method", "n", "device", "epochs", "networks",
-                                 "wall s / trial", "device-s / trial", "device-hours (all seeds)", "test acc",
-                                 "accuracy per device-hour"], rows, left=2))
+                                 "wall s / trial", "device-s / trial", "device-h (all seeds)", "test acc",
+                                 "acc. per device-hour"], rows, left=2))
     if not diag.labels.is_empty():
         body.append("<h2>Noisy labels</h2><p class=note>The hash of each draw of noisy training and validation "
                     "labels, as the result rows record it; the command writes exactly those labels (with the clean "
@@ -357,8 +355,9 @@ def to_html(diag: Diagnostics, figures: dict[str, Path], labels: dict[str, str])
             rows.append(f"<tr{ident}>" + "".join([
                 _td(c["dataset"], "l"), _td(c["noise"], "l"), _td(_r(c["r"]), value=c["r"]), _td(c["seed"]),
                 _td(c["noise_hash"], "l"), _td(_fmt(None if c["noise_rate"] is None else 100 * c["noise_rate"])),
-                _td(c["trials"]), _td(labels_command(c["dataset"], c["noise"], c["r"], c["seed"]), "l")]) + "</tr>")
-        body.append(_html_table(["dataset", "noise", "r", "seed", "label hash", "realised noise %", "trials",
+                _td(c["trials"]),
+                _td(labels_command(c["dataset"], c["noise"], c["r"], c["seed"], c["noise_hash"]), "l")]) + "</tr>")
+        body.append(_html_table(["dataset", "noise", "r", "seed", "label hash", "noise %", "trials",
                                  "export"], rows, left=2))
     return "".join(body)
 
@@ -399,7 +398,7 @@ def to_markdown(diag: Diagnostics, labels: dict[str, str]) -> str:
         lines += ["## Noisy labels", "", "| dataset | noise | r | seed | label hash | export |",
                   "|---|---|---|---|---|---|"]
         lines += [f"| {_md(c['dataset'])} | {_md(c['noise'])} | {_r(c['r'])} | {c['seed']} | {c['noise_hash']} | "
-                  f"`{labels_command(c['dataset'], c['noise'], c['r'], c['seed'])}` |"
+                  f"`{labels_command(c['dataset'], c['noise'], c['r'], c['seed'], c['noise_hash'])}` |"
                   for c in diag.labels.iter_rows(named=True)]
         lines.append("")
     return "\n".join(lines)

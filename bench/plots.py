@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 
@@ -135,14 +136,15 @@ def _panels(curves: pl.DataFrame, title: str, series: list[tuple[str, str, str, 
                 ax.axvline(start, color="#888", ls=":", lw=1)
             ax.set_title(f"{labels.get(method, method)}, r = {r:g}", fontsize=9)
             ax.set_ylim(*ylim)
+            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
             if i == len(rs) - 1:
                 ax.set_xlabel("epoch (warm start, then method)", fontsize=8)
             if j == 0:
                 ax.set_ylabel(ylabel, fontsize=8)
     handles, names = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="upper center", ncol=len(series), fontsize=8, frameon=False)
-    fig.suptitle(title, y=1.02, fontsize=10)
+    fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=8, frameon=False)
+    fig.suptitle(title, fontsize=10)
     return fig
 
 

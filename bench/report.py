@@ -770,7 +770,8 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
 def add_commands(subparsers: argparse._SubParsersAction,
                  add_data_root: Callable[[argparse.ArgumentParser], None]) -> None:
     p = subparsers.add_parser(
-        "report", help="leaderboards (Markdown, LaTeX, CSV, one HTML page), plots and paper vs measured")
+        "report", help="leaderboards (Markdown, LaTeX, CSV, one HTML page), plots, paper vs measured, and the "
+        "diagnostics: three checkpoint rules, memorisation curves, detection quality, cost, label hashes")
     p.add_argument("results", help="results folder (holds trials/*.parquet)")
     p.add_argument("--out", default=None, help="output folder (default: RESULTS/report)")
     add_data_root(p)
