@@ -32,6 +32,8 @@ imported where they are built.
 from __future__ import annotations
 
 import html
+import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -267,11 +269,14 @@ def _labels(trials: pl.DataFrame) -> pl.DataFrame:
 
 
 def labels_command(dataset: str, noise: str, r: float, seed: int, noise_hash: str) -> str:
-    return f"bench labels --dataset {dataset} --noise {noise} --r {r:g} --seed {seed} --out {noise_hash}.parquet"
+    """The shell command that exports one draw of noisy labels (names quoted: they come from the data)."""
+    return (f"bench labels --dataset {shlex.quote(dataset)} --noise {shlex.quote(noise)} --r {r:g} --seed {seed} "
+            f"--out {shlex.quote(noise_hash + '.parquet')}")
 
 
 def _anchor(dataset: str, noise: str, r: float) -> str:
-    return "labels-" + "-".join(str(v) for v in (dataset, noise, f"{r:g}")).replace(" ", "_")
+    """An HTML id for a cell's labels: names from the data reduced to characters safe in an attribute."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"labels-{dataset}-{noise}-{r:g}")
 
 
 # -- rendering: HTML and Markdown sections of `bench report` ------------------------------------------------------
@@ -397,8 +402,8 @@ def to_markdown(diag: Diagnostics, labels: dict[str, str]) -> str:
     if not diag.labels.is_empty():
         lines += ["## Noisy labels", "", "| dataset | noise | r | seed | label hash | export |",
                   "|---|---|---|---|---|---|"]
-        lines += [f"| {_md(c['dataset'])} | {_md(c['noise'])} | {_r(c['r'])} | {c['seed']} | {c['noise_hash']} | "
-                  f"`{labels_command(c['dataset'], c['noise'], c['r'], c['seed'], c['noise_hash'])}` |"
+        lines += [f"| {_md(c['dataset'])} | {_md(c['noise'])} | {_r(c['r'])} | {c['seed']} | {_md(c['noise_hash'])} | "
+                  f"{_md(labels_command(c['dataset'], c['noise'], c['r'], c['seed'], c['noise_hash']))} |"
                   for c in diag.labels.iter_rows(named=True)]
         lines.append("")
     return "\n".join(lines)
