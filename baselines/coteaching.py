@@ -64,3 +64,10 @@ class CoTeaching(Method):
         keep = self.keep_rate(batch.epoch)
         pick_f, pick_g = small_loss_mask(loss_f, keep), small_loss_mask(loss_g, keep)
         return loss_f[pick_g].mean() + loss_g[pick_f].mean()
+
+    def judged_noisy(self, logits: torch.Tensor, labels: torch.Tensor,
+                     epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """nets[0]'s small-loss selection at the keep rate of the coming epoch, over the whole training set (the
+        training step selects within each batch): examples outside the floor(R(T) N) smallest CE are flagged."""
+        losses = F.cross_entropy(logits.float(), labels, reduction="none")
+        return losses, ~small_loss_mask(losses, self.keep_rate(epoch))

@@ -65,6 +65,14 @@ class MentorNetPD(Method):
         losses = F.cross_entropy(nets[0](batch.x), batch.y, reduction="none")
         return (self.weights(losses) * losses).mean()
 
+    def judged_noisy(self, logits: torch.Tensor, labels: torch.Tensor,
+                     epoch: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Weight 0 at the current threshold lambda: the examples whose loss is not below it."""
+        if self.threshold is None:
+            return None
+        losses = F.cross_entropy(logits.float(), labels, reduction="none")
+        return losses, losses >= self.threshold
+
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         # Selection: CE over the `percentile` fraction of validation examples with the smallest loss. A fixed
         # fraction of the set, not the training threshold: with a fixed threshold a model could lower the

@@ -160,7 +160,7 @@ def _load_extra_commands() -> None:
     import importlib
 
     EXTRA_COMMANDS.clear()  # main() may run more than once in a process (tests)
-    for module in ("bench.runner", "bench.report"):
+    for module in ("bench.runner", "bench.report", "bench.labels"):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:

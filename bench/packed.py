@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from bench import models
+from bench import diagnostics, models
 from bench.config import Schedule, TrialConfig, UserError
 from bench.data import Dataset, get_dataset
 from bench.methods import Batch, Method, StageContext, get_method
@@ -379,6 +379,18 @@ class PackedStage:
             acc = 100.0 * (logits.argmax(-1) == self.val_labels).double().mean(-1)
         return losses.cpu().numpy(), acc.cpu().numpy()
 
+    def diagnose(self, epoch: int) -> list[dict[str, float | None]]:
+        """Every member's epoch diagnostics, from one stacked pass over the training and the test set."""
+        p = self.p[0]
+        if not p.epoch_eval:
+            return [{} for _ in range(self.members)]
+        train, test = self.predict(self.train_x), self.predict(p.test.x)
+        with torch.no_grad():
+            return [diagnostics.epoch_numbers(
+                train[m], self.train_labels[m], self.p[m].clean_train, test[m], p.test.labels,
+                self.methods[m].judged_noisy(train[m], self.train_labels[m], epoch) if self.methods else None)
+                for m in range(self.members)]
+
     @torch.no_grad()
     def keep_best(self, improved: np.ndarray) -> None:
         which = torch.as_tensor(np.flatnonzero(improved), device=self.device)
@@ -429,8 +441,10 @@ def group_key(method: str, params: dict[str, Any]) -> str:
 
 
 # -- a whole pack: warm starts, the method stage, rows ----------------------------------------------------------
-def train_warm_starts(ps: list[Prepared], log: Log) -> tuple[list[dict[str, torch.Tensor]], list[dict], float]:
-    """CE warm starts of several cells as one pack: (best state per member, epoch rows per member, seconds)."""
+def train_warm_starts(ps: list[Prepared], log: Log) -> tuple[list[dict[str, torch.Tensor]], list[dict], float,
+                                                             float]:
+    """CE warm starts of several cells as one pack: (best state per member, epoch rows per member, seconds,
+    seconds of those spent on the per-epoch diagnostics)."""
     nets, generators, seeds = [], [], []
     for p in ps:
         seed = warm_seed(p.config.seed, 0)
@@ -442,7 +456,7 @@ def train_warm_starts(ps: list[Prepared], log: Log) -> tuple[list[dict[str, torc
     stage = PackedStage(ps, nets, generators, schedule, [schedule.lr] * len(ps), seeds)
     log(f"packed warm start: {len(ps)} CE warm starts, {schedule.epochs} epochs")
     result = run_stage(stage, "warmup", schedule.epochs, log, initial_is_candidate=False)
-    return [stage.member_state(k) for k in range(len(ps))], result.epochs, result.seconds
+    return [stage.member_state(k) for k in range(len(ps))], result.epochs, result.seconds, result.diagnose_seconds
 
 
 def run_pack(
@@ -496,10 +510,10 @@ def _run_pack(
         if found is not None:
             states[key] = found
     missing = [key for key in dict.fromkeys(keys) if key not in states]
-    warmup_s = 0.0
+    warmup_s = warm_diagnose_s = 0.0
     if missing:
         cells = [ps[keys.index(key)] for key in missing]
-        trained, rows, warmup_s = train_warm_starts(cells, log)
+        trained, rows, warmup_s, warm_diagnose_s = train_warm_starts(cells, log)
         for key, state, member_rows in zip(missing, trained, rows, strict=True):
             states[key], warm_epochs[key] = state, member_rows
             if warm_cache is not None:
@@ -554,6 +568,7 @@ def _run_pack(
             last_test_bal_acc=last_bal, confusion=confusion, estimated_transition=methods[m].estimated_transition(),
             epochs=warm_epochs.get(keys[m], []) + result.epochs[m], warmup_s=warmup_s / max(len(missing), 1),
             method_s=result.seconds / k, error=result.errors[m], pack_size=k,
+            diagnostics_s=(warm_diagnose_s + result.diagnose_seconds) / k,  # an even share, as wall_s
         )
         row = results_mod.make_row(outcome=outcome, wall_s=wall / k, **row_args(p))
         row["pack_wall_s"] = wall

@@ -1,11 +1,14 @@
 """The report's figures, drawn with matplotlib's Agg backend (no display needed) and written as PNG and SVG.
 
-    accuracy_vs_r   clean test accuracy against the noise level r, one line per method with a +-1 std band,
-                    for one dataset and noise pattern (the paper's figures 2 and 3)
-    paper_heatmap   measured minus published accuracy per (dataset, method) and r; flagged cells marked
+    accuracy_vs_r        clean test accuracy against the noise level r, one line per method with a +-1 std band,
+                         for one dataset and noise pattern (the paper's figures 2 and 3)
+    paper_heatmap        measured minus published accuracy per (dataset, method) and r; flagged cells marked
+    memorisation_curves  per epoch, one panel per (r, method): accuracy against the noisy labels on flipped and
+                         on kept training examples, against the clean training labels, and on the clean test set
+    detection_curves     per epoch, one panel per (r, method): precision, recall and AUROC of "judged noisy"
 
-Both take the frames built by `bench.report` and return the paths written. Figures are `Figure` objects, not
-pyplot state, so drawing many of them leaks nothing.
+Each takes a frame built by `bench.report` or `bench.diagnostics` and returns the paths written. Figures are
+`Figure` objects, not pyplot state, so drawing many of them leaks nothing.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import math
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 
@@ -108,4 +112,58 @@ def paper_heatmap(comparison: pl.DataFrame, stem: Path) -> list[Path]:
     ax.set_title("measured − paper (accuracy points); ! = beyond the combined std; grey = not measured",
                  fontsize=9)
     fig.colorbar(image, ax=ax, label="difference (points)")
+    return _save(fig, stem)
+
+
+def _panels(curves: pl.DataFrame, title: str, series: list[tuple[str, str, str, str]], ylabel: str,
+            labels: dict[str, str], ylim: tuple[float, float]) -> Figure:
+    """One panel per (r, method) of `curves` (rows r, columns methods), each with a line per (column, label,
+    colour, style) in `series` against the epoch `x`; a dotted line where the method stage starts."""
+    rs = sorted(curves["r"].unique().to_list())
+    methods = list(dict.fromkeys(curves.sort("method")["method"].to_list()))
+    fig = Figure(figsize=(1.0 + 3.0 * len(methods), 0.8 + 2.3 * len(rs)))
+    axes = fig.subplots(len(rs), len(methods), squeeze=False, sharex=True, sharey=True)
+    for i, r in enumerate(rs):
+        for j, method in enumerate(methods):
+            ax = axes[i][j]
+            part = curves.filter((pl.col("r") == r) & (pl.col("method") == method)).sort("x")
+            for column, label, color, style in series:
+                y = part[column].fill_null(np.nan).to_numpy().astype(float)
+                if not np.all(np.isnan(y)):
+                    ax.plot(part["x"].to_numpy(), y, style, color=color, lw=1.4, ms=3, label=label)
+            start = part.filter(pl.col("stage") == "method")["x"].min()
+            if start is not None:
+                ax.axvline(start, color="#888", ls=":", lw=1)
+            ax.set_title(f"{labels.get(method, method)}, r = {r:g}", fontsize=9)
+            ax.set_ylim(*ylim)
+            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+            ax.grid(alpha=0.3)
+            if i == len(rs) - 1:
+                ax.set_xlabel("epoch (warm start, then method)", fontsize=8)
+            if j == 0:
+                ax.set_ylabel(ylabel, fontsize=8)
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=8, frameon=False)
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def memorisation_curves(curves: pl.DataFrame, title: str, stem: Path, labels: dict[str, str]) -> list[Path]:
+    """`curves` (bench.diagnostics): one row per (r, method, stage, x) of one dataset and noise."""
+    fig = _panels(curves, f"{title}: what the network fits, epoch by epoch (mean over seeds)", [
+        ("train_noisy_acc_flipped", "noisy label, flipped examples (memorised)", "#d62728", "-o"),
+        ("train_noisy_acc_kept", "noisy label, kept examples", "#2ca02c", "-o"),
+        ("train_clean_acc", "clean label, training set", "#1f77b4", "-"),
+        ("test_acc", "clean test set", "black", "--"),
+    ], "accuracy (%)", labels, (-2, 102))
+    return _save(fig, stem)
+
+
+def detection_curves(curves: pl.DataFrame, title: str, stem: Path, labels: dict[str, str]) -> list[Path]:
+    """`curves` rows of the methods that judge examples noisy (det_* columns set)."""
+    fig = _panels(curves.filter(pl.col("stage") == "method"),
+                  f"{title}: examples judged noisy against the true flips (mean over seeds)", [
+                      ("det_precision", "precision", "#9467bd", "-o"), ("det_recall", "recall", "#ff7f0e", "-o"),
+                      ("det_auroc", "AUROC", "black", "--"), ("det_flagged", "share flagged", "#888888", ":"),
+                  ], "0 – 1", labels, (-0.02, 1.02))
     return _save(fig, stem)

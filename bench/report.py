@@ -576,7 +576,7 @@ def _png(path: Path) -> str:
 
 def to_html(tabs: list[Table], paired: pl.DataFrame, wtl: pl.DataFrame, comparison: pl.DataFrame,
             df: pl.DataFrame, plots: dict[tuple[str, str], Path], heatmap: Path, summary: str,
-            estimates: pl.DataFrame | None = None) -> str:
+            estimates: pl.DataFrame | None = None, extra: str = "") -> str:
     """One self-contained page: inline CSS and JS, figures as base64 PNG, no external asset."""
     p_of = {(p["dataset"], p["noise"], p["r"], p["method"]): p for p in paired.iter_rows(named=True)}
     body = [f"<h1>bench report</h1><p class=note>{html.escape(LEGEND)}</p><p>{html.escape(summary)}</p>"]
@@ -645,6 +645,7 @@ def to_html(tabs: list[Table], paired: pl.DataFrame, wtl: pl.DataFrame, comparis
         ]) + "</tr>" for e in estimates.iter_rows(named=True)]
         body.append(_html_table(["dataset", "noise", "r", "method", "n", "rel. error", "test acc",
                                  "last-epoch acc", "T^ (mean)", "true T"], rows, left=2))
+    body.append(extra)  # bench.diagnostics: selection rules, curves, detection, cost, noisy labels
     broken = df.filter(pl.col("status") != "ok").sort("dataset", "noise", "r", "method", "seed")
     body.append(f"<h2>Diverged and failed trials ({broken.height})</h2>")
     if not broken.is_empty():
@@ -694,7 +695,8 @@ def _summary(df: pl.DataFrame, grid: pl.DataFrame, results: str) -> str:
 
 def build_report(results: str | Path, out: Path, log: Log = _stderr) -> dict[str, Path]:
     """Write every output of `bench report` under `out`; return them by name."""
-    from bench import plots
+    from bench import diagnostics, plots
+    from bench.results import read_table
 
     log(f"reading result rows under {results} ...")
     df = load_trials(results)
@@ -719,16 +721,25 @@ def build_report(results: str | Path, out: Path, log: Log = _stderr) -> dict[str
     log("plot: difference to the paper")
     heat_png, heat_svg = plots.paper_heatmap(comparison, out / "plots" / "paper_difference")
     written["heatmap"], written["heatmap svg"] = heat_png, heat_svg
+    log("diagnostics: selection rules, memorisation, detection, cost ...")
+    diag = diagnostics.analyse(df, read_table(results, "epochs"), select_settings(df))
+    diag_figures = diagnostics.plot(diag, out / "plots", LABELS)
+    written |= {f"plot {name}": path for name, path in diag_figures.items()}
+    for name, frame in diag.tables().items():
+        written[f"{name} csv"] = out / f"{name}.csv"
+        frame.write_csv(written[f"{name} csv"])
     log("writing tables ...")
     for name, frame in (("cells", grid), ("paired", paired), ("win_tie_loss", wtl),
                         ("paper_vs_measured", comparison), ("transition_estimates", estimates)):
         written[f"{name} csv"] = out / f"{name}.csv"
         frame.write_csv(written[f"{name} csv"])
     texts = {
-        "leaderboard.md": to_markdown(tabs, wtl, comparison, summary, estimates),
+        "leaderboard.md": to_markdown(tabs, wtl, comparison, summary, estimates)
+        + diagnostics.to_markdown(diag, LABELS),
         "leaderboard.tex": to_latex(tabs),
         "report.html": to_html(tabs, paired, wtl, comparison, df, figures, heat_png,
-                               summary + f" Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.", estimates),
+                               summary + f" Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.", estimates,
+                               diagnostics.to_html(diag, diag_figures, LABELS)),
     }
     for name, text in texts.items():
         written[name] = out / name
@@ -759,7 +770,8 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
 def add_commands(subparsers: argparse._SubParsersAction,
                  add_data_root: Callable[[argparse.ArgumentParser], None]) -> None:
     p = subparsers.add_parser(
-        "report", help="leaderboards (Markdown, LaTeX, CSV, one HTML page), plots and paper vs measured")
+        "report", help="leaderboards (Markdown, LaTeX, CSV, one HTML page), plots, paper vs measured, and the "
+        "diagnostics: three checkpoint rules, memorisation curves, detection quality, cost, label hashes")
     p.add_argument("results", help="results folder (holds trials/*.parquet)")
     p.add_argument("--out", default=None, help="output folder (default: RESULTS/report)")
     add_data_root(p)

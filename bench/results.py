@@ -47,6 +47,7 @@ except ModuleNotFoundError:  # pragma: no cover
     pl = None
 
 from bench.config import TrialConfig, UserError
+from bench.diagnostics import EPOCH_COLUMNS
 from bench.noise import NoisyLabels
 
 # Columns other tools rely on, first and in this order.
@@ -124,6 +125,12 @@ def make_row(
         confusion=_matrix(outcome.confusion) if outcome else None,
         privileged=bool(privileged),
         pack_size=outcome.pack_size if outcome else None,  # trials trained together with this one (1: solo)
+        # Cost (bench.diagnostics): networks the method stage trains, epochs this trial trained (a cached warm
+        # start counts none), seconds on its device without the per-epoch diagnostics.
+        networks=outcome.networks if outcome else None,
+        epochs_trained=sum(e["train_loss"] is not None for e in outcome.epochs) if outcome else None,
+        device_s=max(0.0, float(wall_s) - outcome.diagnostics_s) if outcome else float(wall_s),
+        diagnostics_s=outcome.diagnostics_s if outcome else None,
         error=(outcome.error if outcome and outcome.error else error),
         python_version=platform.python_version(),
         numpy_version=np.__version__,
@@ -153,7 +160,7 @@ def _write_trial(results: str | os.PathLike[str], row: dict[str, Any], epochs: l
     trial_id = row["trial_id"]
     schema = pa.schema([("trial_id", pa.string()), ("stage", pa.string()), ("epoch", pa.int64()),
                         ("train_loss", pa.float64()), ("val_loss", pa.float64()), ("val_acc", pa.float64()),
-                        ("seconds", pa.float64())])
+                        ("seconds", pa.float64())] + [(c, pa.float64()) for c in EPOCH_COLUMNS])
     curve = pa.Table.from_pylist([{"trial_id": trial_id, **e} for e in epochs], schema=schema)
     _write_atomic(curve, fs, f"{root}/epochs/{trial_id}.parquet")
     path = f"{root}/trials/{trial_id}.parquet"

@@ -25,6 +25,8 @@ from typing import Any
 
 import polars as pl
 
+from bench.diagnostics import EPOCH_COLUMNS
+
 # MLflow's HTTP client retries for minutes by default; a team server that is down must not stall a grid.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
@@ -33,7 +35,8 @@ TAG = "bench."
 PARAM_COLUMNS = ("dataset", "model", "method", "noise", "r", "seed", "lr", "batch_size", "epochs", "epochs_warmup",
                  "train_subset", "trial_id", "device", "git_commit")
 METRIC_COLUMNS = ("test_acc", "test_bal_acc", "last_test_acc", "last_test_bal_acc", "warmup_test_acc", "val_loss",
-                  "best_epoch", "noise_rate", "wall_s", "warmup_s", "method_s")
+                  "best_epoch", "noise_rate", "wall_s", "warmup_s", "method_s", "device_s", "epochs_trained",
+                  "networks")
 
 
 def _quiet_sqlalchemy() -> None:
@@ -202,7 +205,7 @@ class Mirror:
         if epochs is not None and epochs.height:
             for e in epochs.iter_rows(named=True):
                 prefix = "" if e["stage"] == "method" else f"{e['stage']}_"
-                for name in ("train_loss", "val_loss", "val_acc", "seconds"):
+                for name in ("train_loss", "val_loss", "val_acc", "seconds", *EPOCH_COLUMNS):
                     if e.get(name) is not None:
                         metrics.append(Metric(f"{prefix}epoch_{name}", float(e[name]), now, int(e["epoch"])))
         param_list = [Param(k, str(v)) for k, v in params.items() if v is not None]

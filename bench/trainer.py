@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench import models, noise
+from bench import diagnostics, models, noise
 from bench.config import Schedule, TrialConfig, UserError
 from bench.data import Dataset, Split, Splits, get_dataset
 from bench.methods import Batch, Method, StageContext, get_method
@@ -144,6 +144,15 @@ class Prepared:
     test: SplitLoader
     warmup: Schedule
     method_stage: Schedule
+    clean_train: torch.Tensor  # clean labels of the training split used (< 0: unknown), for the epoch diagnostics
+    epoch_eval: bool  # record test accuracy, memorisation and detection every epoch (`epoch_eval_enabled`)
+
+
+def epoch_eval_enabled(dataset: type[Dataset]) -> bool:
+    """Whether trials evaluate the test and training sets after every epoch: the dataset's `epoch_eval` (on for
+    the small sets, off for Clothing1M), overridden by BENCH_EPOCH_EVAL=1 or 0 where the trials run."""
+    flag = os.environ.get("BENCH_EPOCH_EVAL", "")
+    return dataset.epoch_eval if flag == "" else flag != "0"
 
 
 def load_data(config: TrialConfig, data_root: str | os.PathLike[str]) -> tuple[Dataset, Splits]:
@@ -187,17 +196,7 @@ def prepare(
     dataset, splits = data if data is not None else load_data(config, data_root)
     for note in splits.notes:
         log(f"note: {note}")
-    c = dataset_cls.num_classes
-    if dataset_cls.is_real_noise(config.noise):
-        # Real human noise: the labels come from the dataset's own files.
-        if config.noise not in splits.human_labels:
-            raise UserError(f"{config.dataset}: no human labels named {config.noise!r}")
-        noisy_train, noisy_val = splits.human_labels[config.noise]
-        labels = noise.summarise(splits.train.y, noisy_train, noisy_val, c, None)
-    else:
-        explicit = np.asarray(config.transition) if config.transition is not None else None
-        t = dataset_cls.transition(config.noise, config.r, explicit)
-        labels = noise.inject(config.dataset, config.noise, config.r, config.seed, splits.train.y, splits.val.y, t)
+    labels = draw_labels(config, splits)
 
     train_split, noisy_train = splits.train, labels.train
     if config.train_subset:
@@ -209,7 +208,25 @@ def prepare(
         val=SplitLoader(splits.val, labels.val, dataset, device),
         test=SplitLoader(splits.test, splits.test.y, dataset, device),
         warmup=warmup, method_stage=method_stage,
+        clean_train=torch.as_tensor(train_split.y, dtype=torch.int64, device=device),
+        epoch_eval=epoch_eval_enabled(dataset_cls),
     )
+
+
+def draw_labels(config: TrialConfig, splits: Splits) -> noise.NoisyLabels:
+    """The noisy training and validation labels of a trial's (dataset, noise, r, seed): seeded synthetic noise,
+    or a dataset's human labels. `bench labels` exports exactly these (same hash as the result row)."""
+    dataset_cls = get_dataset(config.dataset)
+    c = dataset_cls.num_classes
+    if dataset_cls.is_real_noise(config.noise):
+        # Real human noise: the labels come from the dataset's own files.
+        if config.noise not in splits.human_labels:
+            raise UserError(f"{config.dataset}: no human labels named {config.noise!r}")
+        noisy_train, noisy_val = splits.human_labels[config.noise]
+        return noise.summarise(splits.train.y, noisy_train, noisy_val, c, None)
+    explicit = np.asarray(config.transition) if config.transition is not None else None
+    t = dataset_cls.transition(config.noise, config.r, explicit)
+    return noise.inject(config.dataset, config.noise, config.r, config.seed, splits.train.y, splits.val.y, t)
 
 
 def train_epoch(
@@ -295,6 +312,10 @@ class Stage(Protocol):
 
     def freeze(self, members: np.ndarray) -> None: ...  # diverged members: no further updates
 
+    # Per member, the epoch's diagnostics (`bench.diagnostics.EPOCH_COLUMNS`; empty dicts where they are off).
+    # `epoch` counts the method-stage epochs trained so far (0: the initial state).
+    def diagnose(self, epoch: int) -> list[dict[str, float | None]]: ...
+
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
@@ -308,6 +329,7 @@ class StageResult:
     errors: list[str]
     epochs: list[list[dict[str, Any]]]  # per member, one row per epoch
     seconds: float
+    diagnose_seconds: float = 0.0  # spent on the per-epoch diagnostics (measuring, not part of the method's cost)
 
 
 def run_stage(
@@ -331,6 +353,7 @@ def run_stage(
     best_epoch = np.zeros(k, dtype=np.int64)
     best_loss = np.full(k, np.inf)
     first = 1
+    diagnose_seconds = 0.0
     resume = checkpoints.load() if checkpoints else None
     if resume is not None and resume.get("members") == k and "stage" in resume:
         stage.load_state_dict(resume["stage"])
@@ -343,9 +366,12 @@ def run_stage(
         stage.keep_best(np.ones(k, dtype=bool))  # with no epoch trained (or none better), the initial state stands
         if initial_is_candidate:
             best_loss, _ = stage.validate()
+            t0 = time.perf_counter()
+            diagnosed = stage.diagnose(0)
+            diagnose_seconds += time.perf_counter() - t0
             for m in range(k):
                 rows[m].append(dict(stage=name, epoch=0, train_loss=None, val_loss=float(best_loss[m]),
-                                    val_acc=None, seconds=0.0))
+                                    val_acc=None, seconds=0.0, **diagnosed[m]))
             log(f"{name}: epoch 0 (initial state) val loss "
                 + " ".join(f"{v:.4f}" for v in best_loss[:8]) + (" ..." if k > 8 else ""))
     started = time.perf_counter()
@@ -367,9 +393,11 @@ def run_stage(
         best_loss = np.where(improved, val_loss, best_loss)
         best_epoch = np.where(improved, epoch, best_epoch)
         seconds = time.perf_counter() - t0
+        diagnosed = stage.diagnose(epoch)
+        diagnose_seconds += time.perf_counter() - t0 - seconds
         for m in np.flatnonzero(active):
             row = dict(stage=name, epoch=epoch, train_loss=float(train_loss[m]), val_loss=float(val_loss[m]),
-                       val_acc=float(val_acc[m]), seconds=seconds)
+                       val_acc=float(val_acc[m]), seconds=seconds, **diagnosed[m])
             rows[m].append(row)
             if on_epoch and k == 1:
                 on_epoch(row)
@@ -387,7 +415,7 @@ def run_stage(
             log(f"{name} {epoch}/{epochs}  {int(active.sum())} of {k} members training, {int(improved.sum())} "
                 f"improved; val loss min {np.nanmin(val_loss):.4f} max {np.nanmax(val_loss):.4f}  {seconds:.1f}s")
     return StageResult(best_epoch=best_epoch, best_loss=best_loss, status=status, errors=errors, epochs=rows,
-                       seconds=time.perf_counter() - started)
+                       seconds=time.perf_counter() - started, diagnose_seconds=diagnose_seconds)
 
 
 class SoloStage:
@@ -439,6 +467,15 @@ class SoloStage:
     def freeze(self, members: np.ndarray) -> None:
         """A diverged solo trial ends its stage: nothing to freeze."""
 
+    def diagnose(self, epoch: int) -> list[dict[str, float | None]]:
+        if not self.p.epoch_eval:
+            return [{}]
+        train_logits, test_logits = predict(self.nets[0], self.p.train_eval), predict(self.nets[0], self.p.test)
+        with torch.no_grad():
+            judged = self.method.judged_noisy(train_logits, self.p.train.labels, epoch) if self.method else None
+        return [diagnostics.epoch_numbers(train_logits, self.p.train.labels, self.p.clean_train, test_logits,
+                                          self.p.test.labels, judged)]
+
     def state_dict(self) -> dict[str, Any]:
         return dict(
             nets=[net.state_dict() for net in self.nets], optimizer=self.optimizer.state_dict(),
@@ -466,8 +503,10 @@ def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, labels)
 
 
-def warm_start(p: Prepared, net_index: int, log: Log, epochs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-    """Train one network with CE on the noisy labels; return the state with the lowest noisy-validation CE."""
+def warm_start(p: Prepared, net_index: int, log: Log, epochs: list[dict[str, Any]],
+               diagnose_seconds: list[float] | None = None) -> dict[str, torch.Tensor]:
+    """Train one network with CE on the noisy labels; return the state with the lowest noisy-validation CE.
+    Its epoch rows are appended to `epochs`, the seconds its diagnostics took to `diagnose_seconds`."""
     seed = warm_seed(p.config.seed, net_index)
     seed_everything(seed)
     net = build_model(p)
@@ -475,6 +514,8 @@ def warm_start(p: Prepared, net_index: int, log: Log, epochs: list[dict[str, Any
     name = f"warmup{net_index}" if net_index else "warmup"
     result = run_stage(stage, name, p.warmup.epochs, log, initial_is_candidate=False)
     epochs.extend(result.epochs[0])
+    if diagnose_seconds is not None:
+        diagnose_seconds.append(result.diagnose_seconds)
     return stage.best_state
 
 
@@ -497,6 +538,8 @@ class Outcome:
     method_s: float
     error: str = ""
     pack_size: int = 1
+    networks: int = 1  # networks the method stage trains (Co-teaching, DivideMix: 2)
+    diagnostics_s: float = 0.0  # seconds spent on the per-epoch diagnostics (measuring, not the method's cost)
 
 
 def train(
@@ -515,12 +558,13 @@ def train(
     method_cls = get_method(c.method)
     method: Method = method_cls(ds.num_classes, **c.params)
     epochs: list[dict[str, Any]] = []
+    diagnose_seconds: list[float] = []
 
     started = time.perf_counter()
     nets = []
     for i in range(method_cls.networks):
         def fresh(i: int = i) -> dict[str, torch.Tensor]:
-            return warm_start(p, i, log, epochs)
+            return warm_start(p, i, log, epochs, diagnose_seconds)
 
         state = warm_cache(warm_start_key(p, i), fresh) if warm_cache else fresh()
         net = build_model(p)
@@ -552,6 +596,7 @@ def train(
         warmup_test_acc=warmup_test_acc, test_acc=test_acc, test_bal_acc=test_bal, last_test_acc=last_acc,
         last_test_bal_acc=last_bal, confusion=confusion, estimated_transition=method.estimated_transition(),
         epochs=epochs, warmup_s=warmup_s, method_s=result.seconds, error=result.errors[0],
+        networks=method_cls.networks, diagnostics_s=sum(diagnose_seconds) + result.diagnose_seconds,
     )
 
 

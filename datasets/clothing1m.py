@@ -111,6 +111,7 @@ class Clothing1M(Dataset):
     method_stage = Schedule("sgd", 1e-6, epochs=10, batch_size=256, momentum=0.9, weight_decay=1e-3,
                             milestones=(5,), gamma=0.5)
     folder = "clothing1M"
+    epoch_eval = False  # a pass over 1M training images per epoch would double the cost (BENCH_EPOCH_EVAL=1)
     files = {**{name: None for name in ANNOTATIONS}, "images/": None}
     source = ("Clothing1M's authors, on request only (Xiao et al., CVPR 2015, 'Learning from massive noisy "
               "labeled data for image classification'; see https://github.com/Cysu/noisy_label); unpack it so that "

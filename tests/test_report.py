@@ -321,7 +321,8 @@ def test_run_summary_and_report_select_by_the_same_rule(tmp_path):
         config = TrialConfig("synthetic", "dmi", "case3", 0.4, seed=seed, lr=lr, experiment="sel")
         outcome = SimpleNamespace(status="ok", best_epoch=1, val_loss=val_loss, test_acc=acc, test_bal_acc=acc,
                                   last_test_acc=acc, last_test_bal_acc=acc, warmup_test_acc=50.0, warmup_s=1.0,
-                                  method_s=1.0, estimated_transition=None, confusion=None, error="", pack_size=1)
+                                  method_s=1.0, estimated_transition=None, confusion=None, error="", pack_size=1,
+                                  networks=1, epochs=[], diagnostics_s=0.0)
         write_trial(tmp_path, make_row(config, "mlp", None, outcome, 1.0, lr, 128, 2, 2), [])
         trials.append(config)
     grid = aggregate(load_trials(tmp_path))

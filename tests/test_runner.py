@@ -152,6 +152,9 @@ def test_shipped_configs_validate_against_the_registries():
             assert {m.name for m in exp.methods} == set(registry())
             assert exp.r == (0.2, 0.7) and set(exp.noise) == {"case2", "case3"}
             assert (exp.epochs_warmup, exp.epochs, exp.dataset) == (20, 4, "fashion_mnist")
+        elif path.stem == "diagnostics_fashion":  # the diagnostics' demonstration grid (README), 12 short trials
+            assert {m.name for m in exp.methods} == {"ce", "dmi", "coteaching"} and len(exp.trials()) == 12
+            assert exp.r == (0.2, 0.7) and exp.noise == ("case3",) and (exp.epochs_warmup, exp.epochs) == (3, 3)
         elif path.stem != "demo" and exp.dataset not in ("clothing1m", "cifar10n"):
             assert exp.r == tuple(round(0.1 * i, 1) for i in range(10))
             assert len(exp.seeds) == 5

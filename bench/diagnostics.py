@@ -1,0 +1,409 @@
+"""What a benchmark reader asks beyond the headline: three checkpoint-selection rules side by side, memorisation
+curves, detection quality, cost per method, and where each cell's exact noisy labels come from.
+
+Per epoch (made by `bench.trainer.run_stage` for solo and packed members alike, in the epochs table):
+    test_acc                  clean test accuracy of the current state (%)
+    train_clean_acc           training-set accuracy against the clean labels (%)
+    train_noisy_acc_flipped   accuracy against the noisy label on the examples whose label was flipped (%): how
+                              much of the wrong labelling the network has memorised
+    train_noisy_acc_kept      the same on the examples whose label was kept (%)
+    det_flagged               share of training examples the method judges noisy (`Method.judged_noisy`, 0-1)
+    det_precision, det_recall of "judged noisy" against the true flips (0-1; precision is empty when nothing
+                              is flagged)
+    det_auroc                 AUROC of the method's noise score against the true flips (rank-based, ties averaged)
+Training examples with an unknown clean label (< 0, Clothing1M) count in none of these.
+
+The three rules, per trial, over the method-stage epochs (epoch 0 is the warm-started model):
+    selected  the epoch with the lowest noisy-validation loss, the earliest on ties: the paper's rule, the
+              trainer's, and the leaderboard's headline
+    last      the last epoch trained
+    oracle    the epoch with the best clean TEST accuracy: it looks at the test set, so it is an oracle (an upper
+              bound for any rule), never a result; flagged "†" wherever it appears
+A cell's hyper-parameter setting is always the one chosen on noisy validation (`bench.report.select_settings`);
+only the epoch rule differs.
+
+Cost: a trial's device-seconds are its wall time on its one device (its share of a pack's) less the time its
+per-epoch diagnostics took; networks are those the method stage trains.
+
+The per-epoch functions use torch and numpy only (the trainer calls them on a bare GPU box); the tables use polars,
+imported where they are built.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    import polars as pl
+
+EPOCH_COLUMNS = ("test_acc", "train_clean_acc", "train_noisy_acc_flipped", "train_noisy_acc_kept",
+                 "det_flagged", "det_precision", "det_recall", "det_auroc")
+CELL = ["dataset", "noise", "r", "method"]
+ORACLE = "†"
+RULES_NOTE = (
+    "Clean test accuracy (%) of the same trials under three checkpoint rules: the epoch selected on the noisy "
+    "validation set (the paper's rule and the leaderboard's headline), the last epoch, and the best test epoch "
+    f"({ORACLE} an oracle: it chooses by looking at the test set, so it bounds every rule from above and is not a "
+    "result). Mean over the seeds of the setting selected on noisy validation; gaps are means of per-trial "
+    "differences."
+)
+CURVES_NOTE = (
+    "Per epoch (warm start, then the method stage after the dotted line), mean over seeds: accuracy against the "
+    "noisy labels on the training examples whose label was flipped (memorisation of the wrong labels), and on "
+    "those whose label was kept; accuracy against the clean training labels; clean test accuracy."
+)
+DETECTION_NOTE = (
+    "Methods that flag or down-weight examples: their judgement of the training set scored against the true "
+    "flips. Precision and recall of the examples they flag, AUROC of their noise score (0.5: chance), at the epoch "
+    "selected on noisy validation and at the last epoch; mean over seeds."
+)
+COST_NOTE = (
+    "Device-seconds: a trial's wall time on its device (its share of a pack's), without the per-epoch diagnostics; "
+    "mean per trial of the selected setting. Accuracy per device-hour: mean test accuracy at the selected epoch "
+    "divided by the mean device-hours of a trial. Networks: trained in the method stage."
+)
+
+
+# -- per epoch: torch and numpy only -----------------------------------------------------------------------------
+def _share(hits: float, total: float, scale: float) -> float | None:
+    return None if total == 0 else scale * hits / total
+
+
+@torch.no_grad()
+def memorisation(pred: torch.Tensor, noisy: torch.Tensor, clean: torch.Tensor) -> dict[str, float | None]:
+    """Accuracy (%) of predictions against the clean labels, and against the noisy labels on the flipped and on
+    the kept examples. Clean labels < 0 are unknown and left out. One value comes back to the host."""
+    known = clean >= 0
+    flipped, kept = known & (noisy != clean), known & (noisy == clean)
+    counts = torch.stack([((pred == clean) & known).sum(), known.sum(), ((pred == noisy) & flipped).sum(),
+                          flipped.sum(), ((pred == noisy) & kept).sum(), kept.sum()]).tolist()
+    return dict(train_clean_acc=_share(counts[0], counts[1], 100.0),
+                train_noisy_acc_flipped=_share(counts[2], counts[3], 100.0),
+                train_noisy_acc_kept=_share(counts[4], counts[5], 100.0))
+
+
+def auroc(score: np.ndarray, positive: np.ndarray) -> float | None:
+    """Area under the ROC curve of `score` for the `positive` examples: the Mann-Whitney statistic from ranks, tied
+    scores sharing their average rank (a tie counts one half). None without both classes."""
+    score, positive = np.asarray(score, dtype=np.float64), np.asarray(positive, dtype=bool)
+    n_pos = int(positive.sum())
+    n_neg = positive.size - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return None
+    _, inverse, counts = np.unique(score, return_inverse=True, return_counts=True)
+    average_rank = np.cumsum(counts) - (counts - 1) / 2.0  # 1-based ranks, ties averaged
+    ranks = average_rank[inverse]
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def detection(score: np.ndarray, flagged: np.ndarray, flipped: np.ndarray) -> dict[str, float | None]:
+    """Share flagged, precision and recall of the flags against the true flips, AUROC of the score."""
+    flagged, flipped = np.asarray(flagged, dtype=bool), np.asarray(flipped, dtype=bool)
+    hits = int((flagged & flipped).sum())
+    return dict(det_flagged=_share(int(flagged.sum()), flagged.size, 1.0),
+                det_precision=_share(hits, int(flagged.sum()), 1.0),
+                det_recall=_share(hits, int(flipped.sum()), 1.0), det_auroc=auroc(score, flipped))
+
+
+@torch.no_grad()
+def epoch_numbers(train_logits: torch.Tensor, noisy: torch.Tensor, clean: torch.Tensor, test_logits: torch.Tensor,
+                  test_labels: torch.Tensor, judged: tuple[torch.Tensor, torch.Tensor] | None) -> dict[str, Any]:
+    """One member's row of `EPOCH_COLUMNS` from its logits on the whole training and test sets."""
+    out: dict[str, Any] = dict.fromkeys(EPOCH_COLUMNS)
+    out["test_acc"] = _share(int((test_logits.argmax(-1) == test_labels).sum()), test_labels.numel(), 100.0)
+    out.update(memorisation(train_logits.argmax(-1), noisy, clean))
+    if judged is not None:
+        known = (clean >= 0).cpu().numpy()
+        score, flagged = (t.float().cpu().numpy()[known] for t in judged)
+        out.update(detection(score, flagged, (noisy != clean).cpu().numpy()[known]))
+    return out
+
+
+# -- tables over a results folder (polars) -----------------------------------------------------------------------
+def trial_rules(epochs: pl.DataFrame) -> pl.DataFrame:
+    """Per trial: the epoch and clean test accuracy under each rule (selected, last, oracle), from its
+    method-stage rows that carry a test accuracy."""
+    import polars as pl
+
+    schema = {"trial_id": pl.String, "selected_epoch": pl.Int64, "selected_acc": pl.Float64,
+              "last_epoch": pl.Int64, "last_acc": pl.Float64, "oracle_epoch": pl.Int64, "oracle_acc": pl.Float64}
+    if epochs.is_empty() or "test_acc" not in epochs.columns:
+        return pl.DataFrame(schema=schema)
+    rows = epochs.filter((pl.col("stage") == "method") & pl.col("test_acc").is_not_null())
+    by_loss = rows.with_columns(pl.col("val_loss").fill_nan(None)).sort("trial_id", "val_loss", "epoch",
+                                                                         nulls_last=True)
+    selected = by_loss.group_by("trial_id", maintain_order=True).first().select(
+        "trial_id", pl.col("epoch").alias("selected_epoch"), pl.col("test_acc").alias("selected_acc"))
+    last = rows.sort("trial_id", "epoch").group_by("trial_id", maintain_order=True).last().select(
+        "trial_id", pl.col("epoch").alias("last_epoch"), pl.col("test_acc").alias("last_acc"))
+    oracle = rows.sort(["trial_id", "test_acc", "epoch"], descending=[False, True, False]).group_by(
+        "trial_id", maintain_order=True).first().select(
+        "trial_id", pl.col("epoch").alias("oracle_epoch"), pl.col("test_acc").alias("oracle_acc"))
+    out = selected.join(last, on="trial_id").join(oracle, on="trial_id")
+    return out.select(list(schema)).cast(schema).sort("trial_id")
+
+
+@dataclass
+class Diagnostics:
+    """The report's diagnostic tables (each also written as CSV)."""
+
+    rules: pl.DataFrame  # per cell: the three selection rules
+    curves: pl.DataFrame  # per cell and epoch: EPOCH_COLUMNS, mean over the selected setting's seeds
+    detection: pl.DataFrame  # per cell of a detecting method: precision, recall, AUROC (selected, last epoch)
+    cost: pl.DataFrame  # per cell: time, device, epochs, networks, device-seconds, accuracy per device-hour
+    totals: pl.DataFrame  # per device: the grid's trials and device-hours
+    labels: pl.DataFrame  # per (dataset, noise, r, seed): the noisy labels' hash and how to export them
+
+    def tables(self) -> dict[str, pl.DataFrame]:
+        return dict(selection_rules=self.rules, memorisation_curves=self.curves, detection=self.detection,
+                    cost=self.cost, cost_totals=self.totals, noisy_labels=self.labels)
+
+
+def analyse(trials: pl.DataFrame, epochs: pl.DataFrame, settings: pl.DataFrame) -> Diagnostics:
+    """`trials` as `bench.report.load_trials` gives them (with `setting` and `usable`), `epochs` the epochs table,
+    `settings` the setting chosen per cell (`bench.report.select_settings`)."""
+    import polars as pl
+
+    if not epochs.is_empty():  # files written before a column existed lack it
+        epochs = epochs.with_columns(pl.lit(None, pl.Float64).alias(c)
+                                     for c in EPOCH_COLUMNS if c not in epochs.columns)
+    chosen = trials.join(settings.select(CELL + ["setting"]), on=CELL + ["setting"]).filter(pl.col("usable"))
+    for column in ("device_s", "networks", "epochs_trained"):
+        if column not in chosen.columns:
+            chosen = chosen.with_columns(pl.lit(None, dtype=pl.Float64).alias(column))
+    chosen = chosen.with_columns(pl.col("device_s").cast(pl.Float64).fill_null(pl.col("wall_s").cast(pl.Float64)))
+    per_trial = chosen.join(trial_rules(epochs), on="trial_id")
+    rules = per_trial.group_by(CELL, maintain_order=True).agg(
+        pl.len().alias("n"),
+        *[pl.col(f"{k}_acc").mean().alias(f"{k}_mean") for k in ("selected", "last", "oracle")],
+        *[pl.col(f"{k}_acc").std().alias(f"{k}_std") for k in ("selected", "last", "oracle")],
+        (pl.col("last_acc") - pl.col("selected_acc")).mean().alias("last_gap"),
+        (pl.col("oracle_acc") - pl.col("selected_acc")).mean().alias("oracle_gap"),
+        pl.col("oracle_epoch").mean().alias("oracle_epoch_mean"),
+        pl.col("selected_epoch").mean().alias("selected_epoch_mean"),
+    ).sort(CELL)
+    return Diagnostics(rules=rules, curves=_curves(trials, chosen, epochs), detection=_detection(chosen, epochs),
+                       cost=_cost(chosen), totals=_totals(trials), labels=_labels(trials))
+
+
+def _curves(trials: pl.DataFrame, chosen: pl.DataFrame, epochs: pl.DataFrame) -> pl.DataFrame:
+    """Mean EPOCH_COLUMNS per cell, stage and epoch (`x`: warm-start epochs first, then the method stage's). A
+    warm start is shared by every method of its (dataset, noise, r, seed) and recorded by the trial that trained
+    it, so its rows come from any trial of the cell with the same warm-start settings."""
+    import polars as pl
+
+    if epochs.is_empty() or (epochs := epochs.filter(pl.col("test_acc").is_not_null())).is_empty():
+        return pl.DataFrame()
+    key = ["dataset", "noise", "r", "epochs_warmup", "subset"]
+    values = [pl.col(c).mean() for c in EPOCH_COLUMNS]
+    info = trials.select("trial_id", "seed", "dataset", "noise", "r", pl.col("epochs_warmup").cast(pl.Int64),
+                         pl.col("train_subset").cast(pl.Int64).fill_null(0).alias("subset"))
+    warm = (epochs.filter(pl.col("stage") == "warmup").join(info, on="trial_id")
+            .unique(key + ["seed", "epoch"], keep="first", maintain_order=True)
+            .group_by(key + ["epoch"]).agg(*values))
+    method = (epochs.filter(pl.col("stage") == "method")
+              .join(chosen.select("trial_id", *CELL, pl.col("epochs_warmup").cast(pl.Int64),
+                                  pl.col("train_subset").cast(pl.Int64).fill_null(0).alias("subset")), on="trial_id")
+              .group_by(CELL + ["epochs_warmup", "subset", "epoch"]).agg(*values)
+              .with_columns(pl.lit("method").alias("stage"), (pl.col("epochs_warmup") + pl.col("epoch")).alias("x")))
+    cells = method.select(CELL + ["epochs_warmup", "subset"]).unique()
+    warm = cells.join(warm, on=key).with_columns(pl.lit("warmup").alias("stage"), pl.col("epoch").alias("x"))
+    columns = CELL + ["stage", "epoch", "x", *EPOCH_COLUMNS]
+    return pl.concat([warm.select(columns), method.select(columns)]).sort(CELL + ["x"])
+
+
+def _detection(chosen: pl.DataFrame, epochs: pl.DataFrame) -> pl.DataFrame:
+    import polars as pl
+
+    if epochs.is_empty():
+        return pl.DataFrame()
+    rows = epochs.filter((pl.col("stage") == "method") & pl.col("det_flagged").is_not_null())
+    if rows.is_empty():
+        return pl.DataFrame()
+    at = chosen.select("trial_id", *CELL, "best_epoch").join(rows, on="trial_id")
+    metrics = ("det_flagged", "det_precision", "det_recall", "det_auroc")
+    selected = at.filter(pl.col("epoch") == pl.col("best_epoch")).group_by(CELL).agg(
+        pl.len().alias("n"), *[pl.col(m).mean().alias(f"selected_{m[4:]}") for m in metrics])
+    last = at.sort("epoch").group_by(["trial_id", *CELL]).last().group_by(CELL).agg(
+        *[pl.col(m).mean().alias(f"last_{m[4:]}") for m in metrics])
+    return selected.join(last, on=CELL, how="full", coalesce=True).sort(CELL)
+
+
+def _cost(chosen: pl.DataFrame) -> pl.DataFrame:
+    import polars as pl
+
+    return chosen.group_by(CELL).agg(
+        pl.len().alias("n"), pl.col("device").unique().sort().str.join(", ").alias("devices"),
+        (pl.col("epochs_warmup").cast(pl.String) + "+" + pl.col("epochs").cast(pl.String)).first().alias("epochs"),
+        pl.col("networks").max().alias("networks"), pl.col("wall_s").mean().alias("wall_s_mean"),
+        pl.col("device_s").mean().alias("device_s_mean"), (pl.col("device_s").sum() / 3600).alias("device_h_total"),
+        pl.col("test_acc").mean().alias("acc_mean"),
+    ).with_columns((pl.col("acc_mean") / (pl.col("device_s_mean") / 3600)).alias("acc_per_device_hour")).sort(CELL)
+
+
+def _totals(trials: pl.DataFrame) -> pl.DataFrame:
+    """The whole grid's cost per device: every trial, every setting, failed ones included."""
+    import polars as pl
+
+    seconds = pl.col("device_s").cast(pl.Float64) if "device_s" in trials.columns else pl.lit(None, pl.Float64)
+    frame = trials.with_columns(seconds.fill_null(pl.col("wall_s").cast(pl.Float64)).alias("_s"))
+    return frame.group_by("device").agg(pl.len().alias("trials"), (pl.col("_s").sum() / 3600).alias("device_h"),
+                                        ).sort("device")
+
+
+def _labels(trials: pl.DataFrame) -> pl.DataFrame:
+    import polars as pl
+
+    return trials.filter(pl.col("noise_hash").is_not_null()).group_by("dataset", "noise", "r", "seed").agg(
+        pl.col("noise_hash").unique().sort().str.join(", ").alias("noise_hash"),
+        pl.col("noise_rate").cast(pl.Float64).first().alias("noise_rate"), pl.len().alias("trials"),
+    ).sort("dataset", "noise", "r", "seed")
+
+
+def labels_command(dataset: str, noise: str, r: float, seed: int, noise_hash: str) -> str:
+    """The shell command that exports one draw of noisy labels (names quoted: they come from the data)."""
+    return (f"bench labels --dataset {shlex.quote(dataset)} --noise {shlex.quote(noise)} --r {r:g} --seed {seed} "
+            f"--out {shlex.quote(noise_hash + '.parquet')}")
+
+
+def _anchor(dataset: str, noise: str, r: float) -> str:
+    """An HTML id for a cell's labels: names from the data reduced to characters safe in an attribute."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"labels-{dataset}-{noise}-{r:g}")
+
+
+# -- rendering: HTML and Markdown sections of `bench report` ------------------------------------------------------
+def plot(diag: Diagnostics, folder: Path, labels: dict[str, str]) -> dict[str, Path]:
+    """The curves' figures, one per (dataset, noise) and kind: name -> PNG path (SVG beside it)."""
+    from bench import plots
+
+    figures: dict[str, Path] = {}
+    if diag.curves.is_empty():
+        return figures
+    for (dataset, noise), part in diag.curves.group_by("dataset", "noise", maintain_order=True):
+        figures[f"memorisation {dataset} {noise}"] = plots.memorisation_curves(
+            part, f"{dataset}, {noise} noise", folder / f"memorisation_{dataset}_{noise}", labels)[0]
+        detecting = part.filter(part["det_auroc"].is_not_null())
+        if not detecting.is_empty():
+            figures[f"detection {dataset} {noise}"] = plots.detection_curves(
+                detecting, f"{dataset}, {noise} noise", folder / f"detection_{dataset}_{noise}", labels)[0]
+    return figures
+
+
+def to_html(diag: Diagnostics, figures: dict[str, Path], labels: dict[str, str]) -> str:
+    from bench.report import _fmt, _html_table, _png, _r, _td
+
+    def cell_cells(c: dict[str, Any]) -> list[str]:
+        return [_td(c["dataset"], "l"), _td(c["noise"], "l"), _td(_r(c["r"]), value=c["r"]),
+                _td(labels.get(c["method"], c["method"]), "l")]
+
+    body = []
+    if not diag.rules.is_empty():
+        body.append(f"<h2>Checkpoint selection: three rules</h2><p class=note>{html.escape(RULES_NOTE)}</p>")
+        rows = []
+        for c in diag.rules.iter_rows(named=True):
+            link = f'<td class="l"><a href="#{_anchor(c["dataset"], c["noise"], c["r"])}">labels</a></td>'
+            rows.append("<tr>" + "".join(cell_cells(c) + [
+                _td(c["n"]), _td(_fmt(c["selected_mean"]), value=c["selected_mean"]),
+                _td(_fmt(c["last_mean"]), value=c["last_mean"]), _td(_fmt(c["oracle_mean"]), "flag", c["oracle_mean"]),
+                _td(f"{c['last_gap']:+.2f}", value=c["last_gap"]), _td(f"{c['oracle_gap']:+.2f}", "flag",
+                                                                         c["oracle_gap"]),
+                _td(_fmt(c["selected_epoch_mean"], 1)), _td(_fmt(c["oracle_epoch_mean"], 1), "flag")]) + link + "</tr>")
+        body.append(_html_table(["dataset", "noise", "r", "method", "n", "selected (headline)", "last epoch",
+                                 f"best test epoch {ORACLE}", "last − sel.", f"{ORACLE} − sel.", "sel. epoch",
+                                 f"{ORACLE} epoch", "labels"], rows, left=2))
+    if not diag.curves.is_empty():
+        body.append(f"<h2>Memorisation curves</h2><p class=note>{html.escape(CURVES_NOTE)}</p>")
+        body += [_png(path) for name, path in figures.items() if name.startswith("memorisation")]
+    if not diag.detection.is_empty():
+        body.append(f"<h2>Detection quality</h2><p class=note>{html.escape(DETECTION_NOTE)}</p>")
+        rows = ["<tr>" + "".join(cell_cells(c) + [_td(c["n"])] + [
+            _td(_fmt(c[f"{when}_{m}"], 3), value=c[f"{when}_{m}"]) for when in ("selected", "last")
+            for m in ("flagged", "precision", "recall", "auroc")]) + "</tr>"
+            for c in diag.detection.iter_rows(named=True)]
+        body.append(_html_table(["dataset", "noise", "r", "method", "n"] + [
+            f"{m} ({when})" for when in ("sel.", "last") for m in ("flagged", "precision", "recall", "AUROC")],
+            rows, left=2))
+        body += [_png(path) for name, path in figures.items() if name.startswith("detection")]
+    if not diag.cost.is_empty():
+        total = diag.totals["device_h"].sum()
+        per_device = "; ".join(f"{t['device']}: {t['trials']} trials, {t['device_h']:.3f} device-hours"
+                               for t in diag.totals.iter_rows(named=True))
+        body.append(f"<h2>Cost</h2><p class=note>{html.escape(COST_NOTE)}</p><p>The grid: {total:.3f} "
+                    f"device-hours in all ({html.escape(per_device)}).</p>")
+        rows = ["<tr>" + "".join(cell_cells(c) + [
+            _td(c["n"]), _td(c["devices"], "l"), _td(c["epochs"]), _td(c["networks"]),
+            _td(_fmt(c["wall_s_mean"], 1), value=c["wall_s_mean"]),
+            _td(_fmt(c["device_s_mean"], 1), value=c["device_s_mean"]),
+            _td(_fmt(c["device_h_total"], 4), value=c["device_h_total"]), _td(_fmt(c["acc_mean"])),
+            _td(_fmt(c["acc_per_device_hour"], 0), value=c["acc_per_device_hour"])]) + "</tr>"
+            for c in diag.cost.iter_rows(named=True)]
+        body.append(_html_table(["dataset", "noise", "r", "method", "n", "device", "epochs", "networks",
+                                 "wall s / trial", "device-s / trial", "device-h (all seeds)", "test acc",
+                                 "acc. per device-hour"], rows, left=2))
+    if not diag.labels.is_empty():
+        body.append("<h2>Noisy labels</h2><p class=note>The hash of each draw of noisy training and validation "
+                    "labels, as the result rows record it; the command writes exactly those labels (with the clean "
+                    "ones and the indices) to parquet with the same hash.</p>")
+        rows, seen = [], set()
+        for c in diag.labels.iter_rows(named=True):
+            anchor = _anchor(c["dataset"], c["noise"], c["r"])
+            ident = "" if anchor in seen else f' id="{anchor}"'
+            seen.add(anchor)
+            rows.append(f"<tr{ident}>" + "".join([
+                _td(c["dataset"], "l"), _td(c["noise"], "l"), _td(_r(c["r"]), value=c["r"]), _td(c["seed"]),
+                _td(c["noise_hash"], "l"), _td(_fmt(None if c["noise_rate"] is None else 100 * c["noise_rate"])),
+                _td(c["trials"]),
+                _td(labels_command(c["dataset"], c["noise"], c["r"], c["seed"], c["noise_hash"]), "l")]) + "</tr>")
+        body.append(_html_table(["dataset", "noise", "r", "seed", "label hash", "noise %", "trials",
+                                 "export"], rows, left=2))
+    return "".join(body)
+
+
+def to_markdown(diag: Diagnostics, labels: dict[str, str]) -> str:
+    from bench.report import _fmt, _md, _r
+
+    def head(c: dict[str, Any]) -> str:
+        method = _md(labels.get(c["method"], c["method"]))
+        return f"| {_md(c['dataset'])} | {_md(c['noise'])} | {_r(c['r'])} | {method} |"
+
+    lines: list[str] = []
+    if not diag.rules.is_empty():
+        lines += ["## Checkpoint selection: three rules", "", RULES_NOTE, "",
+                  f"| dataset | noise | r | method | n | selected (headline) | last | best test {ORACLE} | "
+                  f"last − selected | {ORACLE} oracle − selected |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"{head(c)} {c['n']} | {_fmt(c['selected_mean'])} | {_fmt(c['last_mean'])} | "
+                  f"{_fmt(c['oracle_mean'])} {ORACLE} | {c['last_gap']:+.2f} | {c['oracle_gap']:+.2f} {ORACLE} |"
+                  for c in diag.rules.iter_rows(named=True)]
+        lines.append("")
+    if not diag.detection.is_empty():
+        lines += ["## Detection quality", "", DETECTION_NOTE, "",
+                  "| dataset | noise | r | method | n | precision | recall | AUROC | last-epoch AUROC |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"{head(c)} {c['n']} | {_fmt(c['selected_precision'], 3)} | {_fmt(c['selected_recall'], 3)} | "
+                  f"{_fmt(c['selected_auroc'], 3)} | {_fmt(c['last_auroc'], 3)} |"
+                  for c in diag.detection.iter_rows(named=True)]
+        lines.append("")
+    if not diag.cost.is_empty():
+        lines += ["## Cost", "", COST_NOTE, "", f"The grid: {diag.totals['device_h'].sum():.3f} device-hours.", "",
+                  "| dataset | noise | r | method | n | device | epochs | networks | device-s / trial | "
+                  "accuracy per device-hour |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"{head(c)} {c['n']} | {_md(c['devices'])} | {c['epochs']} | {c['networks'] or '—'} | "
+                  f"{_fmt(c['device_s_mean'], 1)} | {_fmt(c['acc_per_device_hour'], 0)} |"
+                  for c in diag.cost.iter_rows(named=True)]
+        lines.append("")
+    if not diag.labels.is_empty():
+        lines += ["## Noisy labels", "", "| dataset | noise | r | seed | label hash | export |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {_md(c['dataset'])} | {_md(c['noise'])} | {_r(c['r'])} | {c['seed']} | {_md(c['noise_hash'])} | "
+                  f"{_md(labels_command(c['dataset'], c['noise'], c['r'], c['seed'], c['noise_hash']))} |"
+                  for c in diag.labels.iter_rows(named=True)]
+        lines.append("")
+    return "\n".join(lines)
