@@ -1,7 +1,7 @@
 """What a benchmark reader asks beyond the headline: three checkpoint-selection rules side by side, memorisation
 curves, detection quality, cost per method, and where each cell's exact noisy labels come from.
 
-Per epoch (made by `bench.trainer.run_stage` for solo and packed members alike, in the epochs table):
+Per epoch (made by `bench.stage.run_stage` for solo and packed members alike, in the epochs table):
     test_acc                  clean test accuracy of the current state (%)
     train_clean_acc           training-set accuracy against the clean labels (%)
     train_noisy_acc_flipped   accuracy against the noisy label on the examples whose label was flipped (%): how

@@ -13,7 +13,7 @@ own noisy labels and learning rate (a stacked Adam or SGD step), its own selecti
 set with its best state kept on the device, its own result row. A member's numbers therefore equal its solo
 trial's up to the order of floating-point sums (a grouped convolution adds in another order than a single one),
 whoever its pack-mates are. A member whose training loss stops being finite is frozen and recorded as diverged.
-The loop itself is `bench.trainer.run_stage`, the same one a solo trial runs (K = 1).
+The loop itself is `bench.stage.run_stage`, the same one a solo trial runs (K = 1).
 
 Only torch and numpy are imported here, so a bare GPU box runs packs.
 """
@@ -37,21 +37,17 @@ from bench import diagnostics, models
 from bench.config import Schedule, TrialConfig, UserError
 from bench.data import Dataset, get_dataset
 from bench.methods import Batch, Method, StageContext, get_method
+from bench.stage import Checkpoints, Log, accuracy, run_stage, to_device
 from bench.trainer import (
-    Checkpoints,
-    Log,
     Outcome,
     Prepared,
     WarmStartCache,
-    accuracy,
     build_model,
     load_data,
     method_seed,
     prepare,
     row_args,
-    run_stage,
     seed_everything,
-    to_device,
     warm_seed,
     warm_start_key,
 )
@@ -217,7 +213,7 @@ def device_generator(device: torch.device, seed: int) -> torch.Generator:
 
 
 class PackedStage:
-    """The `bench.trainer.Stage` of K members stacked into one model (see the module docstring)."""
+    """The `bench.stage.Stage` of K members stacked into one model (see the module docstring)."""
 
     def __init__(
         self,

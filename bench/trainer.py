@@ -13,120 +13,40 @@ numbers as a fresh one.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import os
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench import diagnostics, models, noise
+from bench import models, noise
 from bench.config import Schedule, TrialConfig, UserError
-from bench.data import Dataset, Split, Splits, get_dataset
+from bench.data import Dataset, Splits, get_dataset
 from bench.methods import Batch, Method, StageContext, get_method
-
-Log = Callable[[str], None]
+from bench.stage import (
+    Checkpoints,
+    Log,
+    SoloStage,
+    SplitLoader,
+    accuracy,
+    predict,
+    resolve_device,
+    run_stage,
+)
 
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {name}: no CUDA device is available here; use --device cpu")
-    if name not in {"cpu", "cuda"} and not name.startswith("cuda:"):
-        raise UserError(f"--device must be cpu or cuda (or cuda:N), got {name!r}")
-    if name.startswith("cuda"):
-        # TF32 on the matrix units for float32 convolutions (torch's default) and matrix products (not its default):
-        # the protocol's numbers (accuracies, selection) do not need float32's last bits, and L_DMI's determinant
-        # is computed in float64 anyway. BENCH_TF32=0 keeps full float32 (the exactness tests use it).
-        tf32 = os.environ.get("BENCH_TF32", "1") != "0"
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
-    return torch.device(name)
-
-
-def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on the training device without making the host wait (pinned memory, asynchronous copy)."""
-    if device.type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
-
-
-class SplitLoader:
-    """Batches of one split on the training device: index slicing for tensors, a DataLoader for streams."""
-
-    def __init__(self, split: Split, labels: np.ndarray, dataset: Dataset, device: torch.device) -> None:
-        self.dataset, self.device = dataset, device
-        self.workers = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-        self.size = len(labels)
-        self.labels = torch.as_tensor(labels, dtype=torch.int64, device=device)
-        self.tensor = isinstance(split.x, torch.Tensor)
-        self.x = split.x.to(device) if self.tensor else split.x
-
-    def batches(
-        self, batch_size: int, train: bool, generator: torch.Generator | None = None
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """(inputs, labels, indices). Training batches are shuffled and the last partial batch is dropped,
-        so that no step sees a tiny batch (a small batch misses classes, which makes L_DMI's U singular)."""
-        if train:
-            order = to_device(torch.randperm(self.size, generator=generator), self.device)
-            stop = self.size - self.size % batch_size if self.size >= batch_size else self.size
-        else:
-            order = torch.arange(self.size, device=self.device)
-            stop = self.size
-        transform = self.dataset.train_transform if train else self.dataset.eval_transform
-        if self.tensor:
-            for start in range(0, stop, batch_size):
-                idx = order[start : start + batch_size]
-                yield transform(self.x[idx]), self.labels[idx], idx
-            return
-        loader = torch.utils.data.DataLoader(
-            self.x, batch_size=batch_size, sampler=order[:stop].cpu().tolist(), num_workers=self.workers,
-            pin_memory=self.device.type == "cuda", persistent_workers=False,
-        )
-        for start, xb in zip(range(0, stop, batch_size), loader, strict=True):
-            idx = order[start : start + batch_size]
-            yield transform(xb.to(self.device, non_blocking=True)), self.labels[idx], idx
-
-
-@torch.no_grad()
-def predict(net: nn.Module, loader: SplitLoader, batch_size: int = 1024) -> torch.Tensor:
-    """Logits for a whole split, in evaluation mode (no dropout, BN running statistics)."""
-    was_training = net.training
-    net.eval()
-    out = torch.cat([net(x).float() for x, _, _ in loader.batches(batch_size, train=False)])
-    net.train(was_training)
-    return out
-
-
-def accuracy(logits: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[float, float, np.ndarray]:
-    """(accuracy %, balanced accuracy %, confusion matrix with rows = true class)."""
-    pred = logits.argmax(dim=1)
-    confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=labels.device)
-    confusion.index_put_((labels, pred), torch.ones_like(labels), accumulate=True)
-    confusion = confusion.cpu().numpy()
-    support = confusion.sum(axis=1)
-    recalls = np.diag(confusion)[support > 0] / support[support > 0]
-    return 100.0 * float((pred == labels).float().mean()), 100.0 * float(recalls.mean()), confusion
-
-
-def make_optimizer(params: list[nn.Parameter], schedule: Schedule) -> torch.optim.Optimizer:
-    if schedule.optimizer == "adam":
-        return torch.optim.Adam(params, lr=schedule.lr, weight_decay=schedule.weight_decay)
-    if schedule.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=schedule.lr, momentum=schedule.momentum, weight_decay=schedule.weight_decay)
-    raise UserError(f"unknown optimizer {schedule.optimizer!r}; use adam or sgd")
 
 
 @dataclass
@@ -229,31 +149,6 @@ def draw_labels(config: TrialConfig, splits: Splits) -> noise.NoisyLabels:
     return noise.inject(config.dataset, config.noise, config.r, config.seed, splits.train.y, splits.val.y, t)
 
 
-def train_epoch(
-    nets: list[nn.Module],
-    step_loss: Callable[[list[nn.Module], Batch], torch.Tensor],
-    optimizer: torch.optim.Optimizer,
-    loader: SplitLoader,
-    batch_size: int,
-    epoch: int,
-    generator: torch.Generator,
-) -> torch.Tensor:
-    """One pass over the training split; returns the mean training loss as a device tensor (NaN if it diverged).
-    No value comes back to the host inside the loop."""
-    for net in nets:
-        net.train()
-    total = torch.zeros((), dtype=torch.float64, device=loader.device)
-    steps = 0
-    for x, y, idx in loader.batches(batch_size, train=True, generator=generator):
-        loss = step_loss(nets, Batch(x=x, y=y, index=idx, epoch=epoch))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        total += loss.detach()
-        steps += 1
-    return total / max(steps, 1)
-
-
 def _ce_step(nets: list[nn.Module], batch: Batch) -> torch.Tensor:
     return F.cross_entropy(nets[0](batch.x), batch.y)
 
@@ -284,219 +179,6 @@ def build_model(p: Prepared) -> nn.Module:
 
 
 WarmStartCache = Callable[[str, Callable[[], dict[str, torch.Tensor]]], dict[str, torch.Tensor]]
-
-
-class Checkpoints(Protocol):
-    """Per-epoch checkpoints of the method stage (the runner keeps them so that a retried trial resumes)."""
-
-    def load(self) -> dict[str, Any] | None: ...
-
-    def save(self, state: dict[str, Any]) -> None: ...
-
-
-# -- the stage loop: one for the warm start and the method stage, solo or packed ---------------------------------
-class Stage(Protocol):
-    """K members trained side by side for one stage (a solo trial is K = 1; `bench.packed` stacks K trials).
-
-    The loop in `run_stage` owns the protocol: epochs, divergence, selection on the whole noisy validation set,
-    checkpoints and the epoch table. A stage owns the arithmetic: a training pass, the selection loss, keeping
-    each member's best state, and its own state for checkpoints."""
-
-    members: int
-
-    def train_epoch(self, epoch: int) -> np.ndarray: ...  # (K,) mean training loss; NaN where diverged
-
-    def validate(self) -> tuple[np.ndarray, np.ndarray]: ...  # (K,) selection losses, (K,) noisy-val accuracy %
-
-    def keep_best(self, improved: np.ndarray) -> None: ...  # members whose current state is their new best
-
-    def freeze(self, members: np.ndarray) -> None: ...  # diverged members: no further updates
-
-    # Per member, the epoch's diagnostics (`bench.diagnostics.EPOCH_COLUMNS`; empty dicts where they are off).
-    # `epoch` counts the method-stage epochs trained so far (0: the initial state).
-    def diagnose(self, epoch: int) -> list[dict[str, float | None]]: ...
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-@dataclass
-class StageResult:
-    best_epoch: np.ndarray  # (K,) 0 = the initial state (a candidate only in the method stage)
-    best_loss: np.ndarray  # (K,)
-    status: list[str]  # "ok" or "diverged", per member
-    errors: list[str]
-    epochs: list[list[dict[str, Any]]]  # per member, one row per epoch
-    seconds: float
-    diagnose_seconds: float = 0.0  # spent on the per-epoch diagnostics (measuring, not part of the method's cost)
-
-
-def run_stage(
-    stage: Stage,
-    name: str,
-    epochs: int,
-    log: Log,
-    initial_is_candidate: bool,
-    checkpoints: Checkpoints | None = None,
-    on_epoch: Callable[[dict[str, Any]], None] | None = None,
-) -> StageResult:
-    """Train `epochs` epochs; after each, every member's selection loss on the whole noisy validation set, and
-    each member keeps the state with the lowest. With `initial_is_candidate`, the state before the first epoch
-    competes as epoch 0 (the method stage: the warm-started model, the paper's Algorithm 1). A member whose
-    training loss stops being finite is frozen and recorded as diverged, keeping its best state so far; the
-    others go on. With `checkpoints`, the whole loop state is saved after each epoch and resumed from."""
-    k = stage.members
-    rows: list[list[dict[str, Any]]] = [[] for _ in range(k)]
-    active = np.ones(k, dtype=bool)
-    status, errors = ["ok"] * k, [""] * k
-    best_epoch = np.zeros(k, dtype=np.int64)
-    best_loss = np.full(k, np.inf)
-    first = 1
-    diagnose_seconds = 0.0
-    resume = checkpoints.load() if checkpoints else None
-    if resume is not None and resume.get("members") == k and "stage" in resume:
-        stage.load_state_dict(resume["stage"])
-        best_epoch, best_loss = np.asarray(resume["best_epoch"]), np.asarray(resume["best_loss"])
-        active, status, errors = np.asarray(resume["active"]), list(resume["status"]), list(resume["errors"])
-        rows = resume["epochs"]
-        first = resume["epoch"] + 1
-        log(f"resumed from the checkpoint of epoch {resume['epoch']}")
-    else:
-        stage.keep_best(np.ones(k, dtype=bool))  # with no epoch trained (or none better), the initial state stands
-        if initial_is_candidate:
-            best_loss, _ = stage.validate()
-            t0 = time.perf_counter()
-            diagnosed = stage.diagnose(0)
-            diagnose_seconds += time.perf_counter() - t0
-            for m in range(k):
-                rows[m].append(dict(stage=name, epoch=0, train_loss=None, val_loss=float(best_loss[m]),
-                                    val_acc=None, seconds=0.0, **diagnosed[m]))
-            log(f"{name}: epoch 0 (initial state) val loss "
-                + " ".join(f"{v:.4f}" for v in best_loss[:8]) + (" ..." if k > 8 else ""))
-    started = time.perf_counter()
-    for epoch in range(first, epochs + 1):
-        t0 = time.perf_counter()
-        train_loss = stage.train_epoch(epoch - 1)
-        diverged = active & ~np.isfinite(train_loss)
-        for m in np.flatnonzero(diverged):
-            status[m], errors[m] = "diverged", f"training loss became {train_loss[m]} in epoch {epoch}"
-            log(f"{name} epoch {epoch}: member {m}: {errors[m]}; frozen, keeping its best checkpoint so far")
-        if diverged.any():
-            active &= ~diverged
-            stage.freeze(diverged)
-        if not active.any():
-            break
-        val_loss, val_acc = stage.validate()
-        improved = active & (val_loss < best_loss)
-        stage.keep_best(improved)
-        best_loss = np.where(improved, val_loss, best_loss)
-        best_epoch = np.where(improved, epoch, best_epoch)
-        seconds = time.perf_counter() - t0
-        diagnosed = stage.diagnose(epoch)
-        diagnose_seconds += time.perf_counter() - t0 - seconds
-        for m in np.flatnonzero(active):
-            row = dict(stage=name, epoch=epoch, train_loss=float(train_loss[m]), val_loss=float(val_loss[m]),
-                       val_acc=float(val_acc[m]), seconds=seconds, **diagnosed[m])
-            rows[m].append(row)
-            if on_epoch and k == 1:
-                on_epoch(row)
-        if checkpoints:
-            checkpoints.save(dict(
-                # Plain lists: checkpoints are read back with weights_only=True, which refuses numpy arrays.
-                members=k, epoch=epoch, stage=stage.state_dict(), best_epoch=best_epoch.tolist(),
-                best_loss=best_loss.tolist(), active=active.tolist(), status=status, errors=errors, epochs=rows,
-            ))
-        if k == 1:
-            label = "epoch" if name == "method" else name
-            log(f"{label} {epoch}/{epochs}  train {train_loss[0]:.4f}  val {val_loss[0]:.4f}  "
-                f"noisy val acc {val_acc[0]:5.1f}%{'  *' if improved[0] else ''}  {seconds:.1f}s")
-        else:
-            log(f"{name} {epoch}/{epochs}  {int(active.sum())} of {k} members training, {int(improved.sum())} "
-                f"improved; val loss min {np.nanmin(val_loss):.4f} max {np.nanmax(val_loss):.4f}  {seconds:.1f}s")
-    return StageResult(best_epoch=best_epoch, best_loss=best_loss, status=status, errors=errors, epochs=rows,
-                       seconds=time.perf_counter() - started, diagnose_seconds=diagnose_seconds)
-
-
-class SoloStage:
-    """One trial's networks with a torch optimizer: the `Stage` of a solo trial (K = 1)."""
-
-    members = 1
-
-    def __init__(
-        self,
-        p: Prepared,
-        nets: list[nn.Module],
-        schedule: Schedule,
-        seed: int,
-        step_loss: Callable[[list[nn.Module], Batch], torch.Tensor],
-        selection_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-        method: Method | None = None,
-    ) -> None:
-        self.p, self.nets, self.schedule = p, nets, schedule
-        self.step_loss, self.selection_loss, self.method = step_loss, selection_loss, method
-        self.generator = torch.Generator().manual_seed(seed)  # the data order
-        self.optimizer = make_optimizer([q for net in nets for q in net.parameters()], schedule)
-        self.scheduler = torch.optim.lr_scheduler.MultiStepLR(
-            self.optimizer, list(schedule.milestones), schedule.gamma
-        )
-        self.best_state: dict[str, torch.Tensor] = {}
-
-    def train_steps(self, epoch: int) -> torch.Tensor:
-        return train_epoch(self.nets, self.step_loss, self.optimizer, self.p.train, self.schedule.batch_size,
-                           epoch, self.generator)
-
-    def train_epoch(self, epoch: int) -> np.ndarray:
-        loss = self.train_steps(epoch)
-        self.scheduler.step()
-        if self.method is not None:
-            self.method.end_epoch(epoch)
-        return np.array([float(loss)])
-
-    def validate(self) -> tuple[np.ndarray, np.ndarray]:
-        logits = predict(self.nets[0], self.p.val)
-        with torch.no_grad():
-            loss = float(self.selection_loss(logits, self.p.val.labels))
-        acc, _, _ = accuracy(logits, self.p.val.labels, self.p.dataset.num_classes)
-        return np.array([loss]), np.array([acc])
-
-    def keep_best(self, improved: np.ndarray) -> None:
-        if improved[0]:
-            self.best_state = copy.deepcopy(self.nets[0].state_dict())
-
-    def freeze(self, members: np.ndarray) -> None:
-        """A diverged solo trial ends its stage: nothing to freeze."""
-
-    def diagnose(self, epoch: int) -> list[dict[str, float | None]]:
-        if not self.p.epoch_eval:
-            return [{}]
-        train_logits, test_logits = predict(self.nets[0], self.p.train_eval), predict(self.nets[0], self.p.test)
-        with torch.no_grad():
-            judged = self.method.judged_noisy(train_logits, self.p.train.labels, epoch) if self.method else None
-        return [diagnostics.epoch_numbers(train_logits, self.p.train.labels, self.p.clean_train, test_logits,
-                                          self.p.test.labels, judged)]
-
-    def state_dict(self) -> dict[str, Any]:
-        return dict(
-            nets=[net.state_dict() for net in self.nets], optimizer=self.optimizer.state_dict(),
-            scheduler_epoch=self.scheduler.last_epoch, method=self.method.state_dict() if self.method else {},
-            generator=self.generator.get_state(), torch_rng=torch.get_rng_state(),
-            cuda_rng=torch.cuda.get_rng_state_all() if self.p.device.type == "cuda" else None,
-            best_state=self.best_state,
-        )
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for net, net_state in zip(self.nets, state["nets"], strict=True):
-            net.load_state_dict(net_state)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.last_epoch = state["scheduler_epoch"]
-        if self.method is not None:
-            self.method.load_state_dict(state["method"])
-        self.generator.set_state(state["generator"])
-        torch.set_rng_state(state["torch_rng"])
-        if state.get("cuda_rng") and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
-        self.best_state = state["best_state"]
 
 
 def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,8 @@ from bench.data import Split, Splits
 from bench.dmi import DMI
 from bench.methods import Batch
 from bench.models import create
-from bench.trainer import SplitLoader, make_optimizer, prepare, train_epoch
+from bench.stage import SplitLoader, make_optimizer, train_epoch
+from bench.trainer import prepare
 
 
 def fashion_splits(data_root: str, subset: int) -> tuple[object, Splits]:

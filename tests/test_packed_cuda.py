@@ -47,7 +47,8 @@ def test_no_host_sync_inside_a_training_step(tiny_fashion: Path) -> None:
     mode raises on any synchronising call); a float comes back only at the end of an epoch."""
     from bench.methods import get_method
     from bench.packed import PackedStage, device_generator
-    from bench.trainer import SoloStage, build_model, method_seed, prepare, seed_everything
+    from bench.stage import SoloStage
+    from bench.trainer import build_model, method_seed, prepare, seed_everything
 
     configs = _configs()
     ps = [prepare(c, tiny_fashion, log=lambda s: None) for c in configs]

@@ -9,7 +9,8 @@ import torch
 from bench.config import TrialConfig
 from bench.methods import Method, registry
 from bench.results import read_table
-from bench.trainer import accuracy, prepare, run_trial, train
+from bench.stage import accuracy
+from bench.trainer import prepare, run_trial, train
 
 
 def _config(**kw) -> TrialConfig:
