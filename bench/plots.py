@@ -4,7 +4,7 @@
                     for one dataset and noise pattern (the paper's figures 2 and 3)
     paper_heatmap   measured minus published accuracy per (dataset, method) and r; flagged cells marked
 
-Both take the frames built by `bench.report` and return the paths written. Figures are `Figure` objects, not
+Both take the frames built by `bench.analysis` and return the paths written. Figures are `Figure` objects, not
 pyplot state, so drawing many of them leaks nothing.
 """
 

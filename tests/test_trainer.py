@@ -8,7 +8,7 @@ import torch
 
 from bench.config import TrialConfig
 from bench.methods import Method, registry
-from bench.results import read_table
+from bench.store import read_table
 from bench.trainer import accuracy, prepare, run_trial, train
 
 
