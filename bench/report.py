@@ -26,7 +26,7 @@ import polars as pl
 from bench import analysis
 from bench.analysis import REFERENCE, label
 from bench.config import UserError
-from bench.store import is_local
+from bench.store import is_local, local_path
 
 MISSING = "—"
 Log = Callable[[str], None]
@@ -114,9 +114,9 @@ def tables(grid: pl.DataFrame, paired: pl.DataFrame, metric: str = "best") -> li
     return out
 
 
-def _mark(entry: Entry, sep: str) -> str:
-    """A cell's significance marker after `sep`, or nothing."""
-    return f"{sep}{entry.marker}" if entry.marker else ""
+def _mark(entry: Entry) -> str:
+    """A cell's significance marker after a space, or nothing."""
+    return f" {entry.marker}" if entry.marker else ""
 
 
 LEGEND = (
@@ -145,7 +145,7 @@ def to_markdown(tabs: list[Table], wtl: pl.DataFrame, comparison: pl.DataFrame, 
     for t in tabs:
         lines += [f"## {_md(t.dataset)} · {_md(t.noise)}", "", "| r | " + " | ".join(map(_md, t.header())) + " |",
                   "|---|" + "---|" * len(t.methods)]
-        lines += [f"| {_r(r)} | " + " | ".join((f"**{e.text}**" if e.best else e.text) + _mark(e, " ") for e in entries)
+        lines += [f"| {_r(r)} | " + " | ".join((f"**{e.text}**" if e.best else e.text) + _mark(e) for e in entries)
                   + " |" for r, entries in t.rows()]
         lines.append("")
     if not wtl.is_empty():
@@ -241,6 +241,23 @@ def _png(path: Path) -> str:
     return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
 
 
+def _detail_row(head: str, r: float, c: dict[str, Any], p: dict[str, Any]) -> str:
+    """One cell's statistics and provenance (`c`: its row of the aggregate grid; `p`: its paired test, if any)."""
+    return "<tr>" + "".join([
+        _td(head, "l"), _td(_r(r), value=r), _td(c["n"]),
+        _td(_fmt(c["acc_mean"]), "missing" if c["acc_mean"] is None else ""), _td(_fmt(c["acc_std"])),
+        _td(f"[{_fmt(c['acc_ci_low'])}, {_fmt(c['acc_ci_high'])}]", value=c["acc_ci_low"]),
+        _td(_fmt(c["last_mean"])), _td(_fmt(c["last_std"])), _td(_fmt(c["val_loss_mean"], 4)),
+        _td(_fmt(p.get("p"), 4) + (f" {p['marker']}" if p.get("marker") else ""), value=p.get("p")),
+        _td(p.get("test", "")), _td(c["settings_tried"]), _td(c["ok"]), _td(c["diverged"]),
+        _td(c["failed"], "flag" if c["failed"] else ""), _td(c["setting"] or MISSING, "l"),
+        _td(c["lr"]), _td(c["batch_size"]), _td(c["method_params"], "l"),
+        _td(f"{c['epochs_warmup']}+{c['epochs']}" if c["n"] else None), _td(c["git_commits"] or None, "l"),
+        _td(f"torch {c['torch_versions']}; numpy {c['numpy_versions']}; python {c['python_versions']}"
+            if c["n"] else None, "l"),
+    ]) + "</tr>"
+
+
 def to_html(tabs: list[Table], paired: pl.DataFrame, wtl: pl.DataFrame, comparison: pl.DataFrame,
             df: pl.DataFrame, plots: dict[tuple[str, str], Path], heatmap: Path, summary: str,
             estimates: pl.DataFrame | None = None) -> str:
@@ -250,26 +267,14 @@ def to_html(tabs: list[Table], paired: pl.DataFrame, wtl: pl.DataFrame, comparis
     for t in tabs:
         body.append(f"<h2>{html.escape(t.dataset)} · {html.escape(t.noise)}</h2>")
         rows = [f"<tr>{_td(_r(r), 'l', r)}" + "".join(
-            _td(e.text + _mark(e, " "), "best" if e.best else "missing" if e.mean is None else "", e.mean,
+            _td(e.text + _mark(e), "best" if e.best else "missing" if e.mean is None else "", e.mean,
                 _provenance(e.cell)) for e in entries) + "</tr>" for r, entries in t.rows()]
         body.append(_html_table(["r", *t.header()], rows))
         body.append(_png(plots[(t.dataset, t.noise)]))
         detail = []
-        for (r, m), e in sorted(t.entries.items()):
-            c, p = e.cell, p_of.get((t.dataset, t.noise, r, m), {})
-            detail.append("<tr>" + "".join([
-                _td(label(m) + (" †" if m in t.privileged else ""), "l"), _td(_r(r), value=r), _td(c["n"]),
-                _td(_fmt(c["acc_mean"]), "missing" if c["acc_mean"] is None else ""), _td(_fmt(c["acc_std"])),
-                _td(f"[{_fmt(c['acc_ci_low'])}, {_fmt(c['acc_ci_high'])}]", value=c["acc_ci_low"]),
-                _td(_fmt(c["last_mean"])), _td(_fmt(c["last_std"])), _td(_fmt(c["val_loss_mean"], 4)),
-                _td(_fmt(p.get("p"), 4) + (f" {p['marker']}" if p.get("marker") else ""), value=p.get("p")),
-                _td(p.get("test", "")), _td(c["settings_tried"]), _td(c["ok"]), _td(c["diverged"]),
-                _td(c["failed"], "flag" if c["failed"] else ""), _td(c["setting"] or MISSING, "l"),
-                _td(c["lr"]), _td(c["batch_size"]), _td(c["method_params"], "l"),
-                _td(f"{c['epochs_warmup']}+{c['epochs']}" if c["n"] else None), _td(c["git_commits"] or None, "l"),
-                _td(f"torch {c['torch_versions']}; numpy {c['numpy_versions']}; python {c['python_versions']}"
-                    if c["n"] else None, "l"),
-            ]) + "</tr>")
+        for r, entries in t.rows():
+            for m, head, e in zip(t.methods, t.header(), entries, strict=True):
+                detail.append(_detail_row(head, r, e.cell, p_of.get((t.dataset, t.noise, r, m), {})))
         body.append("<details><summary>every cell: statistics and provenance</summary>" + _html_table(
             ["method", "r", "n", "test acc", "std", "95% CI", "last-epoch acc", "std", "val loss",
              f"p vs {REFERENCE}", "test", "settings", "ok", "diverged", "failed", "setting", "lr", "batch",
@@ -323,7 +328,7 @@ def to_terminal(tabs: list[Table], summary: str, bold: bool = False) -> str:
     lines = [summary, ""]
     for t in tabs:
         header = ["r", *t.header()]
-        rows = [[(_r(r), False)] + [(e.text + _mark(e, " ") + (" <" if e.best and not bold else ""), e.best)
+        rows = [[(_r(r), False)] + [(e.text + _mark(e) + (" <" if e.best and not bold else ""), e.best)
                                     for e in entries] for r, entries in t.rows()]
         widths = [max(len(header[i]), *(len(row[i][0]) for row in rows)) for i in range(len(header))]
         lines += [f"{t.dataset} · {t.noise}", "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)),
@@ -396,7 +401,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     results = str(args.results)
     if args.out is None and not is_local(results):
         raise UserError("--out DIR is needed when RESULTS is a remote URI")
-    out = Path(args.out) if args.out is not None else Path(results).expanduser() / "report"
+    out = Path(args.out) if args.out is not None else local_path(results) / "report"
     written = build_report(results, out)
     for name, path in written.items():
         print(f"{name:28s} {path}")
