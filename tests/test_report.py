@@ -301,10 +301,10 @@ def test_all_failed_cells_and_privileged_methods(tmp_path: Path) -> None:
     assert "FW with the true T †" in md and "| 0.4 | — | 99.00 ± 0.00 * | **80.50 ± 0.71** |" in md
 
 
-def test_run_summary_and_report_select_by_the_same_rule(tmp_path):
+def test_run_summary_and_report_select_by_the_same_rule(tmp_path, capsys):
     """Two settings x two seeds where per-seed selection (seed 0 -> lr 1e-3 at 80%, seed 1 -> lr 1e-4 at 70%:
     75.0) and per-cell selection (lowest mean validation loss: lr 1e-4, 70.0) disagree: the summary that
-    `bench run` prints and `bench report` both say 70.0."""
+    `bench run` prints, `bench report` and `bench leaderboard` all say 70.0."""
     from types import SimpleNamespace
 
     from bench.analysis import aggregate, load_trials
@@ -330,6 +330,10 @@ def test_run_summary_and_report_select_by_the_same_rule(tmp_path):
                   lines.append)
     table = "\n".join(lines[lines.index(next(x for x in lines if x.startswith("clean test accuracy"))):])
     assert "70.0" in table and "75.0" not in table
+    capsys.readouterr()
+    assert cli.main(["leaderboard", str(tmp_path)]) == 0
+    board = capsys.readouterr().out
+    assert "70.00 ± 0.00" in board and "75.0" not in board
 
 
 def test_transition_estimates_are_scored_against_the_true_t(tmp_path: Path) -> None:
