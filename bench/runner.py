@@ -199,9 +199,6 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) ->
         # A pack takes its members' GPU shares together, at most one whole GPU (it runs on one device).
         trainable = tune.with_resources(
             trainable, lambda spec: {"cpu": cpu, "gpu": min(1.0, gpu * len(units[spec["unit"]])) if gpu else 0})
-        storage = f"{results}/ray"  # a path or a URI: Ray Tune takes both
-        if store.is_local(results):
-            Path(storage).mkdir(parents=True, exist_ok=True)
         tuner = tune.Tuner(
             trainable,
             param_space={"unit": tune.grid_search(list(units))},
@@ -209,7 +206,8 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) ->
                 reuse_actors=True, max_concurrent_trials=s.max_concurrent or exp.max_concurrent
             ),
             run_config=tune.RunConfig(
-                name=f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}", storage_path=storage, verbose=0,
+                name=f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}", storage_path=store.Store(results).ray_storage(),
+                verbose=0,
                 failure_config=tune.FailureConfig(max_failures=s.retries),
                 callbacks=[make_callback(tally, results, by_id, {k: [t.trial_id for t in u] for k, u in units.items()},
                                          mirror, out)],

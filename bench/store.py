@@ -96,6 +96,13 @@ class Store:
         under Ray's storage (which Ray syncs to the URI)."""
         return Path(self.path("logs", f"{unit}.log")) if self.local else Path("trial.log")
 
+    def ray_storage(self) -> str:
+        """Ray Tune's own storage, `ray/`: a local folder (created here) or a URI, which Ray Tune takes as it is."""
+        if not self.local:
+            return f"{self.location}/ray"
+        Path(self.path("ray")).mkdir(parents=True, exist_ok=True)
+        return self.path("ray")
+
     def logs_hint(self) -> str:
         return self.path("logs") if self.local else "each trial's folder under results/ray"
 
