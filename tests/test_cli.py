@@ -116,9 +116,9 @@ def test_data_root_only_on_the_commands_that_read_data(tmp_path: Path, capsys) -
         assert info.value.code == 2 and "unrecognized arguments: --data-root" in capsys.readouterr().err
 
 
-def test_on_a_bare_box_the_commands_that_need_more_say_what_is_missing() -> None:
+def test_on_a_bare_box_the_commands_that_need_more_say_what_is_missing(tmp_path: Path) -> None:
     """With only torch, numpy and pyyaml (Ray, polars, ... refused), `bench methods` runs, and `bench report` and
-    `bench run` stop with one line naming the missing package and exit code 2."""
+    `bench run` stop with one line naming the missing package and exit code 2, having written nothing."""
     import subprocess
     import sys
 
@@ -131,13 +131,16 @@ print("EXIT", main(sys.argv[1:]))
 """
 
     def bench(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120)
+        return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120,
+                              cwd=tmp_path)
 
     listing = bench("methods")
     assert "EXIT 0" in listing.stdout and "dmi" in listing.stdout, listing.stderr[-2000:]
-    for args, missing in ((["report", "somewhere"], "polars"), (["run", "tune_configs/demo.yaml"], "ray")):
+    config = str(Path(__file__).resolve().parents[1] / "tune_configs" / "demo.yaml")
+    for args, missing in ((["report", "somewhere"], "polars"), (["run", config, "--results", "res"], "ray")):
         out = bench(*args)
         assert "EXIT 2" in out.stdout, out.stderr[-2000:]
         assert out.stderr.strip().splitlines() == [
             f"bench: error: `bench {args[0]}` needs {missing}, which is not installed here; install bench with its "
             "dependencies (pip install -e .)"]
+    assert list(tmp_path.iterdir()) == []
