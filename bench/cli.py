@@ -1,9 +1,12 @@
-"""The `bench` command line. Bad input prints one line starting with "bench: error:" and exits with code 2,
-having written nothing."""
+"""The `bench` command line: every command's arguments are defined here; each command's body lives with what it
+does (`cmd_run` in `bench.runner`, `cmd_report` in `bench.report`, ...), imported only when that command runs, so that
+`bench --help`, `trial`, `datasets` and `methods` stay light and work on a bare GPU box (torch and numpy only).
+Bad input prints one line starting with "bench: error:" and exits with code 2, having written nothing."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import warnings
@@ -11,9 +14,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.config import EXIT_USAGE, TrialConfig, UserError, default_data_root, freeze_params
+from bench.validate import GRID_LIMIT
+
+# What `bench run`, `report`, `results`, `sync-mlflow` and `ui` need beyond the training core; each command names
+# its own (`needs`), checked before it starts.
+OPTIONAL = {"ray", "mlflow", "polars", "pyarrow", "scipy", "matplotlib", "yaml"}
 
 
 def _add_data_root(parser: argparse.ArgumentParser) -> None:
+    """Only on the commands that read data: trial, run, labels, datasets."""
     parser.add_argument(
         "--data-root", type=Path, default=None,
         help="folder holding the data sets (default: $BENCH_DATA, else ~/.cache/bench/data)",
@@ -106,6 +115,39 @@ def cmd_methods(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_results(args: argparse.Namespace) -> int:
+    """`bench results`: the merged result table, printed or written to one file."""
+    import polars as pl
+
+    from bench.results import CORE_COLUMNS
+    from bench.store import read_table
+
+    table = read_table(args.results)
+    if table.is_empty():
+        raise UserError(f"no result rows under {args.results}/trials")
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.suffix == ".csv":
+            table.select(pl.col(c) for c, t in table.schema.items() if t != pl.Null).write_csv(out)
+        else:
+            table.write_parquet(out)
+        print(f"{table.height} rows -> {out}")
+        return 0
+    columns = [c for c in CORE_COLUMNS if c in table.columns and c not in ("git_commit", "torch_version", "device")]
+    shown = table.select(columns).sort([c for c in ("experiment", "dataset", "noise", "r", "method", "seed")
+                                        if c in columns])
+    with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=250, tbl_hide_column_data_types=True,
+                   float_precision=4):
+        print(shown)
+    return 0
+
+
+def _later(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """The command `name` of `module`, imported only when the command runs."""
+    return lambda args: getattr(importlib.import_module(module), name)(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bench",
@@ -144,38 +186,88 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("methods", help="list the methods with their papers and hyper-parameters (default, type, "
                        "range or choices)")
-    _add_data_root(p)
     p.set_defaults(func=cmd_methods)
 
-    for register in EXTRA_COMMANDS:
-        register(sub, _add_data_root)
+    _add_run(sub)
+    _add_labels(sub)
+    _add_results_commands(sub)
     return parser
 
 
-# Commands contributed by other modules (the Ray runner, reports): each adds its sub-parser.
-EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction, Callable[[argparse.ArgumentParser], None]], None]] = []
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run an experiment grid (tune_configs/*.yaml) with Ray Tune",
+                       description="Run the trials of an experiment file that have no result row yet.")
+    p.add_argument("config", help="experiment file, e.g. tune_configs/demo.yaml")
+    p.add_argument("--results", default=None, help="results folder or pyarrow URI (default: results/<name>)")
+    p.add_argument("--address", default=None, help="Ray cluster address (default: start Ray locally)")
+    p.add_argument("--dry-run", action="store_true", help="print the grid, the trials and the work; run nothing")
+    p.add_argument("--max-concurrent", type=int, default=None, help="at most N trials at once")
+    p.add_argument("--mlflow-uri", default=None,
+                   help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite inside the results folder)")
+    p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow (parquet only)")
+    p.add_argument("--cpus-per-trial", type=float, default=None, help="override resources.cpu")
+    p.add_argument("--gpus-per-trial", type=float, default=None,
+                   help="override resources.gpu (> 0 runs on cuda, 0 on the CPU); fractions share a GPU")
+    p.add_argument("--retries", type=int, default=None, help="retries of a crashed trial (default 2)")
+    p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
+    p.add_argument("--pack", default="auto",
+                   help="train trials that share data, model and schedule as one stacked model on one device: "
+                        "auto (on CUDA, up to 256 a pack; solo on a CPU), off, or N trials a pack")
+    p.add_argument("--yes", action="store_true",
+                   help=f"run a grid of more than {GRID_LIMIT:,} trials (without it such a grid is refused)")
+    _add_data_root(p)
+    p.set_defaults(func=_later("bench.runner", "cmd_run"), needs=("ray", "pyarrow", "polars"))
 
 
-def _load_extra_commands() -> None:
-    import importlib
+def _add_labels(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "labels", help="write the exact noisy train and validation labels of a (dataset, noise, r, seed) as parquet, "
+        "with the hash the result rows record")
+    p.add_argument("--dataset", required=True, help="dataset name (see `bench datasets`)")
+    p.add_argument("--noise", required=True, help="noise pattern (as for `bench trial`)")
+    p.add_argument("--r", type=float, required=True, help="noise level in [0, 1]")
+    p.add_argument("--seed", type=int, default=0, help="the trial seed (it seeds the noise)")
+    p.add_argument("--transition", type=Path, default=None,
+                   help="explicit transition matrix T (CSV rows or a JSON list of rows; rows = true class)")
+    p.add_argument("--out", required=True, help="the parquet file to write")
+    _add_data_root(p)
+    p.set_defaults(func=_later("bench.labels", "cmd_labels"), needs=("pyarrow",))
 
-    EXTRA_COMMANDS.clear()  # main() may run more than once in a process (tests)
-    for module in ("bench.runner", "bench.report", "bench.labels"):
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            # On a bare GPU box (torch and numpy only) `bench trial`, `datasets` and `methods` still work; the
-            # commands that need Ray, MLflow or polars are simply not offered.
-            if e.name != module and (e.name or "").split(".")[0] not in {"ray", "mlflow", "polars", "scipy",
-                                                                         "matplotlib"}:
-                raise
-            continue
-        if mod.add_commands not in EXTRA_COMMANDS:  # main() may run more than once in a process (tests)
-            EXTRA_COMMANDS.append(mod.add_commands)
+
+def _add_results_commands(sub: argparse._SubParsersAction) -> None:
+    """The commands that read a results folder (and no data)."""
+    p = sub.add_parser("results", help="print the merged result table, or write it to one parquet file")
+    p.add_argument("results", help="results folder")
+    p.add_argument("--out", default=None, help="write all rows to this .parquet (or .csv) file")
+    p.set_defaults(func=cmd_results, needs=("pyarrow", "polars"))
+
+    p = sub.add_parser(
+        "report", help="leaderboards (Markdown, LaTeX, CSV, one HTML page), plots, paper vs measured, and the "
+        "diagnostics: three checkpoint rules, memorisation curves, detection quality, cost, label hashes")
+    p.add_argument("results", help="results folder (holds trials/*.parquet)")
+    p.add_argument("--out", default=None, help="output folder (default: RESULTS/report)")
+    p.set_defaults(func=_later("bench.report", "cmd_report"), needs=("polars", "scipy", "matplotlib"))
+
+    p = sub.add_parser("leaderboard", help="print the leaderboard as an aligned terminal table")
+    p.add_argument("results", help="results folder (holds trials/*.parquet)")
+    p.add_argument("--metric", choices=("best", "last"), default="best",  # the keys of bench.analysis.METRICS
+                   help="accuracy at the selected checkpoint (best, default) or at the last epoch (last)")
+    p.set_defaults(func=_later("bench.report", "cmd_leaderboard"), needs=("polars", "scipy"))
+
+    p = sub.add_parser("sync-mlflow", help="log the result rows that MLflow lacks (idempotent)")
+    p.add_argument("results", help="results folder")
+    p.add_argument("--mlflow-uri", default=None, help="MLflow store (default as for `bench run`)")
+    p.set_defaults(func=_later("bench.tracking", "cmd_sync_mlflow"), needs=("mlflow", "polars"))
+
+    p = sub.add_parser("ui", help="serve the MLflow UI of a results folder on 127.0.0.1")
+    p.add_argument("results", help="results folder")
+    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--mlflow-uri", default=None, help="MLflow store (default as for `bench run`)")
+    p.set_defaults(func=_later("bench.tracking", "cmd_ui"), needs=("mlflow",))
 
 
 def main(argv: list[str] | None = None) -> int:
-    _load_extra_commands()
     parser = build_parser()
     args = parser.parse_args(argv)
     if hasattr(args, "data_root") and args.data_root is None:
@@ -183,7 +275,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("default")
+            for package in getattr(args, "needs", ()):  # before anything is written
+                importlib.import_module(package)
             return int(args.func(args) or 0)
+    except ModuleNotFoundError as e:
+        missing = (e.name or "").split(".")[0]
+        if missing not in OPTIONAL:
+            raise
+        print(f"bench: error: `bench {args.command}` needs {missing}, which is not installed here; install bench with "
+              "its dependencies (pip install -e .)", file=sys.stderr)
+        return EXIT_USAGE
     except UserError as e:
         print(f"bench: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -209,6 +209,11 @@ def registry() -> dict[str, type[Dataset]]:
     return discover(Dataset, ("bench.datasets",))
 
 
+def paper_datasets() -> list[str]:
+    """The registered datasets that have a table in the paper."""
+    return [name for name, dataset in registry().items() if dataset.paper_noise]
+
+
 def paper_noise(name: str) -> str | None:
     """The pattern of the paper's table for a dataset name (None: no table, or no such dataset registered)."""
     dataset = registry().get(name)

@@ -44,7 +44,7 @@ import torch
 if TYPE_CHECKING:
     import polars as pl
 
-EPOCH_COLUMNS = ("test_acc", "train_clean_acc", "train_noisy_acc_flipped", "train_noisy_acc_kept",
+DIAGNOSTIC_COLUMNS = ("test_acc", "train_clean_acc", "train_noisy_acc_flipped", "train_noisy_acc_kept",
                  "det_flagged", "det_precision", "det_recall", "det_auroc")
 CELL = ["dataset", "noise", "r", "method"]
 ORACLE = "†"
@@ -116,8 +116,8 @@ def detection(score: np.ndarray, flagged: np.ndarray, flipped: np.ndarray) -> di
 @torch.no_grad()
 def epoch_numbers(train_logits: torch.Tensor, noisy: torch.Tensor, clean: torch.Tensor, test_logits: torch.Tensor,
                   test_labels: torch.Tensor, judged: tuple[torch.Tensor, torch.Tensor] | None) -> dict[str, Any]:
-    """One member's row of `EPOCH_COLUMNS` from its logits on the whole training and test sets."""
-    out: dict[str, Any] = dict.fromkeys(EPOCH_COLUMNS)
+    """One member's row of `DIAGNOSTIC_COLUMNS` from its logits on the whole training and test sets."""
+    out: dict[str, Any] = dict.fromkeys(DIAGNOSTIC_COLUMNS)
     out["test_acc"] = _share(int((test_logits.argmax(-1) == test_labels).sum()), test_labels.numel(), 100.0)
     out.update(memorisation(train_logits.argmax(-1), noisy, clean))
     if judged is not None:
@@ -156,7 +156,7 @@ class Diagnostics:
     """The report's diagnostic tables (each also written as CSV)."""
 
     rules: pl.DataFrame  # per cell: the three selection rules
-    curves: pl.DataFrame  # per cell and epoch: EPOCH_COLUMNS, mean over the selected setting's seeds
+    curves: pl.DataFrame  # per cell and epoch: DIAGNOSTIC_COLUMNS, mean over the selected setting's seeds
     detection: pl.DataFrame  # per cell of a detecting method: precision, recall, AUROC (selected, last epoch)
     cost: pl.DataFrame  # per cell: time, device, epochs, networks, device-seconds, accuracy per device-hour
     totals: pl.DataFrame  # per device: the grid's trials and device-hours
@@ -174,7 +174,7 @@ def analyse(trials: pl.DataFrame, epochs: pl.DataFrame, settings: pl.DataFrame) 
 
     if not epochs.is_empty():  # files written before a column existed lack it
         epochs = epochs.with_columns(pl.lit(None, pl.Float64).alias(c)
-                                     for c in EPOCH_COLUMNS if c not in epochs.columns)
+                                     for c in DIAGNOSTIC_COLUMNS if c not in epochs.columns)
     chosen = trials.join(settings.select(CELL + ["setting"]), on=CELL + ["setting"]).filter(pl.col("usable"))
     for column in ("device_s", "networks", "epochs_trained"):
         if column not in chosen.columns:
@@ -195,7 +195,7 @@ def analyse(trials: pl.DataFrame, epochs: pl.DataFrame, settings: pl.DataFrame) 
 
 
 def _curves(trials: pl.DataFrame, chosen: pl.DataFrame, epochs: pl.DataFrame) -> pl.DataFrame:
-    """Mean EPOCH_COLUMNS per cell, stage and epoch (`x`: warm-start epochs first, then the method stage's). A
+    """Mean DIAGNOSTIC_COLUMNS per cell, stage and epoch (`x`: warm-start epochs first, then the method stage's). A
     warm start is shared by every method of its (dataset, noise, r, seed) and recorded by the trial that trained
     it, so its rows come from any trial of the cell with the same warm-start settings."""
     import polars as pl
@@ -203,7 +203,7 @@ def _curves(trials: pl.DataFrame, chosen: pl.DataFrame, epochs: pl.DataFrame) ->
     if epochs.is_empty() or (epochs := epochs.filter(pl.col("test_acc").is_not_null())).is_empty():
         return pl.DataFrame()
     key = ["dataset", "noise", "r", "epochs_warmup", "subset"]
-    values = [pl.col(c).mean() for c in EPOCH_COLUMNS]
+    values = [pl.col(c).mean() for c in DIAGNOSTIC_COLUMNS]
     info = trials.select("trial_id", "seed", "dataset", "noise", "r", pl.col("epochs_warmup").cast(pl.Int64),
                          pl.col("train_subset").cast(pl.Int64).fill_null(0).alias("subset"))
     warm = (epochs.filter(pl.col("stage") == "warmup").join(info, on="trial_id")
@@ -216,7 +216,7 @@ def _curves(trials: pl.DataFrame, chosen: pl.DataFrame, epochs: pl.DataFrame) ->
               .with_columns(pl.lit("method").alias("stage"), (pl.col("epochs_warmup") + pl.col("epoch")).alias("x")))
     cells = method.select(CELL + ["epochs_warmup", "subset"]).unique()
     warm = cells.join(warm, on=key).with_columns(pl.lit("warmup").alias("stage"), pl.col("epoch").alias("x"))
-    columns = CELL + ["stage", "epoch", "x", *EPOCH_COLUMNS]
+    columns = CELL + ["stage", "epoch", "x", *DIAGNOSTIC_COLUMNS]
     return pl.concat([warm.select(columns), method.select(columns)]).sort(CELL + ["x"])
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -86,19 +85,3 @@ def cmd_labels(args: argparse.Namespace) -> int:
           f"{config.noise} r={config.r:g} seed={config.seed}; realised noise rate {100 * labels.noise_rate:.2f}%; "
           f"noise hash {labels.noise_hash}")
     return 0
-
-
-def add_commands(subparsers: argparse._SubParsersAction,
-                 add_data_root: Callable[[argparse.ArgumentParser], None]) -> None:
-    p = subparsers.add_parser(
-        "labels", help="write the exact noisy train and validation labels of a (dataset, noise, r, seed) as parquet, "
-        "with the hash the result rows record")
-    p.add_argument("--dataset", required=True, help="dataset name (see `bench datasets`)")
-    p.add_argument("--noise", required=True, help="noise pattern (as for `bench trial`)")
-    p.add_argument("--r", type=float, required=True, help="noise level in [0, 1]")
-    p.add_argument("--seed", type=int, default=0, help="the trial seed (it seeds the noise)")
-    p.add_argument("--transition", type=Path, default=None,
-                   help="explicit transition matrix T (CSV rows or a JSON list of rows; rows = true class)")
-    p.add_argument("--out", required=True, help="the parquet file to write")
-    add_data_root(p)
-    p.set_defaults(func=cmd_labels)

@@ -169,7 +169,7 @@ class Stage(Protocol):
 
     def freeze(self, members: np.ndarray) -> None: ...  # diverged members: no further updates
 
-    # Per member, the epoch's diagnostics (`bench.diagnostics.EPOCH_COLUMNS`; empty dicts where they are off).
+    # Per member, the epoch's diagnostics (`bench.diagnostics.DIAGNOSTIC_COLUMNS`; empty dicts where they are off).
     # `epoch` counts the method-stage epochs trained so far (0: the initial state).
     def diagnose(self, epoch: int) -> list[dict[str, float | None]]: ...
 

@@ -10,13 +10,19 @@ Store: `--mlflow-uri`, else `MLFLOW_TRACKING_URI`, else the embedded default `sq
 in `RESULTS/mlartifacts`). MLflow 3.17 refuses its file store without MLFLOW_ALLOW_FILE_STORE, hence sqlite.
 A grid cell is (dataset, noise, r): the runs of every method, hyper-parameter and seed at that noise level are
 nested under one parent run named after the cell, so the UI compares methods cell by cell.
+
+Commands: `bench sync-mlflow RESULTS` (backfill) and `bench ui RESULTS` (serve the MLflow UI on 127.0.0.1).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
+import shutil
+import signal
+import subprocess
 import sys
 import time
 import warnings
@@ -25,7 +31,10 @@ from typing import Any
 
 import polars as pl
 
-from bench.diagnostics import EPOCH_COLUMNS
+from bench import store
+from bench.config import UserError
+from bench.diagnostics import DIAGNOSTIC_COLUMNS
+from bench.store import is_local, local_path
 
 # MLflow's HTTP client retries for minutes by default; a team server that is down must not stall a grid.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
@@ -45,14 +54,6 @@ def _quiet_sqlalchemy() -> None:
     except ImportError:  # pragma: no cover - sqlalchemy comes with mlflow
         return
     warnings.filterwarnings("ignore", category=SADeprecationWarning)
-
-
-def is_local(results: str | os.PathLike[str]) -> bool:
-    return "://" not in str(results) or str(results).startswith("file://")
-
-
-def local_path(results: str | os.PathLike[str]) -> Path:
-    return Path(str(results).removeprefix("file://")).expanduser().resolve()
 
 
 def tracking_uri(results: str | os.PathLike[str], uri: str | None = None) -> str | None:
@@ -166,7 +167,6 @@ class Mirror:
     def loggable(self, row: dict[str, Any]) -> bool:
         """A row whose experiment name could not be a folder name (a path, '..') is not logged: the embedded
         store keeps each experiment's artifacts in a folder of that name."""
-        from bench.config import UserError
         from bench.validate import check_name
 
         try:
@@ -205,7 +205,7 @@ class Mirror:
         if epochs is not None and epochs.height:
             for e in epochs.iter_rows(named=True):
                 prefix = "" if e["stage"] == "method" else f"{e['stage']}_"
-                for name in ("train_loss", "val_loss", "val_acc", "seconds", *EPOCH_COLUMNS):
+                for name in ("train_loss", "val_loss", "val_acc", "seconds", *DIAGNOSTIC_COLUMNS):
                     if e.get(name) is not None:
                         metrics.append(Metric(f"{prefix}epoch_{name}", float(e[name]), now, int(e["epoch"])))
         param_list = [Param(k, str(v)) for k, v in params.items() if v is not None]
@@ -230,12 +230,10 @@ class Mirror:
 
     def sync(self, results: str | os.PathLike[str], trial_ids: set[str] | None = None) -> int:
         """Log every row under `results` (or those in `trial_ids`) that MLflow lacks; return how many."""
-        from bench.results import read_table
-
-        rows = read_table(results)
+        rows = store.read_table(results)
         if rows.is_empty() or self.failed:
             return 0
-        epochs = read_table(results, "epochs")
+        epochs = store.read_table(results, "epochs")
         count = 0
         for row in rows.iter_rows(named=True):
             if trial_ids is not None and row["trial_id"] not in trial_ids or not self.loggable(row):
@@ -277,3 +275,57 @@ def open_mirror(results: str | os.PathLike[str], uri: str | None, warn=None) -> 
     if chosen.startswith("sqlite:///"):
         Path(chosen.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     return Mirror(chosen, results, warn=say)
+
+
+# -- commands ---------------------------------------------------------------------------------------------------
+def cmd_sync_mlflow(args: argparse.Namespace) -> int:
+    results = store.absolute(args.results)
+    if store.read_table(results).is_empty():
+        raise UserError(f"no result rows under {args.results}/trials")
+    with store.Store(results).hold():  # not while a `bench run` logs into the same store
+        mirror = open_mirror(results, args.mlflow_uri)
+        if mirror is None:
+            return 1
+        count = mirror.sync(results)
+    if not mirror.ok:
+        return 1
+    print(f"MLflow {mirror.uri}: logged {count} missing runs (the others were already there)")
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    uri = tracking_uri(store.absolute(args.results), args.mlflow_uri)
+    if uri is None:
+        raise UserError(f"{args.results} is not a local folder: name the MLflow store with --mlflow-uri")
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        raise UserError(f"no MLflow store at {uri}; run `bench run` (or `bench sync-mlflow {args.results}`) first")
+    mlflow_bin = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or shutil.which("mlflow")
+    command = [mlflow_bin or "mlflow", "server", "--host", "127.0.0.1", "--port", str(args.port), "--workers", "1",
+               "--backend-store-uri", uri]
+    address = f"http://127.0.0.1:{args.port}"
+    print(f"MLflow UI for {uri} on {address} (Ctrl-C stops it)", flush=True)
+    for line in runs_links(uri, address):
+        print(f"  {line}", flush=True)
+    server: subprocess.Popen | None = None
+    signalled: list[int] = []
+
+    def terminated(signum: int, frame: Any) -> None:
+        signalled.append(signum)
+        if server is not None:  # raised inside Popen, the exit would lose the child it is starting
+            raise SystemExit(128 + signum)
+
+    # SIGTERM (kill, a service manager) must stop the server too, as Ctrl-C does, not orphan it.
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        server = subprocess.Popen(command)
+        if signalled:
+            raise SystemExit(128 + signalled[0])
+        return server.wait()
+    finally:  # Ctrl-C, SIGTERM or an error here: stop the server this command started
+        signal.signal(signal.SIGTERM, previous)
+        if server is not None and server.poll() is None:
+            server.terminate()
+            try:
+                server.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                server.kill()

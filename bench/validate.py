@@ -84,13 +84,15 @@ def check_data(datasets: Iterable[str], data_root: str | os.PathLike[str]) -> No
 def check_results(results: str) -> None:
     """A local results folder must be a folder this process can write (checked by writing a probe file into it,
     or into its nearest existing parent), so that no finished trial loses its row to a late write error."""
-    if "://" in results:
+    from bench.store import is_local
+
+    if not is_local(results):
         return  # an object store: credentials and buckets are checked by the first write
     try:
         results.encode("utf-8")
     except UnicodeEncodeError:
         raise UserError(f"results folder {results!r} is not valid UTF-8; choose another --results") from None
-    path = Path(results).expanduser().absolute()
+    path = Path(results.removeprefix("file://")).expanduser().absolute()
     probe_in = path
     while not probe_in.exists():
         if probe_in.is_symlink() or probe_in.parent == probe_in:

@@ -10,24 +10,20 @@ numbers, wasted compute, still correct).
 
 A cache file that cannot be loaded (damaged, truncated, or not a tensor file: loading never unpickles code) is
 renamed aside to `<key>.pt.damaged-<time>`, logged with its path, and the warm start is trained again once.
+Files, atomic writes and locks are the results store's (`bench.store`).
 """
 
 from __future__ import annotations
 
-import fcntl
-import io
 import os
 import time
 import uuid
 from collections.abc import Callable
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
-import pyarrow.fs as pafs
 import torch
 
-from bench.results import _filesystem
+from bench.store import Store
 
 State = dict[str, torch.Tensor]
 
@@ -36,24 +32,21 @@ class WarmStartCache:
     """A `bench.trainer.WarmStartCache`: call it with (key, train_fn) to get the warm-started state."""
 
     def __init__(self, results: str | os.PathLike[str], log: Callable[[str], None] = print) -> None:
-        self.fs, root = _filesystem(results)
+        self.store = Store(results)
         self.log = log
-        self.root = f"{root}/warmstart"
-        self.local = isinstance(self.fs, pafs.LocalFileSystem)
         self.hits = 0  # warm starts loaded instead of trained
         self.misses = 0  # warm starts trained here
         self.saved_s = 0.0  # the training seconds that the hits did not spend
         self.trained_s = 0.0
 
     def path(self, key: str) -> str:
-        return f"{self.root}/{key}.pt"
+        return self.store.path("warmstart", f"{key}.pt")
 
     def __call__(self, key: str, train_fn: Callable[[], State]) -> State:
         found = self.get(key)
         if found is not None:
             return found
-        self.fs.create_dir(self.root, recursive=True)
-        with self._lock(key):
+        with self.store.lock(f"warmstart/{key}"):
             found = self.get(key)  # another trial may have trained it while this one waited
             if found is not None:
                 return found
@@ -70,12 +63,12 @@ class WarmStartCache:
 
     def put(self, key: str, state: State, seconds: float) -> None:
         """Store a warm start trained elsewhere (in a pack); `seconds` is its share of the training time."""
-        self.fs.create_dir(self.root, recursive=True)
-        with self._lock(key):
+        with self.store.lock(f"warmstart/{key}"):
             self._store(key, state, seconds)
 
     def _store(self, key: str, state: State, seconds: float) -> None:
-        self._save(key, {"state": state, "seconds": seconds, "created": time.time()})
+        self.store.save_tensors(self.path(key), {"state": {k: v.detach().cpu() for k, v in state.items()},
+                                                 "seconds": seconds, "created": time.time()})
         self.misses += 1
         self.trained_s += seconds
 
@@ -86,16 +79,14 @@ class WarmStartCache:
 
     def _load(self, key: str) -> dict[str, Any] | None:
         path = self.path(key)
-        if self.fs.get_file_info(path).type != pafs.FileType.File:
+        if not self.store.exists(path):
             return None
         try:
-            with self.fs.open_input_stream(path) as f:
-                blob = f.read()
-            return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+            return self.store.load_tensors(path)
         except Exception as e:  # noqa: BLE001 - any unreadable entry is retrained, never fatal to its cell
             aside = f"{path}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
             try:
-                self.fs.move(path, aside)
+                self.store.fs.move(path, aside)
             except OSError:  # another trial set it aside first
                 pass
             # Only the first sentence: PyTorch's own advice (weights_only=False) would execute a planted pickle.
@@ -103,27 +94,6 @@ class WarmStartCache:
             self.log(f"warm-start cache: {path} could not be loaded ({type(e).__name__}: {reason}); set it aside as "
                      f"{aside} and training this warm start again")
             return None
-
-    def _save(self, key: str, entry: dict[str, Any]) -> None:
-        buffer = io.BytesIO()
-        torch.save({**entry, "state": {k: v.detach().cpu() for k, v in entry["state"].items()}}, buffer)
-        tmp = f"{self.path(key)}.{uuid.uuid4().hex}.tmp"
-        with self.fs.open_output_stream(tmp) as f:
-            f.write(buffer.getvalue())
-        self.fs.move(tmp, self.path(key))
-
-    @contextmanager
-    def _lock(self, key: str):
-        if not self.local:
-            yield
-            return
-        lock_path = Path(self.root) / f"{key}.lock"
-        with open(lock_path, "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
 
     def stats(self) -> dict[str, float]:
         return dict(warm_hits=self.hits, warm_misses=self.misses, warm_saved_s=self.saved_s,

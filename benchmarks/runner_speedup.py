@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from bench.experiment import parse_experiment
-from bench.results import read_table
 from bench.runner import Settings, run_experiment
+from bench.store import read_table
 from bench.trainer import run_trial
 from bench.warmstart import WarmStartCache
 

@@ -57,9 +57,9 @@ def ray_session():
 
 def crashing_checkpoints(after_epoch: int = 2) -> type:
     """Epoch checkpoints that raise "node lost" right after saving `after_epoch`: a worker killed mid-stage."""
-    from bench.runner import TrialCheckpoints
+    from bench.store import Checkpoints
 
-    class CrashAfterEpoch(TrialCheckpoints):
+    class CrashAfterEpoch(Checkpoints):
         def save(self, state):
             super().save(state)
             if state["epoch"] == after_epoch:

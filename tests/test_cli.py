@@ -101,3 +101,46 @@ def test_a_closed_pipe_ends_quietly() -> None:
                          executable="/bin/bash")
     assert out.stdout.count("\n") == 1
     assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr
+
+
+def test_data_root_only_on_the_commands_that_read_data(tmp_path: Path, capsys) -> None:
+    """--data-root is accepted by trial, run and datasets, and refused (argparse, exit 2) by the others."""
+    for command in ("trial", "run", "datasets"):
+        with pytest.raises(SystemExit) as info:
+            main([command, "--help"])
+        assert info.value.code == 0 and "--data-root" in capsys.readouterr().out
+    for command in (["methods"], ["results", "R"], ["report", "R"], ["leaderboard", "R"], ["sync-mlflow", "R"],
+                    ["ui", "R"]):
+        with pytest.raises(SystemExit) as info:
+            main([*command, "--data-root", str(tmp_path)])
+        assert info.value.code == 2 and "unrecognized arguments: --data-root" in capsys.readouterr().err
+
+
+def test_on_a_bare_box_the_commands_that_need_more_say_what_is_missing(tmp_path: Path) -> None:
+    """With only torch, numpy and pyyaml (Ray, polars, ... refused), `bench methods` runs, and `bench report` and
+    `bench run` stop with one line naming the missing package and exit code 2, having written nothing."""
+    import subprocess
+    import sys
+
+    script = """
+import sys
+for name in ("ray", "mlflow", "polars", "pyarrow", "pandas", "scipy", "matplotlib"):
+    sys.modules[name] = None
+from bench.cli import main
+print("EXIT", main(sys.argv[1:]))
+"""
+
+    def bench(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120,
+                              cwd=tmp_path)
+
+    listing = bench("methods")
+    assert "EXIT 0" in listing.stdout and "dmi" in listing.stdout, listing.stderr[-2000:]
+    config = str(Path(__file__).resolve().parents[1] / "tune_configs" / "demo.yaml")
+    for args, missing in ((["report", "somewhere"], "polars"), (["run", config, "--results", "res"], "ray")):
+        out = bench(*args)
+        assert "EXIT 2" in out.stdout, out.stderr[-2000:]
+        assert out.stderr.strip().splitlines() == [
+            f"bench: error: `bench {args[0]}` needs {missing}, which is not installed here; install bench with its "
+            "dependencies (pip install -e .)"]
+    assert list(tmp_path.iterdir()) == []

@@ -15,11 +15,11 @@ import torch
 from bench import diagnostics, report
 from bench.cli import main
 from bench.config import TrialConfig
-from bench.diagnostics import EPOCH_COLUMNS, auroc, detection, memorisation, trial_rules
+from bench.diagnostics import DIAGNOSTIC_COLUMNS, auroc, detection, memorisation, trial_rules
 from bench.labels import labels_hash_of
 from bench.methods import get_method
 from bench.packed import run_pack
-from bench.results import read_table
+from bench.store import read_table
 from bench.trainer import run_trial
 
 QUIET = dict(log=lambda s: None)
@@ -153,7 +153,7 @@ def test_a_packed_member_records_its_solo_trials_per_epoch_numbers(tmp_path: Pat
         a = pl.read_parquet(tmp_path / "packed" / "epochs" / f"{config.trial_id}.parquet")
         b = pl.read_parquet(tmp_path / "solo" / "epochs" / f"{config.trial_id}.parquet")
         assert a["stage"].to_list() == b["stage"].to_list() == ["warmup"] * 2 + ["method"] * 4
-        for column in EPOCH_COLUMNS:
+        for column in DIAGNOSTIC_COLUMNS:
             for x, y in zip(a[column], b[column], strict=True):
                 assert (x is None and y is None) or math.isclose(x, y, rel_tol=1e-5, abs_tol=1e-6), (column, x, y)
         method = b.filter(stage="method")

@@ -21,8 +21,9 @@ from bench.cli import main
 from bench.config import UserError
 from bench.experiment import load_experiment
 from bench.methods import Interval, registry
-from bench.results import read_table, write_trial
+from bench.results import write_trial
 from bench.runner import Settings, run_experiment
+from bench.store import read_table
 
 GRID = dict(name="faults", dataset="synthetic", noise="case3", r=[0.0, 0.4], seeds=[0], epochs=1, epochs_warmup=1,
             resources={"cpu": 1}, methods={"ce": {}})
@@ -280,8 +281,8 @@ def test_a_second_launch_on_a_held_folder_names_the_holder_and_exits_2(tmp_path,
     config = write_config(tmp_path)
     results = tmp_path / "results"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from bench.results import hold\n"
-         f"with hold({str(results)!r}):\n    print('held', flush=True); sys.stdin.read()"],
+        [sys.executable, "-c", "import sys; from bench.store import Store\n"
+         f"with Store({str(results)!r}).hold():\n    print('held', flush=True); sys.stdin.read()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"

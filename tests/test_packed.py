@@ -19,7 +19,7 @@ from conftest import crashing_checkpoints
 from bench.config import Schedule, TrialConfig, UserError, freeze_params
 from bench.methods import Batch, Method, registry
 from bench.packed import PackedStage, StackedOptimizer, pack_id, plan_units, run_pack, why_solo
-from bench.results import read_table
+from bench.store import read_table
 from bench.trainer import run_trial
 
 REPO = Path(__file__).resolve().parents[1]
@@ -168,7 +168,7 @@ def test_a_pack_out_of_gpu_memory_stops_with_the_smaller_pack_to_use(tmp_path: P
 
 
 def test_a_killed_pack_resumes_from_its_epoch_checkpoint_with_the_same_numbers(tmp_path: Path) -> None:
-    from bench.runner import TrialCheckpoints
+    from bench.store import Checkpoints
 
     configs = [TrialConfig("synthetic", m, "case3", 0.4, seed=3, epochs=5, epochs_warmup=2) for m in ("ce", "dmi")]
     whole = run_pack(configs, "unused", **QUIET)
@@ -182,7 +182,7 @@ def test_a_killed_pack_resumes_from_its_epoch_checkpoint_with_the_same_numbers(t
                  checkpoints=CrashAfterEpoch2(results, pack_id(configs), lines.append))
     assert read_table(results).is_empty()
     resumed = run_pack(configs, "unused", results=results, log=lines.append,
-                       checkpoints=TrialCheckpoints(results, pack_id(configs), lines.append))
+                       checkpoints=Checkpoints(results, pack_id(configs), lines.append))
     assert "resumed from the checkpoint of epoch 2" in lines
     for a, b in zip(resumed, whole, strict=True):
         for key in ("status", "best_epoch", "val_loss", "test_acc", "last_test_acc", "confusion"):

@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from bench import models, noise
+from bench.analysis import read_reference
 from bench.cli import main
 from bench.data import registry as datasets
 from bench.methods import registry as methods
-from bench.report import read_reference
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 LEVELS = [i / 20 for i in range(21)]

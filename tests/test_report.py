@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 from scipy import stats
 
-from bench import cli, report
+from bench import analysis, cli, report
 from bench.results import write_trial
 
 SOURCE_CSV = Path(__file__).resolve().parents[1] / ".." / "shared" / "paper" / "reference_results.csv"
@@ -78,8 +78,8 @@ def results(tmp_path: Path) -> Path:
 
 
 def test_aggregation_matches_hand_computed_values(results: Path) -> None:
-    df = report.load_trials(results)
-    grid = report.aggregate(df)
+    df = analysis.load_trials(results)
+    grid = analysis.aggregate(df)
     ce = cell(grid, "ce", 0.2)
     assert ce["lr"] == 1e-4 and ce["n"] == 3 and ce["settings_tried"] == 2
     assert ce["acc_mean"] == pytest.approx(72.0)
@@ -108,17 +108,17 @@ def test_selection_uses_mean_validation_loss_never_test_accuracy(tmp_path: Path)
     # loss (0.1) but a higher mean (0.8), and far better test accuracy. The paper's rule picks A.
     rows = [make_row("ce", 0.3, s, 0.5, 60.0 + s, lr=1e-4) for s in (0, 1)]
     rows += [make_row("ce", 0.3, 0, 0.1, 95.0, lr=1e-3), make_row("ce", 0.3, 1, 1.5, 96.0, lr=1e-3)]
-    df = report.load_trials(write(tmp_path / "res", rows))
-    selected = report.select_settings(df)
+    df = analysis.load_trials(write(tmp_path / "res", rows))
+    selected = analysis.select_settings(df)
     assert selected.height == 1 and selected["sel_val_loss"][0] == pytest.approx(0.5)
-    ce = cell(report.aggregate(df), "ce", 0.3)
+    ce = cell(analysis.aggregate(df), "ce", 0.3)
     assert ce["lr"] == 1e-4 and ce["acc_mean"] == pytest.approx(60.5)
     # Whatever the test accuracies are, the choice does not move.
     rng = np.random.default_rng(0)
     for _ in range(5):
         scrambled = df.with_columns(pl.Series("test_acc", rng.uniform(0, 100, df.height)),
                                     pl.Series("last_test_acc", rng.uniform(0, 100, df.height)))
-        assert report.select_settings(scrambled).equals(selected)
+        assert analysis.select_settings(scrambled).equals(selected)
 
 
 def test_paired_tests_match_scipy(tmp_path: Path) -> None:
@@ -132,8 +132,8 @@ def test_paired_tests_match_scipy(tmp_path: Path) -> None:
     rows += [make_row("ce", 0.6, s, 1.0, b) for s, b in enumerate(ce3)]
     rows += [make_row("dmi", 0.7, 0, 1.0, 50.0), make_row("ce", 0.7, 0, 1.0, 40.0)]  # one pair: untested
     rows.append(make_row("gce", 0.7, 0, 1.0, 40.0, dataset="fashion_mnist", noise="case1"))  # no DMI there
-    df = report.load_trials(write(tmp_path / "res", rows))
-    paired = report.paired_comparison(df, report.aggregate(df))
+    df = analysis.load_trials(write(tmp_path / "res", rows))
+    paired = analysis.paired_comparison(df, analysis.aggregate(df))
     by = {(p["dataset"], p["r"], p["method"]): p for p in paired.iter_rows(named=True)}
 
     w = by[("mr", 0.5, "ce")]
@@ -151,27 +151,27 @@ def test_paired_tests_match_scipy(tmp_path: Path) -> None:
         return "tie" if p >= 0.05 else "win" if diff > 0 else "loss"
 
     assert w["outcome"] == outcome(w["p"], w["mean_diff"]) and t["outcome"] == outcome(t["p"], t["mean_diff"])
-    assert w["marker"] == report.marker(w["p"])
-    wtl = report.win_tie_loss(paired).filter(dataset="mr", method="ce").to_dicts()[0]
+    assert w["marker"] == analysis.marker(w["p"])
+    wtl = analysis.win_tie_loss(paired).filter(dataset="mr", method="ce").to_dicts()[0]
     counts = [w["outcome"], t["outcome"], "untested"]
     assert [wtl[k] for k in ("win", "tie", "loss", "untested", "missing")] == [
         counts.count(k) for k in ("win", "tie", "loss", "untested", "missing")]
 
 
 def test_paired_test_edge_cases() -> None:
-    assert report.paired_test(np.array([1.0]), np.array([0.0])) == ("none", None)
-    assert report.paired_test(np.array([1.0, 2.0]), np.array([1.0, 2.0])) == ("paired t", 1.0)
-    assert report.marker(0.0004) == "***" and report.marker(0.004) == "**" and report.marker(0.04) == "*"
-    assert report.marker(0.5) == "" and report.marker(None) == ""
+    assert analysis.paired_test(np.array([1.0]), np.array([0.0])) == ("none", None)
+    assert analysis.paired_test(np.array([1.0, 2.0]), np.array([1.0, 2.0])) == ("paired t", 1.0)
+    assert analysis.marker(0.0004) == "***" and analysis.marker(0.004) == "**" and analysis.marker(0.04) == "*"
+    assert analysis.marker(0.5) == "" and analysis.marker(None) == ""
 
 
 def test_packaged_paper_table_round_trips() -> None:
-    packaged = Path(report.__file__).with_name("reference_results.csv")
+    packaged = Path(analysis.__file__).with_name("reference_results.csv")
     if SOURCE_CSV.exists():
         assert packaged.read_bytes() == SOURCE_CSV.read_bytes()
     with packaged.open(newline="", encoding="utf-8") as f:
         source = list(csv.DictReader(f))
-    table = report.read_reference()
+    table = analysis.read_reference()
     assert table.height == len(source) == 207
     for row, got in zip(source, table.iter_rows(named=True), strict=True):
         assert got["dataset"] == row["dataset"] and got["method"] == row["method"]
@@ -185,8 +185,8 @@ def test_packaged_paper_table_round_trips() -> None:
 
 
 def test_paper_vs_measured(results: Path) -> None:
-    grid = report.aggregate(report.load_trials(results))
-    comparison = report.paper_comparison(grid)
+    grid = analysis.aggregate(analysis.load_trials(results))
+    comparison = analysis.paper_comparison(grid)
     assert set(comparison["dataset"]) == {"mr"} and comparison.height == 60  # every published MR row stays
     ce = comparison.filter(method="ce", r=0.2).to_dicts()[0]  # paper 67.12 +- 1.19, ours 72 +- 2
     assert ce["diff"] == pytest.approx(72.0 - 67.12)
@@ -236,9 +236,9 @@ def test_report_outputs_html_every_cell_and_plots(results: Path, tmp_path: Path)
     parser.close()
     assert not parser.external and "<script>" in page and "<style>" in page
     assert len(parser.imgs) == 2 and all(s.startswith("data:image/png;base64,") for s in parser.imgs)
-    df = report.load_trials(results)
-    grid = report.aggregate(df)
-    tabs = report.tables(grid, report.paired_comparison(df, grid))
+    df = analysis.load_trials(results)
+    grid = analysis.aggregate(df)
+    tabs = report.tables(grid, analysis.paired_comparison(df, grid))
     expected = [e.text + (f" {e.marker}" if e.marker else "") for t in tabs for e in t.entries.values()]
     assert len(expected) == grid.height == 4
     for text in expected:
@@ -262,12 +262,8 @@ def test_report_outputs_html_every_cell_and_plots(results: Path, tmp_path: Path)
     assert cells.height == 4 and cells.filter(method="ce", r=0.2)["acc_mean"][0] == pytest.approx(72.0)
 
 
-def test_cli_report_and_leaderboard(results: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    def main(argv: list[str]) -> int:
-        # cli.main appends the extra commands to a module-level list on every call: start from an empty one.
-        monkeypatch.setattr(cli, "EXTRA_COMMANDS", [])
-        return cli.main(argv)
+def test_cli_report_and_leaderboard(results: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    main = cli.main
 
     out = tmp_path / "cli_out"
     assert main(["report", str(results), "--out", str(out)]) == 0
@@ -290,30 +286,32 @@ def test_all_failed_cells_and_privileged_methods(tmp_path: Path) -> None:
     rows = [make_row("ce", 0.2, 0, None, None, status="failed"), make_row("dmi", 0.2, 0, None, None, status="failed")]
     rows += [make_row("fw_oracle", 0.4, s, 0.5, 99.0) for s in (0, 1)]  # privileged: flagged, never "best"
     rows += [make_row("dmi", 0.4, s, 0.5, 80.0 + s) for s in (0, 1)]
-    df = report.load_trials(write(tmp_path / "res", rows))
-    grid = report.aggregate(df)
+    df = analysis.load_trials(write(tmp_path / "res", rows))
+    grid = analysis.aggregate(df)
     assert grid.height == 6  # 3 methods x 2 noise levels, nothing dropped
     failed = cell(grid, "ce", 0.2)
     assert (failed["n"], failed["failed"], failed["acc_mean"]) == (0, 1, None)
-    paired = report.paired_comparison(df, grid)
+    paired = analysis.paired_comparison(df, grid)
     (table,) = report.tables(grid, paired)
     assert table.entries[(0.2, "dmi")].text == f"{report.MISSING} (1 failed)"
     assert table.entries[(0.4, "dmi")].best and not table.entries[(0.4, "fw_oracle")].best
     assert cell(grid, "fw_oracle", 0.4)["privileged"] is True
-    md = report.to_markdown([table], report.win_tie_loss(paired), report.paper_comparison(grid), "")
-    assert "FW (true T) †" in md and "| 0.4 | — | 99.00 ± 0.00 * | **80.50 ± 0.71** |" in md
+    md = report.to_markdown([table], analysis.win_tie_loss(paired), analysis.paper_comparison(grid), "")
+    # A method's label is its Method.title up to any parenthesis.
+    assert "FW with the true T †" in md and "| 0.4 | — | 99.00 ± 0.00 * | **80.50 ± 0.71** |" in md
 
 
-def test_run_summary_and_report_select_by_the_same_rule(tmp_path):
+def test_run_summary_and_report_select_by_the_same_rule(tmp_path, capsys):
     """Two settings x two seeds where per-seed selection (seed 0 -> lr 1e-3 at 80%, seed 1 -> lr 1e-4 at 70%:
     75.0) and per-cell selection (lowest mean validation loss: lr 1e-4, 70.0) disagree: the summary that
-    `bench run` prints and `bench report` both say 70.0."""
+    `bench run` prints, `bench report` and `bench leaderboard` all say 70.0."""
     from types import SimpleNamespace
 
+    from bench.analysis import aggregate, load_trials
     from bench.config import TrialConfig
-    from bench.report import aggregate, load_trials
+    from bench.plan import Plan
+    from bench.progress import Tally, print_summary
     from bench.results import make_row, write_trial
-    from bench.runner import Plan, Tally, print_summary
 
     trials = []
     for lr, seed, val_loss, acc in ((1e-3, 0, 1.0, 80.0), (1e-3, 1, 3.0, 60.0), (1e-4, 0, 1.5, 70.0),
@@ -333,6 +331,10 @@ def test_run_summary_and_report_select_by_the_same_rule(tmp_path):
                   lines.append)
     table = "\n".join(lines[lines.index(next(x for x in lines if x.startswith("clean test accuracy"))):])
     assert "70.0" in table and "75.0" not in table
+    capsys.readouterr()
+    assert cli.main(["leaderboard", str(tmp_path)]) == 0
+    board = capsys.readouterr().out
+    assert "70.00 ± 0.00" in board and "75.0" not in board
 
 
 def test_transition_estimates_are_scored_against_the_true_t(tmp_path: Path) -> None:
@@ -354,7 +356,7 @@ def test_transition_estimates_are_scored_against_the_true_t(tmp_path: Path) -> N
     rows.append(with_t(make_row("lccn", 0.0, 0, 0.5, 75.0, noise="aggre"), [[0.8, 0.2], [0.2, 0.8]],
                        truth=None, empirical=human))
     results = write(tmp_path / "results", rows)
-    frame = report.transition_estimates(report.load_trials(results))
+    frame = analysis.transition_estimates(analysis.load_trials(results))
     assert set(frame["method"]) == {"fw", "lccn"}
     fw = frame.filter(method="fw").to_dicts()[0]
     errors = [0.2 / 2.0, 0.4 / 2.0]

@@ -26,8 +26,8 @@ from bench.cli import main
 from bench.config import UserError
 from bench.experiment import load_experiment
 from bench.methods import registry
-from bench.results import read_table
 from bench.runner import Settings, run_experiment
+from bench.store import read_table
 from bench.warmstart import WarmStartCache
 
 REPO = Path(__file__).resolve().parents[1]
@@ -310,7 +310,7 @@ def test_warm_start_cache_is_concurrent_safe(tmp_path):
 @pytest.mark.parametrize("method", ["dmi", "mentornet"])
 def test_a_crashed_trial_resumes_from_its_epoch_checkpoint_with_the_same_numbers(tmp_path, method):
     from bench.config import TrialConfig
-    from bench.runner import TrialCheckpoints
+    from bench.store import Checkpoints
     from bench.trainer import run_trial
 
     config = TrialConfig("synthetic", method, "case3", 0.4, seed=3, epochs=5, epochs_warmup=2)
@@ -326,7 +326,7 @@ def test_a_crashed_trial_resumes_from_its_epoch_checkpoint_with_the_same_numbers
                   checkpoints=CrashAfterEpoch2(results, config.trial_id, lines.append))
     assert read_table(results)["status"].to_list() == ["failed"]
     resumed = run_trial(config, tmp_path, results=results, log=lines.append,
-                        checkpoints=TrialCheckpoints(results, config.trial_id, lines.append))
+                        checkpoints=Checkpoints(results, config.trial_id, lines.append))
     assert "resumed from the checkpoint of epoch 2" in lines
     for key in ("status", "best_epoch", "val_loss", "test_acc", "last_test_acc", "confusion"):
         assert resumed[key] == whole[key], key

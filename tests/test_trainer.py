@@ -8,8 +8,8 @@ import torch
 
 from bench.config import TrialConfig
 from bench.methods import Method, registry
-from bench.results import read_table
 from bench.stage import accuracy
+from bench.store import read_table
 from bench.trainer import prepare, run_trial, train
 
 

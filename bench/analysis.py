@@ -1,0 +1,339 @@
+"""The benchmark's protocol over result rows, in one place: loading the rows, selecting hyper-parameters,
+aggregating over seeds, paired tests against L_DMI, the paper comparison and the transition-matrix table. The run
+summary (`bench.progress`), `bench report` and `bench leaderboard` all call it, so each rule exists once; rendering
+is `bench.report`'s and `bench.plots`'.
+
+The paper's protocol, applied per cell (dataset, noise, r, method):
+  1. selection: of the hyper-parameter settings tried (lr, batch size, method parameters, epochs, ...), keep the
+     one with the lowest MEAN noisy-validation loss over its seeds (per cell, not per seed: the README's Reports
+     section says why). Test accuracy is never looked at to choose.
+  2. statistics over the seeds of that setting: mean, sample std, n, a 95% t-interval, for the accuracy at the
+     selected checkpoint (`test_acc`) and at the last epoch (`last_test_acc`).
+Trials that diverged keep their best checkpoint before divergence (the trainer's rule), so they count and are
+counted; failed trials have no numbers and are only counted. A cell of the grid (methods x r for each dataset
+and noise) without a usable trial is shown as missing, never dropped.
+
+Seeds share noisy labels across methods, so L_DMI is compared with each baseline per cell as paired samples
+matched on seed: Wilcoxon signed-rank from `WILCOXON_MIN_PAIRS` pairs (below that it cannot reach p < 0.05),
+else a paired t-test.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.resources
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+from scipy import stats
+
+from bench import store
+from bench.config import UserError
+from bench.data import paper_noise
+
+CELL = ["dataset", "noise", "r", "method"]
+# The columns that make a hyper-parameter setting (everything of a trial's config but the cell and the seed).
+SETTING_COLUMNS = ["model", "lr", "batch_size", "method_params", "epochs", "epochs_warmup", "train_subset"]
+PROVENANCE_COLUMNS = ["git_commit", "torch_version", "numpy_version", "python_version", "device", "noise_hash"]
+REQUIRED_COLUMNS = ["dataset", "method", "noise", "r", "seed", "status", "val_loss", "test_acc"]
+USABLE_STATUS = ("ok", "diverged")
+REFERENCE = "dmi"
+ALPHA = 0.05
+WILCOXON_MIN_PAIRS = 6  # with 5 pairs the smallest two-sided exact Wilcoxon p-value is 0.0625
+REFERENCE_CSV = "reference_results.csv"
+METRICS = {"best": "test_acc", "last": "last_test_acc"}
+_ORDER = ["ce", "mentornet", "vat", "fw", "fw_oracle", "gce", "lccn"]
+
+
+def label(method: str) -> str:
+    """A method's name in tables and figures: its `Method.title` up to any parenthesis ("LCCN (safeguarded dynamic
+    label regression)" -> "LCCN"); the name itself for a method that is not registered (any more)."""
+    return _labels().get(method, method)
+
+
+@functools.cache
+def _labels() -> dict[str, str]:
+    from bench.methods import registry
+
+    return {name: cls.title.split(" (")[0] for name, cls in registry().items() if cls.title}
+
+
+# ---------------------------------------------------------------------------------------------------- loading
+
+
+def load_trials(results: str | Path) -> pl.DataFrame:
+    """All trial rows under `results`, with the setting hash and the optional columns filled in."""
+    results = str(results)
+    if store.is_local(results) and not store.local_path(results).is_dir():
+        raise UserError(f"results folder {results} does not exist")
+    df = store.read_table(results, "trials")
+    if df.is_empty():
+        raise UserError(f"no result rows under {results}/trials: run `bench trial` or `bench run` first")
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise UserError(f"the result rows under {results} lack the columns {', '.join(missing)}")
+    optional = {c: pl.String for c in SETTING_COLUMNS + PROVENANCE_COLUMNS + ["trial_id", "error"]}
+    optional |= {"last_test_acc": pl.Float64, "privileged": pl.Boolean}
+    df = df.with_columns(pl.lit(None, dtype=t).alias(c) for c, t in optional.items() if c not in df.columns)
+    df = df.with_columns(
+        pl.col("r").cast(pl.Float64).round(6),
+        pl.col("seed").cast(pl.Int64),
+        pl.col("val_loss", "test_acc", "last_test_acc").cast(pl.Float64),
+        pl.col("privileged").cast(pl.Boolean).fill_null(False),
+    )
+    settings = [
+        hashlib.sha256(json.dumps(list(row), default=str).encode()).hexdigest()[:10]
+        for row in df.select(SETTING_COLUMNS).iter_rows()
+    ]
+    usable = (
+        pl.col("status").is_in(USABLE_STATUS) & pl.col("val_loss").is_finite() & pl.col("test_acc").is_not_null()
+    )
+    return df.with_columns(pl.Series("setting", settings, dtype=pl.String), usable.fill_null(False).alias("usable"))
+
+
+def method_order(methods: list[str], reference: str = REFERENCE) -> list[str]:
+    """The paper's column order (CE ... LCCN), other methods alphabetically, the reference method last."""
+    known = [m for m in _ORDER if m in methods]
+    rest = sorted(m for m in methods if m not in _ORDER and m != reference)
+    return known + rest + ([reference] if reference in methods else [])
+
+
+# ------------------------------------------------------------------------------------------------ aggregation
+
+
+def select_settings(df: pl.DataFrame) -> pl.DataFrame:
+    """Per cell, the setting with the lowest mean noisy-validation loss over seeds (ties: more seeds, then the
+    setting hash). Reads `val_loss` only: test accuracy plays no part in the choice."""
+    means = (
+        df.filter(pl.col("usable"))
+        .group_by(CELL + ["setting"])
+        .agg(pl.col("val_loss").mean().alias("sel_val_loss"), pl.len().alias("sel_n"))
+        .sort(CELL + ["sel_val_loss", "sel_n", "setting"], descending=[False] * 5 + [True, False])
+    )
+    return means.group_by(CELL, maintain_order=True).first()
+
+
+def _t_halfwidth(std: float | None, n: int) -> float | None:
+    if n < 2 or std is None or math.isnan(std):
+        return None
+    return float(stats.t.ppf(0.975, n - 1) * std / math.sqrt(n))
+
+
+def _joined(values: list[Any]) -> str:
+    return ", ".join(sorted({str(v) for v in values if v is not None}))
+
+
+def aggregate(df: pl.DataFrame, reference: str = REFERENCE) -> pl.DataFrame:
+    """The grid: one row per (dataset, noise) x every method in the results x every r of that dataset and noise,
+    with the selected setting's statistics (null where no usable trial: a missing cell) and trial counts."""
+    chosen = df.join(select_settings(df), on=CELL + ["setting"], how="inner").filter(pl.col("usable"))
+    stats_frame = chosen.group_by(CELL).agg(
+        pl.len().alias("n"),
+        pl.col("test_acc").mean().alias("acc_mean"),
+        pl.col("test_acc").std().alias("acc_std"),
+        pl.col("last_test_acc").mean().alias("last_mean"),
+        pl.col("last_test_acc").std().alias("last_std"),
+        pl.col("val_loss").mean().alias("val_loss_mean"),
+        pl.col("setting").first(),
+        *[pl.col(c).first() for c in SETTING_COLUMNS],
+        pl.col("seed").sort().alias("seeds"),
+        *[pl.col(c).alias(f"{c}s") for c in PROVENANCE_COLUMNS[:5]],
+    )
+    counts = df.group_by(CELL).agg(
+        pl.len().alias("trials"),
+        pl.col("setting").n_unique().alias("settings_tried"),
+        (pl.col("status") == "ok").sum().alias("ok"),
+        (pl.col("status") == "diverged").sum().alias("diverged"),
+        (pl.col("status") == "failed").sum().alias("failed"),
+    )
+    methods = method_order(df["method"].unique().to_list(), reference)
+    grid = (
+        df.select("dataset", "noise", "r").unique()
+        .join(pl.DataFrame({"method": methods}).with_row_index("method_rank"), how="cross")
+        .join(counts, on=CELL, how="left")
+        .join(stats_frame, on=CELL, how="left")
+        .join(df.group_by("method").agg(pl.col("privileged").any()), on="method", how="left")
+        .with_columns(
+            pl.col("trials", "ok", "diverged", "failed", "settings_tried", "n").fill_null(0).cast(pl.Int64),
+        )
+        .sort("dataset", "noise", "r", "method_rank")
+    )
+    rows = []
+    for row in grid.iter_rows(named=True):
+        for key, std in (("acc", row["acc_std"]), ("last", row["last_std"])):
+            half = _t_halfwidth(std, row["n"])
+            mean = row[f"{key}_mean"]
+            row[f"{key}_ci_low"] = None if half is None else mean - half
+            row[f"{key}_ci_high"] = None if half is None else mean + half
+        for c in PROVENANCE_COLUMNS[:5]:
+            row[f"{c}s"] = _joined(row[f"{c}s"] or [])
+        row["seeds"] = ",".join(str(s) for s in row["seeds"] or [])
+        rows.append(row)
+    schema = dict(grid.schema) | {f"{k}_ci_{e}": pl.Float64 for k in ("acc", "last") for e in ("low", "high")}
+    schema |= {f"{c}s": pl.String for c in PROVENANCE_COLUMNS[:5]} | {"seeds": pl.String}
+    first = ["dataset", "noise", "r", "method", "privileged", "n", "acc_mean", "acc_std", "acc_ci_low", "acc_ci_high",
+             "last_mean", "last_std", "last_ci_low", "last_ci_high", "val_loss_mean", "trials", "ok", "diverged",
+             "failed", "settings_tried", "setting"]
+    frame = pl.DataFrame(rows, schema=schema).drop("method_rank")
+    return frame.select(first + [c for c in frame.columns if c not in first])
+
+
+def paired_test(ours: np.ndarray, theirs: np.ndarray) -> tuple[str, float | None]:
+    """(test name, two-sided p-value) for paired samples; ("none", None) under two pairs."""
+    ours, theirs = np.asarray(ours, dtype=float), np.asarray(theirs, dtype=float)
+    diff = ours - theirs
+    if len(diff) < 2:
+        return "none", None
+    name = "wilcoxon" if len(diff) >= WILCOXON_MIN_PAIRS else "paired t"
+    if np.all(diff == 0):
+        return name, 1.0
+    if name == "wilcoxon":
+        return name, float(stats.wilcoxon(ours, theirs).pvalue)
+    if np.all(diff == diff[0]):  # a constant non-zero difference: zero variance, the t statistic is infinite
+        return name, 0.0
+    return name, float(stats.ttest_rel(ours, theirs).pvalue)
+
+
+def marker(p: float | None) -> str:
+    if p is None:
+        return ""
+    return "***" if p < 0.001 else "**" if p < 0.01 else "*" if p < ALPHA else ""
+
+
+def paired_comparison(df: pl.DataFrame, grid: pl.DataFrame, reference: str = REFERENCE,
+                      metric: str = "test_acc") -> pl.DataFrame:
+    """The reference method against each other method per (dataset, noise, r): seeds matched between the two
+    selected settings. outcome is the reference's win / tie / loss at level ALPHA (untested under two pairs)."""
+    chosen = df.join(select_settings(df), on=CELL + ["setting"], how="inner").filter(pl.col("usable"))
+    rows = []
+    for cell in grid.filter(pl.col("method") != reference).iter_rows(named=True):
+        key = {k: cell[k] for k in ("dataset", "noise", "r")}
+        sel = chosen.filter(**key)
+        ref = sel.filter(pl.col("method") == reference).select("seed", "noise_hash", pl.col(metric).alias("a"))
+        base = sel.filter(pl.col("method") == cell["method"]).select("seed", pl.col("noise_hash").alias("h"),
+                                                                     pl.col(metric).alias("b"))
+        pairs = ref.join(base, on="seed", how="inner").drop_nulls(["a", "b"]).sort("seed")
+        test, p = paired_test(pairs["a"].to_numpy(), pairs["b"].to_numpy())
+        diff = float((pairs["a"] - pairs["b"]).mean()) if len(pairs) else None
+        if ref.is_empty() or base.is_empty():
+            outcome = "missing"
+        elif p is None:
+            outcome = "untested"
+        else:
+            outcome = "win" if p < ALPHA and diff > 0 else "loss" if p < ALPHA and diff < 0 else "tie"
+        same_labels = bool((pairs["noise_hash"] == pairs["h"]).all()) if len(pairs) else None
+        rows.append(key | dict(reference=reference, method=cell["method"], pairs=len(pairs), mean_diff=diff,
+                               test=test, p=p, marker=marker(p), outcome=outcome, same_noisy_labels=same_labels))
+    schema = {"dataset": pl.String, "noise": pl.String, "r": pl.Float64, "reference": pl.String,
+              "method": pl.String, "pairs": pl.Int64, "mean_diff": pl.Float64, "test": pl.String, "p": pl.Float64,
+              "marker": pl.String, "outcome": pl.String, "same_noisy_labels": pl.Boolean}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def win_tie_loss(paired: pl.DataFrame) -> pl.DataFrame:
+    """Per dataset and baseline: how many cells the reference wins, ties, loses, could not test, or lacks."""
+    outcomes = ["win", "tie", "loss", "untested", "missing"]
+    return (
+        paired.group_by("dataset", "method", maintain_order=True)
+        .agg(*[(pl.col("outcome") == o).sum().cast(pl.Int64).alias(o) for o in outcomes])
+        .sort("dataset")
+    )
+
+
+# ------------------------------------------------------------------------------------------- paper vs measured
+
+
+def _relative_error(estimate: str, truth: str) -> float | None:
+    t_hat, t = np.asarray(json.loads(estimate), dtype=float), np.asarray(json.loads(truth), dtype=float)
+    if t_hat.shape != t.shape:
+        return None
+    return float(np.abs(t_hat - t).sum() / np.abs(t).sum())
+
+
+def transition_estimates(df: pl.DataFrame) -> pl.DataFrame:
+    """Per cell of every method that estimates T (fw, backward, trevision, volminnet, lccn, ...): the relative error
+    ||T^ - T||_1 / ||T||_1 (entrywise sums) of its estimate against the true T, over the seeds of the setting
+    the accuracy tables selected, with the clean test accuracy those trials bought. The true T is the noise
+    model's T where the noise is synthetic; for human noise (no model T), the empirical T of the noisy labels
+    against the clean ones."""
+    columns = {"dataset": pl.String, "noise": pl.String, "r": pl.Float64, "method": pl.String, "truth": pl.String,
+               "n": pl.Int64, "err_mean": pl.Float64, "err_std": pl.Float64, "acc_mean": pl.Float64,
+               "acc_std": pl.Float64, "last_mean": pl.Float64, "t_hat_mean": pl.String}
+    if "estimated_transition" not in df.columns:
+        return pl.DataFrame(schema=columns)
+    truth_cols = [c for c in ("transition", "empirical_transition") if c in df.columns]
+    chosen = (df.join(select_settings(df), on=CELL + ["setting"], how="inner")
+              .filter(pl.col("usable") & pl.col("estimated_transition").is_not_null()))
+    rows = []
+    for row in chosen.iter_rows(named=True):
+        source = next(((c, row[c]) for c in truth_cols if row[c] is not None), (None, None))
+        error = None if source[1] is None else _relative_error(row["estimated_transition"], source[1])
+        rows.append(dict(dataset=row["dataset"], noise=row["noise"], r=row["r"], method=row["method"],
+                         truth={"transition": "noise model", "empirical_transition": "empirical"}.get(source[0]),
+                         error=error, test_acc=row["test_acc"], last_test_acc=row["last_test_acc"],
+                         estimate=row["estimated_transition"]))
+    if not rows:
+        return pl.DataFrame(schema=columns)
+    frame = pl.DataFrame(rows, schema_overrides={"error": pl.Float64, "last_test_acc": pl.Float64})
+    out = []
+    for key, group in frame.group_by(CELL, maintain_order=True):
+        estimates = np.stack([np.asarray(json.loads(e), dtype=float) for e in group["estimate"]])
+        out.append(dict(zip(CELL, key, strict=True), truth=_joined(group["truth"].to_list()) or None,
+                        n=group.height, err_mean=group["error"].mean(), err_std=group["error"].std(),
+                        acc_mean=group["test_acc"].mean(), acc_std=group["test_acc"].std(),
+                        last_mean=group["last_test_acc"].mean(),
+                        t_hat_mean=json.dumps(np.round(estimates.mean(axis=0), 4).tolist())))
+    order = {m: i for i, m in enumerate(method_order(frame["method"].unique().to_list()))}
+    result = pl.DataFrame(out, schema=columns)
+    return result.with_columns(pl.col("method").replace_strict(order, default=len(order)).alias("_rank")) \
+        .sort("dataset", "noise", "r", "_rank").drop("_rank")
+
+
+
+
+def package_text(*parts: str) -> str:
+    """A text file shipped inside the `bench` package (package data, so an installed wheel carries it)."""
+    try:
+        return importlib.resources.files("bench").joinpath(*parts).read_text(encoding="utf-8")
+    except (NotADirectoryError, FileNotFoundError, TypeError):
+        # An editable install maps `bench` (and its bench.baselines / bench.datasets folders) through a path hook
+        # that importlib.resources may reject. The file sits beside this module either way.
+        return Path(__file__).parent.joinpath(*parts).read_text(encoding="utf-8")
+
+
+def read_reference() -> pl.DataFrame:
+    """The paper's published table, shipped as package data (bench/reference_results.csv)."""
+    return pl.read_csv(io.StringIO(package_text(REFERENCE_CSV)),
+                       schema_overrides={"noise_r": pl.Float64, "acc_mean": pl.Float64, "acc_std": pl.Float64})
+
+
+def paper_comparison(grid: pl.DataFrame) -> pl.DataFrame:
+    """Every published row of the datasets we have results for, with our number beside it (null: not measured),
+    the difference and a flag where |diff| exceeds the combined std sqrt(ours^2 + paper^2)."""
+    ours = grid.filter(
+        pl.struct("dataset", "noise").map_elements(
+            lambda s: paper_noise(s["dataset"]) == s["noise"], return_dtype=pl.Boolean)
+    ).select("dataset", "r", "method", "acc_mean", "acc_std", "n")
+    paper = read_reference().with_columns(pl.col("noise_r").fill_null(0.0).round(6).alias("r"))
+    paper = paper.filter(pl.col("dataset").is_in(grid["dataset"].unique().to_list()))
+    joined = paper.join(ours, on=["dataset", "r", "method"], how="left").with_columns(
+        pl.col("noise_r").alias("paper_r"),
+        (pl.col("acc_mean_right") - pl.col("acc_mean")).alias("diff"),
+        (pl.col("acc_std_right").fill_null(0.0).pow(2) + pl.col("acc_std").fill_null(0.0).pow(2))
+        .sqrt().alias("combined_std"),
+    )
+    return joined.select(
+        "dataset", "r", "method",
+        pl.col("acc_mean").alias("paper_mean"), pl.col("acc_std").alias("paper_std"),
+        pl.col("acc_mean_right").alias("ours_mean"), pl.col("acc_std_right").alias("ours_std"),
+        pl.col("n").fill_null(0).alias("ours_n"), "diff", "combined_std",
+        (pl.col("diff").abs() > pl.col("combined_std")).alias("flag"),
+    )
+
+

@@ -1,0 +1,328 @@
+"""The results store: one results folder (a local path or a pyarrow filesystem URI) and every file kept in it.
+
+    trials/<trial_id>.parquet   one row per trial (`bench.results.make_row`), written last: its presence means done
+    epochs/<trial_id>.parquet   the per-epoch curves of the same trial
+    checkpoints/<unit>.pt       a running trial's (or pack's) state after its last finished epoch; gone once its
+                                rows are written
+    warmstart/<key>.pt          the CE warm-start cache (`bench.warmstart`)
+    logs/<unit>.log             each Ray trial's log (a local folder; on a URI it stays in the trial's Ray folder)
+    ray/                        Ray Tune's own storage
+    mlflow.db, mlartifacts/     the embedded MLflow store (`bench.tracking`)
+    damaged/                    unreadable result files that `bench run` set aside
+    .bench.lock                 held by the one driver writing into the folder (local folders only)
+
+Whether a location is a local folder or an object store is decided here (`is_local`) and nowhere else. Every file is
+written to a temporary name and renamed, so a reader never sees half a file; parquet is the source of truth, MLflow
+mirrors it.
+
+Faults: a file that cannot be read (a disk error, a copy cut short) is skipped with one warning naming it, never a
+lock-out of the folder; `bench run` moves it aside to `damaged/` and re-runs its trial. A row that cannot be written
+where it belongs is kept in `~/.cache/bench/unsaved` (a results folder of its own) and the error says so.
+
+pyarrow, polars and torch are imported where files are read or written, not by importing this module: the training
+core writes its rows, checkpoints and warm starts through the store and must import on a bare GPU box.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import os
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from bench.config import UserError
+
+TABLES = ("trials", "epochs")
+
+
+def is_local(results: str | os.PathLike[str]) -> bool:
+    """A folder on this machine (a path or a file:// URI), as opposed to an object store (s3://, gs://, ...)."""
+    return "://" not in str(results) or str(results).startswith("file://")
+
+
+def local_path(results: str | os.PathLike[str]) -> Path:
+    return Path(str(results).removeprefix("file://")).expanduser().resolve()
+
+
+def absolute(results: str | os.PathLike[str]) -> str:
+    """The location as workers must see it (they run in their own folders): an absolute path, or the URI."""
+    return str(local_path(results)) if is_local(results) else str(results)
+
+
+class Store:
+    """One results folder. `root` is the folder's path on its filesystem (`fs`, pyarrow's, opened when first used)."""
+
+    def __init__(self, results: str | os.PathLike[str]) -> None:
+        self.location = str(results)
+        self.local = is_local(results)
+        if self.local:
+            self.root = str(local_path(results))
+            self._fs: Any = None
+        else:
+            import pyarrow.fs as pafs
+
+            self._fs, self.root = pafs.FileSystem.from_uri(self.location)
+
+    @property
+    def fs(self) -> Any:
+        if self._fs is None:
+            import pyarrow.fs as pafs
+
+            self._fs = pafs.LocalFileSystem()
+        return self._fs
+
+    def path(self, *parts: str) -> str:
+        return "/".join([self.root, *parts])
+
+    def exists(self, path: str) -> bool:
+        import pyarrow.fs as pafs
+
+        return self.fs.get_file_info(path).type == pafs.FileType.File
+
+    def delete(self, path: str) -> None:
+        if self.exists(path):
+            self.fs.delete_file(path)
+
+    def log_path(self, unit: str) -> Path:
+        """Where a Ray trial logs: `logs/<unit>.log` in a local folder, else `trial.log` in the trial's own folder
+        under Ray's storage (which Ray syncs to the URI)."""
+        return Path(self.path("logs", f"{unit}.log")) if self.local else Path("trial.log")
+
+    def ray_storage(self) -> str:
+        """Ray Tune's own storage, `ray/`: a local folder (created here) or a URI, which Ray Tune takes as it is."""
+        if not self.local:
+            return f"{self.location}/ray"
+        Path(self.path("ray")).mkdir(parents=True, exist_ok=True)
+        return self.path("ray")
+
+    def logs_hint(self) -> str:
+        return self.path("logs") if self.local else "each trial's folder under results/ray"
+
+    # -- files of bytes and of tensors --------------------------------------------------------------------------
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Atomically: to a temporary name in the same folder, then renamed."""
+        self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        with self.fs.open_output_stream(tmp) as f:
+            f.write(data)
+        self.fs.move(tmp, path)
+
+    def read_bytes(self, path: str) -> bytes:
+        with self.fs.open_input_stream(path) as f:
+            return f.read()
+
+    def save_tensors(self, path: str, obj: Any) -> None:
+        import torch
+
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        self.write_bytes(path, buffer.getvalue())
+
+    def load_tensors(self, path: str) -> Any:
+        """A file written by `save_tensors`; loading never unpickles code (weights_only)."""
+        import torch
+
+        return torch.load(io.BytesIO(self.read_bytes(path)), map_location="cpu", weights_only=True)
+
+    # -- result rows --------------------------------------------------------------------------------------------
+    def write_trial(self, row: dict[str, Any], epochs: list[dict[str, Any]]) -> str:
+        """Write the trial's curves, then its row; return the row's path.
+
+        If the folder refuses the write (full, read-only, gone), the finished trial is not lost: its row and curves
+        go to `unsaved_folder()` and the `UserError` says where, and how to move them back."""
+        import pyarrow as pa
+
+        try:
+            return self._write_trial(row, epochs)
+        except (OSError, pa.ArrowException) as e:
+            problem = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+            trial_id = row["trial_id"]
+            try:  # no curves without their row
+                self.delete(self.path("epochs", f"{trial_id}.parquet"))
+            except (OSError, pa.ArrowException):
+                pass
+            for keep in (unsaved_folder(), Path(tempfile.gettempdir()) / "bench-unsaved"):
+                try:
+                    Store(keep)._write_trial(row, epochs)
+                except (OSError, pa.ArrowException):
+                    continue
+                raise UserError(f"could not write the row of trial {trial_id} to {self.location} ({problem}); kept "
+                                f"it in {keep}/trials: move {keep}/trials/{trial_id}.parquet and "
+                                f"{keep}/epochs/{trial_id}.parquet into the results folder") from None
+            raise UserError(f"could not write the row of trial {trial_id} to {self.location} ({problem}), nor to "
+                            f"{unsaved_folder()}: the trial's result is lost") from None
+
+    def _write_trial(self, row: dict[str, Any], epochs: list[dict[str, Any]]) -> str:
+        import pyarrow as pa
+
+        from bench.results import EPOCH_COLUMNS
+
+        trial_id = row["trial_id"]
+        schema = pa.schema([(name, pa.type_for_alias(kind)) for name, kind in EPOCH_COLUMNS.items()])
+        self._write_parquet(self.path("epochs", f"{trial_id}.parquet"),
+                            pa.Table.from_pylist([{"trial_id": trial_id, **e} for e in epochs], schema=schema))
+        path = self.path("trials", f"{trial_id}.parquet")
+        self._write_parquet(path, pa.Table.from_pylist([row]))
+        return path
+
+    def _write_parquet(self, path: str, table: Any) -> None:
+        import pyarrow.parquet as pq
+
+        self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        pq.write_table(table, tmp, filesystem=self.fs)
+        self.fs.move(tmp, path)
+
+    def _paths(self, table: str) -> list[str]:
+        import pyarrow.fs as pafs
+
+        selector = pafs.FileSelector(self.path(table), allow_not_found=True)
+        return sorted(info.path for info in self.fs.get_file_info(selector) if info.path.endswith(".parquet"))
+
+    def _read(self, path: str) -> Any:
+        """One parquet file as a polars frame; None (with one warning per file and process) if unreadable."""
+        import polars as pl
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            return pl.from_arrow(pq.read_table(path, filesystem=self.fs))
+        except (OSError, pa.ArrowException) as e:
+            if path not in _WARNED:
+                _WARNED.add(path)
+                print(f"bench: warning: skipping the unreadable result file {path} ({type(e).__name__}: "
+                      f"{' '.join(str(e).split())[:160]}); `bench run` sets it aside and runs its trial again",
+                      file=sys.stderr, flush=True)
+            return None
+
+    def read_table(self, table: str = "trials") -> Any:
+        """All rows of `trials` or `epochs`, as one polars frame (empty if none); unreadable files are skipped."""
+        import polars as pl
+
+        frames = [frame for p in self._paths(table) if (frame := self._read(p)) is not None]
+        return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
+
+    def read_row(self, trial_id: str) -> tuple[dict[str, Any] | None, Any]:
+        """One trial's row and its curves (None where missing or unreadable)."""
+        row, epochs = (self._read(p) if self.exists(p) else None
+                       for p in (self.path(t, f"{trial_id}.parquet") for t in TABLES))
+        return (row.row(0, named=True) if row is not None and row.height else None), epochs
+
+    def statuses(self) -> dict[str, str]:
+        """trial_id -> status of every result row."""
+        table = self.read_table()
+        if table.is_empty():
+            return {}
+        return dict(zip(table["trial_id"].to_list(), table["status"].to_list(), strict=True))
+
+    def set_aside_damaged(self) -> list[str]:
+        """Move every unreadable result file to `damaged/` (so that its trial runs again and the file stays for
+        inspection); return where each went."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        moved = []
+        for table in TABLES:
+            for path in self._paths(table):
+                try:
+                    pq.read_metadata(path, filesystem=self.fs)
+                except (OSError, pa.ArrowException):
+                    target = self.path("damaged", f"{table}-{Path(path).name}.{time.strftime('%Y%m%d-%H%M%S')}")
+                    self.fs.create_dir(self.path("damaged"), recursive=True)
+                    self.fs.move(path, target)
+                    moved.append(target)
+        return moved
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        """One driver per results folder: an exclusive `flock` on `.bench.lock`, which names its holder. A second
+        holder gets a `UserError` naming the first. The kernel drops the lock when its process dies. Object stores
+        have no lock (one driver per folder is then the user's rule)."""
+        if not self.local:
+            yield
+            return
+        try:
+            Path(self.root).mkdir(parents=True, exist_ok=True)
+            handle = open(Path(self.root) / ".bench.lock", "a+")  # noqa: SIM115 - held for the whole block
+        except OSError:  # a read-only folder (sync-mlflow to a server): nobody else can write into it either
+            yield
+            return
+        with handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "another process"
+                raise UserError(f"results folder {self.root} is in use by {holder}; wait for it to finish (or stop "
+                                "it), or use another --results") from None
+            handle.truncate(0)
+            handle.write(f"`bench` pid {os.getpid()} on {socket.gethostname()} since "
+                         f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
+            handle.flush()
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    @contextmanager
+    def lock(self, name: str) -> Iterator[None]:
+        """An exclusive lock on `<name>.lock` (waits for it) in a local folder; on an object store, none."""
+        if not self.local:
+            yield
+            return
+        path = Path(self.path(f"{name}.lock"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+_WARNED: set[str] = set()  # unreadable files already named in this process
+
+
+class Checkpoints:
+    """`checkpoints/<unit>.pt`: a trial's (or a pack's) method-stage state after its last finished epoch, so that a
+    trial retried by Ray, or re-run after the driver was killed, resumes where it stopped. Cleared once the unit's
+    rows are written. An unreadable checkpoint is ignored (the unit starts over)."""
+
+    def __init__(self, results: str | os.PathLike[str], unit: str, log: Callable[[str], None]) -> None:
+        self.store, self.log = Store(results), log
+        self.path = self.store.path("checkpoints", f"{unit}.pt")
+
+    def load(self) -> dict[str, Any] | None:
+        if not self.store.exists(self.path):
+            return None
+        try:
+            return self.store.load_tensors(self.path)
+        except Exception as e:  # noqa: BLE001 - a bad checkpoint costs a restart, never the trial
+            self.log(f"ignoring the unreadable checkpoint {self.path}: {type(e).__name__}: {e}")
+            return None
+
+    def save(self, state: dict[str, Any]) -> None:
+        self.store.save_tensors(self.path, state)
+
+    def clear(self) -> None:
+        self.store.delete(self.path)
+
+
+def unsaved_folder() -> Path:
+    """Where a row goes when its results folder refuses it: `$BENCH_UNSAVED`, else ~/.cache/bench/unsaved."""
+    env = os.environ.get("BENCH_UNSAVED")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "bench" / "unsaved"
+
+
+def read_table(results: str | os.PathLike[str], table: str = "trials") -> Any:
+    """`Store(results).read_table(table)`: all rows of `trials` or `epochs` as one polars frame."""
+    return Store(results).read_table(table)
+
