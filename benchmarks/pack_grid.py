@@ -122,7 +122,7 @@ def write_summary(path: str | None, rows: list[dict]) -> None:
         return
     keys = ["trial_id", "noise", "r", "seed", "method", "status", "best_epoch", "val_loss", "test_acc",
             "last_test_acc", "warmup_test_acc", "noise_rate", "pack_size", "pack_wall_s", "warmup_s", "method_s",
-            "estimated_transition", "transition"]
+            "diagnostics_s", "device_s", "estimated_transition", "transition"]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
