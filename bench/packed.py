@@ -35,8 +35,8 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from bench import diagnostics, models
 from bench.config import Schedule, TrialConfig, UserError
-from bench.data import Dataset, get_dataset
 from bench.methods import Batch, Method, StageContext, get_method
+from bench.plan import pack_key, why_solo
 from bench.stage import Checkpoints, Log, accuracy, run_stage, to_device
 from bench.trainer import (
     Outcome,
@@ -52,74 +52,8 @@ from bench.trainer import (
     warm_start_key,
 )
 
-PACK_MAX = 256  # members per pack at most (`--pack auto`); beyond this the GPU is already full for our models
 # Member-images per evaluation chunk (K members x chunk rows): large on a GPU, cache-sized on a CPU.
 EVAL_IMAGES = {"cuda": 65536, "cpu": 2048}
-
-
-# -- which trials can pack, and with whom -----------------------------------------------------------------------
-def why_solo(c: TrialConfig) -> str | None:
-    """Why this trial cannot train in a pack (None: it can)."""
-    ds = get_dataset(c.dataset)
-    if not models.get_model(ds.model).packable:
-        return f"model {ds.model} (BatchNorm statistics are not stacked)"
-    if ds.train_transform is not Dataset.train_transform:
-        return f"{c.dataset} augments its inputs at random"
-    if not get_method(c.method)(ds.num_classes, **c.params).packable():
-        return f"method {c.method} (extra passes, two networks or per-example state)"
-    return None
-
-
-def _shape(s: Schedule) -> tuple[Any, ...]:
-    return (s.optimizer, s.epochs, s.batch_size, s.momentum, s.weight_decay, s.milestones, s.gamma)
-
-
-def pack_key(c: TrialConfig) -> tuple[Any, ...]:
-    """What members of one pack must share: data, model, device and the shape of both stages (not the lr)."""
-    ds = get_dataset(c.dataset)
-    method_stage = ds.method_stage.with_overrides(batch_size=c.batch_size, epochs=c.epochs)
-    warmup = ds.warmup.with_overrides(epochs=c.epochs_warmup)
-    return (c.dataset, ds.model, c.train_subset, c.device, _shape(warmup), _shape(method_stage))
-
-
-def warm_cell(c: TrialConfig) -> tuple[Any, ...]:
-    """A trial's CE warm-start cell: what `bench.trainer.warm_start_key` depends on that a config shows (the noise
-    hash follows from these). The runner counts warm starts by it, and packs hold whole cells."""
-    return (c.dataset, c.noise, round(c.r, 10), c.seed, c.transition, c.train_subset, c.epochs_warmup)
-
-
-def plan_units(trials: list[TrialConfig], pack: str | int) -> list[list[TrialConfig]]:
-    """Units of work for the runner: lists of trials trained together (a list of one is a solo trial).
-
-    `pack` is "off", "auto" (packs on CUDA, solo on a CPU, where packing measured slower) or a member count.
-    Packs hold whole warm-start cells, so no cell's warm start is trained by two packs."""
-    if pack == "off" or pack == 1:
-        return [[t] for t in trials]
-    units: list[list[TrialConfig]] = []
-    groups: dict[tuple[Any, ...], dict[tuple[Any, ...], list[TrialConfig]]] = {}
-    for t in trials:
-        if (pack == "auto" and not t.device.startswith("cuda")) or why_solo(t):
-            units.append([t])
-        else:
-            groups.setdefault(pack_key(t), {}).setdefault(warm_cell(t), []).append(t)
-    size = PACK_MAX if pack == "auto" else int(pack)
-    for cells in groups.values():
-        current: list[TrialConfig] = []
-        for members in cells.values():
-            if current and len(current) + len(members) > size:
-                units.append(current)
-                current = []
-            current = current + members
-        if current:
-            units.append(current)
-    return units
-
-
-def pack_id(trials: list[TrialConfig]) -> str:
-    """Identity of a pack: its members' trial ids (a relaunch with other members is another pack)."""
-    import hashlib
-
-    return "pack-" + hashlib.sha256(" ".join(sorted(t.trial_id for t in trials)).encode()).hexdigest()[:16]
 
 
 # -- the stacked optimiser --------------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 `--dry-run` listing.
 
 A trial whose result row exists (and did not fail) is done; the others are pending. Pending trials run as units: a
-solo trial, or a pack of trials trained as one stacked model (`bench.packed.plan_units`, `--pack`). The work a plan
-implies counts the CE warm starts once per cell (the cache shares them).
+solo trial, or a pack of trials trained as one stacked model (`plan_units`, `--pack`; `bench.packed` trains it).
+The work a plan implies counts the CE warm starts once per cell (the cache shares them). Light to import (the
+training core's modules are imported where used): `bench --help` and a bare GPU box load it.
 """
 
 from __future__ import annotations
@@ -12,12 +13,16 @@ import dataclasses
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bench.config import TrialConfig, UserError
-from bench.experiment import Experiment
+from bench.config import Schedule, TrialConfig, UserError
 from bench.store import Store
 from bench.validate import GRID_LIMIT, check_trials
+
+if TYPE_CHECKING:  # experiment files need pyyaml; the planner also runs on a bare GPU box (bench.packed uses it)
+    from bench.experiment import Experiment
+
+PACK_MAX = 256  # members per pack at most (`--pack auto`); beyond this the GPU is already full for our models
 
 
 @dataclass
@@ -45,7 +50,6 @@ class Plan:
         """Epochs the trials imply: method stages, and warm starts with and without the shared cache."""
         from bench.data import get_dataset
         from bench.methods import get_method
-        from bench.packed import warm_cell
 
         method_epochs = warm_epochs = unshared = 0
         cells: set[tuple[Any, ...]] = set()
@@ -65,17 +69,79 @@ class Plan:
                     warm_epochs_unshared=unshared)
 
 
-def plan_units(trials: list[TrialConfig], pack: str | int) -> list[list[TrialConfig]]:
-    """Solo trials and packs (`bench.packed.plan_units`); imported here so that `bench --help` stays light."""
-    from bench.packed import plan_units as plan
+# -- which trials can pack, and with whom ------------------------------------------------------------------------------
+def why_solo(c: TrialConfig) -> str | None:
+    """Why this trial cannot train in a pack (None: it can)."""
+    from bench import models
+    from bench.data import Dataset, get_dataset
+    from bench.methods import get_method
 
-    return plan(trials, pack)
+    ds = get_dataset(c.dataset)
+    if not models.get_model(ds.model).packable:
+        return f"model {ds.model} (BatchNorm statistics are not stacked)"
+    if ds.train_transform is not Dataset.train_transform:
+        return f"{c.dataset} augments its inputs at random"
+    if not get_method(c.method)(ds.num_classes, **c.params).packable():
+        return f"method {c.method} (extra passes, two networks or per-example state)"
+    return None
+
+
+def _shape(s: Schedule) -> tuple[Any, ...]:
+    return (s.optimizer, s.epochs, s.batch_size, s.momentum, s.weight_decay, s.milestones, s.gamma)
+
+
+def pack_key(c: TrialConfig) -> tuple[Any, ...]:
+    """What members of one pack must share: data, model, device and the shape of both stages (not the lr)."""
+    from bench.data import get_dataset
+
+    ds = get_dataset(c.dataset)
+    method_stage = ds.method_stage.with_overrides(batch_size=c.batch_size, epochs=c.epochs)
+    warmup = ds.warmup.with_overrides(epochs=c.epochs_warmup)
+    return (c.dataset, ds.model, c.train_subset, c.device, _shape(warmup), _shape(method_stage))
+
+
+def warm_cell(c: TrialConfig) -> tuple[Any, ...]:
+    """A trial's CE warm-start cell: what `bench.trainer.warm_start_key` depends on that a config shows (the noise
+    hash follows from these). The runner counts warm starts by it, and packs hold whole cells."""
+    return (c.dataset, c.noise, round(c.r, 10), c.seed, c.transition, c.train_subset, c.epochs_warmup)
+
+
+def plan_units(trials: list[TrialConfig], pack: str | int) -> list[list[TrialConfig]]:
+    """Units of work for the runner: lists of trials trained together (a list of one is a solo trial).
+
+    `pack` is "off", "auto" (packs on CUDA, solo on a CPU, where packing measured slower) or a member count.
+    Packs hold whole warm-start cells, so no cell's warm start is trained by two packs."""
+    if pack == "off" or pack == 1:
+        return [[t] for t in trials]
+    units: list[list[TrialConfig]] = []
+    groups: dict[tuple[Any, ...], dict[tuple[Any, ...], list[TrialConfig]]] = {}
+    for t in trials:
+        if (pack == "auto" and not t.device.startswith("cuda")) or why_solo(t):
+            units.append([t])
+        else:
+            groups.setdefault(pack_key(t), {}).setdefault(warm_cell(t), []).append(t)
+    size = PACK_MAX if pack == "auto" else int(pack)
+    for cells in groups.values():
+        current: list[TrialConfig] = []
+        for members in cells.values():
+            if current and len(current) + len(members) > size:
+                units.append(current)
+                current = []
+            current = current + members
+        if current:
+            units.append(current)
+    return units
+
+
+def pack_id(trials: list[TrialConfig]) -> str:
+    """Identity of a pack: its members' trial ids (a relaunch with other members is another pack)."""
+    import hashlib
+
+    return "pack-" + hashlib.sha256(" ".join(sorted(t.trial_id for t in trials)).encode()).hexdigest()[:16]
 
 
 def unit_id(unit: list[TrialConfig]) -> str:
     """A solo trial is named by its trial id, a pack by its members' (`pack-<hash>`)."""
-    from bench.packed import pack_id
-
     return pack_id(unit) if len(unit) > 1 else unit[0].trial_id
 
 
@@ -128,8 +194,6 @@ def print_plan(plan: Plan, out: Callable[[str], None] = print, pack: str | int =
     if line := describe_units(units, pack):
         out(line)
     if pack != "off":
-        from bench.packed import why_solo
-
         reasons = Counter(why_solo(u[0]) for u in units if len(u) == 1)
         for reason, n in sorted(reasons.items(), key=lambda kv: str(kv[0])):
             if reason:

@@ -3,7 +3,7 @@
     python benchmarks/pack_grid.py tune_configs/fashion_mnist_figure.yaml --data-root DIR [--noise case1,case2]
                                    [--seeds 0,1] [--results DIR] [--summary FILE.csv] [--workers N]
 
-Plans the grid's units with the runner's planner (`bench.packed.plan_units`, `--pack auto` on CUDA), runs each
+Plans the grid's units with the runner's planner (`bench.plan.plan_units`, `--pack auto` on CUDA), runs each
 pack with `bench.packed.run_pack` (the function a Ray trial of `bench run` calls) and each solo unit with
 `bench.trainer.run_trial`, and prints the wall time end to end (data loading, warm starts, method stages,
 selection, test) and the clean test accuracy per (noise, r, method), mean and std over seeds. What it leaves out
@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from bench.experiment import load_experiment
-from bench.packed import plan_units, run_pack
+from bench.packed import run_pack
+from bench.plan import plan_units
 from bench.trainer import run_trial
 
 

@@ -18,7 +18,8 @@ from conftest import crashing_checkpoints
 
 from bench.config import Schedule, TrialConfig, UserError, freeze_params
 from bench.methods import Batch, Method, registry
-from bench.packed import PackedStage, StackedOptimizer, pack_id, plan_units, run_pack, why_solo
+from bench.packed import PackedStage, StackedOptimizer, run_pack
+from bench.plan import pack_id, plan_units, why_solo
 from bench.store import read_table
 from bench.trainer import run_trial
 
