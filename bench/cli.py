@@ -51,13 +51,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     from bench.trainer import run_trial
     from bench.validate import check_data, check_results, check_trial
 
-    transition = None
-    noise_name = args.noise
-    if args.transition is not None:
-        transition = tuple(tuple(float(v) for v in row) for row in noise.read_transition_file(args.transition))
-        noise_name = "transition"
-    elif noise_name == "transition":
-        raise UserError("--noise transition needs --transition FILE (a CSV or JSON matrix)")
+    noise_name, transition = noise.from_flags(args.noise, args.transition)
     config = TrialConfig(
         dataset=args.dataset, method=args.method, noise=noise_name, r=args.r, seed=args.seed, lr=args.lr,
         batch_size=args.batch_size, epochs=args.epochs, epochs_warmup=args.epochs_warmup,

@@ -63,11 +63,7 @@ def cmd_labels(args: argparse.Namespace) -> int:
     from bench import noise
     from bench.validate import check_data, check_trial
 
-    transition = None
-    noise_name = args.noise
-    if args.transition is not None:
-        transition = tuple(tuple(float(v) for v in row) for row in noise.read_transition_file(args.transition))
-        noise_name = "transition"
+    noise_name, transition = noise.from_flags(args.noise, args.transition)
     config = TrialConfig(dataset=args.dataset, method="ce", noise=noise_name, r=args.r, seed=args.seed,
                          transition=transition)
     check_trial(config)

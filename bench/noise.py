@@ -75,6 +75,16 @@ def validate_transition(t: np.ndarray, num_classes: int, source: str = "T") -> n
     return np.clip(t, 0.0, None)
 
 
+def from_flags(pattern: str, transition_file: str | Path | None) -> tuple[str, tuple[tuple[float, ...], ...] | None]:
+    """The (noise pattern, explicit T) of a command's `--noise` and `--transition FILE` (a file makes the pattern
+    "transition")."""
+    if transition_file is not None:
+        return "transition", tuple(tuple(float(v) for v in row) for row in read_transition_file(transition_file))
+    if pattern == "transition":
+        raise UserError("--noise transition needs --transition FILE (a CSV or JSON matrix)")
+    return pattern, None
+
+
 def read_transition_file(path: str | Path) -> np.ndarray:
     """An explicit T from a CSV file (one row a line) or a JSON file (a list of rows)."""
     path = Path(path)
