@@ -120,12 +120,11 @@ def _mark(entry: Entry) -> str:
     return f" {entry.marker}" if entry.marker else ""
 
 
-LEGEND = (
-    "Clean test accuracy (%) at the checkpoint selected on the noisy validation set: mean ± std over seeds for the "
-    "hyper-parameters with the lowest mean noisy-validation loss. Best per row in bold; * / ** / ***: paired test "
-    f"against {REFERENCE.upper()} (matched seeds) p < 0.05 / 0.01 / 0.001; † privileged (uses the true T, not a fair "
-    f"competitor); {MISSING}: no usable trial."
-)
+def legend() -> str:
+    return ("Clean test accuracy (%) at the checkpoint selected on the noisy validation set: mean ± std over seeds "
+            "for the hyper-parameters with the lowest mean noisy-validation loss. Best per row in bold; * / ** / ***: "
+            f"paired test against {label(REFERENCE)} (matched seeds) p < 0.05 / 0.01 / 0.001; † privileged (uses the "
+            f"true T, not a fair competitor); {MISSING}: no usable trial.")
 
 
 def _md(s: object) -> str:
@@ -142,7 +141,7 @@ ESTIMATES_NOTE = (
 
 def to_markdown(tabs: list[Table], wtl: pl.DataFrame, comparison: pl.DataFrame, summary: str,
                 estimates: pl.DataFrame | None = None) -> str:
-    lines = ["# Leaderboard", "", LEGEND, "", summary, ""]
+    lines = ["# Leaderboard", "", legend(), "", summary, ""]
     for t in tabs:
         lines += [f"## {_md(t.dataset)} · {_md(t.noise)}", "", "| r | " + " | ".join(map(_md, t.header())) + " |",
                   "|---|" + "---|" * len(t.methods)]
@@ -150,14 +149,14 @@ def to_markdown(tabs: list[Table], wtl: pl.DataFrame, comparison: pl.DataFrame, 
                   + " |" for r, entries in t.rows()]
         lines.append("")
     if not wtl.is_empty():
-        lines += [f"## {REFERENCE.upper()} against each baseline (cells won / tied / lost, paired tests)", "",
+        lines += [f"## {label(REFERENCE)} against each baseline (cells won / tied / lost, paired tests)", "",
                   "| dataset | baseline | win | tie | loss | untested | missing |", "|---|---|---|---|---|---|---|"]
         lines += [f"| {_md(w['dataset'])} | {_md(w['method'])} | {w['win']} | {w['tie']} | {w['loss']} | "
                   f"{w['untested']} | {w['missing']} |" for w in wtl.iter_rows(named=True)]
         lines.append("")
     lines += ["## Paper vs measured", ""]
     if comparison.is_empty():
-        lines.append(f"None of our datasets is in the paper's tables ({', '.join(paper_datasets())}).")
+        lines.append(f"No measured dataset has a table in the paper (its tables: {', '.join(paper_datasets())}).")
     else:
         lines += ["| dataset | r | method | paper | measured | diff | flag |", "|---|---|---|---|---|---|---|"]
         for c in comparison.iter_rows(named=True):
@@ -264,7 +263,7 @@ def to_html(tabs: list[Table], paired: pl.DataFrame, wtl: pl.DataFrame, comparis
             estimates: pl.DataFrame | None = None, extra: str = "") -> str:
     """One self-contained page: inline CSS and JS, figures as base64 PNG, no external asset."""
     p_of = {(p["dataset"], p["noise"], p["r"], p["method"]): p for p in paired.iter_rows(named=True)}
-    body = [f"<h1>bench report</h1><p class=note>{html.escape(LEGEND)}</p><p>{html.escape(summary)}</p>"]
+    body = [f"<h1>bench report</h1><p class=note>{html.escape(legend())}</p><p>{html.escape(summary)}</p>"]
     for t in tabs:
         body.append(f"<h2>{html.escape(t.dataset)} · {html.escape(t.noise)}</h2>")
         rows = [f"<tr>{_td(_r(r), 'l', r)}" + "".join(
@@ -278,16 +277,16 @@ def to_html(tabs: list[Table], paired: pl.DataFrame, wtl: pl.DataFrame, comparis
                 detail.append(_detail_row(head, r, e.cell, p_of.get((t.dataset, t.noise, r, m), {})))
         body.append("<details><summary>every cell: statistics and provenance</summary>" + _html_table(
             ["method", "r", "n", "test acc", "std", "95% CI", "last-epoch acc", "std", "val loss",
-             f"p vs {REFERENCE}", "test", "settings", "ok", "diverged", "failed", "setting", "lr", "batch",
+             f"p vs {label(REFERENCE)}", "test", "settings", "ok", "diverged", "failed", "setting", "lr", "batch",
              "method params", "epochs", "commit", "versions"], detail) + "</details>")
     if not wtl.is_empty():
-        body.append(f"<h2>{REFERENCE.upper()} against each baseline</h2>")
+        body.append(f"<h2>{label(REFERENCE)} against each baseline</h2>")
         rows = ["<tr>" + "".join(_td(w[k], "l" if k in ("dataset", "method") else "") for k in wtl.columns)
                 + "</tr>" for w in wtl.iter_rows(named=True)]
         body.append(_html_table(wtl.columns, rows, left=2))
     body.append("<h2>Paper vs measured</h2>")
     if comparison.is_empty():
-        body.append(f"<p>None of our datasets is in the paper's tables ({', '.join(paper_datasets())}).</p>")
+        body.append(f"<p>No measured dataset has a table in the paper (its tables: {', '.join(paper_datasets())}).</p>")
     else:
         rows = []
         for c in comparison.iter_rows(named=True):
@@ -339,7 +338,7 @@ def to_terminal(tabs: list[Table], summary: str, bold: bool = False) -> str:
             lines.append("  ".join(f"\033[1m{text.rjust(w)}\033[0m" if best and bold else text.rjust(w)
                                    for (text, best), w in zip(row, widths, strict=True)))
         lines.append("")
-    return "\n".join(lines + [LEGEND.replace("in bold", "marked <" if not bold else "in bold")])
+    return "\n".join(lines + [legend().replace("in bold", "marked <" if not bold else "in bold")])
 
 
 # ------------------------------------------------------------------------------------------------- commands
