@@ -64,8 +64,8 @@ class CORES(Method):
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return cores_loss(logits, labels, self.beta, self.num_classes)
 
-    def judged_noisy(self, logits: torch.Tensor, labels: torch.Tensor,
-                     epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def judged_noisy(self, logits: torch.Tensor, labels: torch.Tensor, epoch: int,
+                     index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The sieve: flagged where the label's CE exceeds the mean (floored) CE over all labels; score, that
         excess."""
         own = -torch.log_softmax(logits.float(), dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)

@@ -65,8 +65,8 @@ class CoTeaching(Method):
         pick_f, pick_g = small_loss_mask(loss_f, keep), small_loss_mask(loss_g, keep)
         return loss_f[pick_g].mean() + loss_g[pick_f].mean()
 
-    def judged_noisy(self, logits: torch.Tensor, labels: torch.Tensor,
-                     epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def judged_noisy(self, logits: torch.Tensor, labels: torch.Tensor, epoch: int,
+                     index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """nets[0]'s small-loss selection at the keep rate of the coming epoch, over the whole training set (the
         training step selects within each batch): examples outside the floor(R(T) N) smallest CE are flagged."""
         losses = F.cross_entropy(logits.float(), labels, reduction="none")

@@ -115,12 +115,13 @@ class DivideMix(Method):
     def end_epoch(self, epoch: int) -> None:
         self.divide()
 
-    def judged_noisy(self, logits: torch.Tensor, labels: torch.Tensor,
-                     epoch: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def judged_noisy(self, logits: torch.Tensor, labels: torch.Tensor, epoch: int,
+                     index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """nets[0]'s division (the one that trains nets[1]): unlabelled where w^0 <= tau; score 1 - w^0."""
         if not self.clean:
             return None
-        return 1.0 - self.clean[0], ~(self.clean[0] > self.p_threshold)
+        clean = self.clean[0][index]
+        return 1.0 - clean, ~(clean > self.p_threshold)
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return -torch.log_softmax(logits.float(), dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1).mean(dim=-1)

@@ -94,13 +94,13 @@ class LCCN(Method):
         self.step += 1
         return nn.functional.cross_entropy(logits, z)
 
-    def judged_noisy(self, logits: torch.Tensor, labels: torch.Tensor,
-                     epoch: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def judged_noisy(self, logits: torch.Tensor, labels: torch.Tensor, epoch: int,
+                     index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Flagged: the latent label last drawn differs from the noisy one. Score: 1 - p(z = y~ | x, y~, phi)."""
         if self.latent is None:
             return None
         posterior = latent_posterior(torch.softmax(logits.float(), dim=1), labels, self.transition)
-        return 1.0 - posterior.gather(1, labels.unsqueeze(1)).squeeze(1), self.latent != labels
+        return 1.0 - posterior.gather(1, labels.unsqueeze(1)).squeeze(1), self.latent[index] != labels
 
     def state_dict(self) -> dict[str, Any]:
         return {"latent": None if self.latent is None else self.latent.clone(),

@@ -65,8 +65,8 @@ class MentorNetPD(Method):
         losses = F.cross_entropy(nets[0](batch.x), batch.y, reduction="none")
         return (self.weights(losses) * losses).mean()
 
-    def judged_noisy(self, logits: torch.Tensor, labels: torch.Tensor,
-                     epoch: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def judged_noisy(self, logits: torch.Tensor, labels: torch.Tensor, epoch: int,
+                     index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Weight 0 at the current threshold lambda: the examples whose loss is not below it."""
         if self.threshold is None:
             return None

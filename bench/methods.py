@@ -12,9 +12,10 @@ trainer runs the CE warm start, then calls the method's hooks:
 * `loss(logits, labels)` is the method's own objective; the trainer applies it to the whole noisy validation
   set to select the checkpoint (the paper's protocol: the method's loss, not accuracy);
 * `end_epoch(epoch)` after each epoch (MentorNet moves its threshold, LCCN its counts);
-* `judged_noisy(logits, labels, epoch)`, for methods that flag or down-weight examples (Co-teaching's small-loss
-  selection, MentorNet's weights, LCCN's latent labels, DivideMix's division, CORES²'s sieve): per-example noise
-  scores and flags over the training set, scored against the true flips in the epochs table (`bench.diagnostics`).
+* `judged_noisy(logits, labels, epoch, index)`, for methods that flag or down-weight examples (Co-teaching's
+  small-loss selection, MentorNet's weights, LCCN's latent labels, DivideMix's division, CORES²'s sieve):
+  per-example noise scores and flags over the diagnostics' training sample, scored against the true flips in the
+  epochs table (`bench.diagnostics`).
 
 Before any of that, when a trial or a grid is checked, `refuses(dataset, noise)` may say why the method cannot run
 on that noise (FW with the true T on real noise, which has none).
@@ -173,12 +174,13 @@ class Method:
         """The method's estimate of T, where it makes one (FW, LCCN); recorded in the result row."""
         return None
 
-    def judged_noisy(self, logits: torch.Tensor, labels: torch.Tensor,
-                     epoch: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def judged_noisy(self, logits: torch.Tensor, labels: torch.Tensor, epoch: int,
+                     index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Which training examples the method now judges noisy: (score, flagged), each (N,), from nets[0]'s
-        evaluation-mode logits (N, C) on the whole unaugmented training split and its noisy labels (N,), after
-        `epoch` method-stage epochs (0: the warm-started state). A higher score means more likely noisy;
-        `flagged` is the method's own decision (dropped, down-weighted or relabelled). None: it judges none."""
+        evaluation-mode logits (N, C) on the unaugmented examples `index` of the training split (the diagnostics'
+        sample, `bench.diagnostics.train_sample`) and their noisy labels (N,), after `epoch` method-stage epochs
+        (0: the warm-started state). A higher score means more likely noisy; `flagged` is the method's own decision
+        (dropped, down-weighted or relabelled); per-example state is read at `index`. None: it judges none."""
         return None
 
 

@@ -310,15 +310,16 @@ class PackedStage:
         return losses.cpu().numpy(), acc.cpu().numpy()
 
     def diagnose(self, epoch: int) -> list[dict[str, float | None]]:
-        """Every member's epoch diagnostics, from one stacked pass over the training and the test set."""
+        """Every member's epoch diagnostics, from one stacked pass over the training sample and the test set."""
         p = self.p[0]
         if not p.epoch_eval:
             return [{} for _ in range(self.members)]
-        train, test = self.predict(self.train_x), self.predict(p.test.x)
+        train, test = self.predict(p.diag_train.x), self.predict(p.test.x)
+        noisy = self.train_labels[:, p.diag_index]
         with torch.no_grad():
             return [diagnostics.epoch_numbers(
-                train[m], self.train_labels[m], self.p[m].clean_train, test[m], p.test.labels,
-                self.methods[m].judged_noisy(train[m], self.train_labels[m], epoch) if self.methods else None)
+                train[m], noisy[m], p.diag_clean, test[m], p.test.labels,
+                self.methods[m].judged_noisy(train[m], noisy[m], epoch, p.diag_index) if self.methods else None)
                 for m in range(self.members)]
 
     @torch.no_grad()

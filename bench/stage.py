@@ -326,13 +326,14 @@ class SoloStage:
         """A diverged solo trial ends its stage: nothing to freeze."""
 
     def diagnose(self, epoch: int) -> list[dict[str, float | None]]:
-        if not self.p.epoch_eval:
+        p = self.p
+        if not p.epoch_eval:
             return [{}]
-        train_logits, test_logits = predict(self.nets[0], self.p.train_eval), predict(self.nets[0], self.p.test)
+        train_logits, test_logits = predict(self.nets[0], p.diag_train), predict(self.nets[0], p.test)
+        noisy = p.diag_train.labels
         with torch.no_grad():
-            judged = self.method.judged_noisy(train_logits, self.p.train.labels, epoch) if self.method else None
-        return [diagnostics.epoch_numbers(train_logits, self.p.train.labels, self.p.clean_train, test_logits,
-                                          self.p.test.labels, judged)]
+            judged = self.method.judged_noisy(train_logits, noisy, epoch, p.diag_index) if self.method else None
+        return [diagnostics.epoch_numbers(train_logits, noisy, p.diag_clean, test_logits, p.test.labels, judged)]
 
     def state_dict(self) -> dict[str, Any]:
         return dict(

@@ -26,10 +26,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import Subset
 
-from bench import models, noise
+from bench import diagnostics, models, noise
 from bench.config import Schedule, TrialConfig, UserError
-from bench.data import Dataset, Splits, get_dataset
+from bench.data import Dataset, Split, Splits, get_dataset
 from bench.methods import Batch, Method, StageContext, get_method
 from bench.stage import (
     Checkpoints,
@@ -64,7 +65,11 @@ class Prepared:
     test: SplitLoader
     warmup: Schedule
     method_stage: Schedule
-    clean_train: torch.Tensor  # clean labels of the training split used (< 0: unknown), for the epoch diagnostics
+    # The per-epoch diagnostics' training examples (`diagnostics.train_sample`): indices into the training split on
+    # the device, those examples (unaugmented, noisy labels) and their clean labels (< 0: unknown).
+    diag_index: torch.Tensor
+    diag_train: SplitLoader
+    diag_clean: torch.Tensor
     epoch_eval: bool  # record test accuracy, memorisation and detection every epoch (`epoch_eval_enabled`)
 
 
@@ -121,6 +126,10 @@ def prepare(
     train_split, noisy_train = splits.train, labels.train
     if config.train_subset:
         train_split, noisy_train = train_split.subset(config.train_subset), noisy_train[: config.train_subset]
+    sample = diagnostics.train_sample(len(noisy_train), config.dataset)
+    diag_split = (Split(train_split.x[torch.from_numpy(sample)], train_split.y[sample])
+                  if isinstance(train_split.x, torch.Tensor) else Split(Subset(train_split.x, sample.tolist()),
+                                                                         train_split.y[sample]))
     return Prepared(
         config=config, dataset=dataset, splits=splits, labels=labels, device=device,
         train=SplitLoader(train_split, noisy_train, dataset, device),
@@ -128,7 +137,9 @@ def prepare(
         val=SplitLoader(splits.val, labels.val, dataset, device),
         test=SplitLoader(splits.test, splits.test.y, dataset, device),
         warmup=warmup, method_stage=method_stage,
-        clean_train=torch.as_tensor(train_split.y, dtype=torch.int64, device=device),
+        diag_index=torch.as_tensor(sample, device=device),
+        diag_train=SplitLoader(diag_split, noisy_train[sample], dataset, device),
+        diag_clean=torch.as_tensor(diag_split.y, dtype=torch.int64, device=device),
         epoch_eval=epoch_eval_enabled(dataset_cls),
     )
 

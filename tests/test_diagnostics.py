@@ -15,7 +15,7 @@ import torch
 from bench import diagnostics, report
 from bench.cli import main
 from bench.config import TrialConfig
-from bench.diagnostics import DIAGNOSTIC_COLUMNS, auroc, detection, memorisation, trial_rules
+from bench.diagnostics import DIAGNOSTIC_COLUMNS, auroc, detection, memorisation, train_sample, trial_rules
 from bench.labels import labels_hash_of
 from bench.methods import get_method
 from bench.packed import run_pack
@@ -114,14 +114,29 @@ def test_the_judgements_of_coteaching_and_lccn() -> None:
     logits = torch.tensor([[2.0, 0.0], [0.0, 2.0], [1.0, 0.0], [0.0, 0.5], [3.0, 0.0]])
     labels = torch.tensor([0, 0, 0, 1, 1])
     coteaching = get_method("coteaching")(2, forget_rate=0.5, num_gradual=2)
-    score, flagged = coteaching.judged_noisy(logits, labels, epoch=1)  # R(1) = 1 - 0.5 * 1/2: keep 3 of 5
+    every = torch.arange(5)
+    score, flagged = coteaching.judged_noisy(logits, labels, 1, every)  # R(1) = 1 - 0.5 * 1/2: keep 3 of 5
     assert flagged.tolist() == [False, True, False, False, True]
     assert torch.equal(score, torch.nn.functional.cross_entropy(logits, labels, reduction="none"))
-    assert not coteaching.judged_noisy(logits, labels, epoch=0)[1].any()  # R(0) = 1 keeps everything
+    assert not coteaching.judged_noisy(logits, labels, 0, every)[1].any()  # R(0) = 1 keeps everything
     lccn = get_method("lccn")(2)
-    assert lccn.judged_noisy(logits, labels, 0) is None  # before its setup: no latent labels yet
+    assert lccn.judged_noisy(logits, labels, 0, every) is None  # before its setup: no latent labels yet
     lccn.latent, lccn.noisy = torch.tensor([0, 1, 0, 1, 0]), labels
-    assert lccn.judged_noisy(logits, labels, 0)[1].tolist() == [False, True, False, False, True]
+    assert lccn.judged_noisy(logits, labels, 0, every)[1].tolist() == [False, True, False, False, True]
+    # On the diagnostics' sample (examples 1 and 4): the latent labels of those examples, not of the first two.
+    some = torch.tensor([1, 4])
+    assert lccn.judged_noisy(logits[some], labels[some], 0, some)[1].tolist() == [True, True]
+
+
+def test_the_diagnostics_sample_is_fixed_per_dataset_and_caps_the_work(monkeypatch) -> None:
+    """All examples up to TRAIN_SAMPLE; beyond, TRAIN_SAMPLE distinct sorted indices that depend on the dataset
+    only (every method, seed and r is diagnosed on the same examples)."""
+    assert train_sample(7, "fashion_mnist").tolist() == list(range(7))
+    monkeypatch.setattr(diagnostics, "TRAIN_SAMPLE", 40)
+    a, b = train_sample(1000, "fashion_mnist"), train_sample(1000, "fashion_mnist")
+    assert a.tolist() == b.tolist() and len(set(a.tolist())) == 40 and a.tolist() == sorted(a.tolist())
+    assert a.max() < 1000 and a.tolist() != list(range(40))  # spread over the set, not its first examples
+    assert train_sample(1000, "mr").tolist() != a.tolist()
 
 
 def test_exported_labels_have_the_rows_hash(tmp_path: Path) -> None:
@@ -142,9 +157,11 @@ def test_exported_labels_have_the_rows_hash(tmp_path: Path) -> None:
     assert main(["labels", "--dataset", "synthetic", "--noise", "case3", "--r", "1.5", "--out", str(out)]) == 2
 
 
-def test_a_packed_member_records_its_solo_trials_per_epoch_numbers(tmp_path: Path) -> None:
-    """CORES² (which judges examples) and L_DMI packed side by side: every new per-epoch number equals the solo
-    trial's; and the per-epoch test accuracy at the selected and last epochs is the row's."""
+def test_a_packed_member_records_its_solo_trials_per_epoch_numbers(tmp_path: Path, monkeypatch) -> None:
+    """CORES² (which judges examples) and L_DMI packed side by side, diagnosed on a sample of the training set:
+    every new per-epoch number equals the solo trial's; and the per-epoch test accuracy at the selected and last
+    epochs is the row's."""
+    monkeypatch.setattr(diagnostics, "TRAIN_SAMPLE", 300)
     configs = [TrialConfig("synthetic", "cores", "case3", 0.3, seed=1, epochs=3, epochs_warmup=2),
                TrialConfig("synthetic", "dmi", "case2", 0.4, seed=2, epochs=3, epochs_warmup=2)]
     run_pack(configs, "unused", results=tmp_path / "packed", **QUIET)
