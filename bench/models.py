@@ -11,7 +11,6 @@ import os
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from bench.config import UserError, discover
@@ -79,31 +78,6 @@ class Dropout(nn.Module):
         return noise.div_(1 - self.p)
 
 
-class Conv2d(nn.Conv2d):
-    """`nn.Conv2d` that, in a pack, can run as im2col and one matrix product (`im2col = True`, an option of
-    `bench.packed.PackedStage` on its stacked model only, so solo trials keep cuDNN's convolution and their numbers;
-    `benchmarks/pack_speedup.py --im2col` times it).
-
-    Why: under `vmap` over K members a convolution becomes a grouped one with K groups, which cuDNN runs group by
-    group and, with one input channel, PyTorch runs as a slow depthwise kernel. Unfolded, the K members' products
-    are one batched matrix product. Same function, other order of float sums."""
-
-    im2col = False
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.im2col:
-            return super().forward(x)
-        n, _, h, w = x.shape
-        kh, kw = self.kernel_size
-        cols = F.unfold(x, self.kernel_size, self.dilation, self.padding, self.stride)  # (N, C*kh*kw, L)
-        out = torch.einsum("ok,nkl->nol", self.weight.flatten(1), cols)
-        if self.bias is not None:
-            out = out + self.bias.view(1, -1, 1)
-        h_out = (h + 2 * self.padding[0] - self.dilation[0] * (kh - 1) - 1) // self.stride[0] + 1
-        w_out = (w + 2 * self.padding[1] - self.dilation[1] * (kw - 1) - 1) // self.stride[1] + 1
-        return out.view(n, self.out_channels, h_out, w_out)
-
-
 class MLP(Model):
     """A small two-layer perceptron for synthetic data and tests."""
 
@@ -128,8 +102,8 @@ class FashionCNN(Model):
     def __init__(self, num_classes: int) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            Conv2d(1, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
-            Conv2d(16, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(1, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
         )
         self.dropout = Dropout(0.5)
         self.classifier = nn.Linear(32 * 4 * 4, num_classes)

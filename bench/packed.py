@@ -159,7 +159,6 @@ class PackedStage:
         seeds: list[int],
         methods: list[Method] | None = None,
         precision: str = "fp32",
-        im2col: bool = False,
         compile: str | None = None,
     ) -> None:
         self.members, self.p, self.schedule = len(members), members, schedule
@@ -172,10 +171,6 @@ class PackedStage:
         self.params = params
         self.base = copy.deepcopy(nets[0]).to("meta")
         self.dropouts = [m for m in self.base.modules() if isinstance(m, models.Dropout)]
-        # Opt-in, on the stack only: grouped convolutions as batched matrix products (not yet timed on a GPU).
-        for layer in self.base.modules():
-            if isinstance(layer, models.Conv2d):
-                layer.im2col = im2col
         self.order_generators = [torch.Generator().manual_seed(s) for s in seeds]
         self.generators = generators
         self.train_x, self.val_x = members[0].train.x, members[0].val.x

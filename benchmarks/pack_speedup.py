@@ -60,7 +60,7 @@ def members(k: int, data: tuple, args: argparse.Namespace) -> list:
     return ps
 
 
-def packed_stage(ps: list, precision: str = "fp32", im2col: bool = False, compile: str | None = None) -> PackedStage:
+def packed_stage(ps: list, precision: str = "fp32", compile: str | None = None) -> PackedStage:
     nets, generators = [], []
     for p in ps:
         seed_everything(method_seed(p.config.seed))
@@ -68,8 +68,7 @@ def packed_stage(ps: list, precision: str = "fp32", im2col: bool = False, compil
         generators.append(device_generator(p.device, method_seed(p.config.seed)))
     methods = [get_method(p.config.method)(2) for p in ps]
     return PackedStage(ps, nets, generators, ps[0].method_stage, [p.method_stage.lr for p in ps],
-                       [method_seed(p.config.seed) for p in ps], methods, precision=precision, im2col=im2col,
-                       compile=compile)
+                       [method_seed(p.config.seed) for p in ps], methods, precision=precision, compile=compile)
 
 
 def solo_stage(p) -> SoloStage:
@@ -99,10 +98,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--variants", default="fp32",
                         help="pack variants timed in the same interleaved rounds, comma-separated; each joins "
-                             "with '+': fp32 or bf16 (the pack's forward pass under bf16 autocast), im2col (the "
-                             "pack's convolutions as im2col + one batched matrix product instead of vmap's grouped "
-                             "convolutions), compile or compile=MODE (torch.compile of the vmapped forward pass). "
-                             "Example: fp32,fp32+im2col,bf16+im2col")
+                             "with '+': fp32 or bf16 (the pack's forward pass under bf16 autocast), compile or "
+                             "compile=MODE (torch.compile of the vmapped forward pass). Example: fp32,bf16+compile")
     parser.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its algorithms (both arms)")
     parser.add_argument("--solo-cap", type=int, default=16, help="solo trials actually run per K (then projected)")
     args = parser.parse_args()
@@ -127,7 +124,7 @@ def main() -> None:
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
-            pack = packed_stage(ps, v["precision"], v["im2col"], v["compile"])
+            pack = packed_stage(ps, v["precision"], v["compile"])
             pack.train_epoch(0)  # warm-up: kernels chosen (compiled), caches filled
             packs.append(pack)
             memory.append(f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB"
@@ -151,18 +148,17 @@ def main() -> None:
 
 
 def parse_variant(text: str) -> dict:
-    variant = {"name": text, "precision": "fp32", "im2col": False, "compile": None}
+    variant = {"name": text, "precision": "fp32", "compile": None}
     for token in text.split("+"):
         if token in ("fp32", "bf16"):
             variant["precision"] = token
-        elif token == "im2col":
-            variant["im2col"] = True
         elif token.split("=")[0] == "compile":
             variant["compile"] = token.partition("=")[2] or "default"
         else:
             raise SystemExit(f"pack_speedup.py: unknown variant part {token!r} in --variants (allowed: fp32, bf16, "
-                             "im2col, compile, compile=MODE)")
+                             "compile, compile=MODE)")
     return variant
+
 
 if __name__ == "__main__":
     main()

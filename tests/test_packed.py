@@ -242,23 +242,3 @@ def test_dmi_loss_over_members_equals_each_members_loss() -> None:
     each = torch.stack([dmi_loss(logits[k], labels[k], 3) for k in range(5)])
     torch.testing.assert_close(stacked, each)
     assert np.isfinite(stacked.numpy()).all()
-
-
-@pytest.mark.parametrize("in_channels,stride,padding", [(1, 1, 0), (16, 1, 0), (3, 2, 1)])
-def test_im2col_convolution_is_the_convolution_also_under_vmap(in_channels: int, stride: int, padding: int) -> None:
-    """The pack's opt-in convolution (im2col + matmul) computes F.conv2d: alone, and vmapped over 5 members'
-    stacked weights and inputs against each member's own convolution."""
-    from torch.func import functional_call, stack_module_state, vmap
-
-    from bench.models import Conv2d
-
-    torch.manual_seed(0)
-    convs = [Conv2d(in_channels, 8, 5, stride=stride, padding=padding) for _ in range(5)]
-    x = torch.randn(5, 4, in_channels, 14, 14)
-    expected = torch.stack([torch.nn.functional.conv2d(x[k], c.weight, c.bias, stride, padding)
-                            for k, c in enumerate(convs)])
-    convs[0].im2col = True
-    torch.testing.assert_close(convs[0](x[0]), expected[0], rtol=1e-5, atol=1e-5)
-    params, _ = stack_module_state(convs)
-    got = vmap(lambda p, xb: functional_call(convs[0], p, (xb,)))(params, x)
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
