@@ -202,6 +202,9 @@ def test_plan_packs_whole_warm_start_cells_and_leaves_the_rest_solo() -> None:
     cells = [{(t.r, t.seed) for t in u} for u in packs]
     assert all(len(c) == 2 for c in cells) and len(set().union(*cells)) == 6  # no cell in two packs
     assert plan_units(trials, "off") == [[t] for t in trials]
+    # Balanced: 7 cells of 2 at 10 a pack are 8 + 6 (two packs, as few as 10 allows), not 10 + 4.
+    seven = [TrialConfig("synthetic", m, "case3", 0.2, seed=s, device="cuda") for s in range(7) for m in ("ce", "dmi")]
+    assert [len(u) for u in plan_units(seven, 10)] == [8, 6]
     cpu = [TrialConfig("synthetic", "ce", "case3", 0.2, seed=s) for s in range(3)]
     assert plan_units(cpu, "auto") == [[t] for t in cpu]  # auto packs on CUDA only
     assert why_solo(TrialConfig("synthetic", "coteaching", "case3", 0.2)) is not None
