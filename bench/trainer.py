@@ -126,7 +126,9 @@ def prepare(
     train_split, noisy_train = splits.train, labels.train
     if config.train_subset:
         train_split, noisy_train = train_split.subset(config.train_subset), noisy_train[: config.train_subset]
-    sample = diagnostics.train_sample(len(noisy_train), config.dataset)
+    epoch_eval = epoch_eval_enabled(dataset_cls)
+    # Without the per-epoch diagnostics the sample is empty: it would otherwise hold up to 10,000 inputs on the device.
+    sample = diagnostics.train_sample(len(noisy_train), config.dataset) if epoch_eval else np.arange(0)
     diag_split = (Split(train_split.x[torch.from_numpy(sample)], train_split.y[sample])
                   if isinstance(train_split.x, torch.Tensor) else Split(Subset(train_split.x, sample.tolist()),
                                                                          train_split.y[sample]))
@@ -140,7 +142,7 @@ def prepare(
         diag_index=torch.as_tensor(sample, device=device),
         diag_train=SplitLoader(diag_split, noisy_train[sample], dataset, device),
         diag_clean=torch.as_tensor(diag_split.y, dtype=torch.int64, device=device),
-        epoch_eval=epoch_eval_enabled(dataset_cls),
+        epoch_eval=epoch_eval,
     )
 
 

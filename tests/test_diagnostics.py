@@ -231,3 +231,23 @@ def test_mlflow_mirrors_the_per_epoch_numbers(tmp_path: Path) -> None:
         assert [m.step for m in history] == [0, 1, 2, 3]
         assert [m.value for m in history] == pytest.approx(epochs[column].to_list())
     assert run.data.metrics["device_s"] == pytest.approx(row["device_s"])
+
+
+def test_diagnostics_switch_off_leaves_the_training_unchanged(tmp_path: Path, monkeypatch) -> None:
+    """BENCH_EPOCH_EVAL=0: no diagnostic column is filled and no sample is held, and the trial's numbers are those
+    of the same trial with diagnostics on (they only look: evaluation mode, no random draws)."""
+    from bench.trainer import prepare
+
+    config = TrialConfig("synthetic", "mentornet", "case3", 0.3, seed=4, epochs=3, epochs_warmup=2)
+    on = run_trial(config, "unused", results=tmp_path / "on", **QUIET)
+    monkeypatch.setenv("BENCH_EPOCH_EVAL", "0")
+    off = run_trial(config, "unused", results=tmp_path / "off", **QUIET)
+    assert prepare(config, "unused", log=lambda s: None).diag_index.numel() == 0
+    for key in ("best_epoch", "val_loss", "test_acc", "last_test_acc", "warmup_test_acc"):
+        assert on[key] == off[key], key
+    curves = {name: pl.read_parquet(tmp_path / name / "epochs" / f"{config.trial_id}.parquet")
+              for name in ("on", "off")}
+    assert curves["off"]["train_noisy_acc_flipped"].null_count() == curves["off"].height
+    assert curves["on"]["train_noisy_acc_flipped"].null_count() == 0
+    assert curves["on"]["det_auroc"].drop_nulls().len() > 0
+    assert curves["on"]["train_loss"].to_list() == curves["off"]["train_loss"].to_list()
