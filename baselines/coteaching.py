@@ -67,7 +67,8 @@ class CoTeaching(Method):
 
     def judged_noisy(self, logits: torch.Tensor, labels: torch.Tensor, epoch: int,
                      index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """nets[0]'s small-loss selection at the keep rate of the coming epoch, over the whole training set (the
-        training step selects within each batch): examples outside the floor(R(T) N) smallest CE are flagged."""
+        """nets[0]'s small-loss selection at the keep rate of the coming epoch, over the examples given (the
+        diagnostics' training sample; the training step selects within each batch): examples outside the
+        floor(R(T) N) smallest CE are flagged."""
         losses = F.cross_entropy(logits.float(), labels, reduction="none")
         return losses, ~small_loss_mask(losses, self.keep_rate(epoch))

@@ -18,8 +18,6 @@ starts (different seeds). Nothing is augmented or mixed, so it runs unchanged on
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -52,8 +50,7 @@ class CoTeachingPlus(CoTeaching):
     title = "Co-teaching+"
     paper = "Yu, Han, Yao, Niu, Tsang, Sugiyama. How does Disagreement Help Generalization against Label " \
         "Corruption? ICML 2019"
-    defaults: dict[str, Any] = {"forget_rate": 0.2, "num_gradual": 10, "exponent": 1.0}
-    ranges: ClassVar[dict[str, str]] = {"forget_rate": "[0, 1)", "num_gradual": "[0, inf)", "exponent": "(0, inf)"}
+    # Hyper-parameters: Co-teaching's (forget rate and its ramp), inherited.
 
     def train_loss(self, nets: list[nn.Module], batch: Batch) -> torch.Tensor:
         logits_f, logits_g = nets[0](batch.x), nets[1](batch.x)

@@ -48,9 +48,8 @@ class JoCoR(CoTeaching):
     title = "JoCoR"
     paper = "Wei, Feng, Chen, An. Combating Noisy Labels by Agreement: A Joint Training Method with " \
         "Co-Regularization. CVPR 2020"
-    defaults: dict[str, Any] = {"forget_rate": 0.2, "num_gradual": 10, "exponent": 1.0, "co_lambda": 0.9}
-    ranges: ClassVar[dict[str, str]] = {"forget_rate": "[0, 1)", "num_gradual": "[0, inf)",
-                                        "exponent": "(0, inf)", "co_lambda": "[0, 1]"}
+    defaults: dict[str, Any] = {**CoTeaching.defaults, "co_lambda": 0.9}
+    ranges: ClassVar[dict[str, str]] = {**CoTeaching.ranges, "co_lambda": "[0, 1]"}
 
     def train_loss(self, nets: list[nn.Module], batch: Batch) -> torch.Tensor:
         losses = jocor_losses(nets[0](batch.x), nets[1](batch.x), batch.y, self.co_lambda)

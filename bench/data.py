@@ -80,8 +80,9 @@ class Dataset:
     urls: ClassVar[dict[str, str]] = {}
     archive_md5: ClassVar[dict[str, str]] = {}  # md5 of downloaded archives (path relative to `folder`)
     source: ClassVar[str] = ""  # where a user gets the files by hand
-    # Evaluate the test set and the whole training set after every epoch (test accuracy per epoch, memorisation,
-    # detection quality): cheap for the small sets; BENCH_EPOCH_EVAL=1 or 0 overrides it.
+    # Evaluate the test set and a sample of the training set (`diagnostics.train_sample`) after every epoch (test
+    # accuracy per epoch, memorisation, detection quality): cheap for the small sets; BENCH_EPOCH_EVAL=1 or 0
+    # overrides it.
     epoch_eval: ClassVar[bool] = True
 
     def __init__(self, data_root: str | Path, verify: bool | None = None) -> None:

@@ -1,7 +1,8 @@
 """What a benchmark reader asks beyond the headline: three checkpoint-selection rules side by side, memorisation
 curves, detection quality, cost per method, and where each cell's exact noisy labels come from.
 
-Per epoch (made by `bench.stage.run_stage` for solo and packed members alike, in the epochs table):
+Per epoch (made by `bench.stage.run_stage` for solo and packed members alike, in the epochs table; the training-set
+numbers on a fixed sample of at most `TRAIN_SAMPLE` examples, `train_sample`):
     test_acc                  clean test accuracy of the current state (%)
     train_clean_acc           training-set accuracy against the clean labels (%)
     train_noisy_acc_flipped   accuracy against the noisy label on the examples whose label was flipped (%): how
@@ -19,7 +20,7 @@ The three rules, per trial, over the method-stage epochs (epoch 0 is the warm-st
     last      the last epoch trained
     oracle    the epoch with the best clean TEST accuracy: it looks at the test set, so it is an oracle (an upper
               bound for any rule), never a result; flagged "†" wherever it appears
-A cell's hyper-parameter setting is always the one chosen on noisy validation (`bench.report.select_settings`);
+A cell's hyper-parameter setting is always the one chosen on noisy validation (`bench.analysis.select_settings`);
 only the epoch rule differs.
 
 Cost: a trial's device-seconds are its wall time on its one device (its share of a pack's) less the time its
@@ -185,8 +186,8 @@ class Diagnostics:
 
 
 def analyse(trials: pl.DataFrame, epochs: pl.DataFrame, settings: pl.DataFrame) -> Diagnostics:
-    """`trials` as `bench.report.load_trials` gives them (with `setting` and `usable`), `epochs` the epochs table,
-    `settings` the setting chosen per cell (`bench.report.select_settings`)."""
+    """`trials` as `bench.analysis.load_trials` gives them (with `setting` and `usable`), `epochs` the epochs table,
+    `settings` the setting chosen per cell (`bench.analysis.select_settings`)."""
     import polars as pl
 
     if not epochs.is_empty():  # files written before a column existed lack it

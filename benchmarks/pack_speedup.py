@@ -1,14 +1,15 @@
 """Packed against solo: training throughput of K Fashion-MNIST CNN trials as one stacked model vs one by one.
 
     python benchmarks/pack_speedup.py --device cuda --data-root DIR [--members 1,8,64,256 --steps 40 --rounds 3]
+                                      [--variants fp32,bf16,compile,bf16+compile]
 
 For each K, both arms train the same K trials (Fashion-MNIST bags vs clothes, the paper's CNN, Adam, batch 128,
 half CE and half L_DMI, each member its own noise seed and learning rate) for `--steps` steps, through the code a
 grid runs: `bench.packed.PackedStage` for the pack, `bench.stage.SoloStage` for one trial after another. The solo
 arm runs min(K, --solo-cap) trials and projects K from their mean time (labelled "projected"). Each arm is warmed
-up (one untimed epoch) and timed over --rounds interleaved rounds; the best round counts. Prints member-samples/s
-(K x steps x batch / seconds) for both arms and their ratio, and the peak GPU memory of the round (the pack
-dominates it; the solo arm's models are trained one at a time).
+up (one untimed epoch) and timed over --rounds interleaved rounds; the best round counts. Every pack variant
+(`--variants`: precision, torch.compile) is timed in the same rounds. Prints member-samples/s (K x steps x batch /
+seconds) for each variant and the solo arm, their ratio, and each variant's peak GPU memory over its warm-up epoch.
 
 Imports only torch and numpy (and bench's training core): it runs on a bare GPU box. `--synthetic` uses random
 images of Fashion-MNIST's shape instead of the files.
