@@ -54,6 +54,9 @@ class Splits:
     human_labels: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     model_args: dict[str, Any] = field(default_factory=dict)  # e.g. the vocabulary size for WordCNN
     notes: list[str] = field(default_factory=list)  # said to the user (e.g. "subset: proportional splits")
+    # The per-epoch diagnostics' training sample of the first n training examples (n -> split), gathered once and
+    # shared by the trials that share these splits: a pack of 256 Fashion-MNIST members held 256 copies (8 GB).
+    samples: dict[int, Split] = field(default_factory=dict, repr=False)
 
 
 class Dataset:

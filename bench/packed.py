@@ -146,6 +146,23 @@ def device_generator(device: torch.device, seed: int) -> torch.Generator:
     return torch.Generator(device).manual_seed(seed)
 
 
+def member_forward(base: nn.Module, dropouts: list[models.Dropout]) -> Any:
+    """The training forward pass of one member, to be vmapped over the stack: masks are handed to the Dropout
+    layers for the length of the call, so that every member uses the masks drawn from its own generator. A
+    closure over the network, not a method of the stage: a bound method kept on the stage made a reference cycle,
+    which held a finished pack's parameters and optimiser state (on the GPU) until Python's cycle collector ran."""
+    def forward(params: dict[str, torch.Tensor], x: torch.Tensor, masks: list[torch.Tensor]) -> torch.Tensor:
+        for layer, mask in zip(dropouts, masks, strict=True):
+            layer.mask = mask
+        try:
+            return functional_call(base, params, (x,))
+        finally:
+            for layer in dropouts:
+                layer.mask = None
+
+    return forward
+
+
 class PackedStage:
     """The `bench.stage.Stage` of K members stacked into one model (see the module docstring)."""
 
@@ -184,7 +201,7 @@ class PackedStage:
         self._dropout_shapes: dict[torch.Size, list[torch.Size]] = {}
         # Opt-in: the vmapped forward pass (and, through AOTAutograd, its backward) compiled by torch.compile,
         # `compile` being its mode ("default", "reduce-overhead", "max-autotune-no-cudagraphs").
-        self._train_forward = vmap(self._forward_train)
+        self._train_forward = vmap(member_forward(self.base, self.dropouts))
         if compile:
             self._train_forward = torch.compile(self._train_forward, mode=compile, dynamic=False)
 
@@ -207,18 +224,6 @@ class PackedStage:
                 groups.append((slice(start, i), type(group[0]).stack(group)))
                 start = i
         return groups
-
-    # The forward pass of one member (vmapped over the stack): masks are handed to the Dropout layers for the
-    # length of the call, so that every member uses the masks drawn from its own generator.
-    def _forward_train(self, params: dict[str, torch.Tensor], x: torch.Tensor,
-                       masks: list[torch.Tensor]) -> torch.Tensor:
-        for layer, mask in zip(self.dropouts, masks, strict=True):
-            layer.mask = mask
-        try:
-            return functional_call(self.base, params, (x,))
-        finally:
-            for layer in self.dropouts:
-                layer.mask = None
 
     def _forward_eval(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         return functional_call(self.base, params, (x,))
@@ -258,24 +263,27 @@ class PackedStage:
         stop = n - n % b if n >= b else n
         total = torch.zeros(self.members, dtype=torch.float64, device=self.device)
         steps = 0
-        transform = self.p[0].dataset.train_transform
         self.base.train()
-        train = self._train_forward
         for start in range(0, stop, b):
-            idx = orders[:, start : start + b]
-            x = transform(self.train_x[idx.flatten()]).unflatten(0, idx.shape)
-            y = self.train_labels.gather(1, idx)
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
-                logits = train(self.params, x, self._masks(x[0]))
-            logits = logits.float()
-            losses = self._losses(logits, y, idx, x, epoch)
+            losses = self.batch_losses(orders[:, start : start + b], epoch)
             for p in self.params.values():
                 p.grad = None
             losses.sum().backward()
             self.optimizer.step(None if self.all_active else self.active)
             total += losses.detach()
             steps += 1
+        for p in self.params.values():  # not held through the evaluations that follow
+            p.grad = None
         return total / max(steps, 1)
+
+    def batch_losses(self, idx: torch.Tensor, epoch: int) -> torch.Tensor:
+        """Every member's training loss on its batch `idx` (K, B): one stacked forward pass, then each method's
+        loss (float64, with the graph for the backward pass)."""
+        x = self.p[0].dataset.train_transform(self.train_x[idx.flatten()]).unflatten(0, idx.shape)
+        y = self.train_labels.gather(1, idx)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
+            logits = self._train_forward(self.params, x, self._masks(x[0]))
+        return self._losses(logits.float(), y, idx, x, epoch)
 
     def train_epoch(self, epoch: int) -> np.ndarray:
         total = self.train_steps(epoch)
@@ -410,6 +418,7 @@ def _run_pack(
     warm_cache: WarmStartCache | Any | None,
     checkpoints: Checkpoints | None,
 ) -> list[dict[str, Any]]:
+    from bench import memory
     from bench import results as results_mod
 
     started = time.perf_counter()
@@ -426,6 +435,7 @@ def _run_pack(
     ds, k = ps[0].dataset, len(ps)
     log(f"pack of {k} trials on {ps[0].device}: "
         + ", ".join(f"{n} {m}" for m, n in sorted(Counter(p.config.method for p in ps).items())))
+    memory.check(ps[0], k, log)
 
     # Warm starts: from the cache where present, the missing cells trained together, then cached.
     keys = [warm_start_key(p, 0) for p in ps]

@@ -10,7 +10,9 @@ training core's modules are imported where used): `bench --help` and a bare GPU 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -107,12 +109,46 @@ def warm_cell(c: TrialConfig) -> tuple[Any, ...]:
     return (c.dataset, c.noise, round(c.r, 10), c.seed, c.transition, c.train_subset, c.epochs_warmup)
 
 
-def plan_units(trials: list[TrialConfig], pack: str | int) -> list[list[TrialConfig]]:
+def auto_pack_size(t: TrialConfig, data_root: str | os.PathLike[str] | None) -> tuple[int, str | None]:
+    """Members per pack under `--pack auto` for trials like `t`: `PACK_MAX`, or fewer where a pack that large
+    would not fit in the GPU's memory by `bench.memory.pack_memory` (estimated here, on the CPU, from the data);
+    and that estimate in words. Sized by the GPU this machine sees (or $BENCH_PACK_MEMORY_GB): where it sees none
+    (a cluster's head node) or lacks the data, packs hold `PACK_MAX` and each pack checks its own GPU before it
+    trains (`bench.memory.check`)."""
+    from bench import memory
+
+    capacity = memory.device_memory(t.device) if t.device.startswith("cuda") else None
+    if capacity is None or data_root is None:
+        return PACK_MAX, None
+    return _auto_pack_size(dataclasses.replace(t, device="cpu", method="ce", method_params=()), str(data_root),
+                           capacity)
+
+
+@functools.cache
+def _auto_pack_size(t: TrialConfig, data_root: str, capacity: int) -> tuple[int, str | None]:
+    from bench import memory
+    from bench.packed import EVAL_IMAGES
+    from bench.trainer import prepare
+
+    try:
+        p = prepare(t, data_root, log=lambda line: None)
+    except UserError:  # missing or damaged data: `bench run` names it before anything runs
+        return PACK_MAX, None
+    # Measured on the CPU, for a pack that evaluates in CUDA-sized chunks.
+    estimate = dataclasses.replace(memory.pack_memory(p), chunk=EVAL_IMAGES["cuda"])
+    size = max(1, min(PACK_MAX, estimate.members(capacity)))
+    return size, (f"{t.dataset}, batch {p.method_stage.batch_size}: {estimate.describe(capacity)}; "
+                  f"at most {size} a pack")
+
+
+def plan_units(trials: list[TrialConfig], pack: str | int,
+               data_root: str | os.PathLike[str] | None = None) -> list[list[TrialConfig]]:
     """Units of work for the runner: lists of trials trained together (a list of one is a solo trial).
 
-    `pack` is "off", "auto" (packs on CUDA, solo on a CPU, where packing measured slower) or a member count.
-    Packs hold whole warm-start cells, so no cell's warm start is trained by two packs. The packs of a group are
-    balanced (300 trials at 256 a pack: 150 + 150, not 256 + 44), so that on several GPUs none waits for a big one."""
+    `pack` is "off", "auto" (packs on CUDA, solo on a CPU, where packing measured slower; as many members as fit
+    in the GPU's memory, `auto_pack_size`, at most `PACK_MAX`) or a member count. Packs hold whole warm-start
+    cells, so no cell's warm start is trained by two packs. The packs of a group are balanced (300 trials at 256
+    a pack: 150 + 150, not 256 + 44), so that on several GPUs none waits for a big one."""
     if pack == "off" or pack == 1:
         return [[t] for t in trials]
     units: list[list[TrialConfig]] = []
@@ -122,22 +158,29 @@ def plan_units(trials: list[TrialConfig], pack: str | int) -> list[list[TrialCon
             units.append([t])
         else:
             groups.setdefault(pack_key(t), {}).setdefault(warm_cell(t), []).append(t)
-    size = PACK_MAX if pack == "auto" else int(pack)
     for cells in groups.values():
-        total = sum(map(len, cells.values()))
-        target = math.ceil(total / math.ceil(total / size))
-        current: list[TrialConfig] = []
-        for members in cells.values():
-            if current and len(current) + len(members) > size:
-                units.append(current)
-                current = []
-            current = current + members
-            if len(current) >= target:
-                units.append(current)
-                current = []
-        if current:
-            units.append(current)
+        first = next(iter(cells.values()))[0]
+        size = auto_pack_size(first, data_root)[0] if pack == "auto" else int(pack)
+        units += balanced_packs(list(cells.values()), size)
     return units
+
+
+def balanced_packs(cells: list[list[TrialConfig]], size: int) -> list[list[TrialConfig]]:
+    """Whole cells into as few packs of at most `size` as the least-loaded-first assignment manages, which
+    also evens them out (20 trials in cells of 2 at 7 a pack: 6 + 6 + 4 + 4, not 6 + 6 + 6 + 2). A cell larger
+    than `size` is a pack of its own size."""
+    size = max([size, *map(len, cells)])
+    count = math.ceil(sum(map(len, cells)) / size)
+    while True:
+        packs: list[list[TrialConfig]] = [[] for _ in range(count)]
+        for members in cells:
+            pack = min(packs, key=len)
+            if len(pack) + len(members) > size:
+                break
+            pack += members
+        else:
+            return [p for p in packs if p]
+        count += 1
 
 
 def pack_id(trials: list[TrialConfig]) -> str:
@@ -152,13 +195,23 @@ def unit_id(unit: list[TrialConfig]) -> str:
     return pack_id(unit) if len(unit) > 1 else unit[0].trial_id
 
 
-def describe_units(units: list[list[TrialConfig]], pack: str | int) -> str | None:
-    """The packs a grid runs as, in one line (None when every trial runs solo)."""
+def describe_units(units: list[list[TrialConfig]], pack: str | int,
+                   data_root: str | os.PathLike[str] | None = None) -> str | None:
+    """The packs a grid runs as, in one line, and under `--pack auto` how they were sized (None when every trial
+    runs solo)."""
     packs = [u for u in units if len(u) > 1]
     if not packs:
         return None
-    return (f"packs (--pack {pack}): {sum(map(len, packs))} trials in {len(packs)} packs of "
+    line = (f"packs (--pack {pack}): {sum(map(len, packs))} trials in {len(packs)} packs of "
             f"{', '.join(str(len(u)) for u in packs)}; {len(units) - len(packs)} trials solo")
+    if pack == "auto":
+        sizes = {pack_key(u[0]): auto_pack_size(u[0], data_root) for u in packs}
+        notes = [text for _, text in sizes.values() if text]
+        line += "".join(f"\n  memory: {text}" for text in dict.fromkeys(notes))
+        if len(notes) < len(sizes):
+            line += (f"\n  memory: not estimated here (no GPU seen, or no data): at most {PACK_MAX} a pack, each "
+                     "pack checks its GPU before it trains")
+    return line
 
 
 def parse_pack(value: str) -> str | int:
@@ -180,7 +233,8 @@ def describe_trial(t: TrialConfig) -> str:
 LIST_LIMIT = 1_000  # --dry-run lists the trials of a grid up to this size
 
 
-def print_plan(plan: Plan, out: Callable[[str], None] = print, pack: str | int = "auto") -> None:
+def print_plan(plan: Plan, out: Callable[[str], None] = print, pack: str | int = "auto",
+               data_root: str | os.PathLike[str] | None = None) -> None:
     exp, pending = plan.experiment, plan.pending
     total = len(plan.trials)
     out(f"experiment {exp.name} ({exp.source}): {exp.dataset}, noise {', '.join(exp.noise)}, "
@@ -197,8 +251,8 @@ def print_plan(plan: Plan, out: Callable[[str], None] = print, pack: str | int =
     out(f"per trial: {res.cpu:g} CPU, {res.gpu:g} GPU, device {pending[0].device if pending else exp.device}; "
         f"at most {exp.max_concurrent or 'as many as fit'} at once")
     out(f"results: {plan.results}")
-    units = plan_units(pending, pack)
-    if line := describe_units(units, pack):
+    units = plan_units(pending, pack, data_root)
+    if line := describe_units(units, pack, data_root):
         out(line)
     if pack != "off":
         reasons = Counter(why_solo(u[0]) for u in units if len(u) == 1)

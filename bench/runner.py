@@ -185,8 +185,8 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) ->
         f"{w['method_epochs']} method-stage epochs + {w['warm_epochs']} warm-start epochs "
         f"({w['warm_starts']} warm starts)")
 
-    units = {unit_id(u): u for u in plan_units(pending, s.pack)}
-    if line := describe_units(list(units.values()), s.pack):
+    units = {unit_id(u): u for u in plan_units(pending, s.pack, s.data_root)}
+    if line := describe_units(list(units.values()), s.pack, s.data_root):
         out(line)
     started_here = start_ray(s.address, s.num_cpus)
     try:
@@ -247,7 +247,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print_size(exp)
             return 0
         device = None if args.gpus_per_trial is None else ("cuda" if args.gpus_per_trial > 0 else "cpu")
-        print_plan(Plan.make(exp, store.absolute(results), device=device), pack=parse_pack(args.pack))
+        print_plan(Plan.make(exp, store.absolute(results), device=device), pack=parse_pack(args.pack),
+                   data_root=args.data_root)
         if args.address is None:  # on a cluster the data lives on the nodes
             try:
                 check_data([exp.dataset], args.data_root)

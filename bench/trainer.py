@@ -129,9 +129,13 @@ def prepare(
     epoch_eval = epoch_eval_enabled(dataset_cls)
     # Without the per-epoch diagnostics the sample is empty: it would otherwise hold up to 10,000 inputs on the device.
     sample = diagnostics.train_sample(len(noisy_train), config.dataset) if epoch_eval else np.arange(0)
-    diag_split = (Split(train_split.x[torch.from_numpy(sample)], train_split.y[sample])
-                  if isinstance(train_split.x, torch.Tensor) else Split(Subset(train_split.x, sample.tolist()),
-                                                                         train_split.y[sample]))
+    diag_split = splits.samples.get(len(noisy_train)) if len(sample) else None
+    if diag_split is None:
+        diag_split = (Split(train_split.x[torch.from_numpy(sample)], train_split.y[sample])
+                      if isinstance(train_split.x, torch.Tensor) else Split(Subset(train_split.x, sample.tolist()),
+                                                                             train_split.y[sample]))
+        if len(sample):
+            splits.samples[len(noisy_train)] = diag_split
     return Prepared(
         config=config, dataset=dataset, splits=splits, labels=labels, device=device,
         train=SplitLoader(train_split, noisy_train, dataset, device),

@@ -64,7 +64,7 @@ def main() -> None:
         trials = [t for t in trials if str(getattr(t, key)) == value]
     if args.seeds:
         trials = [t for t in trials if str(t.seed) in args.seeds.split(",")]
-    units = plan_units(trials, args.pack if args.pack == "auto" else int(args.pack))
+    units = plan_units(trials, args.pack if args.pack == "auto" else int(args.pack), args.data_root)
     sizes = sorted((len(u) for u in units), reverse=True)
     more = " ..." if len(sizes) > 8 else ""
     print(f"{exp.name}: {len(trials)} trials in {len(units)} units (sizes {sizes[:8]}{more})"

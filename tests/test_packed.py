@@ -5,6 +5,7 @@ so they agree up to the order of floating-point sums (grouped vs single convolut
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -168,6 +169,123 @@ def test_a_pack_out_of_gpu_memory_stops_with_the_smaller_pack_to_use(tmp_path: P
     assert read_table(tmp_path).height == 0
 
 
+def _peak_allocated(fn) -> int:
+    """The peak of the bytes torch allocated while `fn` ran, over what was allocated before: the running sum of
+    the profiler's allocation and free events (CPU), an account independent of `pack_memory`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]")
+    return int(np.cumsum([n for _, n in events]).max())
+
+
+def test_the_memory_estimate_bounds_what_a_real_pack_allocates(tiny_fashion: Path) -> None:
+    """`pack_memory` errs on the safe side, but not wildly: a real pack (CE, L_DMI and FW with its pass over the
+    training set; diagnostics every epoch) allocates less than the estimate, and more than a third of it. The
+    inputs are left out of both (the data files load through numpy, which the profiler does not see)."""
+    from bench.memory import pack_memory
+    from bench.trainer import prepare
+
+    configs = [TrialConfig("fashion_mnist", m, "case3", 0.2, seed=s, batch_size=16, epochs=2, epochs_warmup=2)
+               for s, m in enumerate(("ce", "dmi", "fw", "ce", "dmi"))]
+    memory = pack_memory(prepare(configs[0], tiny_fashion, **QUIET))
+    peak = _peak_allocated(lambda: run_pack(configs, tiny_fashion, **QUIET))
+    estimate = memory.bytes(len(configs)) - memory.inputs
+    print(f"estimate {estimate / 2**20:.1f} MiB, allocated at the peak {peak / 2**20:.1f} MiB")
+    assert peak <= estimate <= 3 * peak, (peak, estimate)
+
+
+def test_the_memory_estimate_bounds_a_real_mr_pack(shared_data: Path) -> None:
+    """The same on the real MR (optional), whose WordCNN holds a 2.3-million-parameter embedding table: its
+    parameters, gradients and optimiser state are most of a member's memory."""
+    from bench.memory import pack_memory
+    from bench.trainer import prepare
+
+    configs = [TrialConfig("mr", m, "pos_to_neg", 0.2, seed=s, epochs=1, epochs_warmup=1, train_subset=300)
+               for s, m in enumerate(("ce", "dmi", "fw", "ce"))]
+    memory = pack_memory(prepare(configs[0], shared_data, **QUIET))
+    peak = _peak_allocated(lambda: run_pack(configs, shared_data, **QUIET))
+    estimate = memory.bytes(len(configs)) - memory.inputs
+    assert peak <= estimate <= 2 * peak, (peak, estimate)
+
+
+def test_a_pack_that_would_not_fit_stops_before_training_with_the_size_that_fits(tmp_path: Path, monkeypatch) \
+        -> None:
+    """With BENCH_PACK_MEMORY_GB (a GPU shared with other work), a pack checks its estimate before anything
+    trains: too big, it names the largest pack that fits, writes nothing, and that pack then runs; the check
+    itself leaves every number unchanged."""
+    from bench.memory import GIB, pack_memory
+    from bench.trainer import prepare
+
+    configs = [TrialConfig("synthetic", m, "case3", r, seed=0, epochs=2, epochs_warmup=1)
+               for m in ("ce", "dmi") for r in (0.1, 0.2, 0.3, 0.4)]
+    memory = pack_memory(prepare(configs[0], "unused", **QUIET))
+    room = (memory.bytes(3) + memory.bytes(4)) / 2  # 3 members fit, 4 do not
+    monkeypatch.setenv("BENCH_PACK_MEMORY_GB", str(room / GIB))
+    with pytest.raises(UserError, match=r"a pack of 8 trials needs about .* GiB on cpu, .*: run with --pack 3$"):
+        run_pack(configs, "unused", results=tmp_path, **QUIET)
+    assert not (tmp_path / "trials").exists() or read_table(tmp_path).height == 0
+    checked = run_pack(configs[:3], "unused", **QUIET)
+    monkeypatch.delenv("BENCH_PACK_MEMORY_GB")
+    for a, b in zip(checked, run_pack(configs[:3], "unused", **QUIET), strict=True):
+        for key in ("status", "best_epoch", "val_loss", "test_acc", "last_test_acc", "confusion"):
+            assert a[key] == b[key], key
+    monkeypatch.setenv("BENCH_PACK_MEMORY_GB", "lots")
+    with pytest.raises(UserError, match="BENCH_PACK_MEMORY_GB must be a positive number of GiB, got 'lots'"):
+        run_pack(configs[:2], "unused", **QUIET)
+
+
+def test_auto_packs_hold_as_many_members_as_the_gpus_memory_holds(monkeypatch) -> None:
+    """`--pack auto` on CUDA sizes packs by the memory estimate (here against BENCH_PACK_MEMORY_GB, as no GPU
+    is visible), at most PACK_MAX, balanced; and says how in the plan."""
+    from bench.memory import GIB, pack_memory
+    from bench.packed import EVAL_IMAGES
+    from bench.plan import PACK_MAX, describe_units
+    from bench.trainer import prepare
+
+    trials = [TrialConfig("synthetic", m, "case3", r, seed=s, device="cuda", epochs=2, epochs_warmup=1)
+              for m in ("ce", "dmi") for r in (0.2, 0.4) for s in range(5)]
+    memory = pack_memory(prepare(TrialConfig("synthetic", "ce", "case3", 0.2, epochs=2, epochs_warmup=1),
+                                 "unused", **QUIET))
+    memory = dataclasses.replace(memory, chunk=EVAL_IMAGES["cuda"])  # the planner's, measured on a CPU for CUDA
+    monkeypatch.setenv("BENCH_PACK_MEMORY_GB", str(memory.bytes(7) / GIB))
+    units = plan_units(trials, "auto", "unused")
+    assert [len(u) for u in units] == [6, 6, 4, 4]  # 20 in whole cells of 2, at most 7: four packs, balanced
+    assert all(len({(t.r, t.seed) for t in u}) == len(u) // 2 for u in units)
+    line = describe_units(units, "auto", "unused")
+    assert "synthetic, batch 128: " in line and "7 members fit; at most 7 a pack" in line
+    monkeypatch.setenv("BENCH_PACK_MEMORY_GB", "1000")
+    assert [len(u) for u in plan_units(trials, "auto", "unused")] == [20]
+    monkeypatch.delenv("BENCH_PACK_MEMORY_GB")  # no GPU seen, no bound given: PACK_MAX, checked by each pack
+    assert [len(u) for u in plan_units(trials, "auto")] == [20] and PACK_MAX >= 20
+    assert "not estimated here" in describe_units(plan_units(trials, "auto"), "auto")
+
+
+def test_a_finished_pack_frees_its_stages_and_shares_its_inputs(tiny_fashion: Path) -> None:
+    """No reference cycle keeps a pack's stacked parameters and optimiser state alive after it ends (the warm
+    starts' stage used to stay, on the GPU, until Python's cycle collector ran); and the members of a pack share
+    one copy of the diagnostics' training sample (it was one copy a member: 8 GB for 256 Fashion-MNIST members)."""
+    import gc
+
+    from bench.packed import PackedStage
+    from bench.trainer import load_data, prepare
+
+    configs = [TrialConfig("fashion_mnist", m, "case3", 0.2, seed=s, batch_size=16, epochs=1, epochs_warmup=1)
+               for s, m in enumerate(("ce", "dmi", "fw"))]
+    gc.collect()
+    gc.disable()
+    try:
+        run_pack(configs, tiny_fashion, **QUIET)
+        assert not [o for o in gc.get_objects() if type(o) is PackedStage]
+    finally:
+        gc.enable()
+    data = load_data(configs[0], tiny_fashion)
+    samples = {prepare(c, tiny_fashion, data=data, **QUIET).diag_train.x.data_ptr() for c in configs}
+    assert len(samples) == 1
+
+
 def test_a_killed_pack_resumes_from_its_epoch_checkpoint_with_the_same_numbers(tmp_path: Path) -> None:
     from bench.store import Checkpoints
 
@@ -218,7 +336,9 @@ def test_the_training_core_imports_only_torch_and_numpy(tmp_path: Path) -> None:
 import sys
 for name in ("ray", "mlflow", "polars", "pyarrow", "pandas", "scipy", "matplotlib", "yaml"):
     sys.modules[name] = None  # `import name` now fails, as where it is not installed
-import bench.packed, bench.trainer, bench.noise
+import os
+os.environ["BENCH_PACK_MEMORY_GB"] = "8"  # the pack checks its memory estimate (bench.memory) before it trains
+import bench.packed, bench.trainer, bench.noise, bench.memory
 from bench.data import registry as datasets
 from bench.methods import registry as methods
 assert len(datasets()) >= 7 and len(methods()) >= 13

@@ -80,3 +80,22 @@ def test_a_compiled_pack_trains_as_the_eager_pack(tiny_fashion: Path, exact_fp32
     for a, b in zip(eager, compiled, strict=True):
         assert a["best_epoch"] == b["best_epoch"], a["method"]
         assert math.isclose(a["val_loss"], b["val_loss"], rel_tol=1e-4), (a["val_loss"], b["val_loss"])
+
+
+@pytest.mark.parametrize("members", [3, 24])
+def test_the_memory_estimate_bounds_a_real_packs_peak_on_cuda(tiny_fashion: Path, members: int) -> None:
+    """`bench.memory.pack_memory`, measured on the GPU, against the peak torch's allocator reports for a real pack
+    (inputs included): at least that, at most three times it."""
+    from bench.memory import pack_memory
+    from bench.trainer import prepare
+
+    configs = [TrialConfig("fashion_mnist", ("ce", "dmi", "fw")[i % 3], "case3", 0.1 * (i % 8), seed=i,
+                           batch_size=16, epochs=2, epochs_warmup=2, device="cuda") for i in range(members)]
+    estimate = pack_memory(prepare(configs[0], tiny_fashion, **QUIET)).bytes(members)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    run_pack(configs, tiny_fashion, **QUIET)
+    peak = torch.cuda.max_memory_allocated() - before
+    assert peak <= estimate <= 3 * peak, (peak, estimate)
