@@ -70,7 +70,8 @@ def main() -> None:
             memory = pack_memory(prepare(configs[0], args.data_root, log=lambda s: None))
             estimate = memory.bytes(k) - (0 if cuda else memory.inputs)
             started = time.perf_counter()
-            peak = (cuda_peak if cuda else cpu_peak)(lambda: run_pack(configs, args.data_root, log=lambda s: None))
+            peak = (cuda_peak if cuda else cpu_peak)(
+                lambda configs=configs: run_pack(configs, args.data_root, log=lambda s: None))
             fit = "-" if capacity is None else f"{memory.members(capacity):,}"
             print(f"{dataset:>14} {k:>5} {estimate / GIB:>13.3f} {peak / GIB:>13.3f} {estimate / peak:>6.2f} "
                   f"{fit:>6} {time.perf_counter() - started:>7.1f}", flush=True)
