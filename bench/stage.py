@@ -10,7 +10,10 @@ stacked into one model). `bench.trainer` runs a trial through it.
 from __future__ import annotations
 
 import copy
+import functools
+import importlib
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -111,7 +114,18 @@ def accuracy(logits: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tu
     return 100.0 * float(np.trace(confusion)) / max(int(support.sum()), 1), 100.0 * float(recalls.mean()), confusion
 
 
+@functools.cache
+def _import_dynamo_apart() -> None:
+    """torch.optim imports torch._dynamo on its first use, and that import keeps every frame then on the stack
+    alive for the life of the process (seen with torch 2.14): a worker's first trial (its model, optimiser state
+    and data, on the GPU) would never be freed. Imported from a thread of its own, no frame of ours is kept."""
+    thread = threading.Thread(target=importlib.import_module, args=("torch._dynamo",))
+    thread.start()
+    thread.join()
+
+
 def make_optimizer(params: list[nn.Parameter], schedule: Schedule) -> torch.optim.Optimizer:
+    _import_dynamo_apart()
     if schedule.optimizer == "adam":
         return torch.optim.Adam(params, lr=schedule.lr, weight_decay=schedule.weight_decay)
     if schedule.optimizer == "sgd":

@@ -105,3 +105,26 @@ def test_diverged_trial_is_flagged_and_keeps_the_best_checkpoint(tmp_path, monke
     assert row["status"] == "diverged" and "epoch 2" in row["error"]
     assert row["best_epoch"] in (0, 1) and row["test_acc"] > 50
     assert read_table(tmp_path)["status"].to_list() == ["diverged"]
+
+
+def test_a_finished_trial_leaves_nothing_alive_in_its_worker() -> None:
+    """A fresh process (a Ray worker) runs its first trial: afterwards no stage or network of it is alive, even
+    with the cycle collector off. torch.optim's first use imports torch._dynamo, and that import kept every frame
+    then on the stack (the trial's model, optimiser state and data) for the life of the process."""
+    import subprocess
+    import sys
+
+    script = """
+import gc
+from torch import nn
+from bench.config import TrialConfig
+from bench.stage import SoloStage
+from bench.trainer import run_trial
+gc.collect()
+gc.disable()
+run_trial(TrialConfig("synthetic", "ce", "case3", 0.2, epochs=1, epochs_warmup=1), "unused", log=lambda s: None)
+alive = [type(o).__name__ for o in gc.get_objects() if type(o) is SoloStage or type(o).__module__ == "bench.models"]
+print("ALIVE", alive)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert "ALIVE []" in out.stdout, out.stdout + out.stderr[-2000:]
