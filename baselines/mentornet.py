@@ -22,15 +22,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from bench.methods import Batch, Method, StageContext
+from bench.methods import Batch, Method, StageContext, per_example_ce
 
 
 def trimmed_mean(per_example: torch.Tensor, keep: float) -> torch.Tensor:
-    """Mean of the smallest `keep` fraction of the values (at least one)."""
-    k = max(1, int(round(keep * per_example.numel())))
-    return per_example.topk(k, largest=False).values.mean()
+    """Mean of the smallest `keep` fraction of the values (at least one), over the last dimension."""
+    k = max(1, int(round(keep * per_example.shape[-1])))
+    return per_example.topk(k, largest=False).values.mean(-1)
 
 
 class MentorNetPD(Method):
@@ -42,6 +41,7 @@ class MentorNetPD(Method):
         "Networks on Corrupted Labels. ICML 2018"
     defaults: dict[str, Any] = {"percentile": 0.7, "decay": 0.9}
     ranges = {"percentile": "(0, 1]", "decay": "[0, 1)"}  # decay 1 would freeze lambda at its first value
+    member_state = ("threshold",)  # in a pack, each member's own lambda
 
     def __init__(self, num_classes: int, **params: Any) -> None:
         super().__init__(num_classes, **params)
@@ -55,15 +55,16 @@ class MentorNetPD(Method):
         self.threshold = torch.quantile(losses.float(), self.percentile)
 
     def weights(self, losses: torch.Tensor) -> torch.Tensor:
-        """Move lambda with this batch's percentile, then v_i = 1[l_i < lambda]."""
-        percentile = torch.quantile(losses.detach().float(), self.percentile)
+        """Move lambda with this batch's percentile, then v_i = 1[l_i < lambda]. Losses (..., B): a pack's
+        members (leading dimensions) each move their own lambda."""
+        percentile = torch.quantile(losses.detach().float(), self.percentile, dim=-1)
         self.threshold = percentile if self.threshold is None else \
             self.decay * self.threshold + (1 - self.decay) * percentile
-        return (losses.detach() < self.threshold).to(losses.dtype)
+        return (losses.detach() < self.threshold.unsqueeze(-1)).to(losses.dtype)
 
-    def train_loss(self, nets: list[nn.Module], batch: Batch) -> torch.Tensor:
-        losses = F.cross_entropy(nets[0](batch.x), batch.y, reduction="none")
-        return (self.weights(losses) * losses).mean()
+    def logits_loss(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        losses = per_example_ce(logits, batch.y)
+        return (self.weights(losses) * losses).mean(-1)
 
     def judged_noisy(self, logits: torch.Tensor, labels: torch.Tensor, epoch: int,
                      index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -77,7 +78,7 @@ class MentorNetPD(Method):
         # Selection: CE over the `percentile` fraction of validation examples with the smallest loss. A fixed
         # fraction of the set, not the training threshold: with a fixed threshold a model could lower the
         # criterion by pushing examples above it, and the threshold moves between epochs.
-        return trimmed_mean(F.cross_entropy(logits, labels, reduction="none"), self.percentile)
+        return trimmed_mean(per_example_ce(logits, labels), self.percentile)
 
     def state_dict(self) -> dict[str, Any]:
         return {"threshold": self.threshold}

@@ -23,7 +23,9 @@ on that noise (FW with the true T on real noise, which has none).
 A method whose step is "logits -> `logits_loss`" is `packable()`: many trials of it train as one stacked model
 (`bench.packed`). Its `loss` and `logits_loss` then take logits (..., B, C) and labels (..., B) with leading member
 dimensions and return one loss per member (...); per-member state tensors (FW's T) are named in `member_state`
-and stacked along the same leading dimension (`stack`).
+and stacked along the same leading dimension (`stack`). State the steps move (MentorNet's threshold) lives in the
+stacked tensor, and goes back to each member after each epoch (`unstack`), where the diagnostics and checkpoints
+read it.
 
 Hyper-parameters are declared as data: `defaults` (the method's own paper's values; the type of each default is
 the parameter's type), `ranges` (interval notation for numeric ones, e.g. "(0, 1]") and `choices` (the allowed
@@ -159,6 +161,14 @@ class Method:
         for name in cls.member_state:
             setattr(group, name, torch.stack([getattr(m, name) for m in members]))
         return group
+
+    def unstack(self, members: list[Method]) -> None:
+        """The reverse of `stack`, on the group: each member's slice of the `member_state` the pack's steps have
+        moved (MentorNet's threshold), given back to it, for what reads the members (diagnostics, checkpoints)."""
+        for name in self.member_state:
+            stacked = getattr(self, name)
+            for i, member in enumerate(members):
+                setattr(member, name, stacked[i])
 
     def end_epoch(self, epoch: int) -> None:
         """Called after each epoch of the method stage."""

@@ -288,8 +288,12 @@ class PackedStage:
     def train_epoch(self, epoch: int) -> np.ndarray:
         total = self.train_steps(epoch)
         self.optimizer.end_epoch()
-        for method in self.methods or []:
-            method.end_epoch(epoch)
+        if self.methods:
+            for sl, group in self.groups:
+                group.unstack(self.methods[sl])
+            for method in self.methods:
+                method.end_epoch(epoch)
+            self.set_methods(self.methods)  # stacked again, with what end_epoch changed
         return total.cpu().numpy()
 
     @torch.no_grad()

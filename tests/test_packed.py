@@ -85,6 +85,36 @@ def test_every_packable_method_matches_its_solo_trial(tmp_path: Path, method: st
         assert packed["estimated_transition"] is not None
 
 
+def test_packed_mentornet_members_keep_their_own_thresholds(tmp_path: Path) -> None:
+    """MentorNet's lambda moves with every step: in a pack each member moves its own (`member_state`), given back
+    to the member after each epoch, so that its detection diagnostics (which read lambda) and a resumed pack equal
+    its solo trial's."""
+    from bench.store import Checkpoints
+
+    configs = [TrialConfig("synthetic", "mentornet", "case3", r, seed=s, epochs=4, epochs_warmup=2)
+               for r, s in ((0.2, 0), (0.5, 1))]
+    pack = [TrialConfig("synthetic", "dmi", "case3", 0.3, seed=2, epochs=4, epochs_warmup=2), *configs]
+    rows = run_pack(pack, "unused", results=tmp_path / "packed", **QUIET)[1:]
+    for config, packed in zip(configs, rows, strict=True):
+        solo = run_trial(config, "unused", results=tmp_path / "solo", **QUIET)
+        _assert_same_trial(packed, solo)
+        a, b = (_curves(tmp_path / where, config.trial_id).filter(pl.col("stage") == "method")
+                for where in ("packed", "solo"))
+        # Up to the order of float sums: a flag may flip at the threshold, an AUROC move in the 7th digit.
+        assert a["det_flagged"].to_list() == pytest.approx(b["det_flagged"].to_list(), abs=0.01)
+        assert a["det_auroc"].to_list() == pytest.approx(b["det_auroc"].to_list(), abs=1e-5)
+    assert rows[0]["val_loss"] != rows[1]["val_loss"]
+    results = str(tmp_path / "resumed")
+    with pytest.raises(RuntimeError, match="node lost"):
+        run_pack(pack, "unused", results=results, log=lambda s: None,
+                 checkpoints=crashing_checkpoints(2)(results, pack_id(pack), lambda s: None))
+    resumed = run_pack(pack, "unused", results=results, checkpoints=Checkpoints(results, pack_id(pack), print),
+                       **QUIET)[1:]
+    for a, b in zip(resumed, rows, strict=True):
+        for key in ("best_epoch", "val_loss", "test_acc", "last_test_acc"):
+            assert a[key] == b[key], key
+
+
 def test_a_members_numbers_do_not_depend_on_its_pack(tiny_fashion: Path) -> None:
     me = TrialConfig("fashion_mnist", "dmi", "case2", 0.4, seed=3, lr=5e-4, batch_size=16, epochs=3,
                      epochs_warmup=3)
