@@ -120,8 +120,10 @@ def auto_pack_size(t: TrialConfig, data_root: str | os.PathLike[str] | None) -> 
     capacity = memory.device_memory(t.device) if t.device.startswith("cuda") else None
     if capacity is None or data_root is None:
         return PACK_MAX, None
-    return _auto_pack_size(dataclasses.replace(t, device="cpu", method="ce", method_params=()), str(data_root),
-                           capacity)
+    # What the estimate depends on (data, model, stage shapes) and nothing else, so that groups share it.
+    like = dataclasses.replace(t, device="cpu", method="ce", method_params=(), r=0.0, seed=0, lr=None,
+                               experiment="", extra=())
+    return _auto_pack_size(like, str(data_root), capacity)
 
 
 @functools.cache
