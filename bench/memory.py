@@ -1,7 +1,7 @@
 """How much device memory a pack takes, and so how many members fit on a GPU (`bench run --pack auto`).
 
-The estimate is measured, not modelled: a pack of two members like the real ones takes one training step and one
-evaluation pass while every tensor torch creates is tracked until it is freed (`PeakBytes`), so it holds for any
+The estimate is measured, not modelled: a pack of two members like the real ones takes one training step and two
+evaluation passes while every tensor torch creates is tracked until it is freed (`PeakBytes`), so it holds for any
 model and whatever layout copies `vmap` makes. To those peaks it adds what a member keeps all along (parameters,
 optimiser state, best state, labels, logits). The planner sizes packs by it against the GPU the driver sees, and
 each pack checks it against its own GPU before anything trains. It errs on the safe side: `tests/test_packed.py`

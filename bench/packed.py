@@ -37,7 +37,7 @@ from bench import diagnostics, models
 from bench.config import Schedule, TrialConfig, UserError
 from bench.methods import Batch, Method, StageContext, get_method
 from bench.plan import pack_key, why_solo
-from bench.stage import Checkpoints, Log, accuracy, run_stage, to_device
+from bench.stage import Checkpoints, Log, accuracy, import_dynamo_apart, run_stage, to_device
 from bench.trainer import (
     Outcome,
     Prepared,
@@ -203,6 +203,7 @@ class PackedStage:
         # `compile` being its mode ("default", "reduce-overhead", "max-autotune-no-cudagraphs").
         self._train_forward = vmap(member_forward(self.base, self.dropouts))
         if compile:
+            import_dynamo_apart()
             self._train_forward = torch.compile(self._train_forward, mode=compile, dynamic=False)
 
     def set_methods(self, methods: list[Method] | None) -> None:

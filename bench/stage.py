@@ -115,17 +115,18 @@ def accuracy(logits: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tu
 
 
 @functools.cache
-def _import_dynamo_apart() -> None:
+def import_dynamo_apart() -> None:
     """torch.optim imports torch._dynamo on its first use, and that import keeps every frame then on the stack
     alive for the life of the process (seen with torch 2.14): a worker's first trial (its model, optimiser state
-    and data, on the GPU) would never be freed. Imported from a thread of its own, no frame of ours is kept."""
+    and data, on the GPU) would never be freed. Imported from a thread of its own, no frame of ours is kept.
+    Called before the first torch.optim optimiser and before torch.compile, the two that import it."""
     thread = threading.Thread(target=importlib.import_module, args=("torch._dynamo",))
     thread.start()
     thread.join()
 
 
 def make_optimizer(params: list[nn.Parameter], schedule: Schedule) -> torch.optim.Optimizer:
-    _import_dynamo_apart()
+    import_dynamo_apart()
     if schedule.optimizer == "adam":
         return torch.optim.Adam(params, lr=schedule.lr, weight_decay=schedule.weight_decay)
     if schedule.optimizer == "sgd":

@@ -223,7 +223,6 @@ def test_the_memory_estimate_bounds_what_a_real_pack_allocates(tiny_fashion: Pat
     memory = pack_memory(prepare(configs[0], tiny_fashion, **QUIET))
     peak = _peak_allocated(lambda: run_pack(configs, tiny_fashion, **QUIET))
     estimate = memory.bytes(len(configs)) - memory.inputs
-    print(f"estimate {estimate / 2**20:.1f} MiB, allocated at the peak {peak / 2**20:.1f} MiB")
     assert peak <= estimate <= 3 * peak, (peak, estimate)
 
 
