@@ -71,7 +71,7 @@ class Dataset:
     # The dataset's own noise patterns, on top of `noise.GENERIC_PATTERNS`: name -> how T is built from (r, C)
     # (`noise.flip`, `noise.uniform` or any function); None for real noise, whose labels come from the files.
     noise_patterns: ClassVar[dict[str, noise.Builder | None]] = {}
-    # The paper's table for this dataset: its rows (dataset = `name`, noise_r = r) in bench/reference_results.csv
+    # The paper's table for this dataset: its rows (dataset = `name`, noise_r = r) in bench/report/reference_results.csv
     # are our cells (this pattern, r); None where the paper has no table for it.
     paper_noise: ClassVar[str | None] = None
     warmup: ClassVar[Schedule]  # the CE warm start

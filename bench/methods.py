@@ -15,13 +15,13 @@ trainer runs the CE warm start, then calls the method's hooks:
 * `judged_noisy(logits, labels, epoch, index)`, for methods that flag or down-weight examples (Co-teaching's
   small-loss selection, MentorNet's weights, LCCN's latent labels, DivideMix's division, CORES²'s sieve):
   per-example noise scores and flags over the diagnostics' training sample, scored against the true flips in the
-  epochs table (`bench.diagnostics`).
+  epochs table (`bench.report.diagnostics`).
 
 Before any of that, when a trial or a grid is checked, `refuses(dataset, noise)` may say why the method cannot run
 on that noise (FW with the true T on real noise, which has none).
 
 A method whose step is "logits -> `logits_loss`" is `packable()`: many trials of it train as one stacked model
-(`bench.packed`). Its `loss` and `logits_loss` then take logits (..., B, C) and labels (..., B) with leading member
+(`bench.exec.packed`). Its `loss` and `logits_loss` then take logits (..., B, C) and labels (..., B) with leading member
 dimensions and return one loss per member (...); per-member state tensors (FW's T) are named in `member_state`
 and stacked along the same leading dimension (`stack`). State the steps move (MentorNet's threshold) lives in the
 stacked tensor, and goes back to each member after each epoch (`unstack`), where the diagnostics and checkpoints
@@ -188,7 +188,7 @@ class Method:
                      index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Which training examples the method now judges noisy: (score, flagged), each (N,), from nets[0]'s
         evaluation-mode logits (N, C) on the unaugmented examples `index` of the training split (the diagnostics'
-        sample, `bench.diagnostics.train_sample`) and their noisy labels (N,), after `epoch` method-stage epochs
+        sample, `bench.report.diagnostics.train_sample`) and their noisy labels (N,), after `epoch` method-stage epochs
         (0: the warm-started state). A higher score means more likely noisy; `flagged` is the method's own decision
         (dropped, down-weighted or relabelled); per-example state is read at `index`. None: it judges none."""
         return None

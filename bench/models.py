@@ -20,7 +20,7 @@ class Model(nn.Module):
     """Base class of the registered networks: `name`, and whether trials of it can train as one stacked model."""
 
     name: ClassVar[str] = ""
-    # Packable (`bench.packed`): no BatchNorm running statistics, and dropout only through `Dropout` below, so that
+    # Packable (`bench.exec.packed`): no BatchNorm running statistics, and dropout only through `Dropout` below, so that
     # each member of a pack draws its own masks.
     packable: ClassVar[bool] = False
     # Channels-last on CUDA: cuDNN's tensor-core convolutions for the BatchNorm networks want NHWC (1.2x for
@@ -56,7 +56,7 @@ class Dropout(nn.Module):
 
     Drawn: `bernoulli_(1 - p)` scaled by 1 / (1 - p) from `generator` (None: torch's default one), the very bits
     `nn.Dropout` draws on the CPU, so a solo trial's numbers do not change. Handed in (`mask`, set by
-    `bench.packed` for the length of one vmapped forward pass): each member of a pack draws its masks from its own
+    `bench.exec.packed` for the length of one vmapped forward pass): each member of a pack draws its masks from its own
     generator, so that its numbers do not depend on its pack-mates."""
 
     def __init__(self, p: float = 0.5) -> None:

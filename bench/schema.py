@@ -140,7 +140,7 @@ TRIAL_FLAGS = {
     "device": ("--device", DEVICE),
 }
 
-# -- an experiment file (see bench/experiment.py for an example) ----------------------------------------------------
+# -- an experiment file (see bench/grid/experiment.py for an example) ----------------------------------------------------
 EXPERIMENT = {
     "name": Key(NAME, required=True),  # names the MLflow experiment and the default results folder
     "dataset": Key(TEXT, required=True),

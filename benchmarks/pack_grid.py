@@ -3,9 +3,9 @@
     python benchmarks/pack_grid.py tune_configs/fashion_mnist_figure.yaml --data-root DIR [--noise case1,case2]
                                    [--seeds 0,1] [--results DIR] [--summary FILE.csv] [--workers N]
 
-Plans the grid's units with the runner's planner (`bench.plan.plan_units`, `--pack auto` on CUDA), runs each
-pack with `bench.packed.run_pack` (the function a Ray trial of `bench run` calls) and each solo unit with
-`bench.trainer.run_trial`, and prints the wall time end to end (data loading, warm starts, method stages,
+Plans the grid's units with the runner's planner (`bench.grid.plan.plan_units`, `--pack auto` on CUDA), runs each
+pack with `bench.exec.packed.run_pack` (the function a Ray trial of `bench run` calls) and each solo unit with
+`bench.exec.trainer.run_trial`, and prints the wall time end to end (data loading, warm starts, method stages,
 selection, test) and the clean test accuracy per (noise, r, method), mean and std over seeds. What it leaves out
 of `bench run` is Ray's scheduling and MLflow logging. Imports only torch, numpy and pyyaml (for the experiment
 file): it runs on a bare GPU box, where `bench run` (Ray, MLflow, polars) may not.
@@ -22,14 +22,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.experiment import load_experiment
-from bench.packed import run_pack
-from bench.plan import plan_units
-from bench.trainer import run_trial
+from bench.exec.packed import run_pack
+from bench.exec.trainer import run_trial
+from bench.grid.experiment import load_experiment
+from bench.grid.plan import plan_units
 
 
 def _solo(trial, data_root: str, results: str | None) -> dict:
-    from bench.warmstart import WarmStartCache
+    from bench.exec.warmstart import WarmStartCache
 
     cache = WarmStartCache(results, log=lambda s: None) if results else None
     return run_trial(trial, data_root, results=results, log=lambda s: None, warm_cache=cache)
@@ -73,7 +73,7 @@ def main() -> None:
     packs, solos = [u for u in units if len(u) > 1], [u[0] for u in units if len(u) == 1]
     cache = None
     if args.results:
-        from bench.warmstart import WarmStartCache
+        from bench.exec.warmstart import WarmStartCache
 
         cache = WarmStartCache(args.results, log=lambda s: None)
     rows = []

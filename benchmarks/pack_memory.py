@@ -1,9 +1,9 @@
-"""The memory estimate that sizes packs (`bench.memory.pack_memory`) against what real packs allocate.
+"""The memory estimate that sizes packs (`bench.exec.memory.pack_memory`) against what real packs allocate.
 
     python benchmarks/pack_memory.py --data-root DIR [--device cuda] [--datasets fashion_mnist,mr]
                                      [--members 8,64,256] [--epochs 1] [--subset N]
 
-For each dataset and pack size K, a real pack (`bench.packed.run_pack`: CE warm starts, then CE, L_DMI and FW
+For each dataset and pack size K, a real pack (`bench.exec.packed.run_pack`: CE warm starts, then CE, L_DMI and FW
 members, diagnostics every epoch) runs for `--epochs` + `--epochs` epochs while its peak is measured: on CUDA by
 torch's allocator (`max_memory_allocated`, inputs included), on a CPU by the profiler's allocation events (inputs
 left out of both columns: the data files load through numpy, which the profiler does not see). Prints the estimate,
@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from bench.config import TrialConfig
-from bench.memory import GIB, device_memory, pack_memory
-from bench.packed import run_pack
-from bench.trainer import prepare
+from bench.exec.memory import GIB, device_memory, pack_memory
+from bench.exec.packed import run_pack
+from bench.exec.trainer import prepare
 
 NOISE = {"fashion_mnist": "case3", "mr": "pos_to_neg", "synthetic": "case3"}
 

@@ -5,7 +5,7 @@
 
 For each K, both arms train the same K trials (Fashion-MNIST bags vs clothes, the paper's CNN, Adam, batch 128,
 half CE and half L_DMI, each member its own noise seed and learning rate) for `--steps` steps, through the code a
-grid runs: `bench.packed.PackedStage` for the pack, `bench.stage.SoloStage` for one trial after another. The solo
+grid runs: `bench.exec.packed.PackedStage` for the pack, `bench.exec.stage.SoloStage` for one trial after another. The solo
 arm runs min(K, --solo-cap) trials and projects K from their mean time (labelled "projected"). Each arm is warmed
 up (one untimed epoch) and timed over --rounds interleaved rounds; the best round counts. Every pack variant
 (`--variants`: precision, torch.compile) is timed in the same rounds. Prints member-samples/s (K x steps x batch /
@@ -25,10 +25,10 @@ import torch
 
 from bench.config import TrialConfig
 from bench.data import Split, Splits, get_dataset
+from bench.exec.packed import PackedStage, device_generator
+from bench.exec.stage import SoloStage
+from bench.exec.trainer import build_model, method_seed, prepare, seed_everything
 from bench.methods import get_method
-from bench.packed import PackedStage, device_generator
-from bench.stage import SoloStage
-from bench.trainer import build_model, method_seed, prepare, seed_everything
 
 BATCH = 128
 

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-from bench.experiment import parse_experiment
-from bench.runner import Settings, run_experiment
-from bench.store import read_table
-from bench.trainer import run_trial
-from bench.warmstart import WarmStartCache
+from bench.exec.trainer import run_trial
+from bench.exec.warmstart import WarmStartCache
+from bench.grid.experiment import parse_experiment
+from bench.grid.runner import Settings, run_experiment
+from bench.store.folder import read_table
 
 
 def main() -> None:

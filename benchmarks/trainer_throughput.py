@@ -22,10 +22,10 @@ import torch.nn.functional as F
 from bench.config import TrialConfig, UserError, default_data_root
 from bench.data import Split, Splits
 from bench.dmi import DMI
+from bench.exec.stage import SplitLoader, make_optimizer, train_epoch
+from bench.exec.trainer import prepare
 from bench.methods import Batch
 from bench.models import create
-from bench.stage import SplitLoader, make_optimizer, train_epoch
-from bench.trainer import prepare
 
 
 def fashion_splits(data_root: str, subset: int) -> tuple[object, Splits]:

@@ -57,7 +57,7 @@ def ray_session():
 
 def crashing_checkpoints(after_epoch: int = 2) -> type:
     """Epoch checkpoints that raise "node lost" right after saving `after_epoch`: a worker killed mid-stage."""
-    from bench.store import Checkpoints
+    from bench.store.folder import Checkpoints
 
     class CrashAfterEpoch(Checkpoints):
         def save(self, state):

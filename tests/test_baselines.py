@@ -20,8 +20,8 @@ from bench.baselines.peer import PeerLoss
 from bench.baselines.sce import SymmetricCrossEntropy
 from bench.baselines.vat import adversarial_perturbation, kl_from_logits
 from bench.config import TrialConfig
+from bench.exec.trainer import prepare, train
 from bench.methods import Batch, StageContext, registry
-from bench.trainer import prepare, train
 
 
 def numpy_softmax(logits: np.ndarray) -> np.ndarray:

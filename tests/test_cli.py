@@ -8,8 +8,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from bench.cli import main
-from bench.results import CORE_COLUMNS
+from bench.cli.main import main
+from bench.store.rows import CORE_COLUMNS
 
 QUICK = ["--epochs-warmup", "1", "--epochs", "2"]
 
@@ -126,7 +126,7 @@ def test_on_a_bare_box_the_commands_that_need_more_say_what_is_missing(tmp_path:
 import sys
 for name in ("ray", "mlflow", "polars", "pyarrow", "pandas", "scipy", "matplotlib"):
     sys.modules[name] = None
-from bench.cli import main
+from bench.cli.main import main
 print("EXIT", main(sys.argv[1:]))
 """
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from bench import noise
-from bench.cli import main
+from bench.cli.main import main
 from bench.config import UserError
 from bench.data import file_md5, get_dataset
 from bench.datasets import cifar10 as cifar10_mod
@@ -291,7 +291,7 @@ def test_cifar10n_describe_from_the_labels_alone(tiny_cifar: Path, capsys) -> No
 
 def test_cifar10n_trial_on_human_labels(tiny_cifar: Path, tmp_path: Path, monkeypatch) -> None:
     from bench.config import TrialConfig
-    from bench.trainer import run_trial
+    from bench.exec.trainer import run_trial
 
     monkeypatch.setattr(CIFAR10N, "model", "mlp")  # the pipeline, not ResNet-34, is under test here
     monkeypatch.setattr(CIFAR10N, "eval_transform", lambda self, x: self.normalise(x).flatten(1))

@@ -1,4 +1,4 @@
-"""bench.diagnostics and `bench labels`: the three checkpoint rules, the memorisation split, detection quality,
+"""bench.report.diagnostics and `bench labels`: the three checkpoint rules, the memorisation split, detection quality,
 cost, the exported noisy labels, and that solo and packed members record the same per-epoch numbers."""
 
 from __future__ import annotations
@@ -12,15 +12,16 @@ import polars as pl
 import pytest
 import torch
 
-from bench import diagnostics, report
-from bench.cli import main
+from bench.cli.labels import labels_hash_of
+from bench.cli.main import main
 from bench.config import TrialConfig
-from bench.diagnostics import DIAGNOSTIC_COLUMNS, auroc, detection, memorisation, train_sample, trial_rules
-from bench.labels import labels_hash_of
+from bench.exec.packed import run_pack
+from bench.exec.trainer import run_trial
 from bench.methods import get_method
-from bench.packed import run_pack
-from bench.store import read_table
-from bench.trainer import run_trial
+from bench.report import diagnostics
+from bench.report import leaderboard as report
+from bench.report.diagnostics import DIAGNOSTIC_COLUMNS, auroc, detection, memorisation, train_sample, trial_rules
+from bench.store.folder import read_table
 
 QUIET = dict(log=lambda s: None)
 
@@ -217,7 +218,7 @@ def test_report_shows_rules_curves_detection_cost_and_label_links(tmp_path: Path
 def test_mlflow_mirrors_the_per_epoch_numbers(tmp_path: Path) -> None:
     from mlflow import MlflowClient
 
-    from bench.tracking import open_mirror
+    from bench.store.mirror import open_mirror
 
     results = tmp_path / "results"
     row = run_trial(TrialConfig("synthetic", "coteaching", "case3", 0.4, seed=0, epochs=3, epochs_warmup=2),
@@ -236,7 +237,7 @@ def test_mlflow_mirrors_the_per_epoch_numbers(tmp_path: Path) -> None:
 def test_diagnostics_switch_off_leaves_the_training_unchanged(tmp_path: Path, monkeypatch) -> None:
     """BENCH_EPOCH_EVAL=0: no diagnostic column is filled and no sample is held, and the trial's numbers are those
     of the same trial with diagnostics on (they only look: evaluation mode, no random draws)."""
-    from bench.trainer import prepare
+    from bench.exec.trainer import prepare
 
     config = TrialConfig("synthetic", "mentornet", "case3", 0.3, seed=4, epochs=3, epochs_warmup=2)
     on = run_trial(config, "unused", results=tmp_path / "on", **QUIET)

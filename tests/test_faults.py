@@ -17,13 +17,13 @@ import polars as pl
 import pytest
 import yaml
 
-from bench.cli import main
+from bench.cli.main import main
 from bench.config import UserError
-from bench.experiment import load_experiment
+from bench.grid.experiment import load_experiment
+from bench.grid.runner import Settings, run_experiment
 from bench.methods import Interval, registry
-from bench.results import write_trial
-from bench.runner import Settings, run_experiment
-from bench.store import read_table
+from bench.store.folder import read_table
+from bench.store.rows import write_trial
 
 GRID = dict(name="faults", dataset="synthetic", noise="case3", r=[0.0, 0.4], seeds=[0], epochs=1, epochs_warmup=1,
             resources={"cpu": 1}, methods={"ce": {}})
@@ -117,7 +117,7 @@ def test_unwritable_results_are_refused_before_training(tmp_path, capsys, where,
 
 
 def test_a_row_that_cannot_be_written_is_kept_and_the_error_says_where(tmp_path, monkeypatch):
-    from bench.trainer import run_trial
+    from bench.exec.trainer import run_trial
 
     row = run_trial(load_experiment(write_config(tmp_path)).trials()[0], tmp_path, log=lambda line: None)
     results = tmp_path / "results"
@@ -281,7 +281,7 @@ def test_a_second_launch_on_a_held_folder_names_the_holder_and_exits_2(tmp_path,
     config = write_config(tmp_path)
     results = tmp_path / "results"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from bench.store import Store\n"
+        [sys.executable, "-c", "import sys; from bench.store.folder import Store\n"
          f"with Store({str(results)!r}).hold():\n    print('held', flush=True); sys.stdin.read()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

@@ -1,4 +1,4 @@
-"""Packed trials (bench.packed): each member is its own trial, whatever its pack-mates.
+"""Packed trials (bench.exec.packed): each member is its own trial, whatever its pack-mates.
 
 Solo and packed runs are compared on the CPU: same noisy labels, data order, dropout masks and initial weights,
 so they agree up to the order of floating-point sums (grouped vs single convolutions)."""
@@ -18,11 +18,11 @@ import torch
 from conftest import crashing_checkpoints
 
 from bench.config import Schedule, TrialConfig, UserError, freeze_params
+from bench.exec.packed import PackedStage, StackedOptimizer, run_pack
+from bench.exec.trainer import run_trial
+from bench.grid.plan import pack_id, plan_units, why_solo
 from bench.methods import Batch, Method, registry
-from bench.packed import PackedStage, StackedOptimizer, run_pack
-from bench.plan import pack_id, plan_units, why_solo
-from bench.store import read_table
-from bench.trainer import run_trial
+from bench.store.folder import read_table
 
 REPO = Path(__file__).resolve().parents[1]
 QUIET = dict(log=lambda s: None)
@@ -89,7 +89,7 @@ def test_packed_mentornet_members_keep_their_own_thresholds(tmp_path: Path) -> N
     """MentorNet's lambda moves with every step: in a pack each member moves its own (`member_state`), given back
     to the member after each epoch, so that its detection diagnostics (which read lambda) and a resumed pack equal
     its solo trial's."""
-    from bench.store import Checkpoints
+    from bench.store.folder import Checkpoints
 
     configs = [TrialConfig("synthetic", "mentornet", "case3", r, seed=s, epochs=4, epochs_warmup=2)
                for r, s in ((0.2, 0), (0.5, 1))]
@@ -215,8 +215,8 @@ def test_the_memory_estimate_bounds_what_a_real_pack_allocates(tiny_fashion: Pat
     """`pack_memory` errs on the safe side, but not wildly: a real pack (CE, L_DMI and FW with its pass over the
     training set; diagnostics every epoch) allocates less than the estimate, and more than a third of it. The
     inputs are left out of both (the data files load through numpy, which the profiler does not see)."""
-    from bench.memory import pack_memory
-    from bench.trainer import prepare
+    from bench.exec.memory import pack_memory
+    from bench.exec.trainer import prepare
 
     configs = [TrialConfig("fashion_mnist", m, "case3", 0.2, seed=s, batch_size=16, epochs=2, epochs_warmup=2)
                for s, m in enumerate(("ce", "dmi", "fw", "ce", "dmi"))]
@@ -229,8 +229,8 @@ def test_the_memory_estimate_bounds_what_a_real_pack_allocates(tiny_fashion: Pat
 def test_the_memory_estimate_bounds_a_real_mr_pack(shared_data: Path) -> None:
     """The same on the real MR (optional), whose WordCNN holds a 2.3-million-parameter embedding table: its
     parameters, gradients and optimiser state are most of a member's memory."""
-    from bench.memory import pack_memory
-    from bench.trainer import prepare
+    from bench.exec.memory import pack_memory
+    from bench.exec.trainer import prepare
 
     configs = [TrialConfig("mr", m, "pos_to_neg", 0.2, seed=s, epochs=1, epochs_warmup=1, train_subset=300)
                for s, m in enumerate(("ce", "dmi", "fw", "ce"))]
@@ -245,8 +245,8 @@ def test_a_pack_that_would_not_fit_stops_before_training_with_the_size_that_fits
     """With BENCH_PACK_MEMORY_GB (a GPU shared with other work), a pack checks its estimate before anything
     trains: too big, it names the largest pack that fits, writes nothing, and that pack then runs; the check
     itself leaves every number unchanged."""
-    from bench.memory import GIB, pack_memory
-    from bench.trainer import prepare
+    from bench.exec.memory import GIB, pack_memory
+    from bench.exec.trainer import prepare
 
     configs = [TrialConfig("synthetic", m, "case3", r, seed=0, epochs=2, epochs_warmup=1)
                for m in ("ce", "dmi") for r in (0.1, 0.2, 0.3, 0.4)]
@@ -269,10 +269,10 @@ def test_a_pack_that_would_not_fit_stops_before_training_with_the_size_that_fits
 def test_auto_packs_hold_as_many_members_as_the_gpus_memory_holds(monkeypatch) -> None:
     """`--pack auto` on CUDA sizes packs by the memory estimate (here against BENCH_PACK_MEMORY_GB, as no GPU
     is visible), at most PACK_MAX, balanced; and says how in the plan."""
-    from bench.memory import GIB, pack_memory
-    from bench.packed import EVAL_IMAGES
-    from bench.plan import PACK_MAX, describe_units
-    from bench.trainer import prepare
+    from bench.exec.memory import GIB, pack_memory
+    from bench.exec.packed import EVAL_IMAGES
+    from bench.exec.trainer import prepare
+    from bench.grid.plan import PACK_MAX, describe_units
 
     trials = [TrialConfig("synthetic", m, "case3", r, seed=s, device="cuda", epochs=2, epochs_warmup=1)
               for m in ("ce", "dmi") for r in (0.2, 0.4) for s in range(5)]
@@ -298,8 +298,8 @@ def test_a_finished_pack_frees_its_stages_and_shares_its_inputs(tiny_fashion: Pa
     one copy of the diagnostics' training sample (it was one copy a member: 8 GB for 256 Fashion-MNIST members)."""
     import gc
 
-    from bench.packed import PackedStage
-    from bench.trainer import load_data, prepare
+    from bench.exec.packed import PackedStage
+    from bench.exec.trainer import load_data, prepare
 
     configs = [TrialConfig("fashion_mnist", m, "case3", 0.2, seed=s, batch_size=16, epochs=1, epochs_warmup=1)
                for s, m in enumerate(("ce", "dmi", "fw"))]
@@ -316,7 +316,7 @@ def test_a_finished_pack_frees_its_stages_and_shares_its_inputs(tiny_fashion: Pa
 
 
 def test_a_killed_pack_resumes_from_its_epoch_checkpoint_with_the_same_numbers(tmp_path: Path) -> None:
-    from bench.store import Checkpoints
+    from bench.store.folder import Checkpoints
 
     configs = [TrialConfig("synthetic", m, "case3", 0.4, seed=3, epochs=5, epochs_warmup=2) for m in ("ce", "dmi")]
     whole = run_pack(configs, "unused", **QUIET)
@@ -366,13 +366,16 @@ import sys
 for name in ("ray", "mlflow", "polars", "pyarrow", "pandas", "scipy", "matplotlib", "yaml"):
     sys.modules[name] = None  # `import name` now fails, as where it is not installed
 import os
-os.environ["BENCH_PACK_MEMORY_GB"] = "8"  # the pack checks its memory estimate (bench.memory) before it trains
-import bench.packed, bench.trainer, bench.noise, bench.memory
+os.environ["BENCH_PACK_MEMORY_GB"] = "8"  # the pack checks its memory estimate (bench.exec.memory) before it trains
+import bench.exec.packed
+import bench.exec.trainer
+import bench.noise
+import bench.exec.memory
 from bench.data import registry as datasets
 from bench.methods import registry as methods
 assert len(datasets()) >= 7 and len(methods()) >= 13
 from bench.config import TrialConfig
-rows = bench.packed.run_pack([TrialConfig("synthetic", m, "case3", 0.3, epochs=1, epochs_warmup=1)
+rows = bench.exec.packed.run_pack([TrialConfig("synthetic", m, "case3", 0.3, epochs=1, epochs_warmup=1)
                               for m in ("ce", "dmi")], "unused", log=lambda s: None)
 assert [r["status"] for r in rows] == ["ok", "ok"]
 sys.argv = ["pack_speedup", "--device", "cpu", "--members", "1,2", "--steps", "2", "--synthetic"]

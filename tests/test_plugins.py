@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from bench import models, noise
-from bench.analysis import read_reference
-from bench.cli import main
+from bench.cli.main import main
 from bench.data import registry as datasets
 from bench.methods import registry as methods
+from bench.report.analysis import read_reference
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 LEVELS = [i / 20 for i in range(21)]
@@ -140,7 +140,7 @@ def plugin_folder(tmp_path, monkeypatch):
 
 def test_the_docs_templates_are_one_file_each_and_train(plugin_folder, tmp_path, capsys):
     from bench.config import TrialConfig
-    from bench.trainer import prepare
+    from bench.exec.trainer import prepare
 
     assert sorted(doc_files()) == ["ring_blobs.py", "taylor_ce.py"]
     assert "ring_blobs" in datasets() and "taylor_ce" in methods()

@@ -16,8 +16,10 @@ import polars as pl
 import pytest
 from scipy import stats
 
-from bench import analysis, cli, report
-from bench.results import write_trial
+from bench.cli import main as cli
+from bench.report import analysis
+from bench.report import leaderboard as report
+from bench.store.rows import write_trial
 
 SOURCE_CSV = Path(__file__).resolve().parents[1] / ".." / "shared" / "paper" / "reference_results.csv"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -26,7 +28,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def make_row(method: str, r: float, seed: int, val_loss: float | None, test_acc: float | None,
              last: float | None = None, lr: float = 1e-4, status: str = "ok", dataset: str = "mr",
              noise: str = "pos_to_neg", params: str = "{}") -> dict:
-    """A result row with the real columns (bench.results.make_row's names), numbers chosen by the test."""
+    """A result row with the real columns (bench.store.rows.make_row's names), numbers chosen by the test."""
     config = dict(dataset=dataset, method=method, noise=noise, r=r, seed=seed, lr=lr, method_params=params)
     trial_id = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
     failed = status == "failed"
@@ -307,11 +309,11 @@ def test_run_summary_and_report_select_by_the_same_rule(tmp_path, capsys):
     `bench run` prints, `bench report` and `bench leaderboard` all say 70.0."""
     from types import SimpleNamespace
 
-    from bench.analysis import aggregate, load_trials
     from bench.config import TrialConfig
-    from bench.plan import Plan
-    from bench.progress import Tally, print_summary
-    from bench.results import make_row, write_trial
+    from bench.grid.plan import Plan
+    from bench.grid.progress import Tally, print_summary
+    from bench.report.analysis import aggregate, load_trials
+    from bench.store.rows import make_row, write_trial
 
     trials = []
     for lr, seed, val_loss, acc in ((1e-3, 0, 1.0, 80.0), (1e-3, 1, 3.0, 60.0), (1e-4, 0, 1.5, 70.0),

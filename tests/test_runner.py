@@ -22,13 +22,13 @@ import torch
 import yaml
 from conftest import crashing_checkpoints
 
-from bench.cli import main
+from bench.cli.main import main
 from bench.config import UserError
-from bench.experiment import load_experiment
+from bench.exec.warmstart import WarmStartCache
+from bench.grid.experiment import load_experiment
+from bench.grid.runner import Settings, run_experiment
 from bench.methods import registry
-from bench.runner import Settings, run_experiment
-from bench.store import read_table
-from bench.warmstart import WarmStartCache
+from bench.store.folder import read_table
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = str(Path(sys.executable).parent / "bench")
@@ -196,7 +196,7 @@ def test_grid_writes_one_row_and_one_mlflow_run_per_trial(grid):
     assert len({r.data.tags["mlflow.parentRunId"] for r in runs}) == 2  # one parent run per (noise, r) cell
 
     # `bench ui` links each experiment's runs table (MLflow 3 opens an experiment on its GenAI overview).
-    from bench.tracking import runs_links
+    from bench.store.mirror import runs_links
     assert runs_links(f"sqlite:///{results / 'mlflow.db'}", "http://127.0.0.1:5000") == [
         f"syn: http://127.0.0.1:5000/#/experiments/{runs[0].info.experiment_id}/runs"]
 
@@ -310,8 +310,8 @@ def test_warm_start_cache_is_concurrent_safe(tmp_path):
 @pytest.mark.parametrize("method", ["dmi", "mentornet"])
 def test_a_crashed_trial_resumes_from_its_epoch_checkpoint_with_the_same_numbers(tmp_path, method):
     from bench.config import TrialConfig
-    from bench.store import Checkpoints
-    from bench.trainer import run_trial
+    from bench.exec.trainer import run_trial
+    from bench.store.folder import Checkpoints
 
     config = TrialConfig("synthetic", method, "case3", 0.4, seed=3, epochs=5, epochs_warmup=2)
     whole = run_trial(config, tmp_path, results=tmp_path / "whole", log=lambda s: None)

@@ -1,4 +1,4 @@
-"""The results store (`bench.store`): which locations are local folders, rows written and read back, and epoch
+"""The results store (`bench.store.folder`): which locations are local folders, rows written and read back, and epoch
 checkpoints that survive or are ignored."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from bench import store
+from bench.store import folder as store
 
 CURVE = [dict(stage="warmup", epoch=1, train_loss=2.0, val_loss=1.5, val_acc=40.0, seconds=0.2),
          dict(stage="method", epoch=1, train_loss=1.0, val_loss=0.5, val_acc=50.0, seconds=0.1)]

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from bench.config import TrialConfig
+from bench.exec.stage import accuracy
+from bench.exec.trainer import prepare, run_trial, train
 from bench.methods import Method, registry
-from bench.stage import accuracy
-from bench.store import read_table
-from bench.trainer import prepare, run_trial, train
+from bench.store.folder import read_table
 
 
 def _config(**kw) -> TrialConfig:
@@ -118,8 +118,8 @@ def test_a_finished_trial_leaves_nothing_alive_in_its_worker() -> None:
 import gc
 from torch import nn
 from bench.config import TrialConfig
-from bench.stage import SoloStage
-from bench.trainer import run_trial
+from bench.exec.stage import SoloStage
+from bench.exec.trainer import run_trial
 gc.collect()
 gc.disable()
 run_trial(TrialConfig("synthetic", "ce", "case3", 0.2, epochs=1, epochs_warmup=1), "unused", log=lambda s: None)

@@ -1,7 +1,7 @@
 """What a benchmark reader asks beyond the headline: three checkpoint-selection rules side by side, memorisation
 curves, detection quality, cost per method, and where each cell's exact noisy labels come from.
 
-Per epoch (made by `bench.stage.run_stage` for solo and packed members alike, in the epochs table; the training-set
+Per epoch (made by `bench.exec.stage.run_stage` for solo and packed members alike, in the epochs table; the training-set
 numbers on a fixed sample of at most `TRAIN_SAMPLE` examples, `train_sample`):
     test_acc                  clean test accuracy of the current state (%)
     train_clean_acc           training-set accuracy against the clean labels (%)
@@ -20,7 +20,7 @@ The three rules, per trial, over the method-stage epochs (epoch 0 is the warm-st
     last      the last epoch trained
     oracle    the epoch with the best clean TEST accuracy: it looks at the test set, so it is an oracle (an upper
               bound for any rule), never a result; flagged "†" wherever it appears
-A cell's hyper-parameter setting is always the one chosen on noisy validation (`bench.analysis.select_settings`);
+A cell's hyper-parameter setting is always the one chosen on noisy validation (`bench.report.analysis.select_settings`);
 only the epoch rule differs.
 
 Cost: a trial's device-seconds are its wall time on its one device (its share of a pack's) less the time its
@@ -186,8 +186,8 @@ class Diagnostics:
 
 
 def analyse(trials: pl.DataFrame, epochs: pl.DataFrame, settings: pl.DataFrame) -> Diagnostics:
-    """`trials` as `bench.analysis.load_trials` gives them (with `setting` and `usable`), `epochs` the epochs table,
-    `settings` the setting chosen per cell (`bench.analysis.select_settings`)."""
+    """`trials` as `bench.report.analysis.load_trials` gives them (with `setting` and `usable`), `epochs` the epochs table,
+    `settings` the setting chosen per cell (`bench.report.analysis.select_settings`)."""
     import polars as pl
 
     if not epochs.is_empty():  # files written before a column existed lack it
@@ -300,8 +300,7 @@ def _anchor(dataset: str, noise: str, r: float) -> str:
 # -- rendering: HTML and Markdown sections of `bench report` ------------------------------------------------------
 def plot(diag: Diagnostics, folder: Path, labels: dict[str, str]) -> dict[str, Path]:
     """The curves' figures, one per (dataset, noise) and kind: name -> PNG path (SVG beside it)."""
-    from bench import plots
-
+    from bench.report import plots
     figures: dict[str, Path] = {}
     if diag.curves.is_empty():
         return figures
@@ -316,7 +315,7 @@ def plot(diag: Diagnostics, folder: Path, labels: dict[str, str]) -> dict[str, P
 
 
 def to_html(diag: Diagnostics, figures: dict[str, Path], labels: dict[str, str]) -> str:
-    from bench.report import _fmt, _html_table, _png, _r, _td
+    from bench.report.leaderboard import _fmt, _html_table, _png, _r, _td
 
     def cell_cells(c: dict[str, Any]) -> list[str]:
         return [_td(c["dataset"], "l"), _td(c["noise"], "l"), _td(_r(c["r"]), value=c["r"]),
@@ -386,7 +385,7 @@ def to_html(diag: Diagnostics, figures: dict[str, Path], labels: dict[str, str])
 
 
 def to_markdown(diag: Diagnostics, labels: dict[str, str]) -> str:
-    from bench.report import _fmt, _md, _r
+    from bench.report.leaderboard import _fmt, _md, _r
 
     def head(c: dict[str, Any]) -> str:
         method = _md(labels.get(c["method"], c["method"]))

@@ -1,10 +1,10 @@
 """Reports over a results folder: `bench report RESULTS [--out DIR]` and `bench leaderboard RESULTS`.
 
-The numbers come from `bench.analysis` (the protocol: selection, statistics, paired tests, the paper comparison);
+The numbers come from `bench.report.analysis` (the protocol: selection, statistics, paired tests, the paper comparison);
 this module lays them out: one wide table per (dataset, noise) (`tables`, walked by every renderer through
 `Table.rows`), rendered as Markdown, LaTeX (the paper's layout), one self-contained HTML page (its CSS and JS are
-the package files `bench/report.css` and `report.js`) and aligned terminal text; plus the CSV tables and, through
-`bench.plots`, the figures. Nothing here reads MLflow.
+the package files `bench/report/report.css` and `report.js`) and aligned terminal text; plus the CSV tables and, through
+`bench.report.plots`, the figures. Nothing here reads MLflow.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from typing import Any
 
 import polars as pl
 
-from bench import analysis
-from bench.analysis import REFERENCE, label
 from bench.config import UserError
 from bench.data import paper_datasets
-from bench.store import is_local, local_path
+from bench.report import analysis
+from bench.report.analysis import REFERENCE, label
+from bench.store.folder import is_local, local_path
 
 MISSING = "—"
 Log = Callable[[str], None]
@@ -220,7 +220,7 @@ def _provenance(cell: dict[str, Any]) -> str:
 
 
 def _asset(name: str) -> str:
-    """`bench/report.css` or `report.js` (package data), inlined into the page."""
+    """`bench/report/report.css` or `report.js` (package data), inlined into the page."""
     return analysis.package_text(name)
 
 
@@ -311,7 +311,7 @@ def to_html(tabs: list[Table], paired: pl.DataFrame, wtl: pl.DataFrame, comparis
         ]) + "</tr>" for e in estimates.iter_rows(named=True)]
         body.append(_html_table(["dataset", "noise", "r", "method", "n", "rel. error", "test acc",
                                  "last-epoch acc", "T^ (mean)", "true T"], rows, left=2))
-    body.append(extra)  # bench.diagnostics: selection rules, curves, detection, cost, noisy labels
+    body.append(extra)  # bench.report.diagnostics: selection rules, curves, detection, cost, noisy labels
     broken = df.filter(pl.col("status") != "ok").sort("dataset", "noise", "r", "method", "seed")
     body.append(f"<h2>Diverged and failed trials ({broken.height})</h2>")
     if not broken.is_empty():
@@ -355,8 +355,8 @@ def _summary(df: pl.DataFrame, grid: pl.DataFrame, results: str) -> str:
 
 def build_report(results: str | Path, out: Path, log: Log = _stderr) -> dict[str, Path]:
     """Write every output of `bench report` under `out`; return them by name."""
-    from bench import diagnostics, plots
-    from bench.store import read_table
+    from bench.report import diagnostics, plots
+    from bench.store.folder import read_table
 
     log(f"reading result rows under {results} ...")
     df = analysis.load_trials(results)

@@ -1,7 +1,7 @@
 """Result rows: what one trial measured, with its configuration and provenance.
 
 A row is one dict (`make_row`) with the `CORE_COLUMNS` first; its per-epoch curves have the `EPOCH_COLUMNS`. Where
-and how rows are kept (parquet files, atomic writes, reading them back) is `bench.store`'s. Making a row needs only
+and how rows are kept (parquet files, atomic writes, reading them back) is `bench.store.folder`'s. Making a row needs only
 numpy and torch: the training core makes rows on a bare GPU box.
 """
 
@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from bench.config import TrialConfig
-from bench.diagnostics import DIAGNOSTIC_COLUMNS
 from bench.noise import NoisyLabels
+from bench.report.diagnostics import DIAGNOSTIC_COLUMNS
 
 # Columns other tools rely on, first and in this order.
 CORE_COLUMNS = [
@@ -101,7 +101,7 @@ def make_row(
         confusion=_matrix(outcome.confusion) if outcome else None,
         privileged=bool(privileged),
         pack_size=outcome.pack_size if outcome else None,  # trials trained together with this one (1: solo)
-        # Cost (bench.diagnostics): networks the method stage trains, epochs this trial trained (a cached warm
+        # Cost (bench.report.diagnostics): networks the method stage trains, epochs this trial trained (a cached warm
         # start counts none), seconds on its device without the per-epoch diagnostics.
         networks=outcome.networks if outcome else None,
         epochs_trained=sum(e["train_loss"] is not None for e in outcome.epochs) if outcome else None,
@@ -117,8 +117,8 @@ def make_row(
 
 
 def write_trial(results: str | os.PathLike[str], row: dict[str, Any], epochs: list[dict[str, Any]]) -> str:
-    """Write a trial's curves, then its row, into the results store (`bench.store`); return the row's path. The
+    """Write a trial's curves, then its row, into the results store (`bench.store.folder`); return the row's path. The
     training core (solo and packed trials) writes its rows through here."""
-    from bench.store import Store
+    from bench.store.folder import Store
 
     return Store(results).write_trial(row, epochs)

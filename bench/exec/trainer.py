@@ -28,11 +28,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Subset
 
-from bench import diagnostics, models, noise
+from bench import models, noise
 from bench.config import Schedule, TrialConfig, UserError
 from bench.data import Dataset, Split, Splits, get_dataset
-from bench.methods import Batch, Method, StageContext, get_method
-from bench.stage import (
+from bench.exec.stage import (
     Checkpoints,
     Log,
     SoloStage,
@@ -42,6 +41,8 @@ from bench.stage import (
     resolve_device,
     run_stage,
 )
+from bench.methods import Batch, Method, StageContext, get_method
+from bench.report import diagnostics
 
 
 def seed_everything(seed: int) -> None:
@@ -300,7 +301,7 @@ def train(
 
 
 def row_args(p: Prepared) -> dict[str, Any]:
-    """The half of a result row (`bench.results.make_row`) that the prepared trial gives, solo or packed."""
+    """The half of a result row (`bench.store.make_row`) that the prepared trial gives, solo or packed."""
     c = p.config
     return dict(config=c, model=p.dataset.model, labels=p.labels, lr=p.method_stage.lr,
                 batch_size=p.method_stage.batch_size, epochs=p.method_stage.epochs, epochs_warmup=p.warmup.epochs,
@@ -321,8 +322,7 @@ def run_trial(
     Bad input raises `UserError` before anything is written. A crash during training writes a row with
     status "failed" and the error, then re-raises.
     """
-    from bench import results as results_mod
-
+    from bench.store.rows import make_row, write_trial
     started = time.perf_counter()
     p = prepare(config, data_root, log=log)
     args = row_args(p)
@@ -334,11 +334,11 @@ def run_trial(
         raise
     except Exception as e:
         if results is not None:
-            row = results_mod.make_row(outcome=None, wall_s=time.perf_counter() - started,
+            row = make_row(outcome=None, wall_s=time.perf_counter() - started,
                                        error=f"{type(e).__name__}: {e}", **args)
-            results_mod.write_trial(results, row, [])
+            write_trial(results, row, [])
         raise
-    row = results_mod.make_row(outcome=outcome, wall_s=time.perf_counter() - started, **args)
+    row = make_row(outcome=outcome, wall_s=time.perf_counter() - started, **args)
     if results is not None:
-        results_mod.write_trial(results, row, outcome.epochs)
+        write_trial(results, row, outcome.epochs)
     return row

@@ -1,7 +1,7 @@
 """`bench run CONFIG`: fan an experiment grid out with Ray Tune. This module only drives Ray.
 
     experiment file --validate/expand--> TrialConfigs --skip those with a result row--> Ray Tune grid search
-    (basic variant generator, no scheduler, no early stopping, reuse_actors) --each trial--> bench.trainer.run_trial
+    (basic variant generator, no scheduler, no early stopping, reuse_actors) --each trial--> bench.exec.trainer.run_trial
     (writes its own parquet row; CE warm start from the shared cache) --driver callback--> progress line + MLflow
 
 Trial identity is `TrialConfig.trial_id`, a hash of the trial's own config: a relaunch runs only the trials without
@@ -11,12 +11,12 @@ after the driver was killed) resumes from its last finished epoch, and its warm 
 Locally Ray starts in-process (`ray.init(address="local")`, never attaching to another Ray on the machine);
 `--address` joins a cluster.
 
-Before Ray starts, the driver checks every trial (`bench.validate`), the data files and the results folder, and takes
+Before Ray starts, the driver checks every trial (`bench.grid.validate`), the data files and the results folder, and takes
 the folder's lock (one driver per folder). A `UserError` that only a worker meets is reported to the driver once,
 not raised, so that Ray does not retry what retrying cannot fix.
 
-The plan and `--dry-run` are `bench.plan`'s; the progress lines and the closing summary `bench.progress`'s; every
-file in the results folder goes through `bench.store`; the command's arguments are defined in `bench.cli`.
+The plan and `--dry-run` are `bench.grid.plan`'s; the progress lines and the closing summary `bench.grid.progress`'s; every
+file in the results folder goes through `bench.store.folder`; the command's arguments are defined in `bench.cli.main`.
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import store
 from bench.config import EXIT_USAGE, TrialConfig, UserError
-from bench.experiment import Experiment, load_experiment
-from bench.plan import Plan, describe_units, parse_pack, plan_units, print_plan, print_size, unit_id
-from bench.progress import Tally, make_callback, print_summary
-from bench.validate import GRID_LIMIT, check_data, check_grid_size, check_results
+from bench.grid.experiment import Experiment, load_experiment
+from bench.grid.plan import Plan, describe_units, parse_pack, plan_units, print_plan, print_size, unit_id
+from bench.grid.progress import Tally, make_callback, print_summary
+from bench.grid.validate import GRID_LIMIT, check_data, check_grid_size, check_results
+from bench.store import folder
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no status table from Ray Tune
@@ -45,18 +45,18 @@ os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no status ta
 def ray_unit(config: dict[str, Any], units: dict[str, list[TrialConfig]], data_root: str, results: str,
              threads: int) -> None:
     """Run one unit of the grid in a Ray worker: a solo trial, or a pack of trials trained as one stacked model
-    (`bench.packed`); report its status and warm-start cache use."""
+    (`bench.exec.packed`); report its status and warm-start cache use."""
     import torch
     from ray import tune
 
-    from bench.packed import run_pack
-    from bench.trainer import run_trial
-    from bench.warmstart import WarmStartCache
+    from bench.exec.packed import run_pack
+    from bench.exec.trainer import run_trial
+    from bench.exec.warmstart import WarmStartCache
 
     torch.set_num_threads(threads)
     unit = config["unit"]
     trials = units[unit]
-    log_path = store.Store(results).log_path(unit)
+    log_path = folder.Store(results).log_path(unit)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a") as log_file:
         def log(line: str) -> None:
@@ -64,7 +64,7 @@ def ray_unit(config: dict[str, Any], units: dict[str, list[TrialConfig]], data_r
             log_file.flush()
 
         cache = WarmStartCache(results, log=log)
-        checkpoints = store.Checkpoints(results, unit, log)
+        checkpoints = folder.Checkpoints(results, unit, log)
         try:
             if len(trials) > 1:
                 rows = run_pack(trials, data_root, results=results, log=log, warm_cache=cache,
@@ -145,30 +145,29 @@ class Settings:
 def run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None] = print) -> Tally:
     """Run the pending trials of an experiment; return the tally. Raises UserError on an impossible request, and
     when another driver holds the results folder."""
-    results = store.absolute(s.results)
+    results = folder.absolute(s.results)
     check_results(results)
-    with store.Store(results).hold():
+    with folder.Store(results).hold():
         return _run_experiment(exp, s, out)
 
 
 def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) -> Tally:
     from ray import tune
 
-    from bench import tracking
-
+    from bench.store.mirror import open_mirror
     cpu = s.cpus_per_trial if s.cpus_per_trial is not None else exp.resources.cpu
     gpu = s.gpus_per_trial if s.gpus_per_trial is not None else exp.resources.gpu
     device = None if s.gpus_per_trial is None else ("cuda" if gpu > 0 else "cpu")
     if device == "cpu" and exp.device.startswith("cuda"):
         out("note: --gpus-per-trial 0 runs this grid on the CPU")
-    results = store.absolute(s.results)
-    for moved in store.Store(results).set_aside_damaged():
+    results = folder.absolute(s.results)
+    for moved in folder.Store(results).set_aside_damaged():
         out(f"set aside the unreadable result file {moved}: its trial runs again")
     plan = Plan.make(exp, results, device=device)
     pending = plan.pending
     by_id = {t.trial_id: t for t in plan.trials}
 
-    mirror = tracking.open_mirror(results, s.mlflow_uri) if s.mlflow else None
+    mirror = open_mirror(results, s.mlflow_uri) if s.mlflow else None
     if mirror is not None and plan.done:
         backfilled = mirror.sync(results, trial_ids=set(plan.done))
         if backfilled:
@@ -206,7 +205,7 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) ->
                 reuse_actors=True, max_concurrent_trials=s.max_concurrent or exp.max_concurrent
             ),
             run_config=tune.RunConfig(
-                name=f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}", storage_path=store.Store(results).ray_storage(),
+                name=f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}", storage_path=folder.Store(results).ray_storage(),
                 verbose=0,
                 failure_config=tune.FailureConfig(max_failures=s.retries),
                 callbacks=[make_callback(tally, results, by_id, {k: [t.trial_id for t in u] for k, u in units.items()},
@@ -241,13 +240,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserError(f"--gpus-per-trial must be >= 0, got {args.gpus_per_trial}")
     if args.num_cpus is not None and args.num_cpus < 1:
         raise UserError(f"--num-cpus must be >= 1, got {args.num_cpus}")
-    check_results(store.absolute(results))
+    check_results(folder.absolute(results))
     if args.dry_run:
         if exp.size() > GRID_LIMIT:
             print_size(exp)
             return 0
         device = None if args.gpus_per_trial is None else ("cuda" if args.gpus_per_trial > 0 else "cpu")
-        print_plan(Plan.make(exp, store.absolute(results), device=device), pack=parse_pack(args.pack),
+        print_plan(Plan.make(exp, folder.absolute(results), device=device), pack=parse_pack(args.pack),
                    data_root=args.data_root)
         if args.address is None:  # on a cluster the data lives on the nodes
             try:

@@ -84,7 +84,7 @@ def check_data(datasets: Iterable[str], data_root: str | os.PathLike[str]) -> No
 def check_results(results: str) -> None:
     """A local results folder must be a folder this process can write (checked by writing a probe file into it,
     or into its nearest existing parent), so that no finished trial loses its row to a late write error."""
-    from bench.store import is_local
+    from bench.store.folder import is_local
 
     if not is_local(results):
         return  # an object store: credentials and buckets are checked by the first write

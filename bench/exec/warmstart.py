@@ -1,7 +1,7 @@
 """The CE warm-start cache: each (data, noise, seed, warm-start settings) cell trains its warm start once.
 
 Every method and hyper-parameter of a grid cell starts from the same CE warm-started network, so the runner trains
-it once and stores it as `RESULTS/warmstart/<key>.pt` (the key is `bench.trainer.warm_start_key`). A file is written
+it once and stores it as `RESULTS/warmstart/<key>.pt` (the key is `bench.exec.trainer.warm_start_key`). A file is written
 to a temporary name and renamed, so a reader never sees half a file. On a local results folder an exclusive
 `fcntl.flock` on `<key>.lock` makes concurrent trials that want the same warm start train it once: the first
 trains, the others wait and load. The kernel drops the lock when a holder dies, so a killed trial never blocks
@@ -10,7 +10,7 @@ numbers, wasted compute, still correct).
 
 A cache file that cannot be loaded (damaged, truncated, or not a tensor file: loading never unpickles code) is
 renamed aside to `<key>.pt.damaged-<time>`, logged with its path, and the warm start is trained again once.
-Files, atomic writes and locks are the results store's (`bench.store`).
+Files, atomic writes and locks are the results store's (`bench.store.folder`).
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from typing import Any
 
 import torch
 
-from bench.store import Store
+from bench.store.folder import Store
 
 State = dict[str, torch.Tensor]
 
 
 class WarmStartCache:
-    """A `bench.trainer.WarmStartCache`: call it with (key, train_fn) to get the warm-started state."""
+    """A `bench.exec.trainer.WarmStartCache`: call it with (key, train_fn) to get the warm-started state."""
 
     def __init__(self, results: str | os.PathLike[str], log: Callable[[str], None] = print) -> None:
         self.store = Store(results)

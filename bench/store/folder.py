@@ -1,13 +1,13 @@
 """The results store: one results folder (a local path or a pyarrow filesystem URI) and every file kept in it.
 
-    trials/<trial_id>.parquet   one row per trial (`bench.results.make_row`), written last: its presence means done
+    trials/<trial_id>.parquet   one row per trial (`bench.store.rows.make_row`), written last: its presence means done
     epochs/<trial_id>.parquet   the per-epoch curves of the same trial
     checkpoints/<unit>.pt       a running trial's (or pack's) state after its last finished epoch; gone once its
                                 rows are written
-    warmstart/<key>.pt          the CE warm-start cache (`bench.warmstart`)
+    warmstart/<key>.pt          the CE warm-start cache (`bench.exec.warmstart`)
     logs/<unit>.log             each Ray trial's log (a local folder; on a URI it stays in the trial's Ray folder)
     ray/                        Ray Tune's own storage
-    mlflow.db, mlartifacts/     the embedded MLflow store (`bench.tracking`)
+    mlflow.db, mlartifacts/     the embedded MLflow store (`bench.store.mirror`)
     damaged/                    unreadable result files that `bench run` set aside
     .bench.lock                 held by the one driver writing into the folder (local folders only)
 
@@ -163,7 +163,7 @@ class Store:
     def _write_trial(self, row: dict[str, Any], epochs: list[dict[str, Any]]) -> str:
         import pyarrow as pa
 
-        from bench.results import EPOCH_COLUMNS
+        from bench.store.rows import EPOCH_COLUMNS
 
         trial_id = row["trial_id"]
         schema = pa.schema([(name, pa.type_for_alias(kind)) for name, kind in EPOCH_COLUMNS.items()])

@@ -1,7 +1,7 @@
 """The benchmark's protocol over result rows, in one place: loading the rows, selecting hyper-parameters,
 aggregating over seeds, paired tests against L_DMI, the paper comparison and the transition-matrix table. The run
-summary (`bench.progress`), `bench report` and `bench leaderboard` all call it, so each rule exists once; rendering
-is `bench.report`'s and `bench.plots`'.
+summary (`bench.grid.progress`), `bench report` and `bench leaderboard` all call it, so each rule exists once; rendering
+is `bench.report.leaderboard`'s and `bench.report.plots`'.
 
 The paper's protocol, applied per cell (dataset, noise, r, method):
   1. selection: of the hyper-parameter settings tried (lr, batch size, method parameters, epochs, ...), keep the
@@ -33,9 +33,9 @@ import numpy as np
 import polars as pl
 from scipy import stats
 
-from bench import store
 from bench.config import UserError
 from bench.data import paper_noise
+from bench.store import folder
 
 CELL = ["dataset", "noise", "r", "method"]
 # The columns that make a hyper-parameter setting (everything of a trial's config but the cell and the seed).
@@ -70,9 +70,9 @@ def _labels() -> dict[str, str]:
 def load_trials(results: str | Path) -> pl.DataFrame:
     """All trial rows under `results`, with the setting hash and the optional columns filled in."""
     results = str(results)
-    if store.is_local(results) and not store.local_path(results).is_dir():
+    if folder.is_local(results) and not folder.local_path(results).is_dir():
         raise UserError(f"results folder {results} does not exist")
-    df = store.read_table(results, "trials")
+    df = folder.read_table(results, "trials")
     if df.is_empty():
         raise UserError(f"no result rows under {results}/trials: run `bench trial` or `bench run` first")
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
@@ -298,9 +298,9 @@ def transition_estimates(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def package_text(*parts: str) -> str:
-    """A text file shipped inside the `bench` package (package data, so an installed wheel carries it)."""
+    """A text file shipped inside the `bench.report` package (package data, so an installed wheel carries it)."""
     try:
-        return importlib.resources.files("bench").joinpath(*parts).read_text(encoding="utf-8")
+        return importlib.resources.files("bench.report").joinpath(*parts).read_text(encoding="utf-8")
     except (NotADirectoryError, FileNotFoundError, TypeError):
         # An editable install maps `bench` (and its bench.baselines / bench.datasets folders) through a path hook
         # that importlib.resources may reject. The file sits beside this module either way.
@@ -308,7 +308,7 @@ def package_text(*parts: str) -> str:
 
 
 def read_reference() -> pl.DataFrame:
-    """The paper's published table, shipped as package data (bench/reference_results.csv)."""
+    """The paper's published table, shipped as package data (bench/report/reference_results.csv)."""
     return pl.read_csv(io.StringIO(package_text(REFERENCE_CSV)),
                        schema_overrides={"noise_r": pl.Float64, "acc_mean": pl.Float64, "acc_std": pl.Float64})
 

@@ -7,7 +7,7 @@
                          on kept training examples, against the clean training labels, and on the clean test set
     detection_curves     per epoch, one panel per (r, method): precision, recall and AUROC of "judged noisy"
 
-Each takes a frame built by `bench.analysis` or `bench.diagnostics` and returns the paths written. Figures are
+Each takes a frame built by `bench.report.analysis` or `bench.report.diagnostics` and returns the paths written. Figures are
 `Figure` objects, not pyplot state, so drawing many of them leaks nothing.
 """
 
@@ -149,7 +149,7 @@ def _panels(curves: pl.DataFrame, title: str, series: list[tuple[str, str, str, 
 
 
 def memorisation_curves(curves: pl.DataFrame, title: str, stem: Path, labels: dict[str, str]) -> list[Path]:
-    """`curves` (bench.diagnostics): one row per (r, method, stage, x) of one dataset and noise."""
+    """`curves` (bench.report.diagnostics): one row per (r, method, stage, x) of one dataset and noise."""
     fig = _panels(curves, f"{title}: what the network fits, epoch by epoch (mean over seeds)", [
         ("train_noisy_acc_flipped", "noisy label, flipped examples (memorised)", "#d62728", "-o"),
         ("train_noisy_acc_kept", "noisy label, kept examples", "#2ca02c", "-o"),

@@ -13,7 +13,7 @@ own noisy labels and learning rate (a stacked Adam or SGD step), its own selecti
 set with its best state kept on the device, its own result row. A member's numbers therefore equal its solo
 trial's up to the order of floating-point sums (a grouped convolution adds in another order than a single one),
 whoever its pack-mates are. A member whose training loss stops being finite is frozen and recorded as diverged.
-The loop itself is `bench.stage.run_stage`, the same one a solo trial runs (K = 1).
+The loop itself is `bench.exec.stage.run_stage`, the same one a solo trial runs (K = 1).
 
 Only torch and numpy are imported here, so a bare GPU box runs packs.
 """
@@ -33,12 +33,10 @@ import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from bench import diagnostics, models
+from bench import models
 from bench.config import Schedule, TrialConfig, UserError
-from bench.methods import Batch, Method, StageContext, get_method
-from bench.plan import pack_key, why_solo
-from bench.stage import Checkpoints, Log, accuracy, import_dynamo_apart, run_stage, to_device
-from bench.trainer import (
+from bench.exec.stage import Checkpoints, Log, accuracy, import_dynamo_apart, run_stage, to_device
+from bench.exec.trainer import (
     Outcome,
     Prepared,
     WarmStartCache,
@@ -51,6 +49,9 @@ from bench.trainer import (
     warm_seed,
     warm_start_key,
 )
+from bench.grid.plan import pack_key, why_solo
+from bench.methods import Batch, Method, StageContext, get_method
+from bench.report import diagnostics
 
 # Member-images per evaluation chunk (K members x chunk rows): large on a GPU, cache-sized on a CPU.
 EVAL_IMAGES = {"cuda": 65536, "cpu": 2048}
@@ -164,7 +165,7 @@ def member_forward(base: nn.Module, dropouts: list[models.Dropout]) -> Any:
 
 
 class PackedStage:
-    """The `bench.stage.Stage` of K members stacked into one model (see the module docstring)."""
+    """The `bench.exec.stage.Stage` of K members stacked into one model (see the module docstring)."""
 
     def __init__(
         self,
@@ -423,9 +424,8 @@ def _run_pack(
     warm_cache: WarmStartCache | Any | None,
     checkpoints: Checkpoints | None,
 ) -> list[dict[str, Any]]:
-    from bench import memory
-    from bench import results as results_mod
-
+    from bench.exec import memory
+    from bench.store.rows import make_row, write_trial
     started = time.perf_counter()
     for c in configs:
         reason = why_solo(c)
@@ -511,10 +511,10 @@ def _run_pack(
             method_s=result.seconds / k, error=result.errors[m], pack_size=k,
             diagnostics_s=(warm_diagnose_s + result.diagnose_seconds) / k,  # an even share, as wall_s
         )
-        row = results_mod.make_row(outcome=outcome, wall_s=wall / k, **row_args(p))
+        row = make_row(outcome=outcome, wall_s=wall / k, **row_args(p))
         row["pack_wall_s"] = wall
         if results is not None:
-            results_mod.write_trial(results, row, outcome.epochs)
+            write_trial(results, row, outcome.epochs)
         rows[order[m]] = row
     log(f"pack of {k} done in {wall:.1f}s ({wall / k:.2f}s per trial)")
     return rows

@@ -2,7 +2,7 @@
 `--dry-run` listing.
 
 A trial whose result row exists (and did not fail) is done; the others are pending. Pending trials run as units: a
-solo trial, or a pack of trials trained as one stacked model (`plan_units`, `--pack`; `bench.packed` trains it).
+solo trial, or a pack of trials trained as one stacked model (`plan_units`, `--pack`; `bench.exec.packed` trains it).
 The work a plan implies counts the CE warm starts once per cell (the cache shares them). Light to import (the
 training core's modules are imported where used): `bench --help` and a bare GPU box load it.
 """
@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bench.config import Schedule, TrialConfig, UserError
-from bench.store import Store
-from bench.validate import GRID_LIMIT, check_trials
+from bench.grid.validate import GRID_LIMIT, check_trials
+from bench.store.folder import Store
 
-if TYPE_CHECKING:  # experiment files need pyyaml; the planner also runs on a bare GPU box (bench.packed uses it)
-    from bench.experiment import Experiment
+if TYPE_CHECKING:  # experiment files need pyyaml; the planner also runs on a bare GPU box (bench.exec.packed uses it)
+    from bench.grid.experiment import Experiment
 
 PACK_MAX = 256  # members per pack at most (`--pack auto`); beyond this the GPU is already full for our models
 
@@ -104,19 +104,18 @@ def pack_key(c: TrialConfig) -> tuple[Any, ...]:
 
 
 def warm_cell(c: TrialConfig) -> tuple[Any, ...]:
-    """A trial's CE warm-start cell: what `bench.trainer.warm_start_key` depends on that a config shows (the noise
+    """A trial's CE warm-start cell: what `bench.exec.trainer.warm_start_key` depends on that a config shows (the noise
     hash follows from these). The runner counts warm starts by it, and packs hold whole cells."""
     return (c.dataset, c.noise, round(c.r, 10), c.seed, c.transition, c.train_subset, c.epochs_warmup)
 
 
 def auto_pack_size(t: TrialConfig, data_root: str | os.PathLike[str] | None) -> tuple[int, str | None]:
     """Members per pack under `--pack auto` for trials like `t`: `PACK_MAX`, or fewer where a pack that large
-    would not fit in the GPU's memory by `bench.memory.pack_memory` (estimated here, on the CPU, from the data);
+    would not fit in the GPU's memory by `bench.exec.memory.pack_memory` (estimated here, on the CPU, from the data);
     and that estimate in words. Sized by the GPU this machine sees (or $BENCH_PACK_MEMORY_GB): where it sees none
     (a cluster's head node) or lacks the data, packs hold `PACK_MAX` and each pack checks its own GPU before it
-    trains (`bench.memory.check`)."""
-    from bench import memory
-
+    trains (`bench.exec.memory.check`)."""
+    from bench.exec import memory
     capacity = memory.device_memory(t.device) if t.device.startswith("cuda") else None
     if capacity is None or data_root is None:
         return PACK_MAX, None
@@ -128,9 +127,9 @@ def auto_pack_size(t: TrialConfig, data_root: str | os.PathLike[str] | None) -> 
 
 @functools.cache
 def _auto_pack_size(t: TrialConfig, data_root: str, capacity: int) -> tuple[int, str | None]:
-    from bench import memory
-    from bench.packed import EVAL_IMAGES
-    from bench.trainer import prepare
+    from bench.exec import memory
+    from bench.exec.packed import EVAL_IMAGES
+    from bench.exec.trainer import prepare
 
     try:
         p = prepare(t, data_root, log=lambda line: None)

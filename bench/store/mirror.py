@@ -31,10 +31,10 @@ from typing import Any
 
 import polars as pl
 
-from bench import store
 from bench.config import UserError
-from bench.diagnostics import DIAGNOSTIC_COLUMNS
-from bench.store import is_local, local_path
+from bench.report.diagnostics import DIAGNOSTIC_COLUMNS
+from bench.store import folder
+from bench.store.folder import is_local, local_path
 
 # MLflow's HTTP client retries for minutes by default; a team server that is down must not stall a grid.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
@@ -167,7 +167,7 @@ class Mirror:
     def loggable(self, row: dict[str, Any]) -> bool:
         """A row whose experiment name could not be a folder name (a path, '..') is not logged: the embedded
         store keeps each experiment's artifacts in a folder of that name."""
-        from bench.validate import check_name
+        from bench.grid.validate import check_name
 
         try:
             check_name("experiment", row.get("experiment") or "adhoc")
@@ -230,10 +230,10 @@ class Mirror:
 
     def sync(self, results: str | os.PathLike[str], trial_ids: set[str] | None = None) -> int:
         """Log every row under `results` (or those in `trial_ids`) that MLflow lacks; return how many."""
-        rows = store.read_table(results)
+        rows = folder.read_table(results)
         if rows.is_empty() or self.failed:
             return 0
-        epochs = store.read_table(results, "epochs")
+        epochs = folder.read_table(results, "epochs")
         count = 0
         for row in rows.iter_rows(named=True):
             if trial_ids is not None and row["trial_id"] not in trial_ids or not self.loggable(row):
@@ -279,10 +279,10 @@ def open_mirror(results: str | os.PathLike[str], uri: str | None, warn=None) -> 
 
 # -- commands ---------------------------------------------------------------------------------------------------
 def cmd_sync_mlflow(args: argparse.Namespace) -> int:
-    results = store.absolute(args.results)
-    if store.read_table(results).is_empty():
+    results = folder.absolute(args.results)
+    if folder.read_table(results).is_empty():
         raise UserError(f"no result rows under {args.results}/trials")
-    with store.Store(results).hold():  # not while a `bench run` logs into the same store
+    with folder.Store(results).hold():  # not while a `bench run` logs into the same store
         mirror = open_mirror(results, args.mlflow_uri)
         if mirror is None:
             return 1
@@ -294,7 +294,7 @@ def cmd_sync_mlflow(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    uri = tracking_uri(store.absolute(args.results), args.mlflow_uri)
+    uri = tracking_uri(folder.absolute(args.results), args.mlflow_uri)
     if uri is None:
         raise UserError(f"{args.results} is not a local folder: name the MLflow store with --mlflow-uri")
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():

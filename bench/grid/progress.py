@@ -2,7 +2,7 @@
 accuracy, elapsed time and ETA) from a Ray Tune callback that also mirrors each new result row to MLflow, and the
 closing summary with the grid's accuracy table.
 
-The summary's table applies the protocol of `bench report` (`bench.analysis`: per cell, the hyper-parameters with
+The summary's table applies the protocol of `bench report` (`bench.report.analysis`: per cell, the hyper-parameters with
 the lowest mean noisy-validation loss over seeds), so the two never disagree.
 """
 
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.config import TrialConfig, UserError
-from bench.experiment import Experiment
-from bench.plan import Plan, describe_trial
-from bench.store import Store
+from bench.grid.experiment import Experiment
+from bench.grid.plan import Plan, describe_trial
+from bench.store.folder import Store
 
 
 def fmt_seconds(s: float) -> str:
@@ -99,8 +99,7 @@ def make_callback(tally: Tally, results: str, trials: dict[str, TrialConfig], un
 def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: Callable[[str], None]) -> None:
     import polars as pl
 
-    from bench import analysis
-
+    from bench.report import analysis
     elapsed = time.monotonic() - tally.started
     states = ", ".join(f"{n} {k}" for k, n in sorted(tally.statuses.items()))
     out("")
@@ -136,7 +135,7 @@ def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: C
     grid = table.filter(pl.col("trial_id").is_in(ids))
     if grid.is_empty() or not grid["usable"].any():
         return
-    # The one selection rule (bench.analysis.select_settings, also behind `bench report` and `bench leaderboard`).
+    # The one selection rule (bench.report.analysis.select_settings, also behind `bench report` and `bench leaderboard`).
     cells = analysis.aggregate(grid).filter(pl.col("acc_mean").is_not_null())
     wide = (cells.with_columns(pl.col("acc_mean").round(2))
             .pivot(on="method", index=["dataset", "noise", "r"], values="acc_mean").sort(["dataset", "noise", "r"]))

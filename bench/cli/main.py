@@ -1,5 +1,5 @@
 """The `bench` command line: every command's arguments are defined here; each command's body lives with what it
-does (`cmd_run` in `bench.runner`, `cmd_report` in `bench.report`, ...), imported only when that command runs, so that
+does (`cmd_run` in `bench.grid.runner`, `cmd_report` in `bench.report.leaderboard`, ...), imported only when that command runs, so that
 `bench --help`, `trial`, `datasets` and `methods` stay light and work on a bare GPU box (torch and numpy only).
 Bad input prints one line starting with "bench: error:" and exits with code 2, having written nothing."""
 
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.config import EXIT_USAGE, TrialConfig, UserError, default_data_root, freeze_params
-from bench.validate import GRID_LIMIT
+from bench.grid.validate import GRID_LIMIT
 
 # What `bench run`, `report`, `results`, `sync-mlflow` and `ui` need beyond the training core; each command names
 # its own (`needs`), checked before it starts.
@@ -48,8 +48,8 @@ def _parse_params(method: str, items: list[str]) -> dict[str, object]:
 
 def cmd_trial(args: argparse.Namespace) -> int:
     from bench import noise
-    from bench.trainer import run_trial
-    from bench.validate import check_data, check_results, check_trial
+    from bench.exec.trainer import run_trial
+    from bench.grid.validate import check_data, check_results, check_trial
 
     noise_name, transition = noise.from_flags(args.noise, args.transition)
     config = TrialConfig(
@@ -113,8 +113,8 @@ def cmd_results(args: argparse.Namespace) -> int:
     """`bench results`: the merged result table, printed or written to one file."""
     import polars as pl
 
-    from bench.results import CORE_COLUMNS
-    from bench.store import read_table
+    from bench.store.folder import read_table
+    from bench.store.rows import CORE_COLUMNS
 
     table = read_table(args.results)
     if table.is_empty():
@@ -212,7 +212,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--yes", action="store_true",
                    help=f"run a grid of more than {GRID_LIMIT:,} trials (without it such a grid is refused)")
     _add_data_root(p)
-    p.set_defaults(func=_later("bench.runner", "cmd_run"), needs=("ray", "pyarrow", "polars"))
+    p.set_defaults(func=_later("bench.grid.runner", "cmd_run"), needs=("ray", "pyarrow", "polars"))
 
 
 def _add_labels(sub: argparse._SubParsersAction) -> None:
@@ -227,7 +227,7 @@ def _add_labels(sub: argparse._SubParsersAction) -> None:
                    help="explicit transition matrix T (CSV rows or a JSON list of rows; rows = true class)")
     p.add_argument("--out", required=True, help="the parquet file to write")
     _add_data_root(p)
-    p.set_defaults(func=_later("bench.labels", "cmd_labels"), needs=("pyarrow",))
+    p.set_defaults(func=_later("bench.cli.labels", "cmd_labels"), needs=("pyarrow",))
 
 
 def _add_results_commands(sub: argparse._SubParsersAction) -> None:
@@ -242,24 +242,24 @@ def _add_results_commands(sub: argparse._SubParsersAction) -> None:
         "diagnostics: three checkpoint rules, memorisation curves, detection quality, cost, label hashes")
     p.add_argument("results", help="results folder (holds trials/*.parquet)")
     p.add_argument("--out", default=None, help="output folder (default: RESULTS/report)")
-    p.set_defaults(func=_later("bench.report", "cmd_report"), needs=("polars", "scipy", "matplotlib"))
+    p.set_defaults(func=_later("bench.report.leaderboard", "cmd_report"), needs=("polars", "scipy", "matplotlib"))
 
     p = sub.add_parser("leaderboard", help="print the leaderboard as an aligned terminal table")
     p.add_argument("results", help="results folder (holds trials/*.parquet)")
-    p.add_argument("--metric", choices=("best", "last"), default="best",  # the keys of bench.analysis.METRICS
+    p.add_argument("--metric", choices=("best", "last"), default="best",  # the keys of bench.report.analysis.METRICS
                    help="accuracy at the selected checkpoint (best, default) or at the last epoch (last)")
-    p.set_defaults(func=_later("bench.report", "cmd_leaderboard"), needs=("polars", "scipy"))
+    p.set_defaults(func=_later("bench.report.leaderboard", "cmd_leaderboard"), needs=("polars", "scipy"))
 
     p = sub.add_parser("sync-mlflow", help="log the result rows that MLflow lacks (idempotent)")
     p.add_argument("results", help="results folder")
     p.add_argument("--mlflow-uri", default=None, help="MLflow store (default as for `bench run`)")
-    p.set_defaults(func=_later("bench.tracking", "cmd_sync_mlflow"), needs=("mlflow", "polars"))
+    p.set_defaults(func=_later("bench.store.mirror", "cmd_sync_mlflow"), needs=("mlflow", "polars"))
 
     p = sub.add_parser("ui", help="serve the MLflow UI of a results folder on 127.0.0.1")
     p.add_argument("results", help="results folder")
     p.add_argument("--port", type=int, default=5000)
     p.add_argument("--mlflow-uri", default=None, help="MLflow store (default as for `bench run`)")
-    p.set_defaults(func=_later("bench.tracking", "cmd_ui"), needs=("mlflow",))
+    p.set_defaults(func=_later("bench.store.mirror", "cmd_ui"), needs=("mlflow",))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,8 +3,8 @@ split on it, a training pass, predictions and accuracy.
 
 `run_stage` trains K members side by side for one stage (the CE warm start or the method stage) and owns the
 protocol's per-epoch decisions: divergence, selection on the whole noisy validation set, checkpoints and the epoch
-table. A `Stage` owns the arithmetic: `SoloStage` here (one trial, K = 1), `bench.packed.PackedStage` (K trials
-stacked into one model). `bench.trainer` runs a trial through it.
+table. A `Stage` owns the arithmetic: `SoloStage` here (one trial, K = 1), `bench.exec.packed.PackedStage` (K trials
+stacked into one model). `bench.exec.trainer` runs a trial through it.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from bench import diagnostics
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split
 from bench.methods import Batch, Method
+from bench.report import diagnostics
 
-if TYPE_CHECKING:  # a stage trains a prepared trial; bench.trainer prepares it (and imports this module)
-    from bench.trainer import Prepared
+if TYPE_CHECKING:  # a stage trains a prepared trial; bench.exec.trainer prepares it (and imports this module)
+    from bench.exec.trainer import Prepared
 
 Log = Callable[[str], None]
 
@@ -169,7 +169,7 @@ class Checkpoints(Protocol):
 
 # -- the stage loop: one for the warm start and the method stage, solo or packed ---------------------------------
 class Stage(Protocol):
-    """K members trained side by side for one stage (a solo trial is K = 1; `bench.packed` stacks K trials).
+    """K members trained side by side for one stage (a solo trial is K = 1; `bench.exec.packed` stacks K trials).
 
     The loop in `run_stage` owns the protocol: epochs, divergence, selection on the whole noisy validation set,
     checkpoints and the epoch table. A stage owns the arithmetic: a training pass, the selection loss, keeping
@@ -185,7 +185,7 @@ class Stage(Protocol):
 
     def freeze(self, members: np.ndarray) -> None: ...  # diverged members: no further updates
 
-    # Per member, the epoch's diagnostics (`bench.diagnostics.DIAGNOSTIC_COLUMNS`; empty dicts where they are off).
+    # Per member, the epoch's diagnostics (`bench.report.diagnostics.DIAGNOSTIC_COLUMNS`; empty dicts where they are off).
     # `epoch` counts the method-stage epochs trained so far (0: the initial state).
     def diagnose(self, epoch: int) -> list[dict[str, float | None]]: ...
 

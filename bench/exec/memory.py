@@ -22,9 +22,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench.config import UserError
-from bench.packed import EVAL_IMAGES, PackedStage, device_generator
-from bench.stage import Log
-from bench.trainer import Prepared, build_model
+from bench.exec.packed import EVAL_IMAGES, PackedStage, device_generator
+from bench.exec.stage import Log
+from bench.exec.trainer import Prepared, build_model
 
 GIB = 2**30
 # Held back from a CUDA device's memory for what torch's allocator does not see or cannot reuse: the CUDA context,
@@ -88,7 +88,7 @@ class PackMemory:
     eval_member: int  # what an evaluation pass takes per member whatever the chunk (e.g. a copy of its weights)
     eval_example: int  # and per member-example of the chunk
     eval_split: int  # a member's largest evaluated split, in examples
-    chunk: int  # member-examples per evaluation chunk (`bench.packed.EVAL_IMAGES`)
+    chunk: int  # member-examples per evaluation chunk (`bench.exec.packed.EVAL_IMAGES`)
 
     def bytes(self, members: int) -> int:
         evaluation = members * self.eval_member + min(self.chunk, members * self.eval_split) * self.eval_example
