@@ -15,7 +15,7 @@ trainer runs the CE warm start, then calls the method's hooks:
 * `judged_noisy(logits, labels, epoch, index)`, for methods that flag or down-weight examples (Co-teaching's
   small-loss selection, MentorNet's weights, LCCN's latent labels, DivideMix's division, CORES²'s sieve):
   per-example noise scores and flags over the diagnostics' training sample, scored against the true flips in the
-  epochs table (`bench.report.diagnostics`).
+  epochs table (`bench.exec.diagnostics`).
 
 Before any of that, when a trial or a grid is checked, `refuses(dataset, noise)` may say why the method cannot run
 on that noise (FW with the true T on real noise, which has none).
@@ -188,7 +188,7 @@ class Method:
                      index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Which training examples the method now judges noisy: (score, flagged), each (N,), from nets[0]'s
         evaluation-mode logits (N, C) on the unaugmented examples `index` of the training split (the diagnostics'
-        sample, `bench.report.diagnostics.train_sample`) and their noisy labels (N,), after `epoch` method-stage epochs
+        sample, `bench.exec.diagnostics.train_sample`) and their noisy labels (N,), after `epoch` method-stage epochs
         (0: the warm-started state). A higher score means more likely noisy; `flagged` is the method's own decision
         (dropped, down-weighted or relabelled); per-example state is read at `index`. None: it judges none."""
         return None

@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from bench.config import UserError
+
 _INTERVAL = re.compile(r"^\s*([\[(])\s*([^,\s]+)\s*,\s*([^,\s]+)\s*([\])])\s*$")
 
 
@@ -140,7 +142,7 @@ TRIAL_FLAGS = {
     "device": ("--device", DEVICE),
 }
 
-# -- an experiment file (see bench/grid/experiment.py for an example) ----------------------------------------------------
+# -- an experiment file (see bench/grid/experiment.py for an example) -------------------------------------------------
 EXPERIMENT = {
     "name": Key(NAME, required=True),  # names the MLflow experiment and the default results folder
     "dataset": Key(TEXT, required=True),
@@ -164,3 +166,15 @@ METHOD_STAGE = {"lr": Key(LEARNING_RATE, axis=True), "batch_size": Key(BATCH_SIZ
                 "epochs": Key(EPOCHS, axis=True)}
 # Keys that belong to the whole experiment: they define the warm-start cell that methods share.
 WHOLE_EXPERIMENT = ("epochs_warmup", "seed", "r", "noise")
+
+
+def check_name(what: str, value: str) -> str:
+    """A name that becomes a path component: letters, digits, '-', '_', '.', no separators and no '..'."""
+    if not isinstance(value, str) or NAME.problem(value) or ".." in value:
+        raise UserError(f"{what} {value!r} is not a safe name: use letters, digits, '-', '_' and '.' "
+                        "(no path separators, no '..')")
+    return value
+
+
+# A grid this large is most likely a typo (seeds: 1000000); running it needs --yes.
+GRID_LIMIT = 100_000

@@ -4,7 +4,7 @@
                                    [--seeds 0,1] [--results DIR] [--summary FILE.csv] [--workers N]
 
 Plans the grid's units with the runner's planner (`bench.grid.plan.plan_units`, `--pack auto` on CUDA), runs each
-pack with `bench.exec.packed.run_pack` (the function a Ray trial of `bench run` calls) and each solo unit with
+pack with `bench.exec.pack.run_pack` (the function a Ray trial of `bench run` calls) and each solo unit with
 `bench.exec.trainer.run_trial`, and prints the wall time end to end (data loading, warm starts, method stages,
 selection, test) and the clean test accuracy per (noise, r, method), mean and std over seeds. What it leaves out
 of `bench run` is Ray's scheduling and MLflow logging. Imports only torch, numpy and pyyaml (for the experiment
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.exec.packed import run_pack
+from bench.exec.pack import run_pack
 from bench.exec.trainer import run_trial
 from bench.grid.experiment import load_experiment
 from bench.grid.plan import plan_units

@@ -3,7 +3,7 @@
     python benchmarks/pack_memory.py --data-root DIR [--device cuda] [--datasets fashion_mnist,mr]
                                      [--members 8,64,256] [--epochs 1] [--subset N]
 
-For each dataset and pack size K, a real pack (`bench.exec.packed.run_pack`: CE warm starts, then CE, L_DMI and FW
+For each dataset and pack size K, a real pack (`bench.exec.pack.run_pack`: CE warm starts, then CE, L_DMI and FW
 members, diagnostics every epoch) runs for `--epochs` + `--epochs` epochs while its peak is measured: on CUDA by
 torch's allocator (`max_memory_allocated`, inputs included), on a CPU by the profiler's allocation events (inputs
 left out of both columns: the data files load through numpy, which the profiler does not see). Prints the estimate,
@@ -21,8 +21,8 @@ import torch
 
 from bench.config import TrialConfig
 from bench.exec.memory import GIB, device_memory, pack_memory
-from bench.exec.packed import run_pack
-from bench.exec.trainer import prepare
+from bench.exec.pack import run_pack
+from bench.exec.prepare import prepare
 
 NOISE = {"fashion_mnist": "case3", "mr": "pos_to_neg", "synthetic": "case3"}
 

@@ -5,8 +5,8 @@
 
 For each K, both arms train the same K trials (Fashion-MNIST bags vs clothes, the paper's CNN, Adam, batch 128,
 half CE and half L_DMI, each member its own noise seed and learning rate) for `--steps` steps, through the code a
-grid runs: `bench.exec.packed.PackedStage` for the pack, `bench.exec.stage.SoloStage` for one trial after another. The solo
-arm runs min(K, --solo-cap) trials and projects K from their mean time (labelled "projected"). Each arm is warmed
+grid runs: `bench.exec.packed.PackedStage` for the pack, `bench.exec.stage.SoloStage` for one trial after another. The
+solo arm runs min(K, --solo-cap) trials and projects K from their mean time (labelled "projected"). Each arm is warmed
 up (one untimed epoch) and timed over --rounds interleaved rounds; the best round counts. Every pack variant
 (`--variants`: precision, torch.compile) is timed in the same rounds. Prints member-samples/s (K x steps x batch /
 seconds) for each variant and the solo arm, their ratio, and each variant's peak GPU memory over its warm-up epoch.
@@ -26,8 +26,8 @@ import torch
 from bench.config import TrialConfig
 from bench.data import Split, Splits, get_dataset
 from bench.exec.packed import PackedStage, device_generator
+from bench.exec.prepare import build_model, method_seed, prepare, seed_everything
 from bench.exec.stage import SoloStage
-from bench.exec.trainer import build_model, method_seed, prepare, seed_everything
 from bench.methods import get_method
 
 BATCH = 128

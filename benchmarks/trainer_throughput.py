@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from bench.config import TrialConfig, UserError, default_data_root
 from bench.data import Split, Splits
 from bench.dmi import DMI
-from bench.exec.stage import SplitLoader, make_optimizer, train_epoch
-from bench.exec.trainer import prepare
+from bench.exec.prepare import SplitLoader, prepare
+from bench.exec.stage import make_optimizer, train_epoch
 from bench.methods import Batch
 from bench.models import create
 

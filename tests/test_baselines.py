@@ -20,7 +20,8 @@ from bench.baselines.peer import PeerLoss
 from bench.baselines.sce import SymmetricCrossEntropy
 from bench.baselines.vat import adversarial_perturbation, kl_from_logits
 from bench.config import TrialConfig
-from bench.exec.trainer import prepare, train
+from bench.exec.prepare import prepare
+from bench.exec.trainer import train
 from bench.methods import Batch, StageContext, registry
 
 

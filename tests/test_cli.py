@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from bench.cli.main import main
-from bench.store.rows import CORE_COLUMNS
+from bench.store.columns import CORE_COLUMNS
 
 QUICK = ["--epochs-warmup", "1", "--epochs", "2"]
 

@@ -15,12 +15,15 @@ import torch
 from bench.cli.labels import labels_hash_of
 from bench.cli.main import main
 from bench.config import TrialConfig
-from bench.exec.packed import run_pack
+from bench.exec import diagnostics as exec_diagnostics
+from bench.exec.diagnostics import auroc, detection, memorisation, train_sample
+from bench.exec.pack import run_pack
 from bench.exec.trainer import run_trial
 from bench.methods import get_method
 from bench.report import diagnostics
-from bench.report import leaderboard as report
-from bench.report.diagnostics import DIAGNOSTIC_COLUMNS, auroc, detection, memorisation, train_sample, trial_rules
+from bench.report.build import build_report
+from bench.report.diagnostics import trial_rules
+from bench.store.columns import DIAGNOSTIC_COLUMNS
 from bench.store.folder import read_table
 
 QUIET = dict(log=lambda s: None)
@@ -133,7 +136,7 @@ def test_the_diagnostics_sample_is_fixed_per_dataset_and_caps_the_work(monkeypat
     """All examples up to TRAIN_SAMPLE; beyond, TRAIN_SAMPLE distinct sorted indices that depend on the dataset
     only (every method, seed and r is diagnosed on the same examples)."""
     assert train_sample(7, "fashion_mnist").tolist() == list(range(7))
-    monkeypatch.setattr(diagnostics, "TRAIN_SAMPLE", 40)
+    monkeypatch.setattr(exec_diagnostics, "TRAIN_SAMPLE", 40)
     a, b = train_sample(1000, "fashion_mnist"), train_sample(1000, "fashion_mnist")
     assert a.tolist() == b.tolist() and len(set(a.tolist())) == 40 and a.tolist() == sorted(a.tolist())
     assert a.max() < 1000 and a.tolist() != list(range(40))  # spread over the set, not its first examples
@@ -162,7 +165,7 @@ def test_a_packed_member_records_its_solo_trials_per_epoch_numbers(tmp_path: Pat
     """CORES² (which judges examples) and L_DMI packed side by side, diagnosed on a sample of the training set:
     every new per-epoch number equals the solo trial's; and the per-epoch test accuracy at the selected and last
     epochs is the row's."""
-    monkeypatch.setattr(diagnostics, "TRAIN_SAMPLE", 300)
+    monkeypatch.setattr(exec_diagnostics, "TRAIN_SAMPLE", 300)
     configs = [TrialConfig("synthetic", "cores", "case3", 0.3, seed=1, epochs=3, epochs_warmup=2),
                TrialConfig("synthetic", "dmi", "case2", 0.4, seed=2, epochs=3, epochs_warmup=2)]
     run_pack(configs, "unused", results=tmp_path / "packed", **QUIET)
@@ -189,7 +192,7 @@ def test_report_shows_rules_curves_detection_cost_and_label_links(tmp_path: Path
     for method, seed in itertools.product(("ce", "coteaching"), (0, 1)):
         run_trial(TrialConfig("synthetic", method, "case3", 0.4, seed=seed, epochs=3, epochs_warmup=2),
                   "unused", results=results, **QUIET)
-    written = report.build_report(results, tmp_path / "out", log=lambda s: None)
+    written = build_report(results, tmp_path / "out", log=lambda s: None)
     trials, epochs = read_table(results), read_table(results, "epochs")
     rules = pl.read_csv(written["selection_rules csv"]).sort("method")
     per_trial = trial_rules(epochs).join(trials.select("trial_id", "method", "test_acc", "last_test_acc"),
@@ -237,7 +240,7 @@ def test_mlflow_mirrors_the_per_epoch_numbers(tmp_path: Path) -> None:
 def test_diagnostics_switch_off_leaves_the_training_unchanged(tmp_path: Path, monkeypatch) -> None:
     """BENCH_EPOCH_EVAL=0: no diagnostic column is filled and no sample is held, and the trial's numbers are those
     of the same trial with diagnostics on (they only look: evaluation mode, no random draws)."""
-    from bench.exec.trainer import prepare
+    from bench.exec.prepare import prepare
 
     config = TrialConfig("synthetic", "mentornet", "case3", 0.3, seed=4, epochs=3, epochs_warmup=2)
     on = run_trial(config, "unused", results=tmp_path / "on", **QUIET)

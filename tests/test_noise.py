@@ -13,7 +13,7 @@ import pytest
 from bench import noise
 from bench.config import TrialConfig, UserError
 from bench.data import registry
-from bench.exec.trainer import prepare
+from bench.exec.prepare import prepare
 
 
 def test_paper_matrices() -> None:

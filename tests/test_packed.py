@@ -18,9 +18,10 @@ import torch
 from conftest import crashing_checkpoints
 
 from bench.config import Schedule, TrialConfig, UserError, freeze_params
-from bench.exec.packed import PackedStage, StackedOptimizer, run_pack
+from bench.exec.pack import run_pack
+from bench.exec.packed import PackedStage, StackedOptimizer, why_solo
 from bench.exec.trainer import run_trial
-from bench.grid.plan import pack_id, plan_units, why_solo
+from bench.grid.plan import pack_id, plan_units
 from bench.methods import Batch, Method, registry
 from bench.store.folder import read_table
 
@@ -216,7 +217,7 @@ def test_the_memory_estimate_bounds_what_a_real_pack_allocates(tiny_fashion: Pat
     training set; diagnostics every epoch) allocates less than the estimate, and more than a third of it. The
     inputs are left out of both (the data files load through numpy, which the profiler does not see)."""
     from bench.exec.memory import pack_memory
-    from bench.exec.trainer import prepare
+    from bench.exec.prepare import prepare
 
     configs = [TrialConfig("fashion_mnist", m, "case3", 0.2, seed=s, batch_size=16, epochs=2, epochs_warmup=2)
                for s, m in enumerate(("ce", "dmi", "fw", "ce", "dmi"))]
@@ -230,7 +231,7 @@ def test_the_memory_estimate_bounds_a_real_mr_pack(shared_data: Path) -> None:
     """The same on the real MR (optional), whose WordCNN holds a 2.3-million-parameter embedding table: its
     parameters, gradients and optimiser state are most of a member's memory."""
     from bench.exec.memory import pack_memory
-    from bench.exec.trainer import prepare
+    from bench.exec.prepare import prepare
 
     configs = [TrialConfig("mr", m, "pos_to_neg", 0.2, seed=s, epochs=1, epochs_warmup=1, train_subset=300)
                for s, m in enumerate(("ce", "dmi", "fw", "ce"))]
@@ -246,7 +247,7 @@ def test_a_pack_that_would_not_fit_stops_before_training_with_the_size_that_fits
     trains: too big, it names the largest pack that fits, writes nothing, and that pack then runs; the check
     itself leaves every number unchanged."""
     from bench.exec.memory import GIB, pack_memory
-    from bench.exec.trainer import prepare
+    from bench.exec.prepare import prepare
 
     configs = [TrialConfig("synthetic", m, "case3", r, seed=0, epochs=2, epochs_warmup=1)
                for m in ("ce", "dmi") for r in (0.1, 0.2, 0.3, 0.4)]
@@ -271,7 +272,7 @@ def test_auto_packs_hold_as_many_members_as_the_gpus_memory_holds(monkeypatch) -
     is visible), at most PACK_MAX, balanced; and says how in the plan."""
     from bench.exec.memory import GIB, pack_memory
     from bench.exec.packed import EVAL_IMAGES
-    from bench.exec.trainer import prepare
+    from bench.exec.prepare import prepare
     from bench.grid.plan import PACK_MAX, describe_units
 
     trials = [TrialConfig("synthetic", m, "case3", r, seed=s, device="cuda", epochs=2, epochs_warmup=1)
@@ -299,7 +300,7 @@ def test_a_finished_pack_frees_its_stages_and_shares_its_inputs(tiny_fashion: Pa
     import gc
 
     from bench.exec.packed import PackedStage
-    from bench.exec.trainer import load_data, prepare
+    from bench.exec.prepare import load_data, prepare
 
     configs = [TrialConfig("fashion_mnist", m, "case3", 0.2, seed=s, batch_size=16, epochs=1, epochs_warmup=1)
                for s, m in enumerate(("ce", "dmi", "fw"))]
@@ -367,7 +368,7 @@ for name in ("ray", "mlflow", "polars", "pyarrow", "pandas", "scipy", "matplotli
     sys.modules[name] = None  # `import name` now fails, as where it is not installed
 import os
 os.environ["BENCH_PACK_MEMORY_GB"] = "8"  # the pack checks its memory estimate (bench.exec.memory) before it trains
-import bench.exec.packed
+import bench.exec.pack
 import bench.exec.trainer
 import bench.noise
 import bench.exec.memory
@@ -375,7 +376,7 @@ from bench.data import registry as datasets
 from bench.methods import registry as methods
 assert len(datasets()) >= 7 and len(methods()) >= 13
 from bench.config import TrialConfig
-rows = bench.exec.packed.run_pack([TrialConfig("synthetic", m, "case3", 0.3, epochs=1, epochs_warmup=1)
+rows = bench.exec.pack.run_pack([TrialConfig("synthetic", m, "case3", 0.3, epochs=1, epochs_warmup=1)
                               for m in ("ce", "dmi")], "unused", log=lambda s: None)
 assert [r["status"] for r in rows] == ["ok", "ok"]
 sys.argv = ["pack_speedup", "--device", "cpu", "--members", "1,2", "--steps", "2", "--synthetic"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bench.config import TrialConfig
-from bench.exec.packed import run_pack
+from bench.exec.pack import run_pack
 from bench.exec.trainer import run_trial
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -46,8 +46,8 @@ def test_no_host_sync_inside_a_training_step(tiny_fashion: Path) -> None:
     """Inside the step loop of a pack and of a solo trial, no operation waits for the device (CUDA's sync debug
     mode raises on any synchronising call); a float comes back only at the end of an epoch."""
     from bench.exec.packed import PackedStage, device_generator
+    from bench.exec.prepare import build_model, method_seed, prepare, seed_everything
     from bench.exec.stage import SoloStage
-    from bench.exec.trainer import build_model, method_seed, prepare, seed_everything
     from bench.methods import get_method
 
     configs = _configs()
@@ -87,7 +87,7 @@ def test_the_memory_estimate_bounds_a_real_packs_peak_on_cuda(tiny_fashion: Path
     """`bench.exec.memory.pack_memory`, measured on the GPU, against the peak torch's allocator reports for a real pack
     (inputs included): at least that, at most three times it."""
     from bench.exec.memory import pack_memory
-    from bench.exec.trainer import prepare
+    from bench.exec.prepare import prepare
 
     configs = [TrialConfig("fashion_mnist", ("ce", "dmi", "fw")[i % 3], "case3", 0.1 * (i % 8), seed=i,
                            batch_size=16, epochs=2, epochs_warmup=2, device="cuda") for i in range(members)]

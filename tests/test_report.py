@@ -17,8 +17,9 @@ import pytest
 from scipy import stats
 
 from bench.cli import main as cli
-from bench.report import analysis
+from bench.report import analysis, render
 from bench.report import leaderboard as report
+from bench.report.build import build_report
 from bench.store.rows import write_trial
 
 SOURCE_CSV = Path(__file__).resolve().parents[1] / ".." / "shared" / "paper" / "reference_results.csv"
@@ -231,7 +232,7 @@ class _Cells(HTMLParser):
 
 def test_report_outputs_html_every_cell_and_plots(results: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    written = report.build_report(results, out, log=lambda s: None)
+    written = build_report(results, out, log=lambda s: None)
     page = written["report.html"].read_text(encoding="utf-8")
     parser = _Cells()
     parser.feed(page)
@@ -245,7 +246,7 @@ def test_report_outputs_html_every_cell_and_plots(results: Path, tmp_path: Path)
     assert len(expected) == grid.height == 4
     for text in expected:
         assert text in parser.cells
-    assert "72.00 ± 2.00 *" in parser.cells and report.MISSING in parser.cells
+    assert "72.00 ± 2.00 *" in parser.cells and render.MISSING in parser.cells
     assert "sortable" in page and "abc123def456" in page and "boom" in page  # provenance, failed trial shown
 
     for stem in ("plots/accuracy_vs_r_mr_pos_to_neg", "plots/paper_difference"):
@@ -256,7 +257,7 @@ def test_report_outputs_html_every_cell_and_plots(results: Path, tmp_path: Path)
     md = written["leaderboard.md"].read_text(encoding="utf-8")
     table = [line for line in md.splitlines() if line.startswith("| 0.")][:2]
     assert table == ["| 0.2 | **72.00 ± 2.00** * | 67.50 ± 0.50 |",  # hand-computed paired t: p = 0.0496
-                     f"| 0.4 | **56.00 ± 1.41 (n=2)** | {report.MISSING} |"]
+                     f"| 0.4 | **56.00 ± 1.41 (n=2)** | {render.MISSING} |"]
     tex = written["leaderboard.tex"].read_text(encoding="utf-8")
     assert all(k in tex for k in (r"\toprule", r"\midrule", r"\bottomrule", r"\textbf{56.00 $\pm$ 1.41 (n=2)}"))
     assert "0.4 & " in tex and " & --" in tex
@@ -276,7 +277,7 @@ def test_cli_report_and_leaderboard(results: Path, tmp_path: Path, capsys: pytes
     capsys.readouterr()
     assert main(["leaderboard", str(results)]) == 0
     text = capsys.readouterr().out
-    assert "mr · pos_to_neg" in text and "72.00 ± 2.00" in text and report.MISSING in text
+    assert "mr · pos_to_neg" in text and "72.00 ± 2.00" in text and render.MISSING in text
     assert main(["report", str(tmp_path / "no_such_folder")]) == 2
     assert "does not exist" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
@@ -295,7 +296,7 @@ def test_all_failed_cells_and_privileged_methods(tmp_path: Path) -> None:
     assert (failed["n"], failed["failed"], failed["acc_mean"]) == (0, 1, None)
     paired = analysis.paired_comparison(df, grid)
     (table,) = report.tables(grid, paired)
-    assert table.entries[(0.2, "dmi")].text == f"{report.MISSING} (1 failed)"
+    assert table.entries[(0.2, "dmi")].text == f"{render.MISSING} (1 failed)"
     assert table.entries[(0.4, "dmi")].best and not table.entries[(0.4, "fw_oracle")].best
     assert cell(grid, "fw_oracle", 0.4)["privileged"] is True
     md = report.to_markdown([table], analysis.win_tie_loss(paired), analysis.paper_comparison(grid), "")
@@ -369,7 +370,7 @@ def test_transition_estimates_are_scored_against_the_true_t(tmp_path: Path) -> N
     assert np.array(json.loads(fw["t_hat_mean"])) == pytest.approx(np.array([[0.95, 0.05], [0.2, 0.8]]))
     lccn = frame.filter(method="lccn").to_dicts()[0]
     assert lccn["truth"] == "empirical" and lccn["err_mean"] == pytest.approx(0.2 / 2.0)
-    written = report.build_report(results, tmp_path / "out", log=lambda s: None)
+    written = build_report(results, tmp_path / "out", log=lambda s: None)
     markdown = written["leaderboard.md"].read_text()
     assert "## Transition-matrix estimates" in markdown and "0.150 ± 0.071" in markdown
     assert "Transition-matrix estimates" in written["report.html"].read_text()

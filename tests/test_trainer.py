@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from bench.config import TrialConfig
+from bench.exec.prepare import prepare
 from bench.exec.stage import accuracy
-from bench.exec.trainer import prepare, run_trial, train
+from bench.exec.trainer import run_trial, train
 from bench.methods import Method, registry
 from bench.store.folder import read_table
 

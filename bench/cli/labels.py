@@ -6,7 +6,7 @@ val), `index` (the position in the split, as the trainer orders it), `clean` and
 Its metadata (parquet key-value) names the dataset, noise, r, seed, the transition matrix, the realised noise rate
 and `noise_hash`: the hash every result row of those trials records (`bench.noise.labels_hash` of the noisy
 training labels then the noisy validation labels), which `labels_hash_of` recomputes from the file's columns.
-The labels are drawn by `bench.exec.trainer.draw_labels`, the function every trial uses; they do not depend on the
+The labels are drawn by `bench.exec.prepare.draw_labels`, the function every trial uses; they do not depend on the
 method, the model seed or `--train-subset` (a subset trains on the first N of these).
 """
 
@@ -21,14 +21,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from bench import noise
 from bench.config import TrialConfig, UserError, default_data_root
+from bench.data import get_dataset
+from bench.exec.prepare import draw_labels
+from bench.grid.validate import check_data, check_trial
 from bench.noise import NoisyLabels, labels_hash
 
 
 def export(config: TrialConfig, data_root: str | Path, out: Path) -> NoisyLabels:
     """Draw the trial's noisy labels and write them to `out` (atomically); return what was drawn."""
-    from bench.data import get_dataset
-    from bench.exec.trainer import draw_labels
 
     splits = get_dataset(config.dataset)(data_root).load()
     labels = draw_labels(config, splits)
@@ -60,8 +62,6 @@ def labels_hash_of(path: str | Path) -> tuple[str, str]:
 
 
 def cmd_labels(args: argparse.Namespace) -> int:
-    from bench import noise
-    from bench.grid.validate import check_data, check_trial
 
     noise_name, transition = noise.from_flags(args.noise, args.transition)
     config = TrialConfig(dataset=args.dataset, method="ce", noise=noise_name, r=args.r, seed=args.seed,

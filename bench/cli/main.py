@@ -1,6 +1,7 @@
-"""The `bench` command line: every command's arguments are defined here; each command's body lives with what it
-does (`cmd_run` in `bench.grid.runner`, `cmd_report` in `bench.report.leaderboard`, ...), imported only when that command runs, so that
-`bench --help`, `trial`, `datasets` and `methods` stay light and work on a bare GPU box (torch and numpy only).
+"""The `bench` command line: every command's arguments are defined here; each command's body lives with what
+it does (`cmd_run` in `bench.grid.runner`, `cmd_report` in `bench.report.build`, ...), imported only when that
+command runs, so that `bench --help`, `trial`, `datasets` and `methods` stay light and work on a bare GPU box
+(torch and numpy only).
 Bad input prints one line starting with "bench: error:" and exits with code 2, having written nothing."""
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.config import EXIT_USAGE, TrialConfig, UserError, default_data_root, freeze_params
-from bench.grid.validate import GRID_LIMIT
+from bench.schema import GRID_LIMIT
+from bench.store.columns import CORE_COLUMNS
+from bench.store.folder import read_table
 
 # What `bench run`, `report`, `results`, `sync-mlflow` and `ui` need beyond the training core; each command names
 # its own (`needs`), checked before it starts.
@@ -35,6 +38,7 @@ def _data_root(args: argparse.Namespace) -> Path:
 
 def _parse_params(method: str, items: list[str]) -> dict[str, object]:
     """--param key=value pairs, each value converted to the type the method declares for it and checked."""
+    # torch loads with the commands that need it: `bench --help` and a mistyped flag answer at once
     from bench.methods import check_params, get_method
 
     params: dict[str, object] = {}
@@ -47,6 +51,7 @@ def _parse_params(method: str, items: list[str]) -> dict[str, object]:
 
 
 def cmd_trial(args: argparse.Namespace) -> int:
+    # torch loads with the commands that need it: `bench --help` and a mistyped flag answer at once
     from bench import noise
     from bench.exec.trainer import run_trial
     from bench.grid.validate import check_data, check_results, check_trial
@@ -76,6 +81,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
 
 
 def cmd_datasets(args: argparse.Namespace) -> int:
+    # torch loads with the commands that need it: `bench --help` and a mistyped flag answer at once
     from bench.data import get_dataset, registry
 
     root = _data_root(args)
@@ -96,6 +102,7 @@ def cmd_datasets(args: argparse.Namespace) -> int:
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
+    # torch loads with the commands that need it: `bench --help` and a mistyped flag answer at once
     from bench.methods import describe_params, registry
 
     width = max(map(len, registry())) + 1
@@ -113,8 +120,6 @@ def cmd_results(args: argparse.Namespace) -> int:
     """`bench results`: the merged result table, printed or written to one file."""
     import polars as pl
 
-    from bench.store.folder import read_table
-    from bench.store.rows import CORE_COLUMNS
 
     table = read_table(args.results)
     if table.is_empty():
@@ -242,13 +247,13 @@ def _add_results_commands(sub: argparse._SubParsersAction) -> None:
         "diagnostics: three checkpoint rules, memorisation curves, detection quality, cost, label hashes")
     p.add_argument("results", help="results folder (holds trials/*.parquet)")
     p.add_argument("--out", default=None, help="output folder (default: RESULTS/report)")
-    p.set_defaults(func=_later("bench.report.leaderboard", "cmd_report"), needs=("polars", "scipy", "matplotlib"))
+    p.set_defaults(func=_later("bench.report.build", "cmd_report"), needs=("polars", "scipy", "matplotlib"))
 
     p = sub.add_parser("leaderboard", help="print the leaderboard as an aligned terminal table")
     p.add_argument("results", help="results folder (holds trials/*.parquet)")
     p.add_argument("--metric", choices=("best", "last"), default="best",  # the keys of bench.report.analysis.METRICS
                    help="accuracy at the selected checkpoint (best, default) or at the last epoch (last)")
-    p.set_defaults(func=_later("bench.report.leaderboard", "cmd_leaderboard"), needs=("polars", "scipy"))
+    p.set_defaults(func=_later("bench.report.build", "cmd_leaderboard"), needs=("polars", "scipy"))
 
     p = sub.add_parser("sync-mlflow", help="log the result rows that MLflow lacks (idempotent)")
     p.add_argument("results", help="results folder")

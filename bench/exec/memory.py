@@ -23,8 +23,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench.config import UserError
 from bench.exec.packed import EVAL_IMAGES, PackedStage, device_generator
+from bench.exec.prepare import Prepared, build_model
 from bench.exec.stage import Log
-from bench.exec.trainer import Prepared, build_model
 
 GIB = 2**30
 # Held back from a CUDA device's memory for what torch's allocator does not see or cannot reuse: the CUDA context,

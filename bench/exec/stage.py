@@ -12,84 +12,22 @@ from __future__ import annotations
 import copy
 import functools
 import importlib
-import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from torch import nn
 
 from bench.config import Schedule, UserError
-from bench.data import Dataset, Split
+from bench.exec import diagnostics
+from bench.exec.prepare import Prepared, SplitLoader
 from bench.methods import Batch, Method
-from bench.report import diagnostics
-
-if TYPE_CHECKING:  # a stage trains a prepared trial; bench.exec.trainer prepares it (and imports this module)
-    from bench.exec.trainer import Prepared
 
 Log = Callable[[str], None]
-
-
-def resolve_device(name: str) -> torch.device:
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {name}: no CUDA device is available here; use --device cpu")
-    if name not in {"cpu", "cuda"} and not name.startswith("cuda:"):
-        raise UserError(f"--device must be cpu or cuda (or cuda:N), got {name!r}")
-    if name.startswith("cuda"):
-        # TF32 on the matrix units for float32 convolutions (torch's default) and matrix products (not its default):
-        # the protocol's numbers (accuracies, selection) do not need float32's last bits, and L_DMI's determinant
-        # is computed in float64 anyway. BENCH_TF32=0 keeps full float32 (the exactness tests use it).
-        tf32 = os.environ.get("BENCH_TF32", "1") != "0"
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
-    return torch.device(name)
-
-
-def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on the training device without making the host wait (pinned memory, asynchronous copy)."""
-    if device.type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
-
-
-class SplitLoader:
-    """Batches of one split on the training device: index slicing for tensors, a DataLoader for streams."""
-
-    def __init__(self, split: Split, labels: np.ndarray, dataset: Dataset, device: torch.device) -> None:
-        self.dataset, self.device = dataset, device
-        self.workers = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-        self.size = len(labels)
-        self.labels = torch.as_tensor(labels, dtype=torch.int64, device=device)
-        self.tensor = isinstance(split.x, torch.Tensor)
-        self.x = split.x.to(device) if self.tensor else split.x
-
-    def batches(
-        self, batch_size: int, train: bool, generator: torch.Generator | None = None
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """(inputs, labels, indices). Training batches are shuffled and the last partial batch is dropped,
-        so that no step sees a tiny batch (a small batch misses classes, which makes L_DMI's U singular)."""
-        if train:
-            order = to_device(torch.randperm(self.size, generator=generator), self.device)
-            stop = self.size - self.size % batch_size if self.size >= batch_size else self.size
-        else:
-            order = torch.arange(self.size, device=self.device)
-            stop = self.size
-        transform = self.dataset.train_transform if train else self.dataset.eval_transform
-        if self.tensor:
-            for start in range(0, stop, batch_size):
-                idx = order[start : start + batch_size]
-                yield transform(self.x[idx]), self.labels[idx], idx
-            return
-        loader = torch.utils.data.DataLoader(
-            self.x, batch_size=batch_size, sampler=order[:stop].cpu().tolist(), num_workers=self.workers,
-            pin_memory=self.device.type == "cuda", persistent_workers=False,
-        )
-        for start, xb in zip(range(0, stop, batch_size), loader, strict=True):
-            idx = order[start : start + batch_size]
-            yield transform(xb.to(self.device, non_blocking=True)), self.labels[idx], idx
 
 
 @torch.no_grad()
@@ -185,7 +123,7 @@ class Stage(Protocol):
 
     def freeze(self, members: np.ndarray) -> None: ...  # diverged members: no further updates
 
-    # Per member, the epoch's diagnostics (`bench.report.diagnostics.DIAGNOSTIC_COLUMNS`; empty dicts where they are off).
+    # Per member, the epoch's diagnostics (`bench.store.columns.DIAGNOSTIC_COLUMNS`; empty dicts where they are off).
     # `epoch` counts the method-stage epochs trained so far (0: the initial state).
     def diagnose(self, epoch: int) -> list[dict[str, float | None]]: ...
 

@@ -13,10 +13,7 @@ numbers as a fresh one.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,174 +23,31 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import Subset
 
-from bench import models, noise
-from bench.config import Schedule, TrialConfig, UserError
-from bench.data import Dataset, Split, Splits, get_dataset
+from bench.config import TrialConfig, UserError
+from bench.exec.prepare import (
+    Prepared,
+    build_model,
+    method_seed,
+    prepare,
+    seed_everything,
+    warm_seed,
+    warm_start_key,
+)
 from bench.exec.stage import (
     Checkpoints,
     Log,
     SoloStage,
-    SplitLoader,
     accuracy,
     predict,
-    resolve_device,
     run_stage,
 )
 from bench.methods import Batch, Method, StageContext, get_method
-from bench.report import diagnostics
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-@dataclass
-class Prepared:
-    """Everything a trial needs before training: data, noisy labels, loaders."""
-
-    config: TrialConfig
-    dataset: Dataset
-    splits: Splits
-    labels: noise.NoisyLabels
-    device: torch.device
-    train: SplitLoader
-    train_eval: SplitLoader  # the same training split, unaugmented, for FW's estimator
-    val: SplitLoader
-    test: SplitLoader
-    warmup: Schedule
-    method_stage: Schedule
-    # The per-epoch diagnostics' training examples (`diagnostics.train_sample`): indices into the training split on
-    # the device, those examples (unaugmented, noisy labels) and their clean labels (< 0: unknown).
-    diag_index: torch.Tensor
-    diag_train: SplitLoader
-    diag_clean: torch.Tensor
-    epoch_eval: bool  # record test accuracy, memorisation and detection every epoch (`epoch_eval_enabled`)
-
-
-def epoch_eval_enabled(dataset: type[Dataset]) -> bool:
-    """Whether trials evaluate the test and training sets after every epoch: the dataset's `epoch_eval` (on for
-    the small sets, off for Clothing1M), overridden by BENCH_EPOCH_EVAL=1 or 0 where the trials run."""
-    flag = os.environ.get("BENCH_EPOCH_EVAL", "")
-    return dataset.epoch_eval if flag == "" else flag != "0"
-
-
-def load_data(config: TrialConfig, data_root: str | os.PathLike[str]) -> tuple[Dataset, Splits]:
-    """The dataset's splits, with tensor inputs moved to the training device once (a pack's members share them)."""
-    dataset = get_dataset(config.dataset)(data_root)
-    splits = dataset.load()
-    device = resolve_device(config.device)
-    for split in (splits.train, splits.val, splits.test):
-        if isinstance(split.x, torch.Tensor):
-            split.x = split.x.to(device)
-    return dataset, splits
-
-
-def prepare(
-    config: TrialConfig, data_root: str | os.PathLike[str], data: tuple[Dataset, Splits] | None = None,
-    log: Log = print,
-) -> Prepared:
-    """Validate the config, load the data (unless `data` gives it, from `load_data`) and draw the noisy labels
-    (train and validation only)."""
-    dataset_cls = get_dataset(config.dataset)
-    # Unknown methods and hyper-parameters fail here, before any data is loaded or anything written.
-    get_method(config.method)(dataset_cls.num_classes, **config.params)
-    if config.noise not in dataset_cls.accepted_noise():
-        raise UserError(
-            f"unknown noise {config.noise!r} for {config.dataset}; choose from "
-            f"{', '.join(dataset_cls.accepted_noise())}"
-        )
-    if not 0.0 <= config.r <= 1.0:
-        raise UserError(f"--r must lie in [0, 1], got {config.r}")
-    device = resolve_device(config.device)
-    method_stage = dataset_cls.method_stage.with_overrides(
-        lr=config.lr, batch_size=config.batch_size, epochs=config.epochs
-    )
-    warmup = dataset_cls.warmup.with_overrides(epochs=config.epochs_warmup)
-    for label, value in (("--lr", method_stage.lr), ("--batch-size", method_stage.batch_size)):
-        if value <= 0:
-            raise UserError(f"{label} must be positive, got {value}")
-    if method_stage.epochs < 0 or warmup.epochs < 0:
-        raise UserError("--epochs and --epochs-warmup must be >= 0")
-
-    dataset, splits = data if data is not None else load_data(config, data_root)
-    for note in splits.notes:
-        log(f"note: {note}")
-    labels = draw_labels(config, splits)
-
-    train_split, noisy_train = splits.train, labels.train
-    if config.train_subset:
-        train_split, noisy_train = train_split.subset(config.train_subset), noisy_train[: config.train_subset]
-    epoch_eval = epoch_eval_enabled(dataset_cls)
-    # Without the per-epoch diagnostics the sample is empty: it would otherwise hold up to 10,000 inputs on the device.
-    sample = diagnostics.train_sample(len(noisy_train), config.dataset) if epoch_eval else np.arange(0)
-    diag_split = splits.samples.get(len(noisy_train)) if len(sample) else None
-    if diag_split is None:
-        diag_split = (Split(train_split.x[torch.from_numpy(sample)], train_split.y[sample])
-                      if isinstance(train_split.x, torch.Tensor) else Split(Subset(train_split.x, sample.tolist()),
-                                                                             train_split.y[sample]))
-        if len(sample):
-            splits.samples[len(noisy_train)] = diag_split
-    return Prepared(
-        config=config, dataset=dataset, splits=splits, labels=labels, device=device,
-        train=SplitLoader(train_split, noisy_train, dataset, device),
-        train_eval=SplitLoader(train_split, noisy_train, dataset, device),
-        val=SplitLoader(splits.val, labels.val, dataset, device),
-        test=SplitLoader(splits.test, splits.test.y, dataset, device),
-        warmup=warmup, method_stage=method_stage,
-        diag_index=torch.as_tensor(sample, device=device),
-        diag_train=SplitLoader(diag_split, noisy_train[sample], dataset, device),
-        diag_clean=torch.as_tensor(diag_split.y, dtype=torch.int64, device=device),
-        epoch_eval=epoch_eval,
-    )
-
-
-def draw_labels(config: TrialConfig, splits: Splits) -> noise.NoisyLabels:
-    """The noisy training and validation labels of a trial's (dataset, noise, r, seed): seeded synthetic noise,
-    or a dataset's human labels. `bench labels` exports exactly these (same hash as the result row)."""
-    dataset_cls = get_dataset(config.dataset)
-    c = dataset_cls.num_classes
-    if dataset_cls.is_real_noise(config.noise):
-        # Real human noise: the labels come from the dataset's own files.
-        if config.noise not in splits.human_labels:
-            raise UserError(f"{config.dataset}: no human labels named {config.noise!r}")
-        noisy_train, noisy_val = splits.human_labels[config.noise]
-        return noise.summarise(splits.train.y, noisy_train, noisy_val, c, None)
-    explicit = np.asarray(config.transition) if config.transition is not None else None
-    t = dataset_cls.transition(config.noise, config.r, explicit)
-    return noise.inject(config.dataset, config.noise, config.r, config.seed, splits.train.y, splits.val.y, t)
+from bench.store.rows import make_row, write_trial
 
 
 def _ce_step(nets: list[nn.Module], batch: Batch) -> torch.Tensor:
     return F.cross_entropy(nets[0](batch.x), batch.y)
-
-
-def warm_start_key(p: Prepared, net_index: int) -> str:
-    """Identity of a CE warm start: shared by every method and hyper-parameter of its (data, noise, seed) cell."""
-    c = p.config
-    blob = json.dumps(
-        [c.dataset, p.dataset.model, c.noise, round(c.r, 10), c.seed, c.transition, c.train_subset,
-         p.labels.noise_hash, repr(p.warmup), net_index],
-        default=str,
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def warm_seed(seed: int, net_index: int) -> int:
-    """The seed of a warm start (initial weights, data order, dropout) of network `net_index`."""
-    return seed * 1000 + net_index
-
-
-def method_seed(seed: int) -> int:
-    """The method stage's own seed: a cached warm start must not change what follows it."""
-    return seed * 1000 + 999
-
-
-def build_model(p: Prepared) -> nn.Module:
-    return models.create(p.dataset.model, p.dataset.num_classes, p.device, **p.splits.model_args)
 
 
 WarmStartCache = Callable[[str, Callable[[], dict[str, torch.Tensor]]], dict[str, torch.Tensor]]
@@ -322,7 +176,6 @@ def run_trial(
     Bad input raises `UserError` before anything is written. A crash during training writes a row with
     status "failed" and the error, then re-raises.
     """
-    from bench.store.rows import make_row, write_trial
     started = time.perf_counter()
     p = prepare(config, data_root, log=log)
     args = row_args(p)

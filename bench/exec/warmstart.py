@@ -1,8 +1,8 @@
 """The CE warm-start cache: each (data, noise, seed, warm-start settings) cell trains its warm start once.
 
 Every method and hyper-parameter of a grid cell starts from the same CE warm-started network, so the runner trains
-it once and stores it as `RESULTS/warmstart/<key>.pt` (the key is `bench.exec.trainer.warm_start_key`). A file is written
-to a temporary name and renamed, so a reader never sees half a file. On a local results folder an exclusive
+it once and stores it as `RESULTS/warmstart/<key>.pt` (the key is `bench.exec.prepare.warm_start_key`). A file is
+written to a temporary name and renamed, so a reader never sees half a file. On a local results folder an exclusive
 `fcntl.flock` on `<key>.lock` makes concurrent trials that want the same warm start train it once: the first
 trains, the others wait and load. The kernel drops the lock when a holder dies, so a killed trial never blocks
 the grid. On an object-store URI there is no lock: two trials may then train the same warm start at once (same

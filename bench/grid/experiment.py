@@ -40,7 +40,11 @@ from typing import Any
 
 import yaml
 
+from bench import noise
 from bench.config import TrialConfig, UserError, freeze_params
+from bench.data import registry as dataset_registry
+from bench.methods import check_params
+from bench.methods import registry as method_registry
 from bench.schema import EXPERIMENT, METHOD_STAGE, PROBABILITY, RESOURCES, TEXT, WHOLE_EXPERIMENT, Key, Value
 
 
@@ -261,13 +265,9 @@ def check_names(exp: Experiment) -> None:
     """Check dataset, noise patterns, methods and their hyper-parameters against the registries."""
     import numpy as np
 
-    from bench import noise
-    from bench.data import registry as datasets
-    from bench.methods import check_params
-    from bench.methods import registry as methods
 
     ck = _Checker(exp.source)
-    known = datasets()
+    known = dataset_registry()
     if exp.dataset not in known:
         raise ck.unknown("dataset", exp.dataset, list(known), "dataset")
     dataset = known[exp.dataset]
@@ -294,7 +294,7 @@ def check_names(exp: Experiment) -> None:
                 dataset.transition(pattern, r)
             except UserError as e:
                 raise ck.fail("r", str(e)) from None
-    known_methods = methods()
+    known_methods = method_registry()
     for grid in exp.methods:
         if grid.name not in known_methods:
             raise ck.unknown("methods", grid.name, list(known_methods), "method")

@@ -18,8 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bench.config import Schedule, TrialConfig, UserError
-from bench.grid.validate import GRID_LIMIT, check_trials
+from bench.config import TrialConfig, UserError
+from bench.data import get_dataset
+from bench.exec import memory
+from bench.exec.packed import EVAL_IMAGES, pack_key, why_solo
+from bench.exec.prepare import prepare
+from bench.grid.validate import check_trials
+from bench.methods import get_method
+from bench.schema import GRID_LIMIT
 from bench.store.folder import Store
 
 if TYPE_CHECKING:  # experiment files need pyyaml; the planner also runs on a bare GPU box (bench.exec.packed uses it)
@@ -51,8 +57,6 @@ class Plan:
 
     def work(self, trials: list[TrialConfig]) -> dict[str, int]:
         """Epochs the trials imply: method stages, and warm starts with and without the shared cache."""
-        from bench.data import get_dataset
-        from bench.methods import get_method
 
         method_epochs = warm_epochs = unshared = 0
         cells: set[tuple[Any, ...]] = set()
@@ -72,39 +76,8 @@ class Plan:
                     warm_epochs_unshared=unshared)
 
 
-# -- which trials can pack, and with whom ------------------------------------------------------------------------------
-def why_solo(c: TrialConfig) -> str | None:
-    """Why this trial cannot train in a pack (None: it can)."""
-    from bench import models
-    from bench.data import Dataset, get_dataset
-    from bench.methods import get_method
-
-    ds = get_dataset(c.dataset)
-    if not models.get_model(ds.model).packable:
-        return f"model {ds.model} (BatchNorm statistics are not stacked)"
-    if ds.train_transform is not Dataset.train_transform:
-        return f"{c.dataset} augments its inputs at random"
-    if not get_method(c.method)(ds.num_classes, **c.params).packable():
-        return f"method {c.method} (extra passes, two networks or per-example state)"
-    return None
-
-
-def _shape(s: Schedule) -> tuple[Any, ...]:
-    return (s.optimizer, s.epochs, s.batch_size, s.momentum, s.weight_decay, s.milestones, s.gamma)
-
-
-def pack_key(c: TrialConfig) -> tuple[Any, ...]:
-    """What members of one pack must share: data, model, device and the shape of both stages (not the lr)."""
-    from bench.data import get_dataset
-
-    ds = get_dataset(c.dataset)
-    method_stage = ds.method_stage.with_overrides(batch_size=c.batch_size, epochs=c.epochs)
-    warmup = ds.warmup.with_overrides(epochs=c.epochs_warmup)
-    return (c.dataset, ds.model, c.train_subset, c.device, _shape(warmup), _shape(method_stage))
-
-
 def warm_cell(c: TrialConfig) -> tuple[Any, ...]:
-    """A trial's CE warm-start cell: what `bench.exec.trainer.warm_start_key` depends on that a config shows (the noise
+    """A trial's CE warm-start cell: what `bench.exec.prepare.warm_start_key` depends on that a config shows (the noise
     hash follows from these). The runner counts warm starts by it, and packs hold whole cells."""
     return (c.dataset, c.noise, round(c.r, 10), c.seed, c.transition, c.train_subset, c.epochs_warmup)
 
@@ -115,7 +88,6 @@ def auto_pack_size(t: TrialConfig, data_root: str | os.PathLike[str] | None) -> 
     and that estimate in words. Sized by the GPU this machine sees (or $BENCH_PACK_MEMORY_GB): where it sees none
     (a cluster's head node) or lacks the data, packs hold `PACK_MAX` and each pack checks its own GPU before it
     trains (`bench.exec.memory.check`)."""
-    from bench.exec import memory
     capacity = memory.device_memory(t.device) if t.device.startswith("cuda") else None
     if capacity is None or data_root is None:
         return PACK_MAX, None
@@ -127,9 +99,6 @@ def auto_pack_size(t: TrialConfig, data_root: str | os.PathLike[str] | None) -> 
 
 @functools.cache
 def _auto_pack_size(t: TrialConfig, data_root: str, capacity: int) -> tuple[int, str | None]:
-    from bench.exec import memory
-    from bench.exec.packed import EVAL_IMAGES
-    from bench.exec.trainer import prepare
 
     try:
         p = prepare(t, data_root, log=lambda line: None)

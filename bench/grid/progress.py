@@ -17,6 +17,7 @@ from typing import Any
 from bench.config import TrialConfig, UserError
 from bench.grid.experiment import Experiment
 from bench.grid.plan import Plan, describe_trial
+from bench.report import analysis
 from bench.store.folder import Store
 
 
@@ -99,7 +100,6 @@ def make_callback(tally: Tally, results: str, trials: dict[str, TrialConfig], un
 def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: Callable[[str], None]) -> None:
     import polars as pl
 
-    from bench.report import analysis
     elapsed = time.monotonic() - tally.started
     states = ", ".join(f"{n} {k}" for k, n in sorted(tally.statuses.items()))
     out("")
@@ -135,7 +135,7 @@ def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: C
     grid = table.filter(pl.col("trial_id").is_in(ids))
     if grid.is_empty() or not grid["usable"].any():
         return
-    # The one selection rule (bench.report.analysis.select_settings, also behind `bench report` and `bench leaderboard`).
+    # The one selection rule (bench.report.analysis.select_settings, behind `bench report` and `bench leaderboard`).
     cells = analysis.aggregate(grid).filter(pl.col("acc_mean").is_not_null())
     wide = (cells.with_columns(pl.col("acc_mean").round(2))
             .pivot(on="method", index=["dataset", "noise", "r"], values="acc_mean").sort(["dataset", "noise", "r"]))

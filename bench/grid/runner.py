@@ -1,7 +1,8 @@
 """`bench run CONFIG`: fan an experiment grid out with Ray Tune. This module only drives Ray.
 
     experiment file --validate/expand--> TrialConfigs --skip those with a result row--> Ray Tune grid search
-    (basic variant generator, no scheduler, no early stopping, reuse_actors) --each trial--> bench.exec.trainer.run_trial
+    (basic variant generator, no scheduler, no early stopping, reuse_actors)
+    --each trial--> bench.exec.trainer.run_trial (or a pack: bench.exec.pack.run_pack)
     (writes its own parquet row; CE warm start from the shared cache) --driver callback--> progress line + MLflow
 
 Trial identity is `TrialConfig.trial_id`, a hash of the trial's own config: a relaunch runs only the trials without
@@ -11,12 +12,13 @@ after the driver was killed) resumes from its last finished epoch, and its warm 
 Locally Ray starts in-process (`ray.init(address="local")`, never attaching to another Ray on the machine);
 `--address` joins a cluster.
 
-Before Ray starts, the driver checks every trial (`bench.grid.validate`), the data files and the results folder, and takes
-the folder's lock (one driver per folder). A `UserError` that only a worker meets is reported to the driver once,
+Before Ray starts, the driver checks every trial (`bench.grid.validate`), the data files and the results folder, and
+takes the folder's lock (one driver per folder). A `UserError` that only a worker meets is reported to the driver once,
 not raised, so that Ray does not retry what retrying cannot fix.
 
-The plan and `--dry-run` are `bench.grid.plan`'s; the progress lines and the closing summary `bench.grid.progress`'s; every
-file in the results folder goes through `bench.store.folder`; the command's arguments are defined in `bench.cli.main`.
+The plan and `--dry-run` are `bench.grid.plan`'s; the progress lines and the closing summary `bench.grid.progress`'s;
+every file in the results folder goes through `bench.store.folder`; the command's arguments are defined in
+`bench.cli.main`.
 """
 
 from __future__ import annotations
@@ -31,11 +33,16 @@ from pathlib import Path
 from typing import Any
 
 from bench.config import EXIT_USAGE, TrialConfig, UserError
+from bench.exec.pack import run_pack
+from bench.exec.trainer import run_trial
+from bench.exec.warmstart import WarmStartCache
 from bench.grid.experiment import Experiment, load_experiment
 from bench.grid.plan import Plan, describe_units, parse_pack, plan_units, print_plan, print_size, unit_id
 from bench.grid.progress import Tally, make_callback, print_summary
-from bench.grid.validate import GRID_LIMIT, check_data, check_grid_size, check_results
+from bench.grid.validate import check_data, check_grid_size, check_results
+from bench.schema import GRID_LIMIT
 from bench.store import folder
+from bench.store.mirror import open_mirror
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no status table from Ray Tune
@@ -49,9 +56,6 @@ def ray_unit(config: dict[str, Any], units: dict[str, list[TrialConfig]], data_r
     import torch
     from ray import tune
 
-    from bench.exec.packed import run_pack
-    from bench.exec.trainer import run_trial
-    from bench.exec.warmstart import WarmStartCache
 
     torch.set_num_threads(threads)
     unit = config["unit"]
@@ -154,7 +158,6 @@ def run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None] = pr
 def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) -> Tally:
     from ray import tune
 
-    from bench.store.mirror import open_mirror
     cpu = s.cpus_per_trial if s.cpus_per_trial is not None else exp.resources.cpu
     gpu = s.gpus_per_trial if s.gpus_per_trial is not None else exp.resources.gpu
     device = None if s.gpus_per_trial is None else ("cuda" if gpu > 0 else "cpu")

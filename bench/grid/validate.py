@@ -15,26 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from bench.config import TrialConfig, UserError
-from bench.schema import NAME, TRIAL_FLAGS
-
-# A grid this large is most likely a typo (seeds: 1000000); running it needs --yes.
-GRID_LIMIT = 100_000
-
-
-def check_name(what: str, value: str) -> str:
-    """A name that becomes a path component: letters, digits, '-', '_', '.', no separators and no '..'."""
-    if not isinstance(value, str) or NAME.problem(value) or ".." in value:
-        raise UserError(f"{what} {value!r} is not a safe name: use letters, digits, '-', '_' and '.' "
-                        "(no path separators, no '..')")
-    return value
+from bench.data import get_dataset
+from bench.methods import check_params, get_method
+from bench.schema import GRID_LIMIT, TRIAL_FLAGS, check_name
+from bench.store.folder import is_local
 
 
 def check_trial(config: TrialConfig, transitions: dict[tuple[Any, ...], None] | None = None) -> None:
     """Every value of one trial: names, method hyper-parameters (by the method's declaration), r, seed, lr,
     batch size, epochs, the training subset and the transition matrix. `transitions` remembers the matrices
     already checked (a grid repeats them)."""
-    from bench.data import get_dataset
-    from bench.methods import check_params, get_method
 
     check_name("experiment", config.experiment)
     dataset = get_dataset(config.dataset)
@@ -75,7 +65,6 @@ def check_trials(trials: Iterable[TrialConfig]) -> None:
 
 def check_data(datasets: Iterable[str], data_root: str | os.PathLike[str]) -> None:
     """The data files of each dataset: present, and intact (their md5 checksums, unless BENCH_VERIFY_CHECKSUMS=0)."""
-    from bench.data import get_dataset
 
     for name in sorted(set(datasets)):
         get_dataset(name)(data_root).check_files()
@@ -84,7 +73,6 @@ def check_data(datasets: Iterable[str], data_root: str | os.PathLike[str]) -> No
 def check_results(results: str) -> None:
     """A local results folder must be a folder this process can write (checked by writing a probe file into it,
     or into its nearest existing parent), so that no finished trial loses its row to a late write error."""
-    from bench.store.folder import is_local
 
     if not is_local(results):
         return  # an object store: credentials and buckets are checked by the first write

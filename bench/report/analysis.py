@@ -35,6 +35,7 @@ from scipy import stats
 
 from bench.config import UserError
 from bench.data import paper_noise
+from bench.methods import registry
 from bench.store import folder
 
 CELL = ["dataset", "noise", "r", "method"]
@@ -59,7 +60,6 @@ def label(method: str) -> str:
 
 @functools.cache
 def _labels() -> dict[str, str]:
-    from bench.methods import registry
 
     return {name: cls.title.split(" (")[0] for name, cls in registry().items() if cls.title}
 

@@ -26,28 +26,24 @@ only the epoch rule differs.
 Cost: a trial's device-seconds are its wall time on its one device (its share of a pack's) less the time its
 per-epoch diagnostics took; networks are those the method stage trains.
 
-The per-epoch functions use torch and numpy only (the trainer calls them on a bare GPU box); the tables use polars,
-imported where they are built.
+The per-epoch numbers themselves are computed on the training device by `bench.exec.diagnostics`; this module reads
+them back from the epochs table.
 """
 
 from __future__ import annotations
 
-import hashlib
 import html
 import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
-import torch
+import polars as pl
 
-if TYPE_CHECKING:
-    import polars as pl
+from bench.report.render import fmt, fmt_r, html_table, md, png, td
+from bench.store.columns import DIAGNOSTIC_COLUMNS
 
-DIAGNOSTIC_COLUMNS = ("test_acc", "train_clean_acc", "train_noisy_acc_flipped", "train_noisy_acc_kept",
-                 "det_flagged", "det_precision", "det_recall", "det_auroc")
 CELL = ["dataset", "noise", "r", "method"]
 ORACLE = "†"
 RULES_NOTE = (
@@ -74,82 +70,10 @@ COST_NOTE = (
 )
 
 
-# -- per epoch: torch and numpy only -----------------------------------------------------------------------------
-TRAIN_SAMPLE = 10_000  # training examples the per-epoch diagnostics evaluate, at most
-
-
-def train_sample(n: int, dataset: str) -> np.ndarray:
-    """The training examples (sorted indices) the per-epoch diagnostics evaluate: all of them up to `TRAIN_SAMPLE`,
-    else a fixed random sample of that many, the same for every trial of the dataset, so that methods, seeds and r
-    are compared on the same examples. Why a sample: a pass over the whole training set every epoch costs a third
-    of a training epoch (18% of a Fashion-MNIST pack's time on an H100 with all 50,000); 10,000 examples estimate
-    the curves to about one point."""
-    if n <= TRAIN_SAMPLE:
-        return np.arange(n)
-    seed = int.from_bytes(hashlib.sha256(f"{dataset}-diagnostics".encode()).digest()[:8], "little")
-    return np.sort(np.random.default_rng(seed).choice(n, TRAIN_SAMPLE, replace=False))
-
-
-def _share(hits: float, total: float, scale: float) -> float | None:
-    return None if total == 0 else scale * hits / total
-
-
-@torch.no_grad()
-def memorisation(pred: torch.Tensor, noisy: torch.Tensor, clean: torch.Tensor) -> dict[str, float | None]:
-    """Accuracy (%) of predictions against the clean labels, and against the noisy labels on the flipped and on
-    the kept examples. Clean labels < 0 are unknown and left out. One value comes back to the host."""
-    known = clean >= 0
-    flipped, kept = known & (noisy != clean), known & (noisy == clean)
-    counts = torch.stack([((pred == clean) & known).sum(), known.sum(), ((pred == noisy) & flipped).sum(),
-                          flipped.sum(), ((pred == noisy) & kept).sum(), kept.sum()]).tolist()
-    return dict(train_clean_acc=_share(counts[0], counts[1], 100.0),
-                train_noisy_acc_flipped=_share(counts[2], counts[3], 100.0),
-                train_noisy_acc_kept=_share(counts[4], counts[5], 100.0))
-
-
-def auroc(score: np.ndarray, positive: np.ndarray) -> float | None:
-    """Area under the ROC curve of `score` for the `positive` examples: the Mann-Whitney statistic from ranks, tied
-    scores sharing their average rank (a tie counts one half). None without both classes."""
-    score, positive = np.asarray(score, dtype=np.float64), np.asarray(positive, dtype=bool)
-    n_pos = int(positive.sum())
-    n_neg = positive.size - n_pos
-    if n_pos == 0 or n_neg == 0:
-        return None
-    _, inverse, counts = np.unique(score, return_inverse=True, return_counts=True)
-    average_rank = np.cumsum(counts) - (counts - 1) / 2.0  # 1-based ranks, ties averaged
-    ranks = average_rank[inverse]
-    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
-
-
-def detection(score: np.ndarray, flagged: np.ndarray, flipped: np.ndarray) -> dict[str, float | None]:
-    """Share flagged, precision and recall of the flags against the true flips, AUROC of the score."""
-    flagged, flipped = np.asarray(flagged, dtype=bool), np.asarray(flipped, dtype=bool)
-    hits = int((flagged & flipped).sum())
-    return dict(det_flagged=_share(int(flagged.sum()), flagged.size, 1.0),
-                det_precision=_share(hits, int(flagged.sum()), 1.0),
-                det_recall=_share(hits, int(flipped.sum()), 1.0), det_auroc=auroc(score, flipped))
-
-
-@torch.no_grad()
-def epoch_numbers(train_logits: torch.Tensor, noisy: torch.Tensor, clean: torch.Tensor, test_logits: torch.Tensor,
-                  test_labels: torch.Tensor, judged: tuple[torch.Tensor, torch.Tensor] | None) -> dict[str, Any]:
-    """One member's row of `DIAGNOSTIC_COLUMNS` from its logits on the training sample (`train_sample`; its noisy
-    and clean labels) and on the whole test set."""
-    out: dict[str, Any] = dict.fromkeys(DIAGNOSTIC_COLUMNS)
-    out["test_acc"] = _share(int((test_logits.argmax(-1) == test_labels).sum()), test_labels.numel(), 100.0)
-    out.update(memorisation(train_logits.argmax(-1), noisy, clean))
-    if judged is not None:
-        known = (clean >= 0).cpu().numpy()
-        score, flagged = (t.float().cpu().numpy()[known] for t in judged)
-        out.update(detection(score, flagged, (noisy != clean).cpu().numpy()[known]))
-    return out
-
-
 # -- tables over a results folder (polars) -----------------------------------------------------------------------
 def trial_rules(epochs: pl.DataFrame) -> pl.DataFrame:
     """Per trial: the epoch and clean test accuracy under each rule (selected, last, oracle), from its
     method-stage rows that carry a test accuracy."""
-    import polars as pl
 
     schema = {"trial_id": pl.String, "selected_epoch": pl.Int64, "selected_acc": pl.Float64,
               "last_epoch": pl.Int64, "last_acc": pl.Float64, "oracle_epoch": pl.Int64, "oracle_acc": pl.Float64}
@@ -186,9 +110,8 @@ class Diagnostics:
 
 
 def analyse(trials: pl.DataFrame, epochs: pl.DataFrame, settings: pl.DataFrame) -> Diagnostics:
-    """`trials` as `bench.report.analysis.load_trials` gives them (with `setting` and `usable`), `epochs` the epochs table,
-    `settings` the setting chosen per cell (`bench.report.analysis.select_settings`)."""
-    import polars as pl
+    """`trials` as `bench.report.analysis.load_trials` gives them (with `setting` and `usable`), `epochs` the epochs
+    table, `settings` the setting chosen per cell (`bench.report.analysis.select_settings`)."""
 
     if not epochs.is_empty():  # files written before a column existed lack it
         epochs = epochs.with_columns(pl.lit(None, pl.Float64).alias(c)
@@ -216,7 +139,6 @@ def _curves(trials: pl.DataFrame, chosen: pl.DataFrame, epochs: pl.DataFrame) ->
     """Mean DIAGNOSTIC_COLUMNS per cell, stage and epoch (`x`: warm-start epochs first, then the method stage's). A
     warm start is shared by every method of its (dataset, noise, r, seed) and recorded by the trial that trained
     it, so its rows come from any trial of the cell with the same warm-start settings."""
-    import polars as pl
 
     if epochs.is_empty() or (epochs := epochs.filter(pl.col("test_acc").is_not_null())).is_empty():
         return pl.DataFrame()
@@ -239,7 +161,6 @@ def _curves(trials: pl.DataFrame, chosen: pl.DataFrame, epochs: pl.DataFrame) ->
 
 
 def _detection(chosen: pl.DataFrame, epochs: pl.DataFrame) -> pl.DataFrame:
-    import polars as pl
 
     if epochs.is_empty():
         return pl.DataFrame()
@@ -256,7 +177,6 @@ def _detection(chosen: pl.DataFrame, epochs: pl.DataFrame) -> pl.DataFrame:
 
 
 def _cost(chosen: pl.DataFrame) -> pl.DataFrame:
-    import polars as pl
 
     return chosen.group_by(CELL).agg(
         pl.len().alias("n"), pl.col("device").unique().sort().str.join(", ").alias("devices"),
@@ -269,7 +189,6 @@ def _cost(chosen: pl.DataFrame) -> pl.DataFrame:
 
 def _totals(trials: pl.DataFrame) -> pl.DataFrame:
     """The whole grid's cost per device: every trial, every setting, failed ones included."""
-    import polars as pl
 
     seconds = pl.col("device_s").cast(pl.Float64) if "device_s" in trials.columns else pl.lit(None, pl.Float64)
     frame = trials.with_columns(seconds.fill_null(pl.col("wall_s").cast(pl.Float64)).alias("_s"))
@@ -278,7 +197,6 @@ def _totals(trials: pl.DataFrame) -> pl.DataFrame:
 
 
 def _labels(trials: pl.DataFrame) -> pl.DataFrame:
-    import polars as pl
 
     return trials.filter(pl.col("noise_hash").is_not_null()).group_by("dataset", "noise", "r", "seed").agg(
         pl.col("noise_hash").unique().sort().str.join(", ").alias("noise_hash"),
@@ -300,7 +218,7 @@ def _anchor(dataset: str, noise: str, r: float) -> str:
 # -- rendering: HTML and Markdown sections of `bench report` ------------------------------------------------------
 def plot(diag: Diagnostics, folder: Path, labels: dict[str, str]) -> dict[str, Path]:
     """The curves' figures, one per (dataset, noise) and kind: name -> PNG path (SVG beside it)."""
-    from bench.report import plots
+    from bench.report import plots  # matplotlib takes a second to import: only a report draws figures
     figures: dict[str, Path] = {}
     if diag.curves.is_empty():
         return figures
@@ -315,11 +233,10 @@ def plot(diag: Diagnostics, folder: Path, labels: dict[str, str]) -> dict[str, P
 
 
 def to_html(diag: Diagnostics, figures: dict[str, Path], labels: dict[str, str]) -> str:
-    from bench.report.leaderboard import _fmt, _html_table, _png, _r, _td
 
     def cell_cells(c: dict[str, Any]) -> list[str]:
-        return [_td(c["dataset"], "l"), _td(c["noise"], "l"), _td(_r(c["r"]), value=c["r"]),
-                _td(labels.get(c["method"], c["method"]), "l")]
+        return [td(c["dataset"], "l"), td(c["noise"], "l"), td(fmt_r(c["r"]), value=c["r"]),
+                td(labels.get(c["method"], c["method"]), "l")]
 
     body = []
     if not diag.rules.is_empty():
@@ -328,27 +245,27 @@ def to_html(diag: Diagnostics, figures: dict[str, Path], labels: dict[str, str])
         for c in diag.rules.iter_rows(named=True):
             link = f'<td class="l"><a href="#{_anchor(c["dataset"], c["noise"], c["r"])}">labels</a></td>'
             rows.append("<tr>" + "".join(cell_cells(c) + [
-                _td(c["n"]), _td(_fmt(c["selected_mean"]), value=c["selected_mean"]),
-                _td(_fmt(c["last_mean"]), value=c["last_mean"]), _td(_fmt(c["oracle_mean"]), "flag", c["oracle_mean"]),
-                _td(f"{c['last_gap']:+.2f}", value=c["last_gap"]), _td(f"{c['oracle_gap']:+.2f}", "flag",
+                td(c["n"]), td(fmt(c["selected_mean"]), value=c["selected_mean"]),
+                td(fmt(c["last_mean"]), value=c["last_mean"]), td(fmt(c["oracle_mean"]), "flag", c["oracle_mean"]),
+                td(f"{c['last_gap']:+.2f}", value=c["last_gap"]), td(f"{c['oracle_gap']:+.2f}", "flag",
                                                                          c["oracle_gap"]),
-                _td(_fmt(c["selected_epoch_mean"], 1)), _td(_fmt(c["oracle_epoch_mean"], 1), "flag")]) + link + "</tr>")
-        body.append(_html_table(["dataset", "noise", "r", "method", "n", "selected (headline)", "last epoch",
+                td(fmt(c["selected_epoch_mean"], 1)), td(fmt(c["oracle_epoch_mean"], 1), "flag")]) + link + "</tr>")
+        body.append(html_table(["dataset", "noise", "r", "method", "n", "selected (headline)", "last epoch",
                                  f"best test epoch {ORACLE}", "last − sel.", f"{ORACLE} − sel.", "sel. epoch",
                                  f"{ORACLE} epoch", "labels"], rows, left=2))
     if not diag.curves.is_empty():
         body.append(f"<h2>Memorisation curves</h2><p class=note>{html.escape(CURVES_NOTE)}</p>")
-        body += [_png(path) for name, path in figures.items() if name.startswith("memorisation")]
+        body += [png(path) for name, path in figures.items() if name.startswith("memorisation")]
     if not diag.detection.is_empty():
         body.append(f"<h2>Detection quality</h2><p class=note>{html.escape(DETECTION_NOTE)}</p>")
-        rows = ["<tr>" + "".join(cell_cells(c) + [_td(c["n"])] + [
-            _td(_fmt(c[f"{when}_{m}"], 3), value=c[f"{when}_{m}"]) for when in ("selected", "last")
+        rows = ["<tr>" + "".join(cell_cells(c) + [td(c["n"])] + [
+            td(fmt(c[f"{when}_{m}"], 3), value=c[f"{when}_{m}"]) for when in ("selected", "last")
             for m in ("flagged", "precision", "recall", "auroc")]) + "</tr>"
             for c in diag.detection.iter_rows(named=True)]
-        body.append(_html_table(["dataset", "noise", "r", "method", "n"] + [
+        body.append(html_table(["dataset", "noise", "r", "method", "n"] + [
             f"{m} ({when})" for when in ("sel.", "last") for m in ("flagged", "precision", "recall", "AUROC")],
             rows, left=2))
-        body += [_png(path) for name, path in figures.items() if name.startswith("detection")]
+        body += [png(path) for name, path in figures.items() if name.startswith("detection")]
     if not diag.cost.is_empty():
         total = diag.totals["device_h"].sum()
         per_device = "; ".join(f"{t['device']}: {t['trials']} trials, {t['device_h']:.3f} device-hours"
@@ -356,13 +273,13 @@ def to_html(diag: Diagnostics, figures: dict[str, Path], labels: dict[str, str])
         body.append(f"<h2>Cost</h2><p class=note>{html.escape(COST_NOTE)}</p><p>The grid: {total:.3f} "
                     f"device-hours in all ({html.escape(per_device)}).</p>")
         rows = ["<tr>" + "".join(cell_cells(c) + [
-            _td(c["n"]), _td(c["devices"], "l"), _td(c["epochs"]), _td(c["networks"]),
-            _td(_fmt(c["wall_s_mean"], 1), value=c["wall_s_mean"]),
-            _td(_fmt(c["device_s_mean"], 1), value=c["device_s_mean"]),
-            _td(_fmt(c["device_h_total"], 4), value=c["device_h_total"]), _td(_fmt(c["acc_mean"])),
-            _td(_fmt(c["acc_per_device_hour"], 0), value=c["acc_per_device_hour"])]) + "</tr>"
+            td(c["n"]), td(c["devices"], "l"), td(c["epochs"]), td(c["networks"]),
+            td(fmt(c["wall_s_mean"], 1), value=c["wall_s_mean"]),
+            td(fmt(c["device_s_mean"], 1), value=c["device_s_mean"]),
+            td(fmt(c["device_h_total"], 4), value=c["device_h_total"]), td(fmt(c["acc_mean"])),
+            td(fmt(c["acc_per_device_hour"], 0), value=c["acc_per_device_hour"])]) + "</tr>"
             for c in diag.cost.iter_rows(named=True)]
-        body.append(_html_table(["dataset", "noise", "r", "method", "n", "device", "epochs", "networks",
+        body.append(html_table(["dataset", "noise", "r", "method", "n", "device", "epochs", "networks",
                                  "wall s / trial", "device-s / trial", "device-h (all seeds)", "test acc",
                                  "acc. per device-hour"], rows, left=2))
     if not diag.labels.is_empty():
@@ -375,52 +292,51 @@ def to_html(diag: Diagnostics, figures: dict[str, Path], labels: dict[str, str])
             ident = "" if anchor in seen else f' id="{anchor}"'
             seen.add(anchor)
             rows.append(f"<tr{ident}>" + "".join([
-                _td(c["dataset"], "l"), _td(c["noise"], "l"), _td(_r(c["r"]), value=c["r"]), _td(c["seed"]),
-                _td(c["noise_hash"], "l"), _td(_fmt(None if c["noise_rate"] is None else 100 * c["noise_rate"])),
-                _td(c["trials"]),
-                _td(labels_command(c["dataset"], c["noise"], c["r"], c["seed"], c["noise_hash"]), "l")]) + "</tr>")
-        body.append(_html_table(["dataset", "noise", "r", "seed", "label hash", "noise %", "trials",
+                td(c["dataset"], "l"), td(c["noise"], "l"), td(fmt_r(c["r"]), value=c["r"]), td(c["seed"]),
+                td(c["noise_hash"], "l"), td(fmt(None if c["noise_rate"] is None else 100 * c["noise_rate"])),
+                td(c["trials"]),
+                td(labels_command(c["dataset"], c["noise"], c["r"], c["seed"], c["noise_hash"]), "l")]) + "</tr>")
+        body.append(html_table(["dataset", "noise", "r", "seed", "label hash", "noise %", "trials",
                                  "export"], rows, left=2))
     return "".join(body)
 
 
 def to_markdown(diag: Diagnostics, labels: dict[str, str]) -> str:
-    from bench.report.leaderboard import _fmt, _md, _r
 
     def head(c: dict[str, Any]) -> str:
-        method = _md(labels.get(c["method"], c["method"]))
-        return f"| {_md(c['dataset'])} | {_md(c['noise'])} | {_r(c['r'])} | {method} |"
+        method = md(labels.get(c["method"], c["method"]))
+        return f"| {md(c['dataset'])} | {md(c['noise'])} | {fmt_r(c['r'])} | {method} |"
 
     lines: list[str] = []
     if not diag.rules.is_empty():
         lines += ["## Checkpoint selection: three rules", "", RULES_NOTE, "",
                   f"| dataset | noise | r | method | n | selected (headline) | last | best test {ORACLE} | "
                   f"last − selected | {ORACLE} oracle − selected |", "|---|---|---|---|---|---|---|---|---|---|"]
-        lines += [f"{head(c)} {c['n']} | {_fmt(c['selected_mean'])} | {_fmt(c['last_mean'])} | "
-                  f"{_fmt(c['oracle_mean'])} {ORACLE} | {c['last_gap']:+.2f} | {c['oracle_gap']:+.2f} {ORACLE} |"
+        lines += [f"{head(c)} {c['n']} | {fmt(c['selected_mean'])} | {fmt(c['last_mean'])} | "
+                  f"{fmt(c['oracle_mean'])} {ORACLE} | {c['last_gap']:+.2f} | {c['oracle_gap']:+.2f} {ORACLE} |"
                   for c in diag.rules.iter_rows(named=True)]
         lines.append("")
     if not diag.detection.is_empty():
         lines += ["## Detection quality", "", DETECTION_NOTE, "",
                   "| dataset | noise | r | method | n | precision | recall | AUROC | last-epoch AUROC |",
                   "|---|---|---|---|---|---|---|---|---|"]
-        lines += [f"{head(c)} {c['n']} | {_fmt(c['selected_precision'], 3)} | {_fmt(c['selected_recall'], 3)} | "
-                  f"{_fmt(c['selected_auroc'], 3)} | {_fmt(c['last_auroc'], 3)} |"
+        lines += [f"{head(c)} {c['n']} | {fmt(c['selected_precision'], 3)} | {fmt(c['selected_recall'], 3)} | "
+                  f"{fmt(c['selected_auroc'], 3)} | {fmt(c['last_auroc'], 3)} |"
                   for c in diag.detection.iter_rows(named=True)]
         lines.append("")
     if not diag.cost.is_empty():
         lines += ["## Cost", "", COST_NOTE, "", f"The grid: {diag.totals['device_h'].sum():.3f} device-hours.", "",
                   "| dataset | noise | r | method | n | device | epochs | networks | device-s / trial | "
                   "accuracy per device-hour |", "|---|---|---|---|---|---|---|---|---|---|"]
-        lines += [f"{head(c)} {c['n']} | {_md(c['devices'])} | {c['epochs']} | {c['networks'] or '—'} | "
-                  f"{_fmt(c['device_s_mean'], 1)} | {_fmt(c['acc_per_device_hour'], 0)} |"
+        lines += [f"{head(c)} {c['n']} | {md(c['devices'])} | {c['epochs']} | {c['networks'] or '—'} | "
+                  f"{fmt(c['device_s_mean'], 1)} | {fmt(c['acc_per_device_hour'], 0)} |"
                   for c in diag.cost.iter_rows(named=True)]
         lines.append("")
     if not diag.labels.is_empty():
         lines += ["## Noisy labels", "", "| dataset | noise | r | seed | label hash | export |",
                   "|---|---|---|---|---|---|"]
-        lines += [f"| {_md(c['dataset'])} | {_md(c['noise'])} | {_r(c['r'])} | {c['seed']} | {_md(c['noise_hash'])} | "
-                  f"{_md(labels_command(c['dataset'], c['noise'], c['r'], c['seed'], c['noise_hash']))} |"
+        lines += [f"| {md(c['dataset'])} | {md(c['noise'])} | {fmt_r(c['r'])} | {c['seed']} | {md(c['noise_hash'])} | "
+                  f"{md(labels_command(c['dataset'], c['noise'], c['r'], c['seed'], c['noise_hash']))} |"
                   for c in diag.labels.iter_rows(named=True)]
         lines.append("")
     return "\n".join(lines)

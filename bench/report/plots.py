@@ -7,8 +7,8 @@
                          on kept training examples, against the clean training labels, and on the clean test set
     detection_curves     per epoch, one panel per (r, method): precision, recall and AUROC of "judged noisy"
 
-Each takes a frame built by `bench.report.analysis` or `bench.report.diagnostics` and returns the paths written. Figures are
-`Figure` objects, not pyplot state, so drawing many of them leaks nothing.
+Each takes a frame built by `bench.report.analysis` or `bench.report.diagnostics` and returns the paths written.
+Figures are `Figure` objects, not pyplot state, so drawing many of them leaks nothing.
 """
 
 from __future__ import annotations

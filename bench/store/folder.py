@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.config import UserError
+from bench.store.columns import EPOCH_COLUMNS
 
 TABLES = ("trials", "epochs")
 
@@ -163,7 +164,6 @@ class Store:
     def _write_trial(self, row: dict[str, Any], epochs: list[dict[str, Any]]) -> str:
         import pyarrow as pa
 
-        from bench.store.rows import EPOCH_COLUMNS
 
         trial_id = row["trial_id"]
         schema = pa.schema([(name, pa.type_for_alias(kind)) for name, kind in EPOCH_COLUMNS.items()])

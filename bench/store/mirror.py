@@ -32,8 +32,9 @@ from typing import Any
 import polars as pl
 
 from bench.config import UserError
-from bench.report.diagnostics import DIAGNOSTIC_COLUMNS
+from bench.schema import check_name
 from bench.store import folder
+from bench.store.columns import DIAGNOSTIC_COLUMNS
 from bench.store.folder import is_local, local_path
 
 # MLflow's HTTP client retries for minutes by default; a team server that is down must not stall a grid.
@@ -167,7 +168,6 @@ class Mirror:
     def loggable(self, row: dict[str, Any]) -> bool:
         """A row whose experiment name could not be a folder name (a path, '..') is not logged: the embedded
         store keeps each experiment's artifacts in a folder of that name."""
-        from bench.grid.validate import check_name
 
         try:
             check_name("experiment", row.get("experiment") or "adhoc")

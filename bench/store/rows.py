@@ -1,8 +1,8 @@
 """Result rows: what one trial measured, with its configuration and provenance.
 
 A row is one dict (`make_row`) with the `CORE_COLUMNS` first; its per-epoch curves have the `EPOCH_COLUMNS`. Where
-and how rows are kept (parquet files, atomic writes, reading them back) is `bench.store.folder`'s. Making a row needs only
-numpy and torch: the training core makes rows on a bare GPU box.
+and how rows are kept (parquet files, atomic writes, reading them back) is `bench.store.folder`'s. Making a row needs
+only numpy and torch: the training core makes rows on a bare GPU box.
 """
 
 from __future__ import annotations
@@ -20,18 +20,7 @@ import torch
 
 from bench.config import TrialConfig
 from bench.noise import NoisyLabels
-from bench.report.diagnostics import DIAGNOSTIC_COLUMNS
-
-# Columns other tools rely on, first and in this order.
-CORE_COLUMNS = [
-    "trial_id", "experiment", "dataset", "model", "method", "noise", "r", "seed", "lr", "batch_size",
-    "status", "best_epoch", "val_loss", "test_acc", "test_bal_acc", "last_test_acc", "noise_rate",
-    "noise_hash", "wall_s", "device", "git_commit", "torch_version",
-]
-# The per-epoch curves of a trial: column -> its parquet (arrow) type.
-EPOCH_COLUMNS = {"trial_id": "string", "stage": "string", "epoch": "int64", "train_loss": "float64",
-                 "val_loss": "float64", "val_acc": "float64", "seconds": "float64",
-                 **dict.fromkeys(DIAGNOSTIC_COLUMNS, "float64")}
+from bench.store.folder import Store
 
 
 @functools.cache
@@ -119,6 +108,5 @@ def make_row(
 def write_trial(results: str | os.PathLike[str], row: dict[str, Any], epochs: list[dict[str, Any]]) -> str:
     """Write a trial's curves, then its row, into the results store (`bench.store.folder`); return the row's path. The
     training core (solo and packed trials) writes its rows through here."""
-    from bench.store.folder import Store
 
     return Store(results).write_trial(row, epochs)

@@ -1,0 +1,234 @@
+"""What a trial needs before it trains: its data on the device, its noisy labels, its loaders, its seeds.
+
+`prepare` checks a `TrialConfig`, loads the dataset's splits (tensor inputs moved to the training device once, so a
+pack's members share them), draws the noisy training and validation labels (`draw_labels`, which `bench labels`
+exports too) and builds the loaders that batch by index on the device. The seeds of the warm start and of the method
+stage, and the identity of a cached warm start, are decided here, once, for solo and packed trials alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import Subset
+
+from bench import models, noise
+from bench.config import Schedule, TrialConfig, UserError
+from bench.data import Dataset, Split, Splits, get_dataset
+from bench.exec import diagnostics
+from bench.methods import get_method
+
+Log = Callable[[str], None]
+
+
+def resolve_device(name: str) -> torch.device:
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {name}: no CUDA device is available here; use --device cpu")
+    if name not in {"cpu", "cuda"} and not name.startswith("cuda:"):
+        raise UserError(f"--device must be cpu or cuda (or cuda:N), got {name!r}")
+    if name.startswith("cuda"):
+        # TF32 on the matrix units for float32 convolutions (torch's default) and matrix products (not its default):
+        # the protocol's numbers (accuracies, selection) do not need float32's last bits, and L_DMI's determinant
+        # is computed in float64 anyway. BENCH_TF32=0 keeps full float32 (the exactness tests use it).
+        tf32 = os.environ.get("BENCH_TF32", "1") != "0"
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+    return torch.device(name)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on the training device without making the host wait (pinned memory, asynchronous copy)."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+class SplitLoader:
+    """Batches of one split on the training device: index slicing for tensors, a DataLoader for streams."""
+
+    def __init__(self, split: Split, labels: np.ndarray, dataset: Dataset, device: torch.device) -> None:
+        self.dataset, self.device = dataset, device
+        self.workers = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+        self.size = len(labels)
+        self.labels = torch.as_tensor(labels, dtype=torch.int64, device=device)
+        self.tensor = isinstance(split.x, torch.Tensor)
+        self.x = split.x.to(device) if self.tensor else split.x
+
+    def batches(
+        self, batch_size: int, train: bool, generator: torch.Generator | None = None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """(inputs, labels, indices). Training batches are shuffled and the last partial batch is dropped,
+        so that no step sees a tiny batch (a small batch misses classes, which makes L_DMI's U singular)."""
+        if train:
+            order = to_device(torch.randperm(self.size, generator=generator), self.device)
+            stop = self.size - self.size % batch_size if self.size >= batch_size else self.size
+        else:
+            order = torch.arange(self.size, device=self.device)
+            stop = self.size
+        transform = self.dataset.train_transform if train else self.dataset.eval_transform
+        if self.tensor:
+            for start in range(0, stop, batch_size):
+                idx = order[start : start + batch_size]
+                yield transform(self.x[idx]), self.labels[idx], idx
+            return
+        loader = torch.utils.data.DataLoader(
+            self.x, batch_size=batch_size, sampler=order[:stop].cpu().tolist(), num_workers=self.workers,
+            pin_memory=self.device.type == "cuda", persistent_workers=False,
+        )
+        for start, xb in zip(range(0, stop, batch_size), loader, strict=True):
+            idx = order[start : start + batch_size]
+            yield transform(xb.to(self.device, non_blocking=True)), self.labels[idx], idx
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class Prepared:
+    """Everything a trial needs before training: data, noisy labels, loaders."""
+
+    config: TrialConfig
+    dataset: Dataset
+    splits: Splits
+    labels: noise.NoisyLabels
+    device: torch.device
+    train: SplitLoader
+    train_eval: SplitLoader  # the same training split, unaugmented, for FW's estimator
+    val: SplitLoader
+    test: SplitLoader
+    warmup: Schedule
+    method_stage: Schedule
+    # The per-epoch diagnostics' training examples (`diagnostics.train_sample`): indices into the training split on
+    # the device, those examples (unaugmented, noisy labels) and their clean labels (< 0: unknown).
+    diag_index: torch.Tensor
+    diag_train: SplitLoader
+    diag_clean: torch.Tensor
+    epoch_eval: bool  # record test accuracy, memorisation and detection every epoch (`epoch_eval_enabled`)
+
+
+def epoch_eval_enabled(dataset: type[Dataset]) -> bool:
+    """Whether trials evaluate the test and training sets after every epoch: the dataset's `epoch_eval` (on for
+    the small sets, off for Clothing1M), overridden by BENCH_EPOCH_EVAL=1 or 0 where the trials run."""
+    flag = os.environ.get("BENCH_EPOCH_EVAL", "")
+    return dataset.epoch_eval if flag == "" else flag != "0"
+
+
+def load_data(config: TrialConfig, data_root: str | os.PathLike[str]) -> tuple[Dataset, Splits]:
+    """The dataset's splits, with tensor inputs moved to the training device once (a pack's members share them)."""
+    dataset = get_dataset(config.dataset)(data_root)
+    splits = dataset.load()
+    device = resolve_device(config.device)
+    for split in (splits.train, splits.val, splits.test):
+        if isinstance(split.x, torch.Tensor):
+            split.x = split.x.to(device)
+    return dataset, splits
+
+
+def prepare(
+    config: TrialConfig, data_root: str | os.PathLike[str], data: tuple[Dataset, Splits] | None = None,
+    log: Log = print,
+) -> Prepared:
+    """Validate the config, load the data (unless `data` gives it, from `load_data`) and draw the noisy labels
+    (train and validation only)."""
+    dataset_cls = get_dataset(config.dataset)
+    # Unknown methods and hyper-parameters fail here, before any data is loaded or anything written.
+    get_method(config.method)(dataset_cls.num_classes, **config.params)
+    if config.noise not in dataset_cls.accepted_noise():
+        raise UserError(
+            f"unknown noise {config.noise!r} for {config.dataset}; choose from "
+            f"{', '.join(dataset_cls.accepted_noise())}"
+        )
+    if not 0.0 <= config.r <= 1.0:
+        raise UserError(f"--r must lie in [0, 1], got {config.r}")
+    device = resolve_device(config.device)
+    method_stage = dataset_cls.method_stage.with_overrides(
+        lr=config.lr, batch_size=config.batch_size, epochs=config.epochs
+    )
+    warmup = dataset_cls.warmup.with_overrides(epochs=config.epochs_warmup)
+    for label, value in (("--lr", method_stage.lr), ("--batch-size", method_stage.batch_size)):
+        if value <= 0:
+            raise UserError(f"{label} must be positive, got {value}")
+    if method_stage.epochs < 0 or warmup.epochs < 0:
+        raise UserError("--epochs and --epochs-warmup must be >= 0")
+
+    dataset, splits = data if data is not None else load_data(config, data_root)
+    for note in splits.notes:
+        log(f"note: {note}")
+    labels = draw_labels(config, splits)
+
+    train_split, noisy_train = splits.train, labels.train
+    if config.train_subset:
+        train_split, noisy_train = train_split.subset(config.train_subset), noisy_train[: config.train_subset]
+    epoch_eval = epoch_eval_enabled(dataset_cls)
+    # Without the per-epoch diagnostics the sample is empty: it would otherwise hold up to 10,000 inputs on the device.
+    sample = diagnostics.train_sample(len(noisy_train), config.dataset) if epoch_eval else np.arange(0)
+    diag_split = splits.samples.get(len(noisy_train)) if len(sample) else None
+    if diag_split is None:
+        diag_split = (Split(train_split.x[torch.from_numpy(sample)], train_split.y[sample])
+                      if isinstance(train_split.x, torch.Tensor) else Split(Subset(train_split.x, sample.tolist()),
+                                                                             train_split.y[sample]))
+        if len(sample):
+            splits.samples[len(noisy_train)] = diag_split
+    return Prepared(
+        config=config, dataset=dataset, splits=splits, labels=labels, device=device,
+        train=SplitLoader(train_split, noisy_train, dataset, device),
+        train_eval=SplitLoader(train_split, noisy_train, dataset, device),
+        val=SplitLoader(splits.val, labels.val, dataset, device),
+        test=SplitLoader(splits.test, splits.test.y, dataset, device),
+        warmup=warmup, method_stage=method_stage,
+        diag_index=torch.as_tensor(sample, device=device),
+        diag_train=SplitLoader(diag_split, noisy_train[sample], dataset, device),
+        diag_clean=torch.as_tensor(diag_split.y, dtype=torch.int64, device=device),
+        epoch_eval=epoch_eval,
+    )
+
+
+def draw_labels(config: TrialConfig, splits: Splits) -> noise.NoisyLabels:
+    """The noisy training and validation labels of a trial's (dataset, noise, r, seed): seeded synthetic noise,
+    or a dataset's human labels. `bench labels` exports exactly these (same hash as the result row)."""
+    dataset_cls = get_dataset(config.dataset)
+    c = dataset_cls.num_classes
+    if dataset_cls.is_real_noise(config.noise):
+        # Real human noise: the labels come from the dataset's own files.
+        if config.noise not in splits.human_labels:
+            raise UserError(f"{config.dataset}: no human labels named {config.noise!r}")
+        noisy_train, noisy_val = splits.human_labels[config.noise]
+        return noise.summarise(splits.train.y, noisy_train, noisy_val, c, None)
+    explicit = np.asarray(config.transition) if config.transition is not None else None
+    t = dataset_cls.transition(config.noise, config.r, explicit)
+    return noise.inject(config.dataset, config.noise, config.r, config.seed, splits.train.y, splits.val.y, t)
+
+
+def warm_start_key(p: Prepared, net_index: int) -> str:
+    """Identity of a CE warm start: shared by every method and hyper-parameter of its (data, noise, seed) cell."""
+    c = p.config
+    blob = json.dumps(
+        [c.dataset, p.dataset.model, c.noise, round(c.r, 10), c.seed, c.transition, c.train_subset,
+         p.labels.noise_hash, repr(p.warmup), net_index],
+        default=str,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def warm_seed(seed: int, net_index: int) -> int:
+    """The seed of a warm start (initial weights, data order, dropout) of network `net_index`."""
+    return seed * 1000 + net_index
+
+
+def method_seed(seed: int) -> int:
+    """The method stage's own seed: a cached warm start must not change what follows it."""
+    return seed * 1000 + 999
+
+
+def build_model(p: Prepared) -> nn.Module:
+    return models.create(p.dataset.model, p.dataset.num_classes, p.device, **p.splits.model_args)

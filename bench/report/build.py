@@ -1,0 +1,106 @@
+"""`bench report RESULTS [--out DIR]` and `bench leaderboard RESULTS`: read a results folder, run the analysis
+(`bench.report.analysis`) and write every rendering of it (`bench.report.leaderboard`, `bench.report.diagnostics`,
+`bench.report.plots`) into one folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+import polars as pl
+
+from bench.config import UserError
+from bench.report import analysis, diagnostics, leaderboard
+from bench.report.analysis import REFERENCE, label
+from bench.report.render import stderr
+from bench.store.folder import is_local, local_path, read_table
+
+Log = Callable[[str], None]
+
+
+def _summary(df: pl.DataFrame, grid: pl.DataFrame, results: str) -> str:
+    status = {s: int((df["status"] == s).sum()) for s in ("ok", "diverged", "failed")}
+    measured = int((grid["n"] > 0).sum())
+    commits = ", ".join(sorted({str(c) for c in df["git_commit"].to_list() if c is not None})) or "unknown"
+    return (f"{df.height} trials under {results}: {status['ok']} ok, {status['diverged']} diverged, "
+            f"{status['failed']} failed; {measured} of {grid.height} cells measured "
+            f"({grid.height - measured} missing); commits {commits}.")
+
+
+def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str, Path]:
+    """Write every output of `bench report` under `out`; return them by name."""
+    from bench.report import plots  # matplotlib takes a second to import: only a report draws figures
+
+    log(f"reading result rows under {results} ...")
+    df = analysis.load_trials(results)
+    grid = analysis.aggregate(df)
+    paired = analysis.paired_comparison(df, grid)
+    wtl = analysis.win_tie_loss(paired)
+    comparison = analysis.paper_comparison(grid)
+    estimates = analysis.transition_estimates(df)
+    tabs = leaderboard.tables(grid, paired)
+    summary = _summary(df, grid, str(results))
+    log(summary)
+    out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    figures: dict[tuple[str, str], Path] = {}
+    for i, t in enumerate(tabs, 1):
+        log(f"plot {i}/{len(tabs)}: {t.dataset} · {t.noise}")
+        part = grid.filter(dataset=t.dataset, noise=t.noise)
+        png, svg = plots.accuracy_vs_r(part, t.dataset, t.noise, t.methods, {m: label(m) for m in t.methods},
+                                       out / "plots" / f"accuracy_vs_r_{t.dataset}_{t.noise}", REFERENCE,
+                                       frozenset(t.privileged))
+        figures[(t.dataset, t.noise)] = png
+        written[f"plot {t.dataset} {t.noise}"], written[f"plot {t.dataset} {t.noise} svg"] = png, svg
+    log("plot: difference to the paper")
+    heat_png, heat_svg = plots.paper_heatmap(comparison, out / "plots" / "paper_difference")
+    written["heatmap"], written["heatmap svg"] = heat_png, heat_svg
+    log("diagnostics: selection rules, memorisation, detection, cost ...")
+    diag = diagnostics.analyse(df, read_table(results, "epochs"), analysis.select_settings(df))
+    labels = {m: label(m) for m in df["method"].unique().to_list()}
+    diag_figures = diagnostics.plot(diag, out / "plots", labels)
+    written |= {f"plot {name}": path for name, path in diag_figures.items()}
+    for name, frame in diag.tables().items():
+        written[f"{name} csv"] = out / f"{name}.csv"
+        frame.write_csv(written[f"{name} csv"])
+    log("writing tables ...")
+    for name, frame in (("cells", grid), ("paired", paired), ("win_tie_loss", wtl),
+                        ("paper_vs_measured", comparison), ("transition_estimates", estimates)):
+        written[f"{name} csv"] = out / f"{name}.csv"
+        frame.write_csv(written[f"{name} csv"])
+    texts = {
+        "leaderboard.md": leaderboard.to_markdown(tabs, wtl, comparison, summary, estimates)
+        + diagnostics.to_markdown(diag, labels),
+        "leaderboard.tex": leaderboard.to_latex(tabs),
+        "report.html": leaderboard.to_html(tabs, paired, wtl, comparison, df, figures, heat_png,
+                               summary + f" Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.", estimates,
+                               diagnostics.to_html(diag, diag_figures, labels)),
+    }
+    for name, text in texts.items():
+        written[name] = out / name
+        written[name].write_text(text, encoding="utf-8")
+    return written
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    results = str(args.results)
+    if args.out is None and not is_local(results):
+        raise UserError("--out DIR is needed when RESULTS is a remote URI")
+    out = Path(args.out) if args.out is not None else local_path(results) / "report"
+    written = build_report(results, out)
+    for name, path in written.items():
+        print(f"{name:28s} {path}")
+    return 0
+
+
+def cmd_leaderboard(args: argparse.Namespace) -> int:
+    df = analysis.load_trials(str(args.results))
+    grid = analysis.aggregate(df)
+    paired = analysis.paired_comparison(df, grid, metric=analysis.METRICS[args.metric])
+    print(leaderboard.to_terminal(leaderboard.tables(grid, paired, args.metric), _summary(df, grid, str(args.results)),
+                      bold=sys.stdout.isatty()))
+    return 0
