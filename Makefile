@@ -21,6 +21,7 @@ demo: $(BIN)/bench
 	$(BIN)/bench report $(RESULTS)
 
 test: $(BIN)/bench
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q
 
 lint: $(BIN)/bench

@@ -49,6 +49,24 @@ def discover(base: type, places: tuple[str, ...]) -> dict[str, Any]:
     return dict(sorted(found.items()))
 
 
+
+def lookup(found: dict[str, Any], kind: str, name: str) -> Any:
+    """`found[name]` from a registry (`discover`'s result), or one line naming the choices."""
+    if name not in found:
+        raise UserError(f"unknown {kind} {name!r}; choose from {', '.join(found)}")
+    return found[name]
+
+
+def read_text_file(path: Path, what: str) -> str:
+    """A text file the user names (an experiment file, a transition matrix), or one line saying what is wrong."""
+    if not path.is_file():
+        raise UserError(f"{what}: no such file: {path}")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{what} {path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
+                        "save it as UTF-8") from None
+
 PLUGINS_ENV = "BENCH_PLUGINS"
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from bench import noise
-from bench.config import Schedule, UserError, discover
+from bench.config import Schedule, UserError, discover, lookup
 
 
 @dataclass
@@ -225,7 +225,4 @@ def paper_noise(name: str) -> str | None:
 
 
 def get_dataset(name: str) -> type[Dataset]:
-    datasets = registry()
-    if name not in datasets:
-        raise UserError(f"unknown dataset {name!r}; choose from {', '.join(datasets)}")
-    return datasets[name]
+    return lookup(registry(), "dataset", name)

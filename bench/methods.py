@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bench.config import UserError, discover
+from bench.config import UserError, discover, lookup
 from bench.schema import Interval
 
 if TYPE_CHECKING:
@@ -281,7 +281,4 @@ def registry() -> dict[str, type[Method]]:
 
 
 def get_method(name: str) -> type[Method]:
-    methods = registry()
-    if name not in methods:
-        raise UserError(f"unknown method {name!r}; choose from {', '.join(methods)}")
-    return methods[name]
+    return lookup(registry(), "method", name)

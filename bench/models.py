@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from bench.config import UserError, discover
+from bench.config import UserError, discover, lookup
 
 
 class Model(nn.Module):
@@ -35,10 +35,7 @@ def registry() -> dict[str, type[Model]]:
 
 
 def get_model(name: str) -> type[Model]:
-    models = registry()
-    if name not in models:
-        raise UserError(f"unknown model {name!r}; choose from {', '.join(models)}")
-    return models[name]
+    return lookup(registry(), "model", name)
 
 
 def create(name: str, num_classes: int, device: torch.device | str = "cpu", **kwargs: Any) -> nn.Module:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.config import UserError
+from bench.config import UserError, read_text_file
 
 # How a pattern builds T from the noise level r and the number of classes C. A dataset declares its own patterns
 # (name -> builder, in its file under datasets/); the generic ones below are accepted by every dataset.
@@ -88,13 +88,7 @@ def from_flags(pattern: str, transition_file: str | Path | None) -> tuple[str, t
 def read_transition_file(path: str | Path) -> np.ndarray:
     """An explicit T from a CSV file (one row a line) or a JSON file (a list of rows)."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"--transition: no such file: {path}")
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise UserError(f"--transition {path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
-                        "save it as UTF-8") from None
+    text = read_text_file(path, "--transition")
     try:
         if path.suffix.lower() == ".json":
             return np.asarray(json.loads(text), dtype=np.float64)

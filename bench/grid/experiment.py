@@ -41,7 +41,7 @@ from typing import Any
 import yaml
 
 from bench import noise
-from bench.config import TrialConfig, UserError, freeze_params
+from bench.config import TrialConfig, UserError, freeze_params, read_text_file
 from bench.data import registry as dataset_registry
 from bench.methods import check_params
 from bench.methods import registry as method_registry
@@ -319,13 +319,7 @@ def check_names(exp: Experiment) -> None:
 
 def read_yaml(path: str | Path) -> Any:
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: no such experiment file")
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); save the "
-                        "file as UTF-8") from None
+    text = read_text_file(path, "experiment file")
     try:
         return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
