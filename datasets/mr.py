@@ -105,7 +105,18 @@ class MovieReview(Dataset):
     noise_patterns = {"pos_to_neg": noise.flip({1: 0})}  # [[1, 0], [r, 1-r]]
     paper_noise = "pos_to_neg"
     warmup = Schedule("adam", 1e-3, epochs=50, batch_size=128)
+    # The method stage of a method the paper's code has no function for (MentorNet, VAT, the newer methods), as the
+    # paper's section 5.2 states it.
     method_stage = Schedule("adam", 1e-4, epochs=50, batch_size=128)
+    # The methods the paper's code trains, each as its function in github.com/Newbeeer/L_DMI MR/main.py (c6e3d6d,
+    # unchanged at 7d5e4bc) trains it, 50 epochs at batch size 128: main_dmi, main_gce and main_fw with Adam at lr 1e-4,
+    # main_lccn (train_lccn) with SGD, momentum 0.9, weight decay 1e-4, lr 1e-4. (Its main_ce is the warm start.)
+    method_stages = {
+        "dmi": Schedule("adam", 1e-4, epochs=50, batch_size=128),
+        "gce": Schedule("adam", 1e-4, epochs=50, batch_size=128),
+        "fw": Schedule("adam", 1e-4, epochs=50, batch_size=128),
+        "lccn": Schedule("sgd", 1e-4, epochs=50, batch_size=128, momentum=0.9, weight_decay=1e-4),
+    }
     folder = "MR"
     files = {
         "rt-polaritydata/rt-polarity.pos": "674ca95d7fa6547818f1cb30daa7eafe",
