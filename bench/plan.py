@@ -266,7 +266,7 @@ def describe_stages(trials: list[TrialConfig]) -> list[str]:
         whose = f"its own on {dataset.name}" if method in dataset.method_stages else f"{dataset.name}'s default"
         if given[method]:
             whose += f"; {', '.join(given[method])} from the experiment"
-        lines.append(f"  {method}: {describe_schedules(list(schedules))} ({whose})")
+        lines.append(f"method stage of {method}: {describe_schedules(list(schedules))} ({whose})")
     return lines
 
 
@@ -282,7 +282,6 @@ def print_plan(plan: Plan, out: Callable[[str], None] = print, pack: str | int =
     per_method = Counter(t.method for t in plan.trials)
     out(f"grid: {total} trials = " + " + ".join(f"{n} {m}" for m, n in per_method.items())
         + f"; {len(plan.done)} already have a result row, {len(pending)} to run")
-    out("method stage:")
     for line in describe_stages(plan.trials):
         out(line)
     w = plan.work(pending)

@@ -516,16 +516,16 @@ def test_the_dry_run_shows_each_methods_schedule(tmp_path: Path, capsys) -> None
     config = Path(__file__).parents[1] / "tune_configs" / "cifar10.yaml"
     assert main(["run", str(config), "--dry-run", "--results", str(tmp_path / "r"), "--data-root",
                  str(tmp_path / "data")]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    stage = {line.split(":")[0].strip(): line for line in lines[lines.index("method stage:") + 1:]
-             if line.startswith("  ") and ":" in line}
+    prefix = "method stage of "
+    stage = {line.removeprefix(prefix).split(":")[0]: line.split(": ", 1)[1]
+             for line in capsys.readouterr().out.splitlines() if line.startswith(prefix)}
     for method in ("fw", "gce"):
-        assert stage[method] == (f"  {method}: sgd lr 0.01 (x0.1 at epochs 40, 80), 120 epochs, batch 256, "
-                                 "momentum 0.9, weight decay 0.0001 (its own on cifar10)")
-    assert stage["lccn"].startswith("  lccn: sgd lr 0.5 (x0.2 at epoch 40), 120 epochs, batch 256")
-    assert stage["dmi"].startswith("  dmi: sgd lr 0.0001 | 1e-05 | 1e-06, 100 epochs, batch 128 | 256")
+        assert stage[method] == ("sgd lr 0.01 (x0.1 at epochs 40, 80), 120 epochs, batch 256, momentum 0.9, "
+                                 "weight decay 0.0001 (its own on cifar10)")
+    assert stage["lccn"].startswith("sgd lr 0.5 (x0.2 at epoch 40), 120 epochs, batch 256")
+    assert stage["dmi"].startswith("sgd lr 0.0001 | 1e-05 | 1e-06, 100 epochs, batch 128 | 256")
     assert stage["dmi"].endswith("(its own on cifar10; lr, batch size from the experiment)")
-    assert stage["mentornet"].startswith("  mentornet: sgd lr 1e-05, 100 epochs, batch 128")
+    assert stage["mentornet"].startswith("sgd lr 1e-05, 100 epochs, batch 128")
     assert stage["mentornet"].endswith("(cifar10's default)")
 
 
