@@ -2,8 +2,9 @@
 
 A dataset is one class in one file under `datasets/` (installed as `bench.datasets`). It declares, as data: its
 name, classes, the paper's split sizes, default model, its own noise patterns (name -> how T is built from r), which
-of its cells are the rows of the paper's tables, the paper's training schedules, and the published files it reads
-(with md5 checksums and download addresses). It implements `load`, which reads
+of its cells are the rows of the paper's tables, the paper's training schedules (the warm start's, the method stage's,
+and a method's own where the paper's code trains it with one), and the published files it reads (with md5 checksums
+and download addresses). It implements `load`, which reads
 those files under the data root into `Splits`. Small sets load as tensors that the trainer keeps on the
 training device; a set too big for memory gives a `torch.utils.data.Dataset` instead and the trainer streams it.
 """
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 from bench import noise
-from bench.config import Schedule, UserError, discover, lookup
+from bench.config import Schedule, TrialConfig, UserError, discover, lookup
 
 
 @dataclass
@@ -75,7 +76,10 @@ class Dataset:
     # are our cells (this pattern, r); None where the paper has no table for it.
     paper_noise: ClassVar[str | None] = None
     warmup: ClassVar[Schedule]  # the CE warm start
-    method_stage: ClassVar[Schedule]  # the method stage (lr, batch size and epochs are the grid's defaults)
+    method_stage: ClassVar[Schedule]  # the method stage of a method without its own schedule in `method_stages`
+    # A method's own method-stage schedule on this dataset (method name -> schedule), where the paper's code trains
+    # that method with one (e.g. its CIFAR-10/FW.py); `stage_schedule` picks it.
+    method_stages: ClassVar[dict[str, Schedule]] = {}
     # Published files, relative to `folder` under the data root: path -> md5 (None: not checked).
     files: ClassVar[dict[str, str | None]] = {}
     folder: ClassVar[str] = ""
@@ -97,6 +101,13 @@ class Dataset:
     @classmethod
     def accepted_noise(cls) -> tuple[str, ...]:
         return tuple(cls.noise_patterns) + noise.GENERIC_PATTERNS
+
+    @classmethod
+    def stage_schedule(cls, config: TrialConfig) -> Schedule:
+        """The schedule a trial's method stage trains with: its method's own on this dataset (else the dataset's
+        method stage), with the lr, batch size and epochs the trial sets explicitly (an experiment file's win)."""
+        own = cls.method_stages.get(config.method, cls.method_stage)
+        return own.with_overrides(lr=config.lr, batch_size=config.batch_size, epochs=config.epochs)
 
     @classmethod
     def is_real_noise(cls, pattern: str) -> bool:

@@ -10,6 +10,10 @@ falls back to unrestricted unpickling.
 Noise patterns of kind human: `aggre`, `worse`, `random1`, `random2`, `random3`. Training (batches 1-4) and
 validation (batch 5) get the chosen human labels, the test set stays clean. `bench datasets` reports each label
 set's noise rate against `clean_label` over all 50,000 from the labels file alone (the images need not be there).
+
+Training follows CIFAR-10's, schedules included: the paper (of 2019) has no CIFAR-10N experiment, so FW, GCE, LCCN
+and L_DMI keep the schedules of the paper's CIFAR-10 scripts (same images, same ResNet-34) and every other method
+CIFAR-10's default method stage.
 """
 
 from __future__ import annotations

@@ -1,13 +1,31 @@
 """MR, Movie Review sentence polarity v1.0 (Pang & Lee, 2005), as the paper uses it with Kim's (2014) WordCNN.
 
-Reads `DATA_ROOT/MR/rt-polaritydata/rt-polarity.{pos,neg}` (5,331 sentences each, one a line, cp1252/latin-1).
-Class 0 = negative, 1 = positive (the paper's noise flips positive -> negative). The paper's split of the 10,662
-sentences into 7,676 / 1,919 / 1,067 is drawn once by a fixed permutation. Sentences get Kim's cleaning; the
+Reads `DATA_ROOT/MR/rt-polaritydata/rt-polarity.{pos,neg}` (5,331 sentences each, one a line, cp1252 bytes).
+Class 0 = negative, 1 = positive (the paper's noise flips positive -> negative). Sentences get Kim's cleaning; the
 vocabulary is built from the training split only (index 0 pads, 1 stands for words never seen in training).
+
+The split is the paper's own, checked against its code (github.com/Newbeeer/L_DMI, `MR/main.py` and
+`MR/preprocessors.py`, commit c6e3d6d2ff25e52fb287052eda1e66e64f97e161, unchanged at 7d5e4bc): `main.py` seeds
+NumPy's global generator with 0; `MRPreprocessor.preprocess` reads the lines of `rt-polarity.pos`, then of
+`rt-polarity.neg`, in text mode with undecodable bytes ignored, and calls scikit-learn's
+`train_test_split(test_size=0.1)`, then `train_test_split(test_size=0.2)` on what is left. Each call draws one
+`permutation` of its input from that global generator (ShuffleSplit with random_state=None): the first
+ceil(size * n) of it are held out, the rest, in permutation order, are kept. `paper_split` is that rule with NumPy's
+legacy `RandomState(0)`, without scikit-learn: 7,676 / 1,919 / 1,067 sentences, the test split holding 557 negatives
+(52.20%, the paper's collapsed CE accuracy at r = 0.9), validation 921, training 3,853 (confirmed against
+scikit-learn 1.9.1's `train_test_split` on the published files).
+
+Reading as the paper's code does: a line is what text mode calls one (a newline, a carriage return or both end it,
+as `bytes.splitlines` splits), decoded as UTF-8 with undecodable bytes dropped. The files are cp1252: 229 lines hold
+such bytes, and dropping them rather than decoding them as latin-1 changes the words of 124 sentences ("clichés"
+is "clichs", not "clich s"). Kept from Kim's cleaning where the paper's copy differs: lower-casing (a no-op on these
+files, which hold no capital letter) and the parentheses as tokens (the paper's copy writes them with a backslash
+before them: the same vocabulary, renamed).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 
@@ -16,10 +34,11 @@ import torch
 
 from bench import noise
 from bench.config import Schedule, UserError
-from bench.data import Dataset, Split, Splits, deterministic_permutation
+from bench.data import Dataset, Split, Splits
 
 PAD, UNKNOWN = 0, 1
 MIN_LENGTH = 5  # the widest filter: shorter sentences are padded up to it
+TEST_FRACTION, VALIDATION_FRACTION = 0.1, 0.2  # the paper's two train_test_split calls
 
 _CLEANING = [
     (re.compile(r"[^A-Za-z0-9(),!?'`]"), " "),
@@ -52,6 +71,20 @@ def build_vocabulary(sentences: list[list[str]]) -> dict[str, int]:
     return {word: i + 2 for i, word in enumerate(ordered)}
 
 
+def paper_split(n: int) -> dict[str, np.ndarray]:
+    """The paper's split of n sentences (positive lines first, then negative): indices of train, val and test, each in
+    the order the paper's code lists them. Two draws from the generator NumPy's `seed(0)` leaves, as the paper's two
+    `train_test_split` calls make them: the first ceil(0.1 n) of a permutation of all n are the test split; of a
+    second permutation over the other m, the first ceil(0.2 m) index the validation split, the rest training."""
+    rng = np.random.RandomState(0)  # the legacy generator: what np.random.seed(0) seeds and the paper draws from
+    first = rng.permutation(n)
+    n_test = math.ceil(TEST_FRACTION * n)  # scikit-learn's size of a fractional test split, float product included
+    test, rest = first[:n_test], first[n_test:]
+    second = rng.permutation(len(rest))
+    n_val = math.ceil(VALIDATION_FRACTION * len(rest))
+    return {"train": rest[second[n_val:]], "val": rest[second[:n_val]], "test": test}
+
+
 def encode(sentences: list[list[str]], vocabulary: dict[str, int], length: int) -> torch.Tensor:
     tokens = torch.zeros((len(sentences), length), dtype=torch.int64)
     for i, sentence in enumerate(sentences):
@@ -72,7 +105,18 @@ class MovieReview(Dataset):
     noise_patterns = {"pos_to_neg": noise.flip({1: 0})}  # [[1, 0], [r, 1-r]]
     paper_noise = "pos_to_neg"
     warmup = Schedule("adam", 1e-3, epochs=50, batch_size=128)
+    # The method stage of a method the paper's code has no function for (MentorNet, VAT, the newer methods), as the
+    # paper's section 5.2 states it.
     method_stage = Schedule("adam", 1e-4, epochs=50, batch_size=128)
+    # The methods the paper's code trains, each as its function in github.com/Newbeeer/L_DMI MR/main.py (c6e3d6d,
+    # unchanged at 7d5e4bc) trains it, 50 epochs at batch size 128: main_dmi, main_gce and main_fw with Adam at lr 1e-4,
+    # main_lccn (train_lccn) with SGD, momentum 0.9, weight decay 1e-4, lr 1e-4. (Its main_ce is the warm start.)
+    method_stages = {
+        "dmi": Schedule("adam", 1e-4, epochs=50, batch_size=128),
+        "gce": Schedule("adam", 1e-4, epochs=50, batch_size=128),
+        "fw": Schedule("adam", 1e-4, epochs=50, batch_size=128),
+        "lccn": Schedule("sgd", 1e-4, epochs=50, batch_size=128, momentum=0.9, weight_decay=1e-4),
+    }
     folder = "MR"
     files = {
         "rt-polaritydata/rt-polarity.pos": "674ca95d7fa6547818f1cb30daa7eafe",
@@ -88,25 +132,17 @@ class MovieReview(Dataset):
     def load(self) -> Splits:
         self.check_files()
         folder = self.root / "rt-polaritydata"
-        # Split on b"\n" only: str.splitlines would also split on the \x85 and \x0c bytes inside sentences.
-        neg, pos = (
-            [line for line in folder.joinpath(f"rt-polarity.{kind}").read_bytes().split(b"\n") if line.strip()]
-            for kind in ("neg", "pos")
-        )
-        sentences = [clean_sentence(s.decode("latin-1")).split() for s in neg + pos]
-        labels = np.array([0] * len(neg) + [1] * len(pos), dtype=np.int64)
+        pos, neg = (folder.joinpath(f"rt-polarity.{kind}").read_bytes().splitlines() for kind in ("pos", "neg"))
+        sentences = [clean_sentence(s.decode("utf-8", errors="ignore")).split() for s in pos + neg]
+        labels = np.array([1] * len(pos) + [0] * len(neg), dtype=np.int64)
         n = len(sentences)
         if n < 20:
             raise UserError(f"mr: only {n} sentences in {folder}; is the release complete?")
+        parts = paper_split(n)
         notes = []
-        expected = sum(self.split_sizes)
-        if n != expected:
-            notes.append(f"mr: {n} sentences instead of the published {expected}: proportional splits")
-        # The paper's 7,676 / 1,919 / 1,067 (proportionally for another number of sentences).
-        n_train = n * self.split_sizes[0] // expected
-        n_val = n * self.split_sizes[1] // expected
-        order = deterministic_permutation(n, "mr-split")
-        parts = {"train": order[:n_train], "val": order[n_train : n_train + n_val], "test": order[n_train + n_val :]}
+        if n != sum(self.split_sizes):
+            notes.append(f"mr: {n:,} sentences instead of the published {sum(self.split_sizes):,}: the paper's split "
+                         f"rule gives {len(parts['train']):,} / {len(parts['val']):,} / {len(parts['test']):,}")
         vocabulary = build_vocabulary([sentences[i] for i in parts["train"]])
         length = max(MIN_LENGTH, max(len(s) for s in sentences))
 

@@ -1,7 +1,10 @@
-"""Fashion-MNIST and MR: the published formats, the paper's splits, Kim's cleaning; the real files when present."""
+"""Fashion-MNIST and MR: the published formats, the paper's splits (MR's restated from its code), Kim's cleaning;
+the real files when present."""
 
 from __future__ import annotations
 
+import csv
+import math
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +12,7 @@ import pytest
 import torch
 
 from bench.config import UserError
-from bench.data import deterministic_permutation, get_dataset
+from bench.data import get_dataset
 from bench.datasets.mr import PAD, UNKNOWN, MovieReview, clean_sentence
 from bench.models import create
 
@@ -58,14 +61,63 @@ def _write_mr(root: Path, n: int) -> None:
         (folder / f"rt-polarity.{kind}").write_bytes(("\n".join(lines) + "\n").encode("latin-1"))
 
 
-def test_mr_splits_vocabulary_and_encoding(tmp_path: Path, monkeypatch) -> None:
+def papers_mr_split(n_pos: int, n_neg: int) -> dict[str, list[int]]:
+    """The paper's MR split restated from its code (Newbeeer/L_DMI, MR/main.py and MR/preprocessors.py): line ids
+    (positive lines 0.., then negative ones) through two calls of scikit-learn's train_test_split after
+    np.random.seed(0). A call draws one permutation of its list from NumPy's global generator (ShuffleSplit,
+    random_state=None), holds out its first ceil(test_size * len) items and keeps the rest, both in that order."""
+    generator = np.random.RandomState(0)  # the global generator's state after np.random.seed(0)
+
+    def train_test_split(items: list[int], test_size: float) -> tuple[list[int], list[int]]:
+        order = generator.permutation(len(items))
+        held_out = math.ceil(test_size * len(items))
+        return [items[i] for i in order[held_out:]], [items[i] for i in order[:held_out]]
+
+    sentences = list(range(n_pos + n_neg))
+    train, test = train_test_split(sentences, test_size=0.1)
+    train, val = train_test_split(train, test_size=0.2)
+    return {"train": train, "val": val, "test": test}
+
+
+def test_mr_split_is_the_papers(tmp_path: Path, monkeypatch) -> None:
+    """Each line says which it is by its number of words (line g has g + 1), so the split can be read back from the
+    tokens. Its words carry cp1252 bytes that UTF-8 cannot decode: the paper's reading drops them ("go\x85od" is
+    one word, "good"), so the count holds only if the loader reads as the paper's code does."""
+    monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "0")
+    n_pos, n_neg = 37, 33
+    folder = tmp_path / "MR" / "rt-polaritydata"
+    folder.mkdir(parents=True)
+    for kind, first, count, word in (("pos", 0, n_pos, b"go\x85od"), ("neg", n_pos, n_neg, b"b\xe9ad")):
+        lines = [b" ".join([word] * (g + 1)) for g in range(first, first + count)]
+        (folder / f"rt-polarity.{kind}").write_bytes(b"\n".join(lines) + b"\n")
+    splits = MovieReview(tmp_path).load()
+    expected = papers_mr_split(n_pos, n_neg)
+    for name in ("train", "val", "test"):
+        split = getattr(splits, name)
+        line_ids = ((split.x != PAD).sum(dim=1) - 1).tolist()
+        assert line_ids == expected[name], name
+        np.testing.assert_array_equal(split.y, [1 if g < n_pos else 0 for g in expected[name]])
+        assert (split.x[split.x != PAD] != UNKNOWN).all()  # "good" and "bad" are training words
+    assert splits.notes and "70 sentences instead of the published 10,662" in splits.notes[0]
+
+
+def _write_mr(root: Path, n: int) -> None:
+    folder = root / "MR" / "rt-polaritydata"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    good, bad = ["great", "moving", "superb", "fun"], ["dull", "boring", "awful", "flat"]
+    for kind, words in (("pos", good), ("neg", bad)):
+        lines = [" ".join(rng.choice(words + ["the", "film"], 6)) + " caf\xe9 \x85 ok" for _ in range(n)]
+        # cp1252 bytes, and \x85 (NEL) inside sentences: a line ends only at \n.
+        (folder / f"rt-polarity.{kind}").write_bytes(("\n".join(lines) + "\n").encode("latin-1"))
+
+
+def test_mr_vocabulary_and_encoding(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "0")
     _write_mr(tmp_path, 100)
     splits = MovieReview(tmp_path).load()
-    n_train, n_val = 200 * 7676 // 10662, 200 * 1919 // 10662
-    assert (len(splits.train), len(splits.val), len(splits.test)) == (n_train, n_val, 200 - n_train - n_val)
-    assert splits.notes and "proportional" in splits.notes[0]
-    assert splits.train.y.mean() == pytest.approx(0.5, abs=0.15)
+    expected = papers_mr_split(100, 100)
+    assert (len(splits.train), len(splits.val), len(splits.test)) == tuple(map(len, expected.values()))
     again = MovieReview(tmp_path).load()
     assert torch.equal(again.train.x, splits.train.x)  # deterministic split and vocabulary
     tokens = splits.train.x
@@ -77,12 +129,10 @@ def test_mr_splits_vocabulary_and_encoding(tmp_path: Path, monkeypatch) -> None:
 def test_mr_vocabulary_from_training_split_only(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "0")
     _write_mr(tmp_path, 100)
-    splits = MovieReview(tmp_path).load()
-    # Give the first test sentence (found by re-deriving the split's permutation) a word of its own.
+    # Give the first test sentence a word of its own.
     folder = tmp_path / "MR" / "rt-polaritydata"
-    order = deterministic_permutation(200, "mr-split")
-    first_test = order[len(splits.train) + len(splits.val)]
-    kind, line = ("neg", first_test) if first_test < 100 else ("pos", first_test - 100)
+    first_test = papers_mr_split(100, 100)["test"][0]
+    kind, line = ("pos", first_test) if first_test < 100 else ("neg", first_test - 100)
     lines = (folder / f"rt-polarity.{kind}").read_bytes().split(b"\n")
     lines[line] = b"zyzzyva " + lines[line]
     (folder / f"rt-polarity.{kind}").write_bytes(b"\n".join(lines))
@@ -100,11 +150,19 @@ def test_real_fashion_mnist(shared_data: Path) -> None:
 
 @pytest.mark.realdata
 def test_real_mr(shared_data: Path) -> None:
+    """The paper's split of the published files: its sizes, and the negatives in each split. A model that collapses
+    to "negative" scores the test split's share of negatives, the paper's CE accuracy at r = 0.9 on MR."""
     splits = get_dataset("mr")(shared_data).load()
     assert (len(splits.train), len(splits.val), len(splits.test)) == (7_676, 1_919, 1_067)
     assert not splits.notes
     assert splits.model_args["vocab_size"] > 10_000
-    assert splits.train.y.mean() == pytest.approx(0.5, abs=0.02)
+    negatives = [int((split.y == 0).sum()) for split in (splits.train, splits.val, splits.test)]
+    assert negatives == [3_853, 921, 557]
+    reference = next(Path(__file__).parents[1].glob("bench/**/reference_results.csv"))  # the paper's tables
+    with open(reference) as f:
+        paper = next(float(row["acc_mean"]) for row in csv.DictReader(f)
+                     if (row["dataset"], row["noise_r"], row["method"]) == ("mr", "0.9", "ce"))
+    assert round(100 * negatives[2] / len(splits.test), 2) == paper
 
 
 def test_download_fetches_and_verifies_checksums(tiny_fashion: Path, tmp_path: Path, monkeypatch) -> None:

@@ -442,6 +442,93 @@ def test_resnet50_local_weights_only(tmp_path: Path) -> None:
     assert torch.all(net.conv1.weight == 0.5) and net.fc.out_features == 14
 
 
+# ---------------------------------------------------------------- each method's stage schedule (the paper's code)
+
+# The paper's scripts (github.com/Newbeeer/L_DMI at c6e3d6d), restated: the lr each sets for epoch e and its number
+# of epochs. CIFAR-10/{FW,GCE,LCCN,DMI}.py use SGD, momentum 0.9, weight decay 1e-4, at the batch size 256 of
+# CIFAR-10/dataset.py.
+CIFAR10_SCRIPTS = {
+    "fw": (lambda e: 0.0001 if e >= 80 else 0.001 if e >= 40 else 0.01, 120),
+    "gce": (lambda e: 1e-4 if e >= 80 else 1e-3 if e >= 40 else 1e-2, 120),
+    "lccn": (lambda e: 0.1 if e >= 40 else 0.5, 120),  # `if e >= 40: 0.1 elif e >= 80: 0.01` never reaches 0.01
+    "dmi": (lambda e: 1e-6, 100),
+}
+
+
+@pytest.mark.parametrize("method", sorted(CIFAR10_SCRIPTS))
+def test_a_cifar10_trial_trains_with_its_methods_script_schedule(tiny_cifar: Path, method: str) -> None:
+    """What the method stage of a trial uses (its optimiser, lr at every epoch, epochs, batch size) is what the
+    method's script in the paper's code uses. MultiStepLR reaches 0.001 and 1e-4 by multiplying by 0.1: at most two
+    roundings of 2^-53 each and 0.1's own representation error, so a relative 1e-15 bounds the difference."""
+    from bench.config import TrialConfig
+    from bench.exec.prepare import prepare
+    from bench.exec.stage import SoloStage
+
+    lr_of_epoch, epochs = CIFAR10_SCRIPTS[method]
+    p = prepare(TrialConfig("cifar10", method, "pairs", 0.2), tiny_cifar, log=lambda line: None)
+    assert (p.method_stage.epochs, p.method_stage.batch_size) == (epochs, 256)
+    stage = SoloStage(p, [torch.nn.Linear(2, 2)], p.method_stage, 0, print, print)  # losses unused: not trained
+    assert type(stage.optimizer) is torch.optim.SGD
+    lrs = []
+    for _ in range(epochs):
+        group = stage.optimizer.param_groups[0]
+        assert (group["momentum"], group["weight_decay"]) == (0.9, 1e-4)
+        lrs.append(group["lr"])
+        stage.optimizer.step()  # no gradients: a no-op, which keeps the scheduler's order check quiet
+        stage.scheduler.step()
+    assert lrs == pytest.approx([lr_of_epoch(e) for e in range(epochs)], rel=1e-15, abs=0)
+
+
+def test_an_explicit_lr_batch_size_or_epochs_wins_over_a_methods_schedule() -> None:
+    from bench.config import TrialConfig
+
+    cifar10 = get_dataset("cifar10")
+    grid = cifar10.stage_schedule(TrialConfig("cifar10", "dmi", "pairs", 0.2, lr=1e-4, batch_size=128))
+    assert (grid.lr, grid.batch_size, grid.epochs) == (1e-4, 128, 100)
+    short = cifar10.stage_schedule(TrialConfig("cifar10", "fw", "pairs", 0.2, epochs=3))
+    assert (short.lr, short.epochs, short.milestones) == (0.01, 3, (40, 80))
+    other = cifar10.stage_schedule(TrialConfig("cifar10", "mentornet", "pairs", 0.2))
+    assert other == cifar10.method_stage  # no script in the paper's code: the dataset's method stage
+
+
+@pytest.mark.parametrize(("dataset", "method", "optimizer", "lr", "momentum", "weight_decay"), [
+    # dogcat/{FW,GCE,LCCN,DMI}.py: SGD, momentum 0.9, weight decay 1e-4, one lr, 50 epochs, batch size 128.
+    ("dogs_vs_cats", "fw", "sgd", 1e-4, 0.9, 1e-4),
+    ("dogs_vs_cats", "gce", "sgd", 1e-3, 0.9, 1e-4),
+    ("dogs_vs_cats", "lccn", "sgd", 1e-4, 0.9, 1e-4),
+    ("dogs_vs_cats", "dmi", "sgd", 1e-5, 0.9, 1e-4),
+    # MR/main.py: main_dmi, main_gce, main_fw with Adam (no weight decay), train_lccn with SGD; 50 epochs, batch 128.
+    ("mr", "fw", "adam", 1e-4, 0.0, 0.0),
+    ("mr", "gce", "adam", 1e-4, 0.0, 0.0),
+    ("mr", "lccn", "sgd", 1e-4, 0.9, 1e-4),
+    ("mr", "dmi", "adam", 1e-4, 0.0, 0.0),
+])
+def test_dogs_vs_cats_and_mr_methods_take_their_scripts_schedules(dataset, method, optimizer, lr, momentum,
+                                                                   weight_decay) -> None:
+    from bench.config import Schedule, TrialConfig
+
+    schedule = get_dataset(dataset).stage_schedule(TrialConfig(dataset, method, "uniform", 0.2))
+    assert schedule == Schedule(optimizer, lr, epochs=50, batch_size=128, momentum=momentum,
+                                weight_decay=weight_decay)
+
+
+def test_the_dry_run_shows_each_methods_schedule(tmp_path: Path, capsys) -> None:
+    config = Path(__file__).parents[1] / "tune_configs" / "cifar10.yaml"
+    assert main(["run", str(config), "--dry-run", "--results", str(tmp_path / "r"), "--data-root",
+                 str(tmp_path / "data")]) == 0
+    prefix = "method stage of "
+    stage = {line.removeprefix(prefix).split(":")[0]: line.split(": ", 1)[1]
+             for line in capsys.readouterr().out.splitlines() if line.startswith(prefix)}
+    for method in ("fw", "gce"):
+        assert stage[method] == ("sgd lr 0.01 (x0.1 at epochs 40, 80), 120 epochs, batch 256, momentum 0.9, "
+                                 "weight decay 0.0001 (its own on cifar10)")
+    assert stage["lccn"].startswith("sgd lr 0.5 (x0.2 at epoch 40), 120 epochs, batch 256")
+    assert stage["dmi"].startswith("sgd lr 0.0001 | 1e-05 | 1e-06, 100 epochs, batch 128 | 256")
+    assert stage["dmi"].endswith("(its own on cifar10; lr, batch size from the experiment)")
+    assert stage["mentornet"].startswith("sgd lr 1e-05, 100 epochs, batch 128")
+    assert stage["mentornet"].endswith("(cifar10's default)")
+
+
 # ---------------------------------------------------------------- the real files (skipped when absent)
 
 

@@ -382,9 +382,8 @@ def pack_key(c: TrialConfig) -> tuple[Any, ...]:
     """What members of one pack must share: data, model, device and the shape of both stages (not the lr)."""
 
     ds = get_dataset(c.dataset)
-    method_stage = ds.method_stage.with_overrides(batch_size=c.batch_size, epochs=c.epochs)
     warmup = ds.warmup.with_overrides(epochs=c.epochs_warmup)
-    return (c.dataset, ds.model, c.train_subset, c.device, _shape(warmup), _shape(method_stage))
+    return (c.dataset, ds.model, c.train_subset, c.device, _shape(warmup), _shape(ds.stage_schedule(c)))
 
 
 def group_key(method: str, params: dict[str, Any]) -> str:

@@ -151,9 +151,7 @@ def prepare(
     if not 0.0 <= config.r <= 1.0:
         raise UserError(f"--r must lie in [0, 1], got {config.r}")
     device = resolve_device(config.device)
-    method_stage = dataset_cls.method_stage.with_overrides(
-        lr=config.lr, batch_size=config.batch_size, epochs=config.epochs
-    )
+    method_stage = dataset_cls.stage_schedule(config)
     warmup = dataset_cls.warmup.with_overrides(epochs=config.epochs_warmup)
     for label, value in (("--lr", method_stage.lr), ("--batch-size", method_stage.batch_size)):
         if value <= 0:

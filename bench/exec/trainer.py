@@ -155,7 +155,7 @@ def train(
 
 
 def row_args(p: Prepared) -> dict[str, Any]:
-    """The half of a result row (`bench.store.make_row`) that the prepared trial gives, solo or packed."""
+    """The half of a result row (`bench.store.rows.make_row`) that the prepared trial gives, solo or packed."""
     c = p.config
     return dict(config=c, model=p.dataset.model, labels=p.labels, lr=p.method_stage.lr,
                 batch_size=p.method_stage.batch_size, epochs=p.method_stage.epochs, epochs_warmup=p.warmup.epochs,

@@ -7,7 +7,7 @@ An experiment is one grid of the paper's protocol on one dataset:
     noise: case3                       # a pattern or a list of patterns (grid axis)
     r: [0.0, 0.1, 0.2]                 # noise levels in [0, 1] (grid axis)
     seeds: [0, 1, 2, 3, 4]             # a list of seeds, or N for seeds 0..N-1 (grid axis)
-    epochs: 20                         # optional: method-stage epochs (default: the dataset's paper schedule)
+    epochs: 20                         # optional: method-stage epochs (default: the method's schedule there)
     epochs_warmup: 20                  # optional: CE warm-start epochs (default: the paper's)
     train_subset: 10000                # optional: train on the first N training examples only
     device: cpu                        # cpu or cuda

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bench.config import TrialConfig, UserError
+from bench.config import Schedule, TrialConfig, UserError
 from bench.data import get_dataset
 from bench.exec import memory
 from bench.exec.packed import EVAL_IMAGES, pack_key, why_solo
@@ -62,7 +62,7 @@ class Plan:
         cells: set[tuple[Any, ...]] = set()
         for t in trials:
             ds = get_dataset(t.dataset)
-            epochs = t.epochs if t.epochs is not None else ds.method_stage.epochs
+            epochs = ds.stage_schedule(t).epochs
             warm = t.epochs_warmup if t.epochs_warmup is not None else ds.warmup.epochs
             nets = get_method(t.method).networks
             method_epochs += epochs
@@ -91,9 +91,11 @@ def auto_pack_size(t: TrialConfig, data_root: str | os.PathLike[str] | None) -> 
     capacity = memory.device_memory(t.device) if t.device.startswith("cuda") else None
     if capacity is None or data_root is None:
         return PACK_MAX, None
-    # What the estimate depends on (data, model, stage shapes) and nothing else, so that groups share it.
+    # What the estimate depends on (data, model, stage shapes) and nothing else, so that groups share it; the batch
+    # size is the method's (its own schedule's, where the dataset gives it one).
     like = dataclasses.replace(t, device="cpu", method="ce", method_params=(), r=0.0, seed=0, lr=None,
-                               experiment="", extra=())
+                               batch_size=get_dataset(t.dataset).stage_schedule(t).batch_size, experiment="",
+                               extra=())
     return _auto_pack_size(like, str(data_root), capacity)
 
 
@@ -200,6 +202,40 @@ def describe_trial(t: TrialConfig) -> str:
     return f"{t.method}{lr}{bs}{params}  {t.noise} r={t.r:g} seed={t.seed}"
 
 
+def describe_schedules(schedules: list[Schedule]) -> str:
+    """Method-stage schedules in words, the values where they differ joined by | (a grid's lr, batch size)."""
+    def values(field: str, show: Callable[[Any], str] = "{:g}".format) -> str:
+        return " | ".join(map(show, dict.fromkeys(getattr(s, field) for s in schedules)))
+
+    text = f"{values('optimizer', str)} lr {values('lr')}"
+    if any(s.milestones for s in schedules):
+        at = "epochs" if any(len(s.milestones) > 1 for s in schedules) else "epoch"
+        text += f" (x{values('gamma')} at {at} {values('milestones', lambda m: ', '.join(map(str, m)))})"
+    text += f", {values('epochs', str)} epochs, batch {values('batch_size', str)}"
+    if any(s.optimizer == "sgd" for s in schedules):
+        text += f", momentum {values('momentum')}"
+    return text + f", weight decay {values('weight_decay')}"
+
+
+def describe_stages(trials: list[TrialConfig]) -> list[str]:
+    """One line per method: the method-stage schedule its trials train with and whose it is (the method's own on the
+    dataset, or the dataset's), with what the experiment sets itself."""
+    stages: dict[str, dict[Schedule, None]] = {}
+    given: dict[str, dict[str, None]] = {}
+    for t in trials:
+        stages.setdefault(t.method, {})[get_dataset(t.dataset).stage_schedule(t)] = None
+        explicit = {"lr": t.lr, "batch size": t.batch_size, "epochs": t.epochs}
+        given.setdefault(t.method, {}).update((k, None) for k, v in explicit.items() if v is not None)
+    lines = []
+    for method, schedules in stages.items():
+        dataset = get_dataset(next(t.dataset for t in trials if t.method == method))
+        whose = f"its own on {dataset.name}" if method in dataset.method_stages else f"{dataset.name}'s default"
+        if given[method]:
+            whose += f"; {', '.join(given[method])} from the experiment"
+        lines.append(f"method stage of {method}: {describe_schedules(list(schedules))} ({whose})")
+    return lines
+
+
 LIST_LIMIT = 1_000  # --dry-run lists the trials of a grid up to this size
 
 
@@ -212,6 +248,8 @@ def print_plan(plan: Plan, out: Callable[[str], None] = print, pack: str | int =
     per_method = Counter(t.method for t in plan.trials)
     out(f"grid: {total} trials = " + " + ".join(f"{n} {m}" for m, n in per_method.items())
         + f"; {len(plan.done)} already have a result row, {len(pending)} to run")
+    for line in describe_stages(plan.trials):
+        out(line)
     w = plan.work(pending)
     saved = w["warm_epochs_unshared"] - w["warm_epochs"]
     out(f"work to run: {w['method_epochs']} method-stage epochs + {w['warm_epochs']} warm-start epochs "
