@@ -32,6 +32,10 @@ the parameter's type), `ranges` (interval notation for numeric ones, e.g. "(0, 1
 values of categorical ones). They arrive as keyword arguments and are checked against that declaration (unknown
 name, wrong type, out of range: one line naming the method, the parameter, the value and what is allowed), the
 same declaration `bench methods` prints.
+
+Every method keeps its fidelity record as data: `reference`, the released code it was checked against ("owner/repo,
+path/file.py, commit <sha>", several joined by "; "), and `differences`, each difference that remains ("what — why").
+`bench methods --references` prints the record; docs/fidelity.md is its Markdown form (`--markdown`), tested to match.
 """
 
 from __future__ import annotations
@@ -116,6 +120,8 @@ class Method:
     networks: ClassVar[int] = 1  # how many networks the trainer builds (Co-teaching: 2)
     uses_true_transition: ClassVar[bool] = False  # privileged information: flagged in results
     member_state: ClassVar[tuple[str, ...]] = ()  # tensor attributes that differ between members of a pack
+    reference: ClassVar[str] = ""  # "owner/repo, path/file.py, commit <sha>"; several joined by "; "
+    differences: ClassVar[tuple[str, ...]] = ()  # every remaining difference from `reference`: "what — why"
 
     def __init__(self, num_classes: int, **params: Any) -> None:
         self.num_classes = num_classes
@@ -271,6 +277,29 @@ def check_params(cls: type[Method], params: dict[str, Any], from_text: bool = Fa
 def describe_params(cls: type[Method]) -> list[str]:
     """One 'name=default (what it allows)' per parameter, as `bench methods` prints them."""
     return [f"{key}={cls.defaults[key]} ({_declaration(cls, key)})" for key in cls.defaults]
+
+
+def fidelity_record(markdown: bool = False) -> str:
+    """Every registered method's label, reference and remaining differences: plain text for the terminal, or the
+    Markdown page docs/fidelity.md."""
+    if not markdown:
+        lines = []
+        for name, cls in registry().items():
+            lines += [f"{name}  {cls.title}", f"    reference: {cls.reference or '(none)'}"]
+            lines += [f"    - {difference}" for difference in cls.differences]
+        return "\n".join(lines) + "\n"
+    lines = ["# Fidelity record", "",
+             "Each method, the released code it was checked against, and every difference that remains, with its "
+             "reason.", "Generated from the methods' `reference` and `differences`: "
+             "`bench methods --references --markdown > docs/fidelity.md` (a test checks that it is current).", ""]
+    for name, cls in registry().items():
+        lines += [f"## `{name}`: {cls.title}", "", f"Paper: {cls.paper}", "",
+                  f"Reference: {cls.reference or '(none)'}", ""]
+        unchecked = "Not yet checked against released code."
+        lines += [f"- {difference}" for difference in cls.differences] or ["No difference." if cls.reference
+                                                                            else unchecked]
+        lines.append("")
+    return "\n".join(lines)
 
 
 @functools.cache
