@@ -316,7 +316,8 @@ class SoloStage:
         self.best_state: dict[str, torch.Tensor] = {}
 
     def train_steps(self, epoch: int) -> torch.Tensor:
-        return train_epoch(self.nets, self.step_loss, self.optimizer, self.p.train, self.schedule.batch_size,
+        own = self.method.network_optimizer(epoch) if self.method is not None else None
+        return train_epoch(self.nets, self.step_loss, own or self.optimizer, self.p.train, self.schedule.batch_size,
                            epoch, self.generator)
 
     def train_epoch(self, epoch: int) -> np.ndarray:

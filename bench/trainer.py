@@ -99,7 +99,7 @@ def prepare(
     (train and validation only)."""
     dataset_cls = get_dataset(config.dataset)
     # Unknown methods and hyper-parameters fail here, before any data is loaded or anything written.
-    get_method(config.method)(dataset_cls.num_classes, **config.params)
+    get_method(config.method)(dataset_cls.num_classes, dataset=config.dataset, **config.params)
     if config.noise not in dataset_cls.accepted_noise():
         raise UserError(
             f"unknown noise {config.noise!r} for {config.dataset}; choose from "
@@ -255,7 +255,7 @@ def train(
     same numbers as an uninterrupted run."""
     c, ds = p.config, p.dataset
     method_cls = get_method(c.method)
-    method: Method = method_cls(ds.num_classes, **c.params)
+    method: Method = method_cls(ds.num_classes, dataset=c.dataset, **c.params)
     epochs: list[dict[str, Any]] = []
     diagnose_seconds: list[float] = []
 
@@ -280,6 +280,7 @@ def train(
         true_transition=p.labels.transition if method_cls.uses_true_transition else None,
         device=p.device, epochs=p.method_stage.epochs,
         predict_train_of=lambda i: torch.softmax(predict(nets[i], p.train_eval), dim=1),
+        augment_train=augmenter(p), schedule=p.method_stage,
     ))
     stage = SoloStage(p, nets, p.method_stage, method_seed(c.seed), method.train_loss, method.validation_loss,
                       method)
@@ -297,6 +298,14 @@ def train(
         epochs=epochs, warmup_s=warmup_s, method_s=result.seconds, error=result.errors[0],
         networks=method_cls.networks, diagnostics_s=sum(diagnose_seconds) + result.diagnose_seconds,
     )
+
+
+def augmenter(p: Prepared) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """A fresh augmented view of training examples by index (`StageContext.augment_train`), where the dataset
+    augments (overrides `train_transform`) and its training inputs are a tensor on the device."""
+    if not p.train.tensor or type(p.dataset).train_transform is Dataset.train_transform:
+        return None
+    return lambda index: p.dataset.train_transform(p.train.x[index])
 
 
 def row_args(p: Prepared) -> dict[str, Any]:
