@@ -15,9 +15,9 @@ equals the gradient of the reduced (C-1)-class problem: finite, with the loss sh
 The trainer makes such batches rare: it drops the last partial batch, and batch size >> C.
 
 The paper's code takes the determinant of the unnormalised matrix N U^T (in float32) and adds 1e-3:
--log(|det(N U^T)| + 1e-3) = -log|det U| - C log N, up to the 1e-3, which is negligible beside N^C det U
-(CIFAR-10: N^C ~ 1e21) for any U not almost singular. The two losses differ by a constant per batch size, with
-the same gradients.
+-log(|det(N U^T)| + 1e-3) = -log(N^C |det U| + 1e-3), which is -log|det U| - C log N up to the 1e-3, small beside
+N^C |det U| unless U is almost singular (CIFAR-10, N = 128: N^C ~ 1e21). The two losses differ by a constant per
+batch size, and their gradients by the factor d / (d + 1e-3), d = N^C |det U|.
 
 Reference: Newbeeer/L_DMI, CIFAR-10/DMI.py (and dogcat/DMI.py, MR/main.py, fashion/main.py, clothing/main.py)
 (commit 7d5e4bc).
@@ -64,8 +64,9 @@ class DMI(Method):
         "Robust to Label Noise. NeurIPS 2019"
     reference = "Newbeeer/L_DMI, CIFAR-10/DMI.py, commit 7d5e4bc"
     differences = (
-        "-log|det U| with U = (1/N) softmax^T onehot — the scripts compute -log(|det(N U^T)| + 1e-3): a constant "
-        "C log N lower at a given batch size, with the same gradients (the 1e-3 is negligible beside N^C det U).",
+        "-log|det U| with U = (1/N) softmax^T onehot — the scripts compute -log(|det(N U^T)| + 1e-3): C log N "
+        "lower at a given batch size, and the 1e-3 scales the gradient by d / (d + 1e-3), d = N^C |det U|, a "
+        "factor within 1e-3 / d of 1.",
         "slogdet in float64 — the scripts take torch.det of N U^T in float32 (on Clothing1M N^C = 256^14 ~ 5e33, "
         "within 1e5 of float32's largest value).",
         "A batch that misses a noisy class gets eps = 1e-8 / C on that column's diagonal, and the gradient of the "

@@ -29,12 +29,12 @@ and stacked along the same leading dimension (`stack`). State the steps move (Me
 stacked tensor, and goes back to each member after each epoch (`unstack`), where the diagnostics and checkpoints
 read it.
 
-Hyper-parameters are declared as data: `defaults` (the method's own paper's values; the type of each default is
-the parameter's type), `dataset_defaults` (where the method's reference sets a parameter per dataset, e.g. VAT's eps:
-dataset name -> the values that replace `defaults` there; an explicit value still wins), `ranges` (interval notation for numeric ones, e.g. "(0, 1]") and `choices` (the allowed
-values of categorical ones). They arrive as keyword arguments and are checked against that declaration (unknown
-name, wrong type, out of range: one line naming the method, the parameter, the value and what is allowed), the
-same declaration `bench methods` prints.
+Hyper-parameters are declared as data: `defaults` (the method's own paper's values; the type of each default is the
+parameter's type), `dataset_defaults` (where the method's reference sets a parameter per dataset, e.g. VAT's eps:
+dataset name -> the values that replace `defaults` there; an explicit value still wins), `ranges` (interval notation
+for numeric ones, e.g. "(0, 1]") and `choices` (the allowed values of categorical ones). They arrive as keyword
+arguments and are checked against that declaration (unknown name, wrong type, out of range: one line naming the
+method, the parameter, the value and what is allowed), the same declaration `bench methods` prints.
 
 Every method keeps its fidelity record as data: `reference`, the released code it was checked against ("owner/repo,
 path/file.py, commit <sha>", several joined by "; "), and `differences`, each difference that remains ("what — why").
