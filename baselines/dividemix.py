@@ -40,7 +40,8 @@ rows, as MixMatch mixes the concatenated labelled and unlabelled batches), so th
 The division: per-example CE of each network in evaluation mode on the unaugmented training split, min-max
 normalised, and a two-component Gaussian mixture fitted as scikit-learn's `GaussianMixture(n_components=2,
 max_iter=10, tol=1e-2, reg_covar=5e-4)` fits it (the reference's call): responsibilities from 2-means, then EM
-until the mean log-likelihood moves by less than tol, posteriors from the final parameters.
+until the mean log-likelihood moves by less than tol, posteriors from the final parameters. With loss_history = h
+the fit is on each example's normalised loss averaged over the last h epochs (the reference's h = 5 at r = 0.9).
 
 The paper's CIFAR-10 settings: tau = 0.5, T = 0.5, alpha = 4, lambda_u = 25 (their value for 50% symmetric
 noise; 0 at 20%, 50 at 90%), lambda_r = 1. Selection: CE of nets[0] on the noisy validation set (the division
@@ -93,12 +94,21 @@ def _posterior(x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor, var: t
     return log_norm.mean(), (log_joint - log_norm).exp()
 
 
-def clean_probability(losses: torch.Tensor) -> torch.Tensor:
-    """Posterior of the low-mean component of a two-component 1-D Gaussian mixture fitted to the min-max-normalised
-    losses, as scikit-learn's GaussianMixture(2, max_iter=10, tol=1e-2, reg_covar=5e-4) fits it: parameters from
-    the 2-means responsibilities, then EM steps until the mean log-likelihood changes by less than tol."""
+def normalised(losses: torch.Tensor) -> torch.Tensor:
+    """Min-max normalised to [0, 1], in float64."""
     x = losses.double()
-    x = (x - x.min()) / (x.max() - x.min()).clamp_min(1e-12)
+    return (x - x.min()) / (x.max() - x.min()).clamp_min(1e-12)
+
+
+def clean_probability(losses: torch.Tensor) -> torch.Tensor:
+    """`fit_mixture` on the min-max-normalised losses."""
+    return fit_mixture(normalised(losses))
+
+
+def fit_mixture(x: torch.Tensor) -> torch.Tensor:
+    """Posterior of the low-mean component of a two-component 1-D Gaussian mixture fitted to the values x (float64),
+    as scikit-learn's GaussianMixture(2, max_iter=10, tol=1e-2, reg_covar=5e-4) fits it: parameters from the 2-means
+    responsibilities, then EM steps until the mean log-likelihood changes by less than tol."""
     upper = two_means(x).double()
     weight, mean, var = _gaussians(x, torch.stack([1.0 - upper, upper], dim=1))
     previous = -float("inf")
@@ -134,10 +144,10 @@ class DivideMix(Method):
     title = "DivideMix"
     paper = "Li, Socher, Hoi. DivideMix: Learning with Noisy Labels as Semi-supervised Learning. ICLR 2020"
     defaults: dict[str, Any] = {"p_threshold": 0.5, "temperature": 0.5, "alpha": 4.0, "lambda_u": 25.0,
-                                "lambda_r": 1.0, "rampup_epochs": 16, "views": 2}
+                                "lambda_r": 1.0, "rampup_epochs": 16, "views": 2, "loss_history": 1}
     ranges: ClassVar[dict[str, str]] = {"p_threshold": "[0, 1]", "temperature": "(0, inf)", "alpha": "(0, inf)",
                                         "lambda_u": "[0, inf)", "lambda_r": "[0, inf)", "rampup_epochs": "[1, inf)",
-                                        "views": "[1, inf)"}
+                                        "views": "[1, inf)", "loss_history": "[1, inf)"}
     networks = 2
     reference = "LiJunnan1992/DivideMix, Train_cifar.py and dataloader_cifar.py, commit d9d3058"
     differences = (
@@ -152,8 +162,8 @@ class DivideMix(Method):
         "without dropout the two views are then the same.",
         "Text: MixMatch mixes word embeddings — the reference is image-only; mixing token ids is meaningless.",
         "The mixture starts from 2-means from the two extreme losses — scikit-learn's k-means++ start is random.",
-        "At r = 0.9 the reference averages each example's normalised loss over the last 5 epochs before the fit; "
-        "we fit the current epoch's — a method does not see r.",
+        "At r = 0.9 the reference averages each example's normalised loss over the last 5 epochs before the fit, "
+        "by itself — here loss_history=5 does it, set in the experiment (default 1, the reference at r < 0.9).",
         "The warm-up is the shared CE warm start — the reference warms each network up with CE for 10 epochs and, "
         "under asymmetric noise, adds a confidence penalty.",
         "Test accuracy and selection are those of nets[0], at the checkpoint with the lowest noisy-validation CE — "
@@ -166,6 +176,7 @@ class DivideMix(Method):
     def __init__(self, num_classes: int, **params: Any) -> None:
         super().__init__(num_classes, **params)
         self.clean: list[torch.Tensor] = []  # w^k over the training split, one per network
+        self.history: list[list[torch.Tensor]] = [[], []]  # each network's last normalised losses
         self._predict: Callable[[int], torch.Tensor] | None = None
         self._noisy: torch.Tensor | None = None
         self._augment: Callable[[torch.Tensor], torch.Tensor] | None = None
@@ -183,7 +194,8 @@ class DivideMix(Method):
         for k in range(2):
             probs = self._predict(k)
             losses = -probs.gather(1, self._noisy.unsqueeze(1)).squeeze(1).clamp_min(1e-12).log()
-            self.clean.append(clean_probability(losses))
+            self.history[k] = [*self.history[k], normalised(losses)][-self.loss_history :]
+            self.clean.append(fit_mixture(torch.stack(self.history[k]).mean(dim=0)))
 
     def end_epoch(self, epoch: int) -> None:
         self.divide()
@@ -264,7 +276,8 @@ class DivideMix(Method):
         return total
 
     def state_dict(self) -> dict[str, Any]:
-        return {"clean": [w.clone() for w in self.clean]}
+        return {"clean": [w.clone() for w in self.clean], "history": [[x.clone() for x in h] for h in self.history]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.clean = [w.clone() for w in state["clean"]]
+        self.history = [[x.clone() for x in h] for h in state["history"]]

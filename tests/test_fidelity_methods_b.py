@@ -479,3 +479,31 @@ def test_dmi_and_the_paper_scripts_loss_differ_by_c_log_n_and_their_1e3() -> Non
     d = np.exp(c * np.log(n) - float(ours.detach()))
     assert float(script.detach()) == pytest.approx(-np.log(d + 1e-3), rel=1e-12)
     assert grad_script.numpy() == pytest.approx(grad_ours.numpy() * d / (d + 1e-3), rel=1e-9, abs=1e-15)
+
+
+def test_dividemix_divides_on_the_losses_averaged_over_loss_history_epochs() -> None:
+    """loss_history = 3: each network's division is fitted to its normalised losses averaged over the last 3
+    divisions (the reference's history[-5:].mean(0) at r = 0.9), here against the mixture of that mean."""
+    from bench.baselines.dividemix import DivideMix, fit_mixture
+
+    rng = np.random.default_rng(16)
+    y = torch.tensor(rng.integers(0, 2, 300))
+    rounds = [torch.tensor(rng.dirichlet([1.0, 1.0], size=300)) for _ in range(5)]
+    served = iter(rounds)
+    current: list[torch.Tensor] = []
+
+    def predict(k: int) -> torch.Tensor:
+        if k == 0:
+            current[:] = [next(served)]
+        return current[0]
+
+    method = DivideMix(2, loss_history=3)
+    method.setup(StageContext(nets=[], num_classes=2, noisy_train=y, predict_train=lambda: rounds[0],
+                              true_transition=None, device=torch.device("cpu"), epochs=4, predict_train_of=predict))
+    for epoch in range(4):
+        method.end_epoch(epoch)
+    losses = [-np.log(p.numpy()[np.arange(300), y.numpy()]) for p in rounds]
+    norm = [(v - v.min()) / (v.max() - v.min()) for v in losses]
+    expected = fit_mixture(torch.tensor(np.mean(norm[2:], axis=0)))
+    assert method.clean[0].numpy() == pytest.approx(expected.numpy(), abs=1e-7)
+    assert len(method.history[0]) == 3
