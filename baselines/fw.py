@@ -70,7 +70,8 @@ class Forward(Method):
     differences = (
         "The anchors are taken over the unaugmented training split in evaluation mode — the L_DMI scripts predict "
         "on the augmented training loader (one random crop and flip per image).",
-        "-log (p T)[y~] in log space without clipping p — Patrini's Keras loss clips p to [1e-7, 1 - 1e-7] first; "
+        "The loss -log (p T)[y~] in log space without clipping p — Patrini's Keras loss clips p to [1e-7, 1 - 1e-7] "
+        "first; "
         "the L_DMI scripts, like us, do not (the loss is bounded below by 0 either way).",
         "With the outlier filter, Patrini's code zeroes in place the predictions at or above each earlier class's "
         "threshold before it copies an anchor's row, then row-normalises — an anchor of class i among the top 3% "

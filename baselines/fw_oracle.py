@@ -34,7 +34,8 @@ class ForwardOracle(Forward):
     differences = (
         "Trained after the CE warm start — Patrini's 'forward' with the true P trains from scratch (their "
         "estimated-T runs, like ours, go on from the cross-entropy model).",
-        "-log (p T)[y~] in log space without clipping p — Patrini's Keras loss clips p to [1e-7, 1 - 1e-7] first "
+        "The loss -log (p T)[y~] in log space without clipping p — Patrini's Keras loss clips p to [1e-7, 1 - 1e-7] "
+        "first "
         "(the loss is bounded below by 0 either way).",
     )
 

@@ -54,8 +54,9 @@ class MentorNetPD(Method):
     differences = (
         "The mentor is the self-paced curriculum's closed form, v = 1[l <= lambda] — the reference runs a trained "
         "MentorNet network that approximates such a curriculum (its weights are a separate download); its "
-        "'MentorNet PD' commands use another curriculum (self-paced until 90% of training, then linear) with "
-        "p = 0.75 (0.5 at 80% noise) and example dropout (half the batch for the first 17% of training).",
+        "'MentorNet PD' commands use another curriculum (weight 1 for the first 18% of training, self-paced until "
+        "90%, then linear) with p = 0.75 (0.5 at 80% noise) and example dropout (half the batch for the first 17% "
+        "of training).",
         "lambda starts at the warm-started model's p-th loss percentile over the training set — the reference starts "
         "the moving average at 0, so its first steps drop more than 1 - p of a batch (at d = 0.5, lambda reaches "
         "97% of the batch percentile after 5 steps).",

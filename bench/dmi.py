@@ -64,7 +64,7 @@ class DMI(Method):
         "Robust to Label Noise. NeurIPS 2019"
     reference = "Newbeeer/L_DMI, CIFAR-10/DMI.py, commit 7d5e4bc"
     differences = (
-        "-log|det U| with U = (1/N) softmax^T onehot — the scripts compute -log(|det(N U^T)| + 1e-3): C log N "
+        "The loss -log|det U| with U = (1/N) softmax^T onehot — the scripts compute -log(|det(N U^T)| + 1e-3): C log N "
         "lower at a given batch size, and the 1e-3 scales the gradient by d / (d + 1e-3), d = N^C |det U|, a "
         "factor within 1e-3 / d of 1.",
         "slogdet in float64 — the scripts take torch.det of N U^T in float32 (on Clothing1M N^C = 256^14 ~ 5e33, "

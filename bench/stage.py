@@ -317,8 +317,9 @@ class SoloStage:
 
     def train_steps(self, epoch: int) -> torch.Tensor:
         own = self.method.network_optimizer(epoch) if self.method is not None else None
-        return train_epoch(self.nets, self.step_loss, own or self.optimizer, self.p.train, self.schedule.batch_size,
-                           epoch, self.generator)
+        optimizer = own if own is not None else self.optimizer
+        return train_epoch(self.nets, self.step_loss, optimizer, self.p.train, self.schedule.batch_size, epoch,
+                           self.generator)
 
     def train_epoch(self, epoch: int) -> np.ndarray:
         loss = self.train_steps(epoch)
