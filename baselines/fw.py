@@ -10,16 +10,22 @@ pushed through the noise before the loss is taken:
 
 T is estimated once, from the CE-warm-started model on the noisy training set, which approximates
 p(y~ | x). For each class i an anchor x^i is chosen, an example that belongs to class i almost surely; then
-p(y~ = j | x^i) = T[i, j]. Like the paper's experiments we take as x^i the example at the 97th percentile of
-p(y~ = i | x) (instead of the argmax, which is sensitive to outliers):
+p(y~ = j | x^i) = T[i, j]:
 
-    x^i = the example at the alpha-quantile (alpha = 0.97) of {p(y~ = i | x)}_x,    T^[i, :] = p(y~ | x^i)
+    x^i = argmax_x p(y~ = i | x),    T^[i, :] = p(y~ | x^i)
 
-T^ is fixed for the whole method stage.
+as the L_DMI paper's own FW scripts estimate it (the reference for the numbers the paper reports). Patrini et al.
+filter outliers instead on all but CIFAR-100 (`quantile` = 0.97): x^i is the example with the largest p(y~ = i | x)
+strictly below the 97th percentile of those values (numpy's 'higher' percentile). T^ is fixed for the whole method
+stage. The loss is computed in log space, without the reference's clipping: -log (p T)[y~] is bounded below by 0.
+
+Reference: Newbeeer/L_DMI, CIFAR-10/FW.py (and dogcat/FW.py, MR/main.py) (commit 7d5e4bc); Patrini et al.'s
+giorgiop/loss-correction, models.py (NoiseEstimator) and loss.py (commit 15a79de).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -29,12 +35,14 @@ from bench.methods import Method, StageContext, at_label
 
 
 def anchor_transition(probs: torch.Tensor, quantile: float) -> torch.Tensor:
-    """Patrini's estimator: row i of T is the prediction at the example whose p(i | x) is the `quantile`-th
-    quantile of p(i | x) over all examples (`quantile` = 1.0: the argmax, the estimator's original form)."""
-    n = probs.shape[0]
-    order = probs.argsort(dim=0)  # (N, C): column i sorts the examples by p(i | x)
-    rank = min(n - 1, int(np.floor(quantile * (n - 1) + 0.5)))
-    anchors = order[rank]  # (C,): the anchor example of each class
+    """The anchor-point estimator: row i of T is the prediction at the anchor of class i, the example with the
+    largest p(i | x) (`quantile` = 1.0), or with `quantile` < 1 Patrini's outlier filter: the largest p(i | x)
+    strictly below the `quantile`-th quantile of the p(i | x) taken with numpy's 'higher' interpolation."""
+    if quantile >= 1.0:
+        return probs[probs.argmax(dim=0)].double()
+    rank = math.ceil(quantile * (probs.shape[0] - 1))  # numpy.percentile(..., interpolation="higher")
+    threshold = probs.sort(dim=0).values[rank]  # (C,)
+    anchors = torch.where(probs < threshold, probs, torch.zeros_like(probs)).argmax(dim=0)  # (C,)
     return probs[anchors].double()
 
 
@@ -54,9 +62,21 @@ class Forward(Method):
     title = "FW (forward correction)"
     paper = "Patrini, Rozza, Menon, Nock, Qu. Making Deep Neural Networks Robust to Label Noise: " \
         "a Loss Correction Approach. CVPR 2017"
-    defaults: dict[str, Any] = {"quantile": 0.97}
+    defaults: dict[str, Any] = {"quantile": 1.0}
     member_state = ("transition",)
-    ranges = {"quantile": "(0, 1]"}  # 1.0: the argmax, Patrini's original anchor point
+    ranges = {"quantile": "(0, 1]"}  # 1.0: the argmax (the L_DMI code); 0.97: Patrini's outlier filter
+    reference = "Newbeeer/L_DMI, CIFAR-10/FW.py, commit 7d5e4bc; giorgiop/loss-correction, models.py and " \
+        "loss.py, commit 15a79de"
+    differences = (
+        "The anchors are taken over the unaugmented training split in evaluation mode — the L_DMI scripts predict "
+        "on the augmented training loader (one random crop and flip per image).",
+        "The loss -log (p T)[y~] in log space without clipping p — Patrini's Keras loss clips p to [1e-7, 1 - 1e-7] "
+        "first; "
+        "the L_DMI scripts, like us, do not (the loss is bounded below by 0 either way).",
+        "With the outlier filter, Patrini's code zeroes in place the predictions at or above each earlier class's "
+        "threshold before it copies an anchor's row, then row-normalises — an anchor of class i among the top 3% "
+        "of p(y~ = j | x) for an earlier class j would get T^[i, j] = 0; we copy the prediction as it is.",
+    )
 
     def __init__(self, num_classes: int, **params: Any) -> None:
         super().__init__(num_classes, **params)

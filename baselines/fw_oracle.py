@@ -7,6 +7,9 @@ CVPR 2017 (their "FW with known T" rows).
 
 It reads privileged information (`uses_true_transition`): a diagnostic upper reference for FW, flagged in the
 result row, never a competitor.
+
+Reference: giorgiop/loss-correction, experiment.py and loss.py (commit 15a79de): the "forward" loss with the true
+P, which the L_DMI paper does not run.
 """
 
 from __future__ import annotations
@@ -27,6 +30,14 @@ class ForwardOracle(Forward):
     uses_true_transition = True
     defaults = {}
     ranges = {}  # no anchor points to estimate: the true T needs no quantile
+    reference = "giorgiop/loss-correction, experiment.py and loss.py, commit 15a79de"
+    differences = (
+        "Trained after the CE warm start — Patrini's 'forward' with the true P trains from scratch (their "
+        "estimated-T runs, like ours, go on from the cross-entropy model).",
+        "The loss -log (p T)[y~] in log space without clipping p — Patrini's Keras loss clips p to [1e-7, 1 - 1e-7] "
+        "first "
+        "(the loss is bounded below by 0 either way).",
+    )
 
     @classmethod
     def refuses(cls, dataset: type[Dataset], noise: str) -> str | None:

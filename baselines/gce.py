@@ -21,6 +21,13 @@ optimised by alternating (their Alg. 1) between the network and per-example weig
 with k = 0.5, pruning first at epoch `prune_start` and then every `prune_every` epochs (the paper: from epoch
 40, every 10 epochs, on a 120-epoch run from scratch; lower them for the short method stage after a warm
 start). The weights are one tensor over the training set, indexed by `batch.index`.
+
+The L_DMI paper's GCE is L_q with q = 0.7 and no truncation (its scripts set `set_pruning = False`), our default.
+Zhang and Sabuncu released no code; the truncated variant follows the paper, checked against AlanChou's
+reimplementation.
+
+Reference: Newbeeer/L_DMI, CIFAR-10/GCE.py (and dogcat/GCE.py, MR/main.py) (commit 7d5e4bc); for the truncated
+variant AlanChou/Truncated-Loss, TruncatedLoss.py and main.py (commit fef5908), unofficial.
 """
 
 from __future__ import annotations
@@ -49,6 +56,16 @@ class GeneralizedCrossEntropy(Method):
     defaults: dict[str, Any] = {"q": 0.7, "truncated": False, "k": 0.5, "prune_start": 40, "prune_every": 10}
     # L_q is defined for q in (0, 1] (q -> 0 is CE); the truncation threshold k is a probability in (0, 1).
     ranges = {"q": "(0, 1]", "k": "(0, 1)", "prune_start": "[0, inf)", "prune_every": "[1, inf)"}
+    reference = "Newbeeer/L_DMI, CIFAR-10/GCE.py, commit 7d5e4bc; AlanChou/Truncated-Loss, TruncatedLoss.py and " \
+        "main.py, commit fef5908"
+    differences = (
+        "L_q is computed as -expm1(q log f_y) / q from log-softmax — the same function as the scripts' "
+        "(1 - f_y^q) / q, without their per-example loop.",
+        "Truncated variant: pruning reads the current model on the unaugmented training split after epochs "
+        "prune_start, prune_start + prune_every, ... (the L_DMI script's timing) — AlanChou's reimplementation "
+        "reads the checkpoint with the best test accuracy on the augmented loader, one epoch earlier; the L_DMI "
+        "script's disabled pruning would have read only its last batch.",
+    )
 
     def __init__(self, num_classes: int, **params: Any) -> None:
         super().__init__(num_classes, **params)

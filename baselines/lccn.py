@@ -12,11 +12,16 @@ of the batch from their conditional posterior, trains the classifier on them wit
     phi[k, j] = (n[k, j] + alpha) / (sum_j' n[k, j'] + C alpha)                    (Dirichlet posterior mean)
 
 Initialisation from the warm-started classifier: z_i = argmax p(z | x_i), so n starts as the confusion matrix
-of its predictions against the noisy labels. The paper's schedule: during a warm-up (20k of its ~47k steps,
-`warmup_fraction` of the stage here) latent labels are sampled with phi fixed at its initial value while the
-counts already move; afterwards phi is recomputed from the counts every `update_every` = 200 steps ("safeguarded":
-phi moves by at most the batch's share of the counts, never from a single mini-batch gradient). The counts are a
-histogram of the current latent labels, so they can never go negative.
+of its predictions against the noisy labels. The schedule, in steps of the method stage as the references count
+them: phi is recomputed from the counts every `update_every` steps ("safeguarded": phi moves by at most the
+batches' share of the counts, never from a single mini-batch gradient), but for the first `warmup_steps` steps
+latent labels are sampled with phi fixed at its initial value while the counts already move. 20,000 and 200 are
+LCCN's own CIFAR-10 code and the L_DMI paper's CIFAR-10 script; the L_DMI scripts for the smaller sets (Dogs vs
+Cats, MR) use 1,000 and 100, which Fashion-MNIST (no released script) takes too. The counts are a histogram of the
+current latent labels, so they can never go negative.
+
+Reference: Newbeeer/L_DMI, CIFAR-10/LCCN.py (and dogcat/LCCN.py, MR/main.py) (commit 7d5e4bc); the authors'
+Sunarker/LCCN, cifar10_train_varC.py (commit 31403ae).
 """
 
 from __future__ import annotations
@@ -50,18 +55,32 @@ class LCCN(Method):
     name = "lccn"
     title = "LCCN (safeguarded dynamic label regression)"
     paper = "Yao, Wu, Zhang, Tsang, Sun. Safeguarded Dynamic Label Regression for Noisy Supervision. AAAI 2019"
-    # alpha, 200 steps and 20k-of-46.9k warm-up steps (120 epochs of 50k at batch size 128): the paper's code.
-    defaults: dict[str, Any] = {"alpha": 1.0, "update_every": 200, "warmup_fraction": 0.43}
+    defaults: dict[str, Any] = {"alpha": 1.0, "update_every": 200, "warmup_steps": 20_000}
+    dataset_defaults = {name: {"update_every": 100, "warmup_steps": 1_000}
+                        for name in ("dogs_vs_cats", "mr", "fashion_mnist")}
     # alpha > 0: the Dirichlet prior keeps every row of phi a distribution even where a class has no count.
-    ranges = {"alpha": "(0, inf)", "update_every": "[1, inf)", "warmup_fraction": "[0, 1]"}
+    ranges = {"alpha": "(0, inf)", "update_every": "[1, inf)", "warmup_steps": "[0, inf)"}
+    reference = "Newbeeer/L_DMI, CIFAR-10/LCCN.py, commit 7d5e4bc; Sunarker/LCCN, cifar10_train_varC.py, " \
+        "commit 31403ae"
+    differences = (
+        "The counts start as the hard confusion matrix of the warm-started model's predictions (LCCN's own code) "
+        "— the L_DMI scripts start them from its soft predictions, sum_i p(z | x_i), but then move them by whole "
+        "latent labels, so an entry can go negative.",
+        "Initial predictions on the unaugmented training split in evaluation mode — the L_DMI script predicts on "
+        "the augmented training loader, LCCN's code with BatchNorm in training mode.",
+        "Selection: the model's marginal likelihood of the noisy labels, -log sum_z p(z | x) phi[z, y~] — the L_DMI "
+        "script selects by CE applied to softmax outputs, LCCN's code evaluates its last checkpoint.",
+        "Fashion-MNIST: warm-up 1,000 steps, phi every 100 — no released script; the L_DMI scripts' setting for "
+        "its other small sets (a 20,000-step warm-up would outlast Fashion-MNIST's 7,800-step stage).",
+    )
 
     def __init__(self, num_classes: int, **params: Any) -> None:
         super().__init__(num_classes, **params)
         self.latent: torch.Tensor | None = None  # z_i over the training set
         self.noisy: torch.Tensor | None = None
-        self.transition = torch.eye(num_classes, dtype=torch.float64)  # phi used for sampling
+        self.initial = torch.eye(num_classes, dtype=torch.float64)  # phi during the warm-up steps
+        self.current = self.initial  # phi from the counts, recomputed every `update_every` steps
         self.step = 0
-        self.warmup_epochs = 0.0
 
     def counts(self) -> torch.Tensor:
         """n[k, j] = #{i : z_i = k, y~_i = j}: a histogram, hence never negative."""
@@ -75,18 +94,22 @@ class LCCN(Method):
     def setup(self, stage: StageContext) -> None:
         self.noisy = stage.noisy_train
         self.latent = stage.predict_train().argmax(dim=1)
-        self.transition = self.posterior_mean()
+        self.initial = self.current = self.posterior_mean()
         self.step = 0
-        self.warmup_epochs = self.warmup_fraction * stage.epochs
+
+    @property
+    def transition(self) -> torch.Tensor:
+        """phi the next step samples with."""
+        return self.initial if self.step < self.warmup_steps else self.current
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         # Model selection uses the model's marginal likelihood of the noisy labels, -log sum_z p(z|x) phi[z, y~]:
         # a deterministic function of the prediction, unlike the training loss on freshly sampled latent labels.
-        return forward_nll(logits, labels, self.posterior_mean() if self.latent is not None else self.transition)
+        return forward_nll(logits, labels, self.posterior_mean() if self.latent is not None else self.initial)
 
     def train_loss(self, nets: list[nn.Module], batch: Batch) -> torch.Tensor:
-        if batch.epoch >= self.warmup_epochs and self.step % self.update_every == 0:
-            self.transition = self.posterior_mean()
+        if self.step % self.update_every == 0:
+            self.current = self.posterior_mean()
         logits = nets[0](batch.x)
         with torch.no_grad():
             z = sample_latent(torch.softmax(logits.float(), dim=1), batch.y, self.transition)
@@ -103,12 +126,12 @@ class LCCN(Method):
         return 1.0 - posterior.gather(1, labels.unsqueeze(1)).squeeze(1), self.latent[index] != labels
 
     def state_dict(self) -> dict[str, Any]:
-        return {"latent": None if self.latent is None else self.latent.clone(),
-                "transition": self.transition.clone(), "step": self.step}
+        return {"latent": None if self.latent is None else self.latent.clone(), "initial": self.initial.clone(),
+                "current": self.current.clone(), "step": self.step}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.latent = None if state["latent"] is None else state["latent"].clone()
-        self.transition = state["transition"].clone()
+        self.initial, self.current = state["initial"].clone(), state["current"].clone()
         self.step = state["step"]
 
     def estimated_transition(self) -> np.ndarray | None:

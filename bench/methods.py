@@ -12,6 +12,8 @@ trainer runs the CE warm start, then calls the method's hooks:
 * `loss(logits, labels)` is the method's own objective; the trainer applies it to the whole noisy validation
   set to select the checkpoint (the paper's protocol: the method's loss, not accuracy);
 * `end_epoch(epoch)` after each epoch (MentorNet moves its threshold, LCCN its counts);
+* `network_optimizer(epoch)`: an optimiser of the method's own that trains the networks in that epoch instead of
+  the stage's (T-revision's revision phase: Adam over the network and its slack); None, the default: the stage's;
 * `judged_noisy(logits, labels, epoch, index)`, for methods that flag or down-weight examples (Co-teaching's
   small-loss selection, MentorNet's weights, LCCN's latent labels, DivideMix's division, CORES²'s sieve):
   per-example noise scores and flags over the diagnostics' training sample, scored against the true flips in the
@@ -27,11 +29,16 @@ and stacked along the same leading dimension (`stack`). State the steps move (Me
 stacked tensor, and goes back to each member after each epoch (`unstack`), where the diagnostics and checkpoints
 read it.
 
-Hyper-parameters are declared as data: `defaults` (the method's own paper's values; the type of each default is
-the parameter's type), `ranges` (interval notation for numeric ones, e.g. "(0, 1]") and `choices` (the allowed
-values of categorical ones). They arrive as keyword arguments and are checked against that declaration (unknown
-name, wrong type, out of range: one line naming the method, the parameter, the value and what is allowed), the
-same declaration `bench methods` prints.
+Hyper-parameters are declared as data: `defaults` (the method's own paper's values; the type of each default is the
+parameter's type), `dataset_defaults` (where the method's reference sets a parameter per dataset, e.g. VAT's eps:
+dataset name -> the values that replace `defaults` there; an explicit value still wins), `ranges` (interval notation
+for numeric ones, e.g. "(0, 1]") and `choices` (the allowed values of categorical ones). They arrive as keyword
+arguments and are checked against that declaration (unknown name, wrong type, out of range: one line naming the
+method, the parameter, the value and what is allowed), the same declaration `bench methods` prints.
+
+Every method keeps its fidelity record as data: `reference`, the released code it was checked against ("owner/repo,
+path/file.py, commit <sha>", several joined by "; "), and `differences`, each difference that remains ("what — why").
+`bench methods --references` prints the record; docs/fidelity.md is its Markdown form (`--markdown`), tested to match.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bench.config import UserError, discover, lookup
+from bench.config import Schedule, UserError, discover, lookup
 from bench.schema import Interval
 
 if TYPE_CHECKING:
@@ -86,6 +93,10 @@ class StageContext:
     epochs: int  # length of the method stage
     # softmax outputs of nets[i] on the (unaugmented) training split: DivideMix divides each epoch by both nets
     predict_train_of: Callable[[int], torch.Tensor] | None = None
+    # A fresh augmented view of the training examples at these indices (the dataset's `train_transform` drawn
+    # again, on the device); None where the dataset does not augment or streams its inputs. DivideMix's two views.
+    augment_train: Callable[[torch.Tensor], torch.Tensor] | None = None
+    schedule: Schedule | None = None  # the method stage's (VolMinNet's T follows its learning-rate milestones)
 
 
 def per_example_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -111,15 +122,19 @@ class Method:
     title: ClassVar[str] = ""  # its label in listings
     paper: ClassVar[str] = ""
     defaults: ClassVar[dict[str, Any]] = {}
+    dataset_defaults: ClassVar[dict[str, dict[str, Any]]] = {}  # dataset name -> defaults its reference sets there
     ranges: ClassVar[dict[str, str]] = {}  # numeric parameter -> interval, e.g. "(0, 1]", "[0, inf)"
     choices: ClassVar[dict[str, tuple[Any, ...]]] = {}  # categorical parameter -> its allowed values
     networks: ClassVar[int] = 1  # how many networks the trainer builds (Co-teaching: 2)
     uses_true_transition: ClassVar[bool] = False  # privileged information: flagged in results
     member_state: ClassVar[tuple[str, ...]] = ()  # tensor attributes that differ between members of a pack
+    reference: ClassVar[str] = ""  # "owner/repo, path/file.py, commit <sha>"; several joined by "; "
+    differences: ClassVar[tuple[str, ...]] = ()  # every remaining difference from `reference`: "what — why"
 
-    def __init__(self, num_classes: int, **params: Any) -> None:
+    def __init__(self, num_classes: int, dataset: str = "", **params: Any) -> None:
+        """`dataset`: the trial's dataset, whose `dataset_defaults` apply; `params`: the explicit values."""
         self.num_classes = num_classes
-        self.params = {**self.defaults, **check_params(type(self), params)}
+        self.params = {**self.defaults, **self.dataset_defaults.get(dataset, {}), **check_params(type(self), params)}
         for key, value in self.params.items():
             setattr(self, key, value)
 
@@ -149,7 +164,13 @@ class Method:
     def packable(self) -> bool:
         """Whether a training step is "logits of one network -> `logits_loss`", so that many trials can train as
         one stacked model. Methods with extra passes, two networks or per-example state say no."""
-        return self.networks == 1 and type(self).train_loss is Method.train_loss
+        return self.networks == 1 and type(self).train_loss is Method.train_loss \
+            and type(self).network_optimizer is Method.network_optimizer
+
+    def network_optimizer(self, epoch: int) -> torch.optim.Optimizer | None:
+        """The optimiser that trains the networks in this epoch of the stage, where the method brings its own (it
+        must hold the networks' parameters, and is saved in `state_dict`); None: the stage's."""
+        return None
 
     @classmethod
     def stack(cls, members: list[Method]) -> Method:
@@ -269,8 +290,36 @@ def check_params(cls: type[Method], params: dict[str, Any], from_text: bool = Fa
 
 
 def describe_params(cls: type[Method]) -> list[str]:
-    """One 'name=default (what it allows)' per parameter, as `bench methods` prints them."""
-    return [f"{key}={cls.defaults[key]} ({_declaration(cls, key)})" for key in cls.defaults]
+    """One 'name=default (what it allows)' per parameter, as `bench methods` prints them, with the datasets that
+    set it otherwise."""
+    def per_dataset(key: str) -> str:
+        values = [f"{name}: {values[key]}" for name, values in cls.dataset_defaults.items() if key in values]
+        return f"; {', '.join(values)}" if values else ""
+
+    return [f"{key}={cls.defaults[key]} ({_declaration(cls, key)}{per_dataset(key)})" for key in cls.defaults]
+
+
+def fidelity_record(markdown: bool = False) -> str:
+    """Every registered method's label, reference and remaining differences: plain text for the terminal, or the
+    Markdown page docs/fidelity.md."""
+    if not markdown:
+        lines = []
+        for name, cls in registry().items():
+            lines += [f"{name}  {cls.title}", f"    reference: {cls.reference or '(none)'}"]
+            lines += [f"    - {difference}" for difference in cls.differences]
+        return "\n".join(lines) + "\n"
+    lines = ["# Fidelity record", "",
+             "Each method, the released code it was checked against, and every difference that remains, with its "
+             "reason.", "Generated from the methods' `reference` and `differences`: "
+             "`bench methods --references --markdown > docs/fidelity.md` (a test checks that it is current).", ""]
+    for name, cls in registry().items():
+        lines += [f"## `{name}`: {cls.title}", "", f"Paper: {cls.paper}", "",
+                  f"Reference: {cls.reference or '(none)'}", ""]
+        unchecked = "Not yet checked against released code."
+        lines += [f"- {difference}" for difference in cls.differences] or ["No difference." if cls.reference
+                                                                            else unchecked]
+        lines.append("")
+    return "\n".join(lines)
 
 
 @functools.cache

@@ -138,7 +138,7 @@ def test_lccn_counts_follow_latent_labels_and_stay_non_negative() -> None:
     x = torch.randn(n, 5)
     labels = torch.randint(0, c, (n,))
     net = nn.Linear(5, c)
-    method = LCCN(c, update_every=1, warmup_fraction=0.0)
+    method = LCCN(c, update_every=1, warmup_steps=0)
     with torch.no_grad():
         probs = torch.softmax(net(x), dim=1)
     method.setup(stage(probs, labels, nets=[net]))
@@ -222,14 +222,15 @@ def test_mentornet_drops_the_highest_loss_fraction() -> None:
     method = MentorNetPD(2, percentile=0.7, decay=0.0)  # threshold = this batch's 70th percentile
     v = method.weights(losses)
     assert v.sum() == 70
-    assert torch.all(v[losses >= 70] == 0) and torch.all(v[losses < 70] == 1)
-    # With the moving average: lambda = 0.9 lambda_prev + 0.1 percentile.
+    assert torch.all(v[losses > 69] == 0) and torch.all(v[losses <= 69] == 1)
+    # With the moving average (the reference's decay d = 0.5): lambda = d lambda_prev + (1 - d) percentile, the
+    # percentile being the batch's value at the nearest rank (TensorFlow's).
     method = MentorNetPD(2)
     method.threshold = 10.0
     v = method.weights(losses)
-    lam = 0.9 * 10.0 + 0.1 * float(np.quantile(losses.numpy(), 0.7))
+    lam = 0.5 * 10.0 + 0.5 * float(np.percentile(losses.numpy(), 70, method="nearest"))
     assert method.threshold == pytest.approx(lam)
-    assert torch.equal(v, (losses < lam).float())
+    assert torch.equal(v, (losses <= lam).float())
     restored = MentorNetPD(2)
     restored.load_state_dict(method.state_dict())
     assert restored.threshold == method.threshold

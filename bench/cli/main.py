@@ -103,8 +103,13 @@ def cmd_datasets(args: argparse.Namespace) -> int:
 
 def cmd_methods(args: argparse.Namespace) -> int:
     # torch loads with the commands that need it: `bench --help` and a mistyped flag answer at once
-    from bench.methods import describe_params, registry
+    from bench.methods import describe_params, fidelity_record, registry
 
+    if args.markdown and not args.references:
+        raise UserError("--markdown formats the fidelity record: use it with --references")
+    if args.references:
+        print(fidelity_record(markdown=args.markdown), end="")
+        return 0
     width = max(map(len, registry())) + 1
     for name, cls in registry().items():
         flags = "  [uses the true T: privileged diagnostic]" if cls.uses_true_transition else ""
@@ -185,6 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("methods", help="list the methods with their papers and hyper-parameters (default, type, "
                        "range or choices)")
+    p.add_argument("--references", action="store_true",
+                   help="print each method's fidelity record instead: the released code it was checked against "
+                        "and every remaining difference")
+    p.add_argument("--markdown", action="store_true", help="with --references: as Markdown (docs/fidelity.md)")
     p.set_defaults(func=cmd_methods)
 
     _add_run(sub)

@@ -135,7 +135,7 @@ def _run_pack(
     methods = []
     for m, p in enumerate(ps):
         method_cls = get_method(p.config.method)
-        method = method_cls(ds.num_classes, **p.config.params)
+        method = method_cls(ds.num_classes, dataset=p.config.dataset, **p.config.params)
         method.setup(StageContext(
             nets=[nets[m]], num_classes=ds.num_classes, noisy_train=p.train.labels,
             predict_train=lambda m=m: predict_train(m),

@@ -142,7 +142,7 @@ def prepare(
     (train and validation only)."""
     dataset_cls = get_dataset(config.dataset)
     # Unknown methods and hyper-parameters fail here, before any data is loaded or anything written.
-    get_method(config.method)(dataset_cls.num_classes, **config.params)
+    get_method(config.method)(dataset_cls.num_classes, dataset=config.dataset, **config.params)
     if config.noise not in dataset_cls.accepted_noise():
         raise UserError(
             f"unknown noise {config.noise!r} for {config.dataset}; choose from "

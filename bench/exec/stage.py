@@ -254,8 +254,10 @@ class SoloStage:
         self.best_state: dict[str, torch.Tensor] = {}
 
     def train_steps(self, epoch: int) -> torch.Tensor:
-        return train_epoch(self.nets, self.step_loss, self.optimizer, self.p.train, self.schedule.batch_size,
-                           epoch, self.generator)
+        own = self.method.network_optimizer(epoch) if self.method is not None else None
+        optimizer = own if own is not None else self.optimizer
+        return train_epoch(self.nets, self.step_loss, optimizer, self.p.train, self.schedule.batch_size, epoch,
+                           self.generator)
 
     def train_epoch(self, epoch: int) -> np.ndarray:
         loss = self.train_steps(epoch)

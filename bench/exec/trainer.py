@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.config import TrialConfig, UserError
+from bench.data import Dataset
 from bench.exec.prepare import (
     Prepared,
     build_model,
@@ -110,7 +111,7 @@ def train(
     same numbers as an uninterrupted run."""
     c, ds = p.config, p.dataset
     method_cls = get_method(c.method)
-    method: Method = method_cls(ds.num_classes, **c.params)
+    method: Method = method_cls(ds.num_classes, dataset=c.dataset, **c.params)
     epochs: list[dict[str, Any]] = []
     diagnose_seconds: list[float] = []
 
@@ -135,6 +136,7 @@ def train(
         true_transition=p.labels.transition if method_cls.uses_true_transition else None,
         device=p.device, epochs=p.method_stage.epochs,
         predict_train_of=lambda i: torch.softmax(predict(nets[i], p.train_eval), dim=1),
+        augment_train=augmenter(p), schedule=p.method_stage,
     ))
     stage = SoloStage(p, nets, p.method_stage, method_seed(c.seed), method.train_loss, method.validation_loss,
                       method)
@@ -152,6 +154,14 @@ def train(
         epochs=epochs, warmup_s=warmup_s, method_s=result.seconds, error=result.errors[0],
         networks=method_cls.networks, diagnostics_s=sum(diagnose_seconds) + result.diagnose_seconds,
     )
+
+
+def augmenter(p: Prepared) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """A fresh augmented view of training examples by index (`StageContext.augment_train`), where the dataset
+    augments (overrides `train_transform`) and its training inputs are a tensor on the device."""
+    if not p.train.tensor or type(p.dataset).train_transform is Dataset.train_transform:
+        return None
+    return lambda index: p.dataset.train_transform(p.train.x[index])
 
 
 def row_args(p: Prepared) -> dict[str, Any]:
