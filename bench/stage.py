@@ -142,17 +142,22 @@ def train_epoch(
     batch_size: int,
     epoch: int,
     generator: torch.Generator,
+    max_grad_norm: float | None = None,
 ) -> torch.Tensor:
     """One pass over the training split; returns the mean training loss as a device tensor (NaN if it diverged).
+    With `max_grad_norm`, the gradient of the optimiser's parameters is clipped to that norm before each step.
     No value comes back to the host inside the loop."""
     for net in nets:
         net.train()
     total = torch.zeros((), dtype=torch.float64, device=loader.device)
     steps = 0
+    params = [q for group in optimizer.param_groups for q in group["params"]]
     for x, y, idx in loader.batches(batch_size, train=True, generator=generator):
         loss = step_loss(nets, Batch(x=x, y=y, index=idx, epoch=epoch))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if max_grad_norm is not None:
+            nn.utils.clip_grad_norm_(params, max_grad_norm)
         optimizer.step()
         total += loss.detach()
         steps += 1
@@ -316,8 +321,19 @@ class SoloStage:
         self.best_state: dict[str, torch.Tensor] = {}
 
     def train_steps(self, epoch: int) -> torch.Tensor:
-        return train_epoch(self.nets, self.step_loss, self.optimizer, self.p.train, self.schedule.batch_size,
-                           epoch, self.generator)
+        """One epoch's steps, at the scheduled learning rate times the method's `lr_factor` for this epoch (the
+        scheduler and the checkpoints keep the scheduled rate) and with its gradient clip."""
+        method = self.method
+        factor = method.lr_factor(epoch) if method else 1.0
+        scheduled = [group["lr"] for group in self.optimizer.param_groups]
+        for group in self.optimizer.param_groups:
+            group["lr"] *= factor
+        try:
+            return train_epoch(self.nets, self.step_loss, self.optimizer, self.p.train, self.schedule.batch_size,
+                               epoch, self.generator, method.max_grad_norm() if method else None)
+        finally:
+            for group, lr in zip(self.optimizer.param_groups, scheduled, strict=True):
+                group["lr"] = lr
 
     def train_epoch(self, epoch: int) -> np.ndarray:
         loss = self.train_steps(epoch)
