@@ -3,17 +3,27 @@
 Yu, Han, Yao, Niu, Tsang, Sugiyama. How does Disagreement Help Generalization against Label Corruption?
 ICML 2019.
 
-For a batch B, the epoch's keep rate R(T) (as in Co-teaching) and the two networks f, g:
+For a batch B, the epoch's keep rate R(e) (Co-teaching's, forget rate and ramp included) and the two networks f, g:
 
     D   = {i in B : argmax f(x_i) != argmax g(x_i)}                       (disagreement)
-    D_f = the floor(R(T) |D|) examples of D with the smallest CE under f;  D_g likewise under g
+    D_f = the floor(R(e) |D|) examples of D with the smallest CE under f (all of D where that is 0); D_g likewise
     loss = CE_f on D_g + CE_g on D_f                                      (cross update, their Alg. 1)
 
-Where the networks agree on the whole batch the step trains both on all of it with CE (the paper's code). The
-paper's first "init_epoch" epochs run plain Co-teaching; our CE warm start plays that part, so the disagreement
-step runs from the first method epoch. tau (forget rate) = 0.2 is its setting for 20% noise (the paper sets
-tau = the noise rate), T_k = 10 with c = 1 as in Co-teaching; the two networks are the trainer's two warm
-starts (different seeds). Nothing is augmented or mixed, so it runs unchanged on images and on text.
+A batch on which the networks agree everywhere trains neither (loss 0), as the paper's code does once its step
+count (epoch x batch index) passes 5000. The paper's first "init_epoch" epochs (20 on CIFAR-10) run plain
+Co-teaching; our CE warm start plays that part, so the disagreement step runs from the first method epoch. The two
+networks are the trainer's two warm starts (different seeds). Nothing is augmented or mixed, so it runs unchanged on
+images and on text.
+
+Reference: xingruiyu/coteaching_plus (the authors' code), main.py (`gen_forget_rate`, `init_epoch`) and loss.py
+(`loss_coteaching_plus`), commit a68ed61288. Differences (`CoTeachingPlus.differences`):
+- CE of the logits; theirs applies CE to the softmax outputs in the disagreement step (softmax taken twice) and
+  divides each mean once more by the number kept — bugs of the released code, not copied.
+- An all-agree batch in the first 5000 of their steps trains both networks on all of it — not reproduced: the warm
+  start stands for those early steps.
+- Warm start by CE, not by their init_epoch epochs of Co-teaching — bench's protocol.
+- One optimiser, the stage's, over both networks — theirs: two Adam at lr 1e-3, decayed linearly from epoch 80.
+- Selection as Co-teaching's (theirs selects none).
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ from bench.methods import Batch
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of `values` where `mask`, without indexing by a data-dependent shape (no host sync)."""
+    """Mean of `values` where `mask` (0 where none), without indexing by a data-dependent shape (no host sync)."""
     weights = mask.to(values.dtype)
     return (values * weights).sum() / weights.sum().clamp_min(1.0)
 
@@ -35,8 +45,11 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def disagreement_mask(
     loss_f: torch.Tensor, loss_g: torch.Tensor, disagree: torch.Tensor, keep: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(pick_f, pick_g): the floor(keep |D|) smallest-loss examples of D under f and under g."""
-    k = (keep * disagree.sum()).floor().clamp_min(1.0)
+    """(pick_f, pick_g): the floor(keep |D|) smallest-loss examples of D under f and under g, all of D where that
+    floor is 0 (their `loss_coteaching`)."""
+    size = disagree.sum()
+    k = (keep * size).floor()
+    k = torch.where(k == 0, size.to(k.dtype), k)
     big = torch.finfo(loss_f.dtype).max
     ranks_f = torch.where(disagree, loss_f.detach(), big).argsort().argsort()
     ranks_g = torch.where(disagree, loss_g.detach(), big).argsort().argsort()
@@ -50,6 +63,19 @@ class CoTeachingPlus(CoTeaching):
     title = "Co-teaching+"
     paper = "Yu, Han, Yao, Niu, Tsang, Sugiyama. How does Disagreement Help Generalization against Label " \
         "Corruption? ICML 2019"
+    reference = "xingruiyu/coteaching_plus, main.py (gen_forget_rate, init_epoch) and loss.py " \
+        "(loss_coteaching_plus), commit a68ed61288"
+    differences = (
+        "CE of the logits; theirs applies CE to the softmax outputs in the disagreement step (softmax taken twice) "
+        "and divides each mean once more by the number kept — bugs of the released code, not copied",
+        "an all-agree batch in the first 5000 of their steps (epoch x batch index) trains both networks on all of "
+        "it — not reproduced: the warm start stands for those early steps",
+        "warm start by CE, not by their init_epoch epochs of Co-teaching — bench's protocol",
+        "one optimiser, the stage's, over both networks — theirs: two Adam at lr 1e-3, decayed linearly from "
+        "epoch 80",
+        "selection as Co-teaching's: CE over the (1 - tau) smallest-loss fraction of the noisy validation set "
+        "— theirs selects none",
+    )
     # Hyper-parameters: Co-teaching's (forget rate and its ramp), inherited.
 
     def train_loss(self, nets: list[nn.Module], batch: Batch) -> torch.Tensor:
@@ -58,8 +84,4 @@ class CoTeachingPlus(CoTeaching):
         loss_g = F.cross_entropy(logits_g, batch.y, reduction="none")
         disagree = logits_f.argmax(dim=1) != logits_g.argmax(dim=1)
         pick_f, pick_g = disagreement_mask(loss_f, loss_g, disagree, self.keep_rate(batch.epoch))
-        exchanged = masked_mean(loss_f, pick_g) + masked_mean(loss_g, pick_f)
-        agreed = loss_f.mean() + loss_g.mean()
-        return torch.where(disagree.any(), exchanged, agreed)
-
-
+        return masked_mean(loss_f, pick_g) + masked_mean(loss_g, pick_f)

@@ -13,14 +13,25 @@ The paper estimates the second expectation on a peer batch (inputs and labels dr
 does the same with two independent in-batch permutations, while the selection criterion takes the exact
 expectation sum_k P(y~ = k) f*(g(p_k(x))), P(y~) the labels' frequencies. Pairs (g, f* o g) of the paper's code:
 
-    total_variation   g = tanh(v) / 2                f*(g) = g                  (the default, as recommended)
+    total_variation   g = tanh(v) / 2                f*(g) = g                  (the default)
     jensen_shannon    g = log 2 - log(1 + e^-v)      f*(g) = log(1 + e^v) - log 2
     pearson           g = v                          f*(g) = v^2 / 4 + v
     kl                g = v                          f*(g) = exp(v - 1)
     jeffrey           g = v                          f*(g) = v + v^2 / 4 + v^3 / 16
 
 For total variation f*(g) = g, so a classifier whose prediction ignores x scores exactly D_f = 0; the paper's CE
-warm-up is our warm start (their CIFAR-10 runs: CE warm-up, then SGD at 0.01 on -D_f).
+warm-up is our warm start.
+
+Reference: UCSC-REAL/Robust-f-divergence-measures (the authors' code), CIFAR-10/runner.py (`activation`,
+`conjugate`, `train`, `f_calculate`), commit 93d9efe616. Differences (`FDivergence.differences`):
+- Peer inputs and labels are two permutations of the batch, reusing its logits; theirs are two other batches of
+  the training set with a second forward pass — one pass, the same expectation.
+- The five divergences their README lists as used; the code also defines Reverse-KL, Squared-Hellinger and Neyman.
+- Total variation by default — their runner takes the divergence as a required argument.
+- Selection by -D_f on the noisy validation set with the exact product expectation — theirs maximises D_f on it
+  with peer batches (the same criterion, estimated).
+- Optimiser and schedule are the stage's — theirs: SGD (momentum 0.9, weight decay 5e-4) at 0.01, /10 at epochs 30,
+  60 and 90 of 100, re-created every epoch.
 """
 
 from __future__ import annotations
@@ -53,6 +64,19 @@ class FDivergence(Method):
     name = "fdiv"
     title = "f-divergence (variational)"
     paper = "Wei, Liu. When Optimizing f-Divergence is Robust with Label Noise. ICLR 2021"
+    reference = "UCSC-REAL/Robust-f-divergence-measures, CIFAR-10/runner.py (activation, conjugate, train, " \
+        "f_calculate), commit 93d9efe616"
+    differences = (
+        "peer inputs and labels are two permutations of the batch, reusing its logits; theirs are two other batches "
+        "of the training set with a second forward pass — one pass, the same expectation",
+        "the five divergences their README lists as used — the code also defines Reverse-KL, Squared-Hellinger and "
+        "Neyman",
+        "total variation by default — their runner takes the divergence as a required argument",
+        "selection by -D_f on the noisy validation set with the exact product expectation — theirs maximises D_f on "
+        "it with peer batches (the same criterion, estimated)",
+        "optimiser and schedule are the stage's — theirs: SGD (momentum 0.9, weight decay 5e-4) at 0.01, /10 at "
+        "epochs 30, 60 and 90 of 100, re-created every epoch",
+    )
     defaults: dict[str, Any] = {"divergence": "total_variation"}
     choices: ClassVar[dict[str, tuple]] = {"divergence": tuple(DIVERGENCES)}
 

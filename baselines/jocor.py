@@ -3,16 +3,28 @@
 Wei, Feng, Chen, An. Combating Noisy Labels by Agreement: A Joint Training Method with Co-Regularization.
 CVPR 2020.
 
-With p_1, p_2 the two networks' softmax outputs and the epoch's keep rate R(T) (as in Co-teaching):
+With p_1, p_2 the two networks' softmax outputs and the epoch's keep rate R(e) (as in Co-teaching):
 
     l_i = (1 - lambda) (CE(p_1, y~_i) + CE(p_2, y~_i)) + lambda (KL(p_1 || p_2) + KL(p_2 || p_1))   (their Eq. 3-5)
-    loss = mean of l_i over the floor(R(T) |B|) examples with the smallest l_i          (one loss, both networks)
+    loss = mean of l_i over the floor(R(e) |B|) examples with the smallest l_i          (one loss, both networks)
 
 Unlike Co-teaching there is no exchange: both networks are updated by the same selected loss, and the symmetric
-KL pulls them toward agreement. The KL is differentiated through both networks (the paper's code). lambda = 0.9
-and tau = 0.2, T_k = 10 with c = 1 (the paper's CIFAR-10 settings; tau = the noise rate). Selection (nets[0]
-alone): CE over its (1 - tau) small-loss fraction of the validation set, as for Co-teaching. Both networks see
-the same input (no augmentation of JoCoR's own), so the method runs unchanged on images and on text.
+KL pulls them toward agreement. The KL is differentiated through both networks (the paper's code). tau, its ramp
+and the default forget rate are Co-teaching's: the fraction of labels the trial's noise is expected to corrupt,
+which is their rule too (`forget_rate = noise_rate`, halved for their asymmetric noise, which flips half the
+classes). lambda = 0.9, the README's best for CIFAR-10 at 20% and 50% symmetric and 40% asymmetric noise (0.65 at
+80%; the script's default is 0.1). Selection (nets[0] alone): CE over its (1 - tau) small-loss fraction of the
+validation set, as for Co-teaching. Both networks see the same input (no augmentation of JoCoR's own), so the method
+runs unchanged on images and on text.
+
+Reference: hongxin001/JoCoR (the authors' code), algorithm/jocor.py (forget rate, `rate_schedule`) and
+algorithm/loss.py (`loss_jocor`), commit 86db3597ff. Differences (`JoCoR.differences`):
+- The networks start from two CE warm starts, not from scratch — bench's protocol; the ramp starts with the method
+  stage.
+- The optimiser is the stage's — theirs: Adam at lr 1e-3 over both networks, decayed linearly to 0 from epoch 80
+  with beta1 0.9 -> 0.1.
+- Selection on nets[0] by CE over the (1 - tau) smallest-loss fraction of the noisy validation set — theirs
+  selects none (the mean test accuracy of the last 10 epochs).
 """
 
 from __future__ import annotations
@@ -48,6 +60,16 @@ class JoCoR(CoTeaching):
     title = "JoCoR"
     paper = "Wei, Feng, Chen, An. Combating Noisy Labels by Agreement: A Joint Training Method with " \
         "Co-Regularization. CVPR 2020"
+    reference = "hongxin001/JoCoR, algorithm/jocor.py (forget rate, rate_schedule) and algorithm/loss.py " \
+        "(loss_jocor), commit 86db3597ff"
+    differences = (
+        "the networks start from two CE warm starts, not from scratch — bench's protocol; the ramp starts with the "
+        "method stage",
+        "the optimiser is the stage's — theirs: Adam at lr 1e-3 over both networks, decayed linearly to 0 from "
+        "epoch 80 with beta1 0.9 -> 0.1",
+        "selection on nets[0] by CE over the (1 - tau) smallest-loss fraction of the noisy validation set — theirs "
+        "selects none (the mean test accuracy of the last 10 epochs)",
+    )
     defaults: dict[str, Any] = {**CoTeaching.defaults, "co_lambda": 0.9}
     ranges: ClassVar[dict[str, str]] = {**CoTeaching.ranges, "co_lambda": "[0, 1]"}
 

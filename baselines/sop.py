@@ -10,10 +10,20 @@ keeps s sparse:
     loss = CE(q_i, y~_i) + || onehot(argmax h(x_i)) + u_i^2 e_{y~} - v_i^2 (1 - e_{y~}) - e_{y~} ||^2   (their Eq. 5-7)
 
 with u_i^2 and v_i^2 clamped to [0, 1] as in the paper's code. The network learns from the CE only; u from both
-terms; v from the second (it is stopped in the first). The paper's CIFAR-10 settings: u, v ~ N(0, 1e-8^2), SGD
-without momentum or weight decay at lr_u = 10, lr_v = 10 (Table A.1 and its code). SOP+ adds consistency and
-class-balance terms on two augmented views; this is plain SOP. Selection uses CE: validation examples have no
-u, v.
+terms; v from the second (it is stopped in the first). u, v ~ N(0, 1e-8^2), SGD without momentum or weight decay at
+lr_u = lr_v = 10 (CIFAR-10, see below). Selection uses CE: validation examples have no u, v.
+
+Reference: shengliu66/SOP (the authors' code), model/loss.py (`overparametrization_loss`), train.py and
+trainer/trainer.py, commit 4d991cedf1. Differences (`SparseOverParameterization.differences`):
+- Plain SOP: their config runs SOP+ (ratio_consistency 0.9 and ratio_balance 0.1, on two augmented views of each
+  image); those terms are left out, as for text they have no second view.
+- lr_u = lr_v = 10 as attributed to the paper's Table A.1 for CIFAR-10, not re-checked — the repository ships only
+  CIFAR-100's config (lr_u 1, lr_v 10).
+- u and v are drawn from a generator of their own (seed 0) — theirs from the global one; at std 1e-8 the start is
+  the same in effect.
+- Optimiser and schedule of the network are the stage's — theirs: SGD 0.02 (momentum 0.9, weight decay 1e-3) with
+  cosine annealing over 300 epochs.
+- Selection by CE on the noisy validation set — their trainer monitors accuracy (`monitor: max val_my_metric`).
 """
 
 from __future__ import annotations
@@ -48,6 +58,19 @@ class SparseOverParameterization(Method):
     name = "sop"
     title = "SOP (sparse over-parameterisation)"
     paper = "Liu, Zhu, Qu, You. Robust Training under Label Noise by Over-parameterization. ICML 2022"
+    reference = "shengliu66/SOP, model/loss.py (overparametrization_loss), train.py and trainer/trainer.py, " \
+        "commit 4d991cedf1"
+    differences = (
+        "plain SOP: their config runs SOP+ (ratio_consistency 0.9 and ratio_balance 0.1, on two augmented views of "
+        "each image) — those terms are left out, as for text they have no second view",
+        "lr_u = lr_v = 10 for CIFAR-10 as attributed to the paper's Table A.1, not re-checked — the repository ships "
+        "only CIFAR-100's config (lr_u 1, lr_v 10)",
+        "u and v drawn from a generator of their own (seed 0) — theirs from the global one; at std 1e-8 the start "
+        "is the same in effect",
+        "optimiser and schedule of the network are the stage's — theirs: SGD 0.02 (momentum 0.9, weight decay 1e-3) "
+        "with cosine annealing over 300 epochs",
+        "selection by CE on the noisy validation set — their trainer monitors accuracy (monitor: max val_my_metric)",
+    )
     defaults: dict[str, Any] = {"lr_u": 10.0, "lr_v": 10.0, "init_std": 1e-8}
     ranges: ClassVar[dict[str, str]] = {"lr_u": "(0, inf)", "lr_v": "(0, inf)", "init_std": "[0, inf)"}
 

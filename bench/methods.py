@@ -14,6 +14,9 @@ trainer runs the CE warm start, then calls the method's hooks:
 * `end_epoch(epoch)` after each epoch (MentorNet moves its threshold, LCCN its counts);
 * `network_optimizer(epoch)`: an optimiser of the method's own that trains the networks in that epoch instead of
   the stage's (T-revision's revision phase: Adam over the network and its slack); None, the default: the stage's;
+* `lr_factor(epoch)` and `max_grad_norm()`, what a method asks of the stage's optimiser: a factor on the learning
+  rate of an epoch (peer loss and CORES² divide it by 1 + their weight, as their code does) and a bound on the norm
+  of the networks' gradient, clipped before each step (NCE+RCE's configs);
 * `judged_noisy(logits, labels, epoch, index)`, for methods that flag or down-weight examples (Co-teaching's
   small-loss selection, MentorNet's weights, LCCN's latent labels, DivideMix's division, CORES²'s sieve):
   per-example noise scores and flags over the diagnostics' training sample, scored against the true flips in the
@@ -34,7 +37,8 @@ parameter's type), `dataset_defaults` (where the method's reference sets a param
 dataset name -> the values that replace `defaults` there; an explicit value still wins), `ranges` (interval notation
 for numeric ones, e.g. "(0, 1]") and `choices` (the allowed values of categorical ones). They arrive as keyword
 arguments and are checked against that declaration (unknown name, wrong type, out of range: one line naming the
-method, the parameter, the value and what is allowed), the same declaration `bench methods` prints.
+method, the parameter, the value and what is allowed), the same declaration `bench methods` prints. A `FromTrial`
+default is the trial's to supply, at `setup` (Co-teaching's forget rate: the trial's noise rate, unless one is given).
 
 Every method keeps its fidelity record as data: `reference`, the released code it was checked against ("owner/repo,
 path/file.py, commit <sha>", several joined by "; "), and `differences`, each difference that remains ("what — why").
@@ -97,6 +101,21 @@ class StageContext:
     # again, on the device); None where the dataset does not augment or streams its inputs. DivideMix's two views.
     augment_train: Callable[[torch.Tensor], torch.Tensor] | None = None
     schedule: Schedule | None = None  # the method stage's (VolMinNet's T follows its learning-rate milestones)
+    # The fraction of training labels the noise corrupts (`bench.noise.NoisyLabels.expected_rate`; NaN: unknown):
+    # privileged, what Co-teaching's and JoCoR's authors call the noise rate and forget.
+    noise_rate: float = math.nan
+
+
+@dataclass(frozen=True)
+class FromTrial:
+    """A default the trial supplies when the method is set up (`StageContext`), for a parameter of type `kind`; an
+    explicit value replaces it. Shown (and hashed into trial identities) as `words`."""
+
+    kind: type
+    words: str
+
+    def __str__(self) -> str:
+        return self.words
 
 
 def per_example_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -194,6 +213,14 @@ class Method:
     def end_epoch(self, epoch: int) -> None:
         """Called after each epoch of the method stage."""
 
+    def lr_factor(self, epoch: int) -> float:
+        """The factor on the stage's scheduled learning rate during method-stage epoch `epoch` (0-based)."""
+        return 1.0
+
+    def max_grad_norm(self) -> float | None:
+        """A bound on the norm of the networks' gradient, clipped to it before each step (None: not clipped)."""
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         """Per-run state beyond the networks (LCCN's counts, MentorNet's threshold), for checkpoints."""
         return {}
@@ -220,6 +247,8 @@ _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 
 def _kind(default: Any) -> type:
+    if isinstance(default, FromTrial):
+        return default.kind
     return bool if isinstance(default, bool) else type(default)
 
 

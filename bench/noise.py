@@ -161,6 +161,10 @@ class NoisyLabels:
     empirical: np.ndarray  # empirical T on the training split
     noise_rate: float  # realised fraction of changed training labels
     noise_hash: str
+    # The fraction of training labels the noise is expected to change, sum_i pi_i (1 - T_ii) with pi the training
+    # split's clean class frequencies (human noise, with no T: the realised rate). What Co-teaching's and JoCoR's
+    # authors call the noise rate: r for their symmetric and pair-flip noise, r / 2 for JoCoR's asymmetric noise.
+    expected_rate: float = float("nan")
 
 
 def summarise(
@@ -179,6 +183,11 @@ def summarise(
         noise_rate = float(np.mean(noisy_known != clean_known))
     else:
         noise_rate = float("nan") if len(clean_train) else 0.0
+    if t is not None and known.any():
+        prior = np.bincount(clean_known, minlength=num_classes) / len(clean_known)
+        expected_rate = float(prior @ (1.0 - np.diag(t)))
+    else:
+        expected_rate = noise_rate
     return NoisyLabels(
         train=noisy_train,
         val=noisy_val,
@@ -186,6 +195,7 @@ def summarise(
         empirical=empirical_transition(clean_known, noisy_known, num_classes),
         noise_rate=noise_rate,
         noise_hash=labels_hash(noisy_train, noisy_val),
+        expected_rate=expected_rate,
     )
 
 

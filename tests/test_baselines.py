@@ -241,11 +241,13 @@ def test_mentornet_drops_the_highest_loss_fraction() -> None:
 def test_sce_and_nce_rce_match_numpy() -> None:
     logits, labels, p = random_problem(seed=2)
     py = p[np.arange(len(p)), labels.numpy()]
-    rce = 4.0 * (1 - py)  # -sum_k p_k log q_k with log 0 = -4
-    sce = (0.1 * -np.log(py) + 1.0 * rce).mean()
+    # -sum_k p_k log q_k with the one-hot clamped at 1e-4 (both released codes); NCE+RCE's code clamps p at 1e-7.
+    rce = -np.log(1e-4) * (1 - py)
+    rce_clamped = -np.log(1e-4) * np.where(np.eye(4)[labels.numpy()] == 1, 0.0, np.maximum(p, 1e-7)).sum(axis=1)
+    sce = (0.1 * np.minimum(-np.log(py), -np.log(1e-7)) + 1.0 * rce).mean()
     assert float(SymmetricCrossEntropy(4).loss(logits, labels)) == pytest.approx(sce, rel=1e-5)
     nce = np.log(py) / np.log(p).sum(axis=1)
-    assert float(NormalizedCEReverseCE(4).loss(logits, labels)) == pytest.approx((nce + rce).mean(), rel=1e-5)
+    assert float(NormalizedCEReverseCE(4).loss(logits, labels)) == pytest.approx((nce + rce_clamped).mean(), rel=1e-5)
 
 
 def test_bootstrap_soft_and_hard_match_numpy() -> None:
@@ -260,15 +262,16 @@ def test_bootstrap_soft_and_hard_match_numpy() -> None:
 def test_peer_loss_expectation_matches_all_pairs() -> None:
     logits, labels, p = random_problem(n=40, c=3, seed=5)
     lab = labels.numpy()
-    ce = -np.log(p[np.arange(40), lab])
-    pairs = -np.log(p[:, lab])  # pairs[i, j] = CE of input i with label j
+    ce = -np.log(p[np.arange(40), lab] + 1e-5)  # their code's floored CE
+    pairs = -np.log(p[:, lab] + 1e-5)  # pairs[i, j] = CE of input i with label j
     expected = ce.mean() - pairs.mean()
     assert float(PeerLoss(3).loss(logits, labels)) == pytest.approx(expected, rel=1e-5)
 
 
 def test_coteaching_schedule_and_cross_update() -> None:
     method = CoTeaching(2, forget_rate=0.4, num_gradual=10)
-    assert [method.keep_rate(e) for e in (0, 5, 10, 30)] == pytest.approx([1.0, 0.8, 0.6, 0.6])
+    # Their rate_schedule: linspace(0, tau, T_k) at training epoch e + 1, then tau.
+    assert [method.keep_rate(e) for e in (0, 5, 8, 30)] == pytest.approx([1 - 0.4 / 9, 1 - 0.4 * 6 / 9, 0.6, 0.6])
     losses = torch.tensor([5.0, 0.1, 3.0, 0.2, 4.0])
     assert small_loss_mask(losses, 0.6).tolist() == [False, True, True, True, False]
     # Each net is trained on the other's small-loss examples.

@@ -190,19 +190,21 @@ def test_coteaching_plus_only_exchanges_disagreeing_examples() -> None:
     assert set(np.flatnonzero(touched)) == set(pick_f) | set(pick_g)
 
 
-def test_coteaching_plus_trains_on_everything_when_the_nets_agree() -> None:
+def test_coteaching_plus_trains_neither_net_when_they_agree() -> None:
+    """Their code after its first 5000 steps: a batch without disagreement gives loss 0 and no gradient."""
     f = nn.Linear(4, 2)
     x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
-    loss = CoTeachingPlus(2).train_loss([f, f], Batch(x=x, y=y, index=torch.arange(16), epoch=5))
-    assert loss.item() == pytest.approx(2 * F.cross_entropy(f(x), y).item(), rel=1e-6)
+    loss = CoTeachingPlus(2, forget_rate=0.2).train_loss([f, f], Batch(x=x, y=y, index=torch.arange(16), epoch=5))
+    loss.backward()
+    assert loss.item() == 0.0 and float(f.weight.grad.abs().sum()) == 0.0
 
 
 def test_jocor_loss_is_symmetric_and_the_weighted_ce_kl_sum() -> None:
     torch.manual_seed(2)
     f, g = nn.Linear(4, 3), nn.Linear(4, 3)
     x, y = torch.randn(50, 4), torch.randint(0, 3, (50,))
-    method = JoCoR(3, forget_rate=0.4, num_gradual=2)
-    batch = Batch(x=x, y=y, index=torch.arange(50), epoch=1)  # keep rate 1 - 0.4 * 1/2 = 0.8
+    method = JoCoR(3, forget_rate=0.4, num_gradual=3)
+    batch = Batch(x=x, y=y, index=torch.arange(50), epoch=0)  # keep rate 1 - 0.4 * 1/2 = 0.8 (their linspace)
     loss = method.train_loss([f, g], batch).item()
     assert loss == pytest.approx(method.train_loss([g, f], batch).item(), rel=1e-6)
     with torch.no_grad():
@@ -335,13 +337,17 @@ def test_cores_sieves_what_its_criterion_says_and_regularises_the_rest() -> None
     prior = np.bincount(lab, minlength=4) / 200
     regularised = own - 2.0 * (floored * prior).sum(axis=1)
     logits = logits.clone().requires_grad_(True)
-    loss = CORES(4).loss(logits, labels)
+    method = CORES(4)
+    method.setup(stage(torch.tensor(p), labels))  # the prior of the training labels (here, these)
+    loss = method.loss(logits, labels)
     assert loss.item() == pytest.approx(regularised[keep].mean(), rel=1e-5)
     loss.backward()
     touched = (logits.grad.abs().sum(dim=1) > 0).numpy()
     assert np.array_equal(touched, keep)  # sieved-out examples get no gradient
     # beta = 0: plain CE over the sieved examples.
-    assert CORES(4, beta=0.0).loss(logits.detach(), labels).item() == pytest.approx(own[keep].mean(), rel=1e-5)
+    plain = CORES(4, beta=0.0)
+    plain.setup(stage(torch.tensor(p), labels))
+    assert plain.loss(logits.detach(), labels).item() == pytest.approx(own[keep].mean(), rel=1e-5)
 
 
 # --- DivideMix ---------------------------------------------------------------------------------------------

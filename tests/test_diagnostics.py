@@ -117,12 +117,12 @@ def test_the_judgements_of_coteaching_and_lccn() -> None:
     examples whose last latent label differs from the noisy one."""
     logits = torch.tensor([[2.0, 0.0], [0.0, 2.0], [1.0, 0.0], [0.0, 0.5], [3.0, 0.0]])
     labels = torch.tensor([0, 0, 0, 1, 1])
-    coteaching = get_method("coteaching")(2, forget_rate=0.5, num_gradual=2)
+    coteaching = get_method("coteaching")(2, forget_rate=0.5, num_gradual=3)
     every = torch.arange(5)
-    score, flagged = coteaching.judged_noisy(logits, labels, 1, every)  # R(1) = 1 - 0.5 * 1/2: keep 3 of 5
+    score, flagged = coteaching.judged_noisy(logits, labels, 0, every)  # R(0) = 1 - 0.5 * 1/2: keep 3 of 5
     assert flagged.tolist() == [False, True, False, False, True]
     assert torch.equal(score, torch.nn.functional.cross_entropy(logits, labels, reduction="none"))
-    assert not coteaching.judged_noisy(logits, labels, 0, every)[1].any()  # R(0) = 1 keeps everything
+    assert coteaching.judged_noisy(logits, labels, 2, every)[1].tolist() == [False, True, False, True, True]  # 2 of 5
     lccn = get_method("lccn")(2)
     assert lccn.judged_noisy(logits, labels, 0, every) is None  # before its setup: no latent labels yet
     lccn.latent, lccn.noisy = torch.tensor([0, 1, 0, 1, 0]), labels

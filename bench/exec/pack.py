@@ -140,7 +140,7 @@ def _run_pack(
             nets=[nets[m]], num_classes=ds.num_classes, noisy_train=p.train.labels,
             predict_train=lambda m=m: predict_train(m),
             true_transition=p.labels.transition if method_cls.uses_true_transition else None,
-            device=p.device, epochs=p.method_stage.epochs,
+            device=p.device, epochs=p.method_stage.epochs, noise_rate=p.labels.expected_rate,
         ))
         methods.append(method)
     train_probs.clear()

@@ -57,6 +57,12 @@ class StackedOptimizer:
         self.epochs = 0
         self.state: dict[str, dict[str, torch.Tensor]] = {name: {} for name in params}
 
+    def scale_lr(self, factors: list[float]) -> None:
+        """This epoch's learning rates: each member's scheduled one times its factor (`end_epoch` goes back to the
+        schedule), as a solo trial scales its optimiser's for the epoch (`Method.lr_factor`)."""
+        self.lr = torch.tensor([lr * f for lr, f in zip(self.host_lr, factors, strict=True)], dtype=torch.float64,
+                               device=self.lr.device)
+
     def end_epoch(self) -> None:
         """MultiStepLR's rule: after the epochs named in `milestones`, lr *= gamma (same float sequence)."""
         self.epochs += 1
@@ -120,6 +126,16 @@ def compile_mode(device: torch.device) -> str | None:
     compilation per pack (tens of seconds) and float sums in another order: worth it for long stages only."""
     mode = os.environ.get("BENCH_PACK_COMPILE", "")
     return mode if mode and device.type == "cuda" else None
+
+
+def clip_member_grads(params: dict[str, torch.Tensor], bounds: torch.Tensor) -> None:
+    """`torch.nn.utils.clip_grad_norm_` for each member on its own slice of the stacked gradients: member k's gradient
+    (the norm over all its parameters) scaled by min(1, bounds[k] / (norm + 1e-6)); an infinite bound leaves it as
+    it is."""
+    norms = torch.stack([torch.linalg.vector_norm(p.grad.flatten(1), dim=1) for p in params.values()])
+    scale = (bounds / (torch.linalg.vector_norm(norms, dim=0) + 1e-6)).clamp(max=1.0)
+    for p in params.values():
+        p.grad.mul_(scale.view((-1,) + (1,) * (p.dim() - 1)))
 
 
 # -- the packed stage -------------------------------------------------------------------------------------------
@@ -197,6 +213,10 @@ class PackedStage:
         """The members' methods (None: CE, the warm start), set up; their losses are computed group by group."""
         self.methods = methods
         self.groups = self._groups(methods)
+        # Each member's gradient-norm bound (`Method.max_grad_norm`; inf: none), or None when no member clips.
+        bounds = [m.max_grad_norm() for m in methods or []]
+        self.grad_bounds = None if all(b is None for b in bounds) else torch.tensor(
+            [math.inf if b is None else b for b in bounds], device=self.device)
 
     def _groups(self, methods: list[Method] | None) -> list[tuple[slice, Method]]:
         """Contiguous runs of members with the same method and hyper-parameters, each with one stacked instance
@@ -257,6 +277,8 @@ class PackedStage:
             for p in self.params.values():
                 p.grad = None
             losses.sum().backward()
+            if self.grad_bounds is not None:
+                clip_member_grads(self.params, self.grad_bounds)
             self.optimizer.step(None if self.all_active else self.active)
             total += losses.detach()
             steps += 1
@@ -274,6 +296,8 @@ class PackedStage:
         return self._losses(logits.float(), y, idx, x, epoch)
 
     def train_epoch(self, epoch: int) -> np.ndarray:
+        if self.methods:
+            self.optimizer.scale_lr([method.lr_factor(epoch) for method in self.methods])
         total = self.train_steps(epoch)
         self.optimizer.end_epoch()
         if self.methods:

@@ -80,17 +80,22 @@ def train_epoch(
     batch_size: int,
     epoch: int,
     generator: torch.Generator,
+    max_grad_norm: float | None = None,
 ) -> torch.Tensor:
     """One pass over the training split; returns the mean training loss as a device tensor (NaN if it diverged).
+    With `max_grad_norm`, the gradient of the optimiser's parameters is clipped to that norm before each step.
     No value comes back to the host inside the loop."""
     for net in nets:
         net.train()
     total = torch.zeros((), dtype=torch.float64, device=loader.device)
     steps = 0
+    params = [q for group in optimizer.param_groups for q in group["params"]]
     for x, y, idx in loader.batches(batch_size, train=True, generator=generator):
         loss = step_loss(nets, Batch(x=x, y=y, index=idx, epoch=epoch))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if max_grad_norm is not None:
+            nn.utils.clip_grad_norm_(params, max_grad_norm)
         optimizer.step()
         total += loss.detach()
         steps += 1
@@ -254,10 +259,22 @@ class SoloStage:
         self.best_state: dict[str, torch.Tensor] = {}
 
     def train_steps(self, epoch: int) -> torch.Tensor:
-        own = self.method.network_optimizer(epoch) if self.method is not None else None
+        """One epoch's steps: with the method's own optimiser where it brings one for this epoch
+        (`network_optimizer`), else with the stage's at the scheduled learning rate times the method's `lr_factor`
+        (the scheduler and the checkpoints keep the scheduled rate); with the method's gradient clip."""
+        method = self.method
+        own = method.network_optimizer(epoch) if method is not None else None
         optimizer = own if own is not None else self.optimizer
-        return train_epoch(self.nets, self.step_loss, optimizer, self.p.train, self.schedule.batch_size, epoch,
-                           self.generator)
+        factor = method.lr_factor(epoch) if method is not None and own is None else 1.0
+        scheduled = [group["lr"] for group in optimizer.param_groups]
+        for group in optimizer.param_groups:
+            group["lr"] *= factor
+        try:
+            return train_epoch(self.nets, self.step_loss, optimizer, self.p.train, self.schedule.batch_size, epoch,
+                               self.generator, method.max_grad_norm() if method else None)
+        finally:
+            for group, lr in zip(optimizer.param_groups, scheduled, strict=True):
+                group["lr"] = lr
 
     def train_epoch(self, epoch: int) -> np.ndarray:
         loss = self.train_steps(epoch)

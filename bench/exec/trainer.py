@@ -136,7 +136,7 @@ def train(
         true_transition=p.labels.transition if method_cls.uses_true_transition else None,
         device=p.device, epochs=p.method_stage.epochs,
         predict_train_of=lambda i: torch.softmax(predict(nets[i], p.train_eval), dim=1),
-        augment_train=augmenter(p), schedule=p.method_stage,
+        augment_train=augmenter(p), schedule=p.method_stage, noise_rate=p.labels.expected_rate,
     ))
     stage = SoloStage(p, nets, p.method_stage, method_seed(c.seed), method.train_loss, method.validation_loss,
                       method)
