@@ -221,8 +221,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     p.add_argument("--pack", default="auto",
                    help="train trials that share data, model and schedule as one stacked model on one device: "
-                        "auto (on CUDA, as many as the GPU's memory holds, at most 256 a pack; solo on a CPU), "
-                        "off, or N trials a pack")
+                        "auto (on CUDA, packs that fill every GPU Ray counts, at most 256 a pack; solo on a CPU), "
+                        "off, or at most N trials a pack")
     p.add_argument("--yes", action="store_true",
                    help=f"run a grid of more than {GRID_LIMIT:,} trials (without it such a grid is refused)")
     _add_data_root(p)

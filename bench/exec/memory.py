@@ -3,9 +3,10 @@
 The estimate is measured, not modelled: a pack of two members like the real ones takes one training step and two
 evaluation passes while every tensor torch creates is tracked until it is freed (`PeakBytes`), so it holds for any
 model and whatever layout copies `vmap` makes. To those peaks it adds what a member keeps all along (parameters,
-optimiser state, best state, labels, logits). The planner sizes packs by it against the GPU the driver sees, and
-each pack checks it against its own GPU before anything trains. It errs on the safe side: `tests/test_packed.py`
-checks it against what a real pack allocates, counted by the profiler. Imports only torch and numpy.
+optimiser state, best state, labels, logits). The planner sizes packs by it against $BENCH_PACK_MEMORY_GB where
+that is set (the driver opens no GPU), and each pack checks it against its own GPU before anything trains. It errs
+on the safe side: `tests/test_packed.py` checks it against what a real pack allocates, counted by the profiler.
+Imports only torch and numpy.
 """
 
 from __future__ import annotations
@@ -38,18 +39,27 @@ WORKSPACE = 1.5
 EVAL_CHUNK = 256  # member-examples of the smaller of the two measured evaluation passes
 
 
+def memory_budget() -> int | None:
+    """$BENCH_PACK_MEMORY_GB in bytes, the memory a pack may take on any GPU (one shared with other work); None
+    when unset. It is all the planner knows of the GPUs: the driver opens none (`device_memory` does)."""
+    if not (value := os.environ.get("BENCH_PACK_MEMORY_GB", "")):
+        return None
+    try:
+        gib = float(value)
+    except ValueError:
+        gib = -1.0
+    if not gib > 0:
+        raise UserError(f"BENCH_PACK_MEMORY_GB must be a positive number of GiB, got {value!r}")
+    return int(gib * GIB)
+
+
 def device_memory(device: torch.device | str) -> int | None:
-    """Bytes a pack may take on `device`: $BENCH_PACK_MEMORY_GB if set (a GPU shared with other work), else 90%
-    of the CUDA device's memory less `CUDA_RESERVE`; None where nothing bounds it (a CPU, or no GPU visible)."""
+    """Bytes a pack may take on `device`: `memory_budget()` if set, else 90% of the CUDA device's memory less
+    `CUDA_RESERVE`; None where nothing bounds it (a CPU, or no GPU visible). Reading a CUDA device's memory
+    creates a CUDA context: this runs where the pack trains, on its GPU, never in the driver."""
     device = torch.device(device)
-    if value := os.environ.get("BENCH_PACK_MEMORY_GB", ""):
-        try:
-            gib = float(value)
-        except ValueError:
-            gib = -1.0
-        if not gib > 0:
-            raise UserError(f"BENCH_PACK_MEMORY_GB must be a positive number of GiB, got {value!r}")
-        return int(gib * GIB)
+    if (budget := memory_budget()) is not None:
+        return budget
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
     total = torch.cuda.get_device_properties(device.index or 0).total_memory

@@ -2,7 +2,8 @@
 `--dry-run` listing.
 
 A trial whose result row exists (and did not fail) is done; the others are pending. Pending trials run as units: a
-solo trial, or a pack of trials trained as one stacked model (`plan_units`, `--pack`; `bench.exec.packed` trains it).
+solo trial, or a pack of trials trained as one stacked model (`plan_units`, `--pack`; `bench.exec.packed` trains it),
+split so that every GPU the trials run on gets work. The plan opens no GPU (`auto_pack_size`).
 The work a plan implies counts the CE warm starts once per cell (the cache shares them). Light to import (the
 training core's modules are imported where used): `bench --help` and a bare GPU box load it.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import heapq
 import math
 import os
 from collections import Counter
@@ -55,7 +57,8 @@ class Plan:
     def pending(self) -> list[TrialConfig]:
         return [t for t in self.trials if t.trial_id not in self.done]
 
-    def work(self, trials: list[TrialConfig]) -> dict[str, int]:
+    @staticmethod
+    def work(trials: list[TrialConfig]) -> dict[str, int]:
         """Epochs the trials imply: method stages, and warm starts with and without the shared cache."""
 
         method_epochs = warm_epochs = unshared = 0
@@ -84,11 +87,11 @@ def warm_cell(c: TrialConfig) -> tuple[Any, ...]:
 
 def auto_pack_size(t: TrialConfig, data_root: str | os.PathLike[str] | None) -> tuple[int, str | None]:
     """Members per pack under `--pack auto` for trials like `t`: `PACK_MAX`, or fewer where a pack that large
-    would not fit in the GPU's memory by `bench.exec.memory.pack_memory` (estimated here, on the CPU, from the data);
-    and that estimate in words. Sized by the GPU this machine sees (or $BENCH_PACK_MEMORY_GB): where it sees none
-    (a cluster's head node) or lacks the data, packs hold `PACK_MAX` and each pack checks its own GPU before it
-    trains (`bench.exec.memory.check`)."""
-    capacity = memory.device_memory(t.device) if t.device.startswith("cuda") else None
+    would not fit in $BENCH_PACK_MEMORY_GB by `bench.exec.memory.pack_memory` (estimated here, on the CPU, from the
+    data); and that estimate in words. The driver opens no GPU (a CUDA context there would hold memory on a GPU
+    the trials need, and a cluster's driver sees none of its workers' GPUs): without that bound, or without the
+    data, packs hold `PACK_MAX` and each pack checks its own GPU before it trains (`bench.exec.memory.check`)."""
+    capacity = memory.memory_budget() if t.device.startswith("cuda") else None
     if capacity is None or data_root is None:
         return PACK_MAX, None
     # What the estimate depends on (data, model, stage shapes) and nothing else, so that groups share it; the batch
@@ -113,36 +116,60 @@ def _auto_pack_size(t: TrialConfig, data_root: str, capacity: int) -> tuple[int,
                   f"at most {size} a pack")
 
 
-def plan_units(trials: list[TrialConfig], pack: str | int,
-               data_root: str | os.PathLike[str] | None = None) -> list[list[TrialConfig]]:
-    """Units of work for the runner: lists of trials trained together (a list of one is a solo trial).
+def plan_units(trials: list[TrialConfig], pack: str | int, data_root: str | os.PathLike[str] | None = None,
+               gpus: int | None = None) -> list[list[TrialConfig]]:
+    """Units of work for the runner: lists of trials trained together (a list of one is a solo trial), the packs
+    first, largest first, then the solo trials, so that these fill the GPUs the packs leave.
 
-    `pack` is "off", "auto" (packs on CUDA, solo on a CPU, where packing measured slower; as many members as fit
-    in the GPU's memory, `auto_pack_size`, at most `PACK_MAX`) or a member count. Packs hold whole warm-start
-    cells, so no cell's warm start is trained by two packs. The packs of a group are balanced (300 trials at 256
-    a pack: 150 + 150, not 256 + 44), so that on several GPUs none waits for a big one."""
+    `pack` is "off", "auto" (packs on CUDA, solo on a CPU, where packing measured slower; at most `PACK_MAX`
+    members, or as many as `auto_pack_size` fits) or a member count at most. Packs hold whole warm-start cells,
+    so no cell's warm start is trained by two packs. With `gpus` (the GPUs the trials run on, as Ray counts them)
+    the packable groups share the GPUs by their work (`share_gpus`) and each splits into at least its share of
+    packs, so that every GPU gets one: N trials on G GPUs are G packs of about N / G, more only where that many
+    would not fit (the size above). The packs of a group are balanced (300 trials at 256 a pack: 150 + 150, not
+    256 + 44), so that they finish together."""
     if pack == "off" or pack == 1:
         return [[t] for t in trials]
-    units: list[list[TrialConfig]] = []
+    solo: list[list[TrialConfig]] = []
     groups: dict[tuple[Any, ...], dict[tuple[Any, ...], list[TrialConfig]]] = {}
     for t in trials:
         if (pack == "auto" and not t.device.startswith("cuda")) or why_solo(t):
-            units.append([t])
+            solo.append([t])
         else:
             groups.setdefault(pack_key(t), {}).setdefault(warm_cell(t), []).append(t)
-    for cells in groups.values():
-        first = next(iter(cells.values()))[0]
-        size = auto_pack_size(first, data_root)[0] if pack == "auto" else int(pack)
-        units += balanced_packs(list(cells.values()), size)
-    return units
+    cells = [list(group.values()) for group in groups.values()]
+    work = [_epochs([t for cell in group for t in cell]) for group in cells]
+    shares = share_gpus(work, gpus) if gpus else [1] * len(cells)
+    packs: list[list[TrialConfig]] = []
+    for group, share in zip(cells, shares, strict=True):
+        size = auto_pack_size(group[0][0], data_root)[0] if pack == "auto" else int(pack)
+        packs += balanced_packs(group, size, share)
+    return sorted(packs, key=_epochs, reverse=True) + solo
 
 
-def balanced_packs(cells: list[list[TrialConfig]], size: int) -> list[list[TrialConfig]]:
-    """Whole cells into as few packs of at most `size` as the least-loaded-first assignment manages, which
-    also evens them out (20 trials in cells of 2 at 7 a pack: 6 + 6 + 4 + 4, not 6 + 6 + 6 + 2). A cell larger
-    than `size` is a pack of its own size."""
+def share_gpus(work: list[int], gpus: int) -> list[int]:
+    """GPUs for each packable group, in proportion to its work (largest remainders round up), at least one each:
+    packs of groups that take longer a member are smaller, so that all finish together."""
+    exact = [gpus * w / max(1, sum(work)) for w in work]
+    shares = [max(1, math.floor(e)) for e in exact]
+    by_remainder = sorted(range(len(work)), key=lambda i: exact[i] - math.floor(exact[i]), reverse=True)
+    for i in by_remainder[:max(0, gpus - sum(shares))]:
+        shares[i] += 1
+    return shares
+
+
+def _epochs(trials: list[TrialConfig]) -> int:
+    """The epochs `trials` train (method stages and their cells' warm starts): their work, as a GPU sees it."""
+    w = Plan.work(trials)
+    return w["method_epochs"] + w["warm_epochs"]
+
+
+def balanced_packs(cells: list[list[TrialConfig]], size: int, count: int = 1) -> list[list[TrialConfig]]:
+    """Whole cells into at least `count` packs of at most `size`, as few as the least-loaded-first assignment
+    manages, which also evens them out (20 trials in cells of 2 at 7 a pack: 6 + 6 + 4 + 4, not 6 + 6 + 6 + 2).
+    A cell larger than `size` is a pack of its own size; there are no more packs than cells."""
     size = max([size, *map(len, cells)])
-    count = math.ceil(sum(map(len, cells)) / size)
+    count = min(len(cells), max(count, math.ceil(sum(map(len, cells)) / size)))
     while True:
         packs: list[list[TrialConfig]] = [[] for _ in range(count)]
         for members in cells:
@@ -181,9 +208,27 @@ def describe_units(units: list[list[TrialConfig]], pack: str | int,
         notes = [text for _, text in sizes.values() if text]
         line += "".join(f"\n  memory: {text}" for text in dict.fromkeys(notes))
         if len(notes) < len(sizes):
-            line += (f"\n  memory: not estimated here (no GPU seen, or no data): at most {PACK_MAX} a pack, each "
-                     "pack checks its GPU before it trains")
+            line += (f"\n  memory: not estimated here (the driver opens no GPU; BENCH_PACK_MEMORY_GB sizes packs "
+                     f"here): at most {PACK_MAX} a pack, each pack checks its GPU before it trains")
     return line
+
+
+def describe_gpus(units: list[list[TrialConfig]], gpus: int) -> str:
+    """How many GPUs the plan saw, and the load each gets when the units start in plan order, each on the GPU
+    that has the least work so far (as Ray starts the next unit wherever one ends)."""
+    if not gpus:
+        return "GPUs: none seen here (with --address, the cluster's count): packs are not split by GPU"
+    loads = [(0, 0, g) for g in range(gpus)]  # (epochs, trials, which GPU): a heap, least work first
+    for unit in units:
+        epochs, trials, g = heapq.heappop(loads)
+        heapq.heappush(loads, (epochs + _epochs(unit), trials + len(unit), g))
+    packs = sum(len(u) > 1 for u in units)
+
+    def spread(values: list[int]) -> str:
+        return f"{min(values):,}" + (f"-{max(values):,}" if max(values) > min(values) else "")
+
+    return (f"GPUs: {gpus} seen; expected load per GPU: {spread([t for _, t, _ in loads])} trials, "
+            f"{spread([e for e, _, _ in loads])} epochs ({packs} packs, then {len(units) - packs} solo trials)")
 
 
 def parse_pack(value: str) -> str | int:
@@ -240,7 +285,8 @@ LIST_LIMIT = 1_000  # --dry-run lists the trials of a grid up to this size
 
 
 def print_plan(plan: Plan, out: Callable[[str], None] = print, pack: str | int = "auto",
-               data_root: str | os.PathLike[str] | None = None) -> None:
+               data_root: str | os.PathLike[str] | None = None, gpus: int | None = None) -> None:
+    """The `--dry-run` listing; `gpus`: the GPUs the trials would run on (None: they ask for none)."""
     exp, pending = plan.experiment, plan.pending
     total = len(plan.trials)
     out(f"experiment {exp.name} ({exp.source}): {exp.dataset}, noise {', '.join(exp.noise)}, "
@@ -259,7 +305,7 @@ def print_plan(plan: Plan, out: Callable[[str], None] = print, pack: str | int =
     out(f"per trial: {res.cpu:g} CPU, {res.gpu:g} GPU, device {pending[0].device if pending else exp.device}; "
         f"at most {exp.max_concurrent or 'as many as fit'} at once")
     out(f"results: {plan.results}")
-    units = plan_units(pending, pack, data_root)
+    units = plan_units(pending, pack, data_root, gpus)
     if line := describe_units(units, pack, data_root):
         out(line)
     if pack != "off":
@@ -269,6 +315,8 @@ def print_plan(plan: Plan, out: Callable[[str], None] = print, pack: str | int =
                 out(f"  solo: {n} trials: {reason}")
         if pack == "auto" and pending and not pending[0].device.startswith("cuda"):
             out("  solo: --pack auto packs on CUDA only (on a CPU, packing measured slower than solo trials)")
+    if gpus is not None:
+        out(describe_gpus(units, gpus))
     if total > LIST_LIMIT:
         out(f"trials: {total:,} (not listed: more than {LIST_LIMIT:,})")
         return

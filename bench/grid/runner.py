@@ -10,7 +10,8 @@ a result row (rows with status "failed" run again), so a killed grid resumes and
 crashed trial (`--retries`); the method stage checkpoints after every epoch, so a retried trial (or one re-run
 after the driver was killed) resumes from its last finished epoch, and its warm start comes from the cache.
 Locally Ray starts in-process (`ray.init(address="local")`, never attaching to another Ray on the machine);
-`--address` joins a cluster.
+`--address` joins a cluster. Once connected, the driver counts the GPUs Ray has and splits the packs over them
+(`plan_on_cluster`); `--dry-run --address` connects too (`gpus_to_plan`).
 
 Before Ray starts, the driver checks every trial (`bench.grid.validate`), the data files and the results folder, and
 takes the folder's lock (one driver per folder). A `UserError` that only a worker meets is reported to the driver once,
@@ -37,7 +38,16 @@ from bench.exec.pack import run_pack
 from bench.exec.trainer import run_trial
 from bench.exec.warmstart import WarmStartCache
 from bench.grid.experiment import Experiment, load_experiment
-from bench.grid.plan import Plan, describe_units, parse_pack, plan_units, print_plan, print_size, unit_id
+from bench.grid.plan import (
+    Plan,
+    describe_gpus,
+    describe_units,
+    parse_pack,
+    plan_units,
+    print_plan,
+    print_size,
+    unit_id,
+)
 from bench.grid.progress import Tally, make_callback, print_summary
 from bench.grid.validate import check_data, check_grid_size, check_results
 from bench.schema import GRID_LIMIT
@@ -131,6 +141,44 @@ def check_resources(cpu: float, gpu: float) -> None:
                     f"(nodes: {have}); {fix}")
 
 
+def cluster_gpus() -> int:
+    """GPUs of the Ray cluster this driver is connected to, logical ones included: what Ray schedules by."""
+    import ray
+
+    return int(ray.cluster_resources().get("GPU", 0))
+
+
+def gpus_to_plan(address: str | None) -> int:
+    """For `--dry-run`, the GPUs a grid would run on. With `address` the cluster's: the dry run connects as
+    `bench run` does (failing with its error) and leaves. Else this machine's, as the local Ray of `bench run`
+    counts them (torch counts them without creating a CUDA context)."""
+    if address is None:
+        import torch
+
+        return torch.cuda.device_count()
+    import ray
+
+    started = start_ray(address, None)
+    try:
+        return cluster_gpus()
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def plan_on_cluster(pending: list[TrialConfig], s: Settings, gpu: float,
+                    out: Callable[[str], None]) -> dict[str, list[TrialConfig]]:
+    """The pending trials' units by unit id, split over the connected cluster's GPUs where trials ask for one;
+    the plan's lines printed."""
+    gpus = cluster_gpus() if gpu > 0 else None
+    units = plan_units(pending, s.pack, s.data_root, gpus)
+    if line := describe_units(units, s.pack, s.data_root):
+        out(line)
+    if gpus is not None:
+        out(describe_gpus(units, gpus))
+    return {unit_id(u): u for u in units}
+
+
 @dataclass
 class Settings:
     results: str
@@ -187,12 +235,10 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) ->
         f"{w['method_epochs']} method-stage epochs + {w['warm_epochs']} warm-start epochs "
         f"({w['warm_starts']} warm starts)")
 
-    units = {unit_id(u): u for u in plan_units(pending, s.pack, s.data_root)}
-    if line := describe_units(list(units.values()), s.pack, s.data_root):
-        out(line)
     started_here = start_ray(s.address, s.num_cpus)
     try:
         check_resources(cpu, gpu)
+        units = plan_on_cluster(pending, s, gpu, out)
         trainable = tune.with_parameters(
             ray_unit, units=units,
             data_root=str(Path(s.data_root).expanduser().resolve()), results=results,
@@ -245,12 +291,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserError(f"--num-cpus must be >= 1, got {args.num_cpus}")
     check_results(folder.absolute(results))
     if args.dry_run:
+        gpus = gpus_to_plan(args.address)
         if exp.size() > GRID_LIMIT:
             print_size(exp)
             return 0
         device = None if args.gpus_per_trial is None else ("cuda" if args.gpus_per_trial > 0 else "cpu")
+        asks_gpu = (args.gpus_per_trial if args.gpus_per_trial is not None else exp.resources.gpu) > 0
         print_plan(Plan.make(exp, folder.absolute(results), device=device), pack=parse_pack(args.pack),
-                   data_root=args.data_root)
+                   data_root=args.data_root, gpus=gpus if asks_gpu else None)
         if args.address is None:  # on a cluster the data lives on the nodes
             try:
                 check_data([exp.dataset], args.data_root)
