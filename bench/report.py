@@ -29,7 +29,7 @@ from bench.config import UserError
 from bench.data import paper_datasets
 from bench.store import is_local, local_path
 
-MISSING = "—"
+MISSING = analysis.MISSING
 Log = Callable[[str], None]
 
 
@@ -50,7 +50,7 @@ def _r(r: float) -> str:
 
 
 def _fmt(x: float | None, digits: int = 2) -> str:
-    return MISSING if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+    return analysis.fmt(x, digits)
 
 
 @dataclass
@@ -86,9 +86,9 @@ class Table:
             yield r, [self.entries[(r, m)] for m in self.methods]
 
 
-def tables(grid: pl.DataFrame, paired: pl.DataFrame, metric: str = "best") -> list[Table]:
+def tables(grid: pl.DataFrame, paired: pl.DataFrame, metric: str = "selected") -> list[Table]:
     """One wide table per (dataset, noise): rows r, columns methods, best (non-privileged) mean in bold."""
-    mean_col, std_col = ("acc_mean", "acc_std") if metric == "best" else ("last_mean", "last_std")
+    mean_col, std_col = ("acc_mean", "acc_std") if metric == "selected" else ("last_mean", "last_std")
     markers = {(p["dataset"], p["noise"], p["r"], p["method"]): p["marker"] for p in paired.iter_rows(named=True)}
     out = []
     for (dataset, noise), part in grid.group_by("dataset", "noise", maintain_order=True):
@@ -246,7 +246,7 @@ def _detail_row(head: str, r: float, c: dict[str, Any], p: dict[str, Any]) -> st
     return "<tr>" + "".join([
         _td(head, "l"), _td(_r(r), value=r), _td(c["n"]),
         _td(_fmt(c["acc_mean"]), "missing" if c["acc_mean"] is None else ""), _td(_fmt(c["acc_std"])),
-        _td(f"[{_fmt(c['acc_ci_low'])}, {_fmt(c['acc_ci_high'])}]", value=c["acc_ci_low"]),
+        _td(analysis.interval_text(c["acc_ci_low"], c["acc_ci_high"], c["n"]), value=c["acc_ci_low"]),
         _td(_fmt(c["last_mean"])), _td(_fmt(c["last_std"])), _td(_fmt(c["val_loss_mean"], 4)),
         _td(_fmt(p.get("p"), 4) + (f" {p['marker']}" if p.get("marker") else ""), value=p.get("p")),
         _td(p.get("test", "")), _td(c["settings_tried"]), _td(c["ok"]), _td(c["diverged"]),
