@@ -32,6 +32,7 @@ from bench.store import Store
 REPORT_EVERY = 2.0  # seconds between a unit's progress reports (each is a round trip to the driver)
 REDRAW_EVERY = 1.0  # seconds between redraws of the live table on a terminal
 FIRST_STATUS_AFTER = 10.0  # seconds before the first status line (off a terminal)
+ETA_AFTER = 0.02  # the share of the work done before the pace gives an ETA (the first epochs carry start-up costs)
 
 
 def fmt_seconds(s: float) -> str:
@@ -80,7 +81,7 @@ class UnitReporter:
             self._send(force=changed)
         elif m := _PACK.match(text):
             self.pack = int(m["k"])
-            self._stage("warm start")
+            self._stage("warmup")
         elif m := _PACK_WARM.match(text):
             self.warm = int(m["n"])
             self._stage("warmup", 0)
@@ -91,7 +92,7 @@ class UnitReporter:
             s["work"] += int(m["epoch"]) * self.pack
             self._stage("method", int(m["epoch"]))
         elif text.startswith("trial ") and s["stage"] == "loading data":
-            self._stage("warm start")
+            self._stage("warmup")
 
     def final(self) -> dict[str, Any]:
         """What the unit's closing report carries: its work done."""
@@ -131,18 +132,26 @@ class Tally:
     work_total: int = 0  # trial-epochs the pending trials imply (Plan.work)
     work_finished: int = 0  # trial-epochs of the finished units
     running: dict[str, dict[str, Any]] = field(default_factory=dict)  # unit -> its latest progress record
+    working_since: float | None = None  # when the first unit reported (Ray's start-up is not the grid's pace)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
+    def progress(self, unit: str, record: dict[str, Any]) -> None:
+        self.running[unit] = record
+        if self.working_since is None:
+            self.working_since = time.monotonic()
+
     def eta(self) -> float | None:
-        """Seconds left: the work not done at the rate of the work done, in-flight units counted with the epochs
-        they have trained (by finished trials where no epoch was counted); None before anything is known."""
+        """Seconds left: the work not done at the pace of the work done since the first unit started, in-flight
+        units counted with the epochs they have trained (by finished trials where the grid trains no epochs);
+        None until `ETA_AFTER` of the work is done or a trial has finished."""
         if self.done >= self.total:
             return 0.0
         done = self.work_finished + sum(p.get("work", 0) for p in self.running.values())
-        if self.work_total > 0 and done > 0:
-            return max(self.work_total - done, 0) / done * self.elapsed()
+        if self.work_total > 0 and done >= max(1.0, ETA_AFTER * self.work_total):
+            working = time.monotonic() - (self.working_since or self.started)
+            return max(self.work_total - done, 0) / done * working
         if self.done:
             return self.elapsed() / self.done * (self.total - self.done)
         return None
@@ -293,7 +302,7 @@ def make_callback(tally: Tally, results: str, trials: dict[str, TrialConfig], un
 
         def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
             if result.get("progress"):
-                tally.running[trial.config["unit"]] = result
+                tally.progress(trial.config["unit"], result)
 
         def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
             board.tick(tally, configs, trials)

@@ -107,11 +107,17 @@ def test_a_pack_reports_its_members_work(tmp_path: Path) -> None:
 
 
 def test_the_eta_counts_the_work_of_trials_in_flight() -> None:
-    """Nothing finished yet, 25 of 100 trial-epochs done in 50 s: 75 left at 0.5 per second."""
+    """Nothing finished yet, 25 of 100 trial-epochs done in the 50 s since the first unit reported (Ray took 30 s
+    to start): 75 left at 0.5 per second."""
     tally = Tally(total=4, work_total=100)
-    tally.started -= 50.0
+    tally.started -= 80.0
+    tally.progress("a", {"work": 0})
+    tally.working_since -= 50.0
     assert tally.eta() is None
-    tally.running = {"a": {"work": 20}, "b": {"work": 5}}
+    tally.progress("a", {"work": 1})  # under 2% of the work: no pace yet
+    assert tally.eta() is None
+    tally.progress("a", {"work": 20})
+    tally.progress("b", {"work": 5})
     assert tally.eta() == pytest.approx(150.0, rel=0.01)
     tally.running.pop("a")
     tally.done, tally.work_finished = 1, 20  # a's trial landed: the same work, the same ETA
