@@ -359,6 +359,10 @@ class Overrides:
         return (([f"--methods {self.methods}"] if self.methods is not None else [])
                 + ([f"--seeds {self.seeds}"] if self.seeds is not None else []) + [f"--set {s}" for s in self.sets])
 
+    def names(self) -> bool:
+        """Whether `--set name=...` names the grid."""
+        return any(item.partition("=")[0].strip() == "name" for item in self.sets)
+
     def apply(self, data: Any) -> Any:
         """The file's mapping with the changes made (a new mapping; `data` is left as it was)."""
         if not self.flags() or not isinstance(data, dict):
@@ -414,14 +418,18 @@ def load_experiment(path: str | Path, registries: bool = True, overrides: Overri
     else:
         changed = overrides.apply(data)
         exp = parse_experiment(changed, source=f"{path} with {' '.join(flags)}")
-        base = parse_experiment(data, source=str(path))
+        try:
+            base: Experiment | None = parse_experiment(data, source=str(path))
+        except UserError:  # the overrides mended the file
+            base = None
         grid = _grid_digest(exp, changed)
-        if grid != _grid_digest(base, data):  # resources, max_concurrent or the device change no trial
-            if exp.name == base.name:
-                changed = {**changed, "name": f"{base.name}-{grid[:8]}"}
+        if base is None or grid != _grid_digest(base, data):  # resources, max_concurrent, device: no trial changes
+            base_name = str(data.get("name"))
+            if not overrides.names():
+                changed = {**changed, "name": f"{base_name}-{grid[:8]}"}
             text = (f"# {path} {' '.join(flags)}\n"
                     + yaml.safe_dump(changed, sort_keys=False, default_flow_style=None, allow_unicode=True))
-            exp = dataclasses.replace(exp, name=changed["name"], overrides=tuple(flags), base_name=base.name,
+            exp = dataclasses.replace(exp, name=changed["name"], overrides=tuple(flags), base_name=base_name,
                                       text=text)
     if registries:
         check_names(exp)

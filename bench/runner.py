@@ -151,9 +151,10 @@ def connect(address: str, kwargs: dict[str, Any]) -> None:
 
 
 def probe(address: str, timeout: float = 10.0) -> None:
-    """Raise a `UserError` when nothing accepts a TCP connection at HOST:PORT (`auto` and other forms pass)."""
+    """Raise a `UserError` when nothing accepts a TCP connection at HOST:PORT or ray://HOST:PORT (`auto` and
+    other forms pass)."""
     host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if not sep or not port.isdigit() or not host:
+    if not sep or not port.isdigit() or not host or "://" in host:
         return
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()

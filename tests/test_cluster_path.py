@@ -131,6 +131,7 @@ def test_the_probe_passes_a_listener_and_auto() -> None:
         probe(f"127.0.0.1:{s.getsockname()[1]}")
         probe(f"ray://127.0.0.1:{s.getsockname()[1]}")
     probe("auto")
+    probe("http://127.0.0.1:8265")  # not a GCS address: Ray names what is wrong with it
     with pytest.raises(UserError, match="nothing listens there"):
         probe(f"127.0.0.1:{_free_port()}")
 

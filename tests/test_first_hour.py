@@ -316,6 +316,8 @@ def test_overrides_make_the_grid_a_file_would_and_name_it(tmp_path: Path) -> Non
     assert load_experiment(config, overrides=again).name == exp.name
     assert load_experiment(config, overrides=Overrides(sets=("resources.cpu=2", "max_concurrent=1"))).name == "syn"
     assert load_experiment(config, overrides=Overrides(sets=("name=mine", "r=0.1"))).name == "mine"
+    grown = load_experiment(config, overrides=Overrides(sets=("name=syn",), seeds="0,1,2"))  # grows the file's grid
+    assert grown.name == "syn" and grown.text
 
 
 @pytest.mark.parametrize("flags, message", [
