@@ -170,7 +170,8 @@ def describe_unit(trials: list[TrialConfig]) -> str:
 
 
 def describe_progress(p: dict[str, Any] | None) -> str:
-    """'warmup 3/5  val 0.4123 (acc 88.1%)', 'method 0/8', 'starting'."""
+    """A unit's latest progress in words: 'warmup 3/5  val loss 0.4123 (acc 88.1%)' (a solo trial), 'method 2/8
+    best val loss 0.2000' (a pack: its members' lowest), 'method 0', 'loading data', 'starting' (none yet)."""
     if not p:
         return "starting"
     stage = p["stage"]

@@ -3,13 +3,14 @@
     experiment file --validate/expand--> TrialConfigs --skip those with a result row--> Ray Tune grid search
     (basic variant generator, no scheduler, no early stopping, reuse_actors) --each trial--> bench.trainer.run_trial
     (writes its own parquet row; CE warm start from the shared cache) --driver callback--> progress line + MLflow
+    (and, while it trains, its stage and epoch through Ray Tune's results --> the driver's live status)
 
 Trial identity is `TrialConfig.trial_id`, a hash of the trial's own config: a relaunch runs only the trials without
 a result row (rows with status "failed" run again), so a killed grid resumes and a grid can grow. Ray retries a
 crashed trial (`--retries`); the method stage checkpoints after every epoch, so a retried trial (or one re-run
 after the driver was killed) resumes from its last finished epoch, and its warm start comes from the cache.
 Locally Ray starts in-process (`ray.init(address="local")`, never attaching to another Ray on the machine);
-`--address` joins a cluster.
+`--address` joins a cluster (`connect`: one line where nothing listens or the token is refused).
 
 Before Ray starts, the driver checks every trial (`bench.validate`), the data files and the results folder, and takes
 the folder's lock (one driver per folder). A `UserError` that only a worker meets is reported to the driver once,
@@ -313,11 +314,13 @@ def default_results(exp: Experiment) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    exp = load_experiment(args.config, overrides=Overrides(tuple(args.sets), args.methods, args.seeds))
+    overrides = Overrides(tuple(args.sets), args.methods, args.seeds)
+    exp = load_experiment(args.config, overrides=overrides)
     results = args.results or default_results(exp)
     if exp.overrides:
-        print(f"{' '.join(exp.overrides)} changed the grid of {exp.base_name}: it runs as experiment {exp.name} "
-              f"(--set name=NAME names it), results in {results}, which keeps it as {exp.name}.yaml")
+        print(f"{' '.join(exp.overrides)} changed the grid of {exp.base_name}: it runs as experiment {exp.name}"
+              f"{'' if overrides.names() else ' (--set name=NAME names it)'}, results in {results}, which keeps it "
+              f"as {exp.name}.yaml")
     for flag, value in (("--max-concurrent", args.max_concurrent), ("--retries", args.retries)):
         if value is not None and value < (1 if flag == "--max-concurrent" else 0):
             raise UserError(f"{flag} must be {'>= 1' if flag == '--max-concurrent' else '>= 0'}, got {value}")
@@ -348,8 +351,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         mlflow_uri=args.mlflow_uri, mlflow=not args.no_mlflow, cpus_per_trial=args.cpus_per_trial,
         gpus_per_trial=args.gpus_per_trial, retries=2 if args.retries is None else args.retries,
         num_cpus=args.num_cpus, pack=parse_pack(args.pack),
+        live=sys.stdout.isatty() and os.environ.get("TERM") != "dumb",
     )
-    settings.live = sys.stdout.isatty() and os.environ.get("TERM") != "dumb"
     tally = run_experiment(exp, settings, out=lambda line: print(line, flush=True))
     if tally.rejected:
         return EXIT_USAGE
