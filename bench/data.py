@@ -20,7 +20,7 @@ import tempfile
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TextIO
 
 import numpy as np
 import torch
@@ -154,8 +154,9 @@ class Dataset:
                 try:
                     fetch(url, target)
                 except UserError as e:
-                    raise UserError(f"{self.name}: {e}; without internet, put {', '.join(self.files)} under "
-                                    f"{self.root} by hand (from {self.source})") from None
+                    raise UserError(f"{self.name}: {e}; without internet, point BENCH_DATA (or --data-root) at a "
+                                    f"copy you already have (`BENCH_DATA=/path/to/data make demo`), or put "
+                                    f"{', '.join(self.files)} under {self.root} by hand (from {self.source})") from None
                 expected = self.files.get(rel) or self.archive_md5.get(rel)
                 if expected and file_md5(target) != expected:
                     target.unlink()
@@ -193,23 +194,51 @@ def file_md5(path: Path, chunk: int = 1 << 20) -> str:
 
 
 def fetch(url: str, target: Path) -> None:
-    """Download `url` to `target` atomically, with a progress line on stderr."""
+    """Download `url` to `target` atomically, showing its progress on stderr."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=target.parent, delete=False, suffix=".part") as tmp:
         try:
             with urllib.request.urlopen(url, timeout=60) as response:
-                total = int(response.headers.get("Content-Length") or 0)
-                done = 0
+                show = DownloadProgress(target.name, int(response.headers.get("Content-Length") or 0))
                 while block := response.read(1 << 20):
                     tmp.write(block)
-                    done += len(block)
-                    pct = f" {100 * done / total:5.1f}%" if total else ""
-                    print(f"\rdownloading {target.name}: {done / 1e6:8.1f} MB{pct}", end="", file=sys.stderr)
-            print(file=sys.stderr)
+                    show.add(len(block))
+                show.close()
         except OSError as e:
             Path(tmp.name).unlink(missing_ok=True)
             raise UserError(f"download of {url} failed: {e}") from None
     Path(tmp.name).replace(target)
+
+
+class DownloadProgress:
+    """A download's progress on `stream`: a bar redrawn in place on a terminal; elsewhere (a log, `make` piped to
+    a file) one line per further 10% (per 10 MB when the size is unknown)."""
+
+    def __init__(self, name: str, total: int, stream: TextIO | None = None) -> None:
+        self.name, self.total, self.done = name, total, 0
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.shown = -1  # the last tenth (or 10 MB) written as a line
+
+    def add(self, n: int) -> None:
+        self.done += n
+        mb = f"{self.done / 1e6:.1f}" + (f" of {self.total / 1e6:.1f} MB" if self.total else " MB")
+        if self.tty:
+            frac = self.done / self.total if self.total else 0.0
+            bar = f"[{'#' * int(30 * frac):<30}] {100 * frac:3.0f}% " if self.total else ""
+            self.stream.write(f"\rdownloading {self.name} {bar}{mb}")
+        else:
+            step = int(10 * self.done / self.total) if self.total else self.done // 10_000_000
+            if step > self.shown:
+                self.shown = step
+                pct = f"{100 * self.done / self.total:.0f}%, " if self.total else ""
+                self.stream.write(f"downloading {self.name}: {pct}{mb}\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
 
 
 def deterministic_permutation(n: int, key: str) -> np.ndarray:

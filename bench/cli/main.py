@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from bench import __version__
 from bench.config import EXIT_USAGE, TrialConfig, UserError, default_data_root, freeze_params
 from bench.schema import GRID_LIMIT
 from bench.store.columns import CORE_COLUMNS
@@ -138,13 +139,58 @@ def cmd_results(args: argparse.Namespace) -> int:
             table.write_parquet(out)
         print(f"{table.height} rows -> {out}")
         return 0
-    columns = [c for c in CORE_COLUMNS if c in table.columns and c not in ("git_commit", "torch_version", "device")]
-    shown = table.select(columns).sort([c for c in ("experiment", "dataset", "noise", "r", "method", "seed")
-                                        if c in columns])
-    with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=250, tbl_hide_column_data_types=True,
-                   float_precision=4):
-        print(shown)
+    order = [c for c in ("experiment", "dataset", "noise", "r", "method", "seed") if c in table.columns]
+    if args.wide:
+        columns = [c for c in CORE_COLUMNS if c in table.columns]
+        with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=250, tbl_hide_column_data_types=True,
+                       float_precision=4):
+            print(table.select(columns).sort(order))
+        return 0
+    one = [c for c in ("experiment", "dataset") if c in table.columns and table[c].n_unique() == 1]
+    columns = [c for c in COMPACT_COLUMNS if c in table.columns and c not in one]
+    rows = [[COMPACT_COLUMNS[c][1](v) for c, v in row.items()]
+            for row in table.sort(order).select(columns).iter_rows(named=True)]
+    header = [COMPACT_COLUMNS[c][0] for c in columns]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    for line in [header, ["-" * w for w in widths], *rows]:
+        print("  ".join(text.rjust(w) if i else text.ljust(w)
+                        for i, (text, w) in enumerate(zip(line, widths, strict=True))))
+    common = "".join(f", {c} {table[c][0]}" for c in one)
+    print(f"{table.height} rows{common}; --wide: every column")
     return 0
+
+
+def _shown(digits: int | None = None) -> Callable[[object], str]:
+    """A value of `bench results`' compact table: numbers to `digits` (accuracies as every table rounds them,
+    `bench.report.analysis.fmt`), or as short as they go."""
+    def text(value: object) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float) and digits is not None:
+            return f"{value:.{digits}f}" if digits == 0 else importlib.import_module("bench.report.analysis").fmt(value)
+        return f"{value:g}" if isinstance(value, float) else str(value)
+    return text
+
+
+# `bench results`: the columns that fit a terminal, each with its heading and how a value is shown; --wide shows
+# every column.
+COMPACT_COLUMNS = {"trial_id": ("trial", _shown()), "dataset": ("dataset", _shown()),
+                   "method": ("method", _shown()), "noise": ("noise", _shown()), "r": ("r", _shown()),
+                   "seed": ("seed", _shown()), "lr": ("lr", _shown()), "batch_size": ("bs", _shown()),
+                   "status": ("status", _shown()), "best_epoch": ("sel ep", _shown()),
+                   "test_acc": ("test %", _shown(2)), "last_test_acc": ("last %", _shown(2)),
+                   "wall_s": ("wall s", _shown(0))}
+
+
+def _metric(value: str) -> str:
+    """`leaderboard --metric`: selected or last. The old name `best` is refused: it reads as the oracle rule."""
+    if value == "best":
+        raise argparse.ArgumentTypeError(
+            "'best' is now called 'selected' (the checkpoint selected on the noisy validation set; the best-test "
+            "epoch, an oracle, is in `bench report`'s selection_rules.csv)")
+    if value not in ("selected", "last"):
+        raise argparse.ArgumentTypeError(f"expected selected or last, got {value!r}")
+    return value
 
 
 def _later(module: str, name: str) -> Callable[[argparse.Namespace], int]:
@@ -158,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Benchmark learning with noisy labels: the L_DMI paper's protocol, grids on Ray Tune, "
         "results in parquet and MLflow.",
     )
+    parser.add_argument("--version", action="version", version=f"bench {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("trial", help="run one trial in-process (no Ray) and write its result row")
@@ -207,6 +254,13 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run an experiment grid (tune_configs/*.yaml) with Ray Tune",
                        description="Run the trials of an experiment file that have no result row yet.")
     p.add_argument("config", help="experiment file, e.g. tune_configs/demo.yaml")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
+                   help="change a key of the file, the value in YAML (repeatable): --set r=[0.2,0.4] "
+                        "--set methods.dmi.lr=1e-5; a grid changed this way gets its own name (<name>-<hash>, "
+                        "or --set name=NAME) and results folder")
+    p.add_argument("--methods", default=None, metavar="A,B",
+                   help="run only these methods (the file's settings where it has them, else the defaults)")
+    p.add_argument("--seeds", default=None, metavar="S,S", help="run these seeds, e.g. --seeds 0,1")
     p.add_argument("--results", default=None, help="results folder or pyarrow URI (default: results/<name>)")
     p.add_argument("--address", default=None, help="Ray cluster address (default: start Ray locally)")
     p.add_argument("--dry-run", action="store_true", help="print the grid, the trials and the work; run nothing")
@@ -248,6 +302,8 @@ def _add_results_commands(sub: argparse._SubParsersAction) -> None:
     """The commands that read a results folder (and no data)."""
     p = sub.add_parser("results", help="print the merged result table, or write it to one parquet file")
     p.add_argument("results", help="results folder")
+    p.add_argument("--wide", action="store_true",
+                   help="every column of the rows (default: the columns that fit a terminal)")
     p.add_argument("--out", default=None, help="write all rows to this .parquet (or .csv) file")
     p.set_defaults(func=cmd_results, needs=("pyarrow", "polars"))
 
@@ -260,8 +316,9 @@ def _add_results_commands(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("leaderboard", help="print the leaderboard as an aligned terminal table")
     p.add_argument("results", help="results folder (holds trials/*.parquet)")
-    p.add_argument("--metric", choices=("best", "last"), default="best",  # the keys of bench.report.analysis.METRICS
-                   help="accuracy at the selected checkpoint (best, default) or at the last epoch (last)")
+    p.add_argument("--metric", type=_metric, default="selected",  # the keys of bench.report.analysis.METRICS
+                   help="accuracy at the checkpoint selected on the noisy validation set (selected, default) or "
+                        "at the last epoch (last)")
     p.set_defaults(func=_later("bench.report.build", "cmd_leaderboard"), needs=("polars", "scipy"))
 
     p = sub.add_parser("sync-mlflow", help="log the result rows that MLflow lacks (idempotent)")

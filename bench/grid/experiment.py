@@ -21,6 +21,12 @@ Per-method settings: `lr`, `batch_size`, `epochs` (method stage) and the method'
 (`bench methods` lists them; an omitted one keeps its paper's default). A list is a grid axis; a value that is
 itself a list is written as a one-element list of it (`[[a, b]]`).
 
+`bench run` may change a file from the command line (`--set r=[0.2,0.4] --set methods.dmi.lr=1e-5`, `--methods
+dmi,ce`, `--seeds 0,1`): `Overrides` applies them to the file's mapping before validation, so that the schema checks
+them as it checks the file. A grid changed that way gets its own name (`<name>-<hash of the changed grid>`, or
+`--set name=NAME`): its results folder, MLflow experiment and report stay apart from the file's own grid, whose
+per-cell selection would otherwise count the variation's settings too.
+
 Validation has two layers. `parse_experiment` checks the file against its schema (`bench.schema.EXPERIMENT`: keys,
 types, defaults, ranges, declared there once for files and `bench trial` alike); `check_names` checks dataset, noise,
 method and hyper-parameter names against the registries, and asks each method whether it refuses a noise pattern.
@@ -30,8 +36,11 @@ Every error names the file, the key and what is allowed, and is a `UserError` (o
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import hashlib
 import itertools
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -43,6 +52,7 @@ import yaml
 from bench import noise
 from bench.config import TrialConfig, UserError, freeze_params, read_text_file
 from bench.data import registry as dataset_registry
+from bench.grid.validate import GRID_LIMIT
 from bench.methods import check_params
 from bench.methods import registry as method_registry
 from bench.schema import EXPERIMENT, METHOD_STAGE, PROBABILITY, RESOURCES, TEXT, WHOLE_EXPERIMENT, Key, Value
@@ -108,7 +118,10 @@ class Experiment:
     max_concurrent: int | None
     transition: tuple[tuple[float, ...], ...] | None
     description: str
-    source: str  # the file it came from
+    source: str  # the file it came from (and the command-line overrides)
+    overrides: tuple[str, ...] = ()  # the flags that changed the file's grid, as typed
+    base_name: str = ""  # the file's own name, where overrides renamed the grid
+    text: str = ""  # the changed grid as an experiment file, where overrides changed it
 
     def size(self) -> int:
         """The number of trials, counted without expanding the grid."""
@@ -326,9 +339,101 @@ def read_yaml(path: str | Path) -> Any:
         raise UserError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
 
 
-def load_experiment(path: str | Path, registries: bool = True) -> Experiment:
-    """Read, validate and (with `registries`) check the names of an experiment file."""
-    exp = parse_experiment(read_yaml(path), source=str(path))
+@dataclass(frozen=True)
+class Overrides:
+    """Command-line changes to an experiment file: `--methods A,B` (those methods: the file's settings where it has
+    them, the defaults otherwise), `--seeds 0,1` (a list of seeds) and `--set KEY=VALUE` (a dotted key into the
+    file's mapping, the value in YAML as the file would write it). Applied in that order."""
+
+    sets: tuple[str, ...] = ()
+    methods: str | None = None
+    seeds: str | None = None
+
+    def flags(self) -> list[str]:
+        return (([f"--methods {self.methods}"] if self.methods is not None else [])
+                + ([f"--seeds {self.seeds}"] if self.seeds is not None else []) + [f"--set {s}" for s in self.sets])
+
+    def names(self) -> bool:
+        """Whether `--set name=...` names the grid."""
+        return any(item.partition("=")[0].strip() == "name" for item in self.sets)
+
+    def apply(self, data: Any) -> Any:
+        """The file's mapping with the changes made (a new mapping; `data` is left as it was)."""
+        if not self.flags() or not isinstance(data, dict):
+            return data
+        data = json.loads(json.dumps(data, default=str))  # a deep copy of plain YAML values
+        if self.methods is not None:
+            names = [m.strip() for m in self.methods.split(",")]
+            if not all(names) or len(set(names)) != len(names):
+                raise UserError(f"--methods {self.methods!r}: expected distinct method names separated by commas, "
+                                "e.g. --methods dmi,ce")
+            given = data.get("methods") if isinstance(data.get("methods"), dict) else {}
+            data["methods"] = {m: given.get(m) or {} for m in names}
+        if self.seeds is not None:
+            data["seeds"] = _yaml_value(f"--seeds {self.seeds}", f"[{self.seeds}]")
+        for item in self.sets:
+            key, sep, text = item.partition("=")
+            parts = key.strip().split(".")
+            if not sep or not all(parts):
+                raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. --set r=[0.2,0.4] or "
+                                "--set methods.dmi.lr=1e-5")
+            _set_path(data, parts, _yaml_value(f"--set {item}", text))
+        return data
+
+
+def _yaml_value(flag: str, text: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        raise UserError(f"{flag}: the value is not valid YAML: {' '.join(str(e).split())}") from None
+
+
+def _set_path(data: dict[str, Any], parts: list[str], value: Any) -> None:
+    """Set `a.b.c` in nested mappings, making the missing ones (the schema then checks every key, so a new method
+    or a misspelt key is named there as it would be in the file)."""
+    node = data
+    for depth, part in enumerate(parts[:-1]):
+        if node.get(part) is None:
+            node[part] = {}
+        if not isinstance(node[part], dict):
+            raise UserError(f"--set {'.'.join(parts)}: {'.'.join(parts[:depth + 1])} is {node[part]!r}, not a "
+                            "mapping of keys")
+        node = node[part]
+    node[parts[-1]] = value
+
+
+def load_experiment(path: str | Path, registries: bool = True, overrides: Overrides | None = None) -> Experiment:
+    """Read, validate and (with `registries`) check the names of an experiment file, with command-line
+    `overrides` applied first (the changed grid gets its own name unless `--set name=` gives one)."""
+    data = read_yaml(path)
+    flags = overrides.flags() if overrides else []
+    if not flags:
+        exp = parse_experiment(data, source=str(path))
+    else:
+        changed = overrides.apply(data)
+        exp = parse_experiment(changed, source=f"{path} with {' '.join(flags)}")
+        try:
+            base: Experiment | None = parse_experiment(data, source=str(path))
+        except UserError:  # the overrides mended the file
+            base = None
+        grid = _grid_digest(exp, changed)
+        if base is None or grid != _grid_digest(base, data):  # resources, max_concurrent, device: no trial changes
+            base_name = str(data.get("name"))
+            if not overrides.names():
+                changed = {**changed, "name": f"{base_name}-{grid[:8]}"}
+            text = (f"# {path} {' '.join(flags)}\n"
+                    + yaml.safe_dump(changed, sort_keys=False, default_flow_style=None, allow_unicode=True))
+            exp = dataclasses.replace(exp, name=changed["name"], overrides=tuple(flags), base_name=base_name,
+                                      text=text)
     if registries:
         check_names(exp)
     return exp
+
+
+def _grid_digest(exp: Experiment, data: dict[str, Any]) -> str:
+    """What the grid trains: its trials' identities (a grid too large to expand: its file's mapping)."""
+    if exp.size() <= GRID_LIMIT:
+        text = " ".join(sorted(t.trial_id for t in exp.trials()))
+    else:
+        text = json.dumps({**data, "name": None, "description": None}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()

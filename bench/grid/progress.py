@@ -1,18 +1,30 @@
-"""What the driver of `bench run` prints while and after a grid runs: one line per finished trial (n/N, its
-accuracy, elapsed time and ETA) from a Ray Tune callback that also mirrors each new result row to MLflow, and the
-closing summary with the grid's accuracy table.
+"""What the driver of `bench run` prints while and after a grid runs: a live status of the units in flight, one
+line per finished trial (n/N, its accuracy, elapsed time and ETA) from a Ray Tune callback that also mirrors each new
+result row to MLflow, and the closing summary with the grid's accuracy table.
 
-The summary's table applies the protocol of `bench report` (`bench.report.analysis`: per cell, the hyper-parameters with
-the lowest mean noisy-validation loss over seeds), so the two never disagree.
+Live status: each unit (a solo trial or a pack) reports its stage, epoch and latest noisy-validation figures to the
+driver through Ray Tune's own results (`tune.report`, at most every `REPORT_EVERY` seconds), read from the lines the
+trainer logs (`UnitReporter`). The driver shows them (`StatusBoard`): on a terminal a compact table under the
+finished lines, redrawn every `REDRAW_EVERY` seconds; elsewhere (a pipe, a file, `ray job submit`'s log) one status
+line every `Settings.status_every` seconds. The ETA counts work in trial-epochs (`bench.grid.plan.Plan.work`:
+method-stage epochs, and warm-start epochs once per cached cell), so the units in flight count with the epochs they
+have done.
+
+The summary's table applies the protocol of `bench report` (`bench.report.analysis`: per cell, the hyper-parameters
+with the lowest mean noisy-validation loss over seeds) and its rounding (`bench.report.analysis.fmt`), so the two never
+disagree.
 """
 
 from __future__ import annotations
 
+import re
+import shutil
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 from bench.config import TrialConfig, UserError
 from bench.grid.experiment import Experiment
@@ -20,12 +32,94 @@ from bench.grid.plan import Plan, describe_trial
 from bench.report import analysis
 from bench.store.folder import Store
 
+REPORT_EVERY = 2.0  # seconds between a unit's progress reports (each is a round trip to the driver)
+REDRAW_EVERY = 1.0  # seconds between redraws of the live table on a terminal
+FIRST_STATUS_AFTER = 10.0  # seconds before the first status line (off a terminal)
+ETA_AFTER = 0.02  # the share of the work done before the pace gives an ETA (the first epochs carry start-up costs)
+
 
 def fmt_seconds(s: float) -> str:
     s = int(round(s))
     return f"{s // 3600}h{s // 60 % 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+# -- in the worker: a unit's progress, from its log lines ------------------------------------------------------------
+# The trainer's per-epoch lines (bench.exec.stage.run_stage): "warmup 3/5  train ...  val 0.4123  noisy val acc 88.1%",
+# "epoch 2/8  ..." (a solo method stage), "method 2/8  12 of 12 members training, ... val loss min 0.21 max 0.40"
+# (a pack); tests/test_first_hour.py checks these patterns against the lines a real stage writes.
+_EPOCH = re.compile(r"^(?P<stage>warmup\d*|epoch|method) (?P<epoch>\d+)/(?P<epochs>\d+)\s")
+_SOLO_VAL = re.compile(r"\sval (?P<loss>\S+)\s+noisy val acc\s+(?P<acc>[\d.]+)%")
+_PACK_VAL = re.compile(r"val loss min (?P<loss>\S+)")
+_PACK = re.compile(r"^pack of (?P<k>\d+) trials on ")
+_PACK_WARM = re.compile(r"^packed warm start: (?P<n>\d+) CE warm starts")
+_RESUMED = re.compile(r"^resumed from the checkpoint of epoch (?P<epoch>\d+)")
+
+
+class UnitReporter:
+    """Turns a unit's log lines into progress records for the driver: stage, epoch, epochs, the latest
+    noisy-validation loss (and accuracy for a solo trial), and `work`, the trial-epochs done so far (an epoch of a
+    pack's method stage counts once per member, of a packed warm start once per cell it trains)."""
+
+    def __init__(self, report: Callable[[dict[str, Any]], None], every: float = REPORT_EVERY) -> None:
+        self.report, self.every = report, every
+        self.pack = 1  # trials in the method stage
+        self.warm = 1  # warm starts trained side by side
+        self.state: dict[str, Any] = dict(progress=1, stage="loading data", epoch=None, epochs=None, val_loss=None,
+                                          val_acc=None, work=0)
+        self.last = -float("inf")
+
+    def start(self) -> None:
+        self._send(force=True)
+
+    def line(self, text: str) -> None:
+        s = self.state
+        if m := _EPOCH.match(text):
+            stage = "method" if m["stage"] in ("epoch", "method") else m["stage"]
+            changed = stage != s["stage"]
+            s.update(stage=stage, epoch=int(m["epoch"]), epochs=int(m["epochs"]))
+            s["work"] += self.pack if stage == "method" else self.warm
+            val = _SOLO_VAL.search(text) or _PACK_VAL.search(text)
+            s["val_loss"] = _number(val["loss"]) if val else None
+            s["val_acc"] = _number(val["acc"]) if val and "acc" in val.groupdict() else None
+            self._send(force=changed)
+        elif m := _PACK.match(text):
+            self.pack = int(m["k"])
+            self._stage("warmup")
+        elif m := _PACK_WARM.match(text):
+            self.warm = int(m["n"])
+            self._stage("warmup", 0)
+        elif text.startswith("warm start done") or text.startswith("method: epoch 0 (initial state)"):
+            if s["stage"] != "method":
+                self._stage("method", 0)
+        elif m := _RESUMED.match(text):
+            s["work"] += int(m["epoch"]) * self.pack
+            self._stage("method", int(m["epoch"]))
+        elif text.startswith("trial ") and s["stage"] == "loading data":
+            self._stage("warmup")
+
+    def final(self) -> dict[str, Any]:
+        """What the unit's closing report carries: its work done."""
+        return {"work": self.state["work"]}
+
+    def _stage(self, stage: str, epoch: int | None = None) -> None:
+        self.state.update(stage=stage, epoch=epoch, epochs=None, val_loss=None, val_acc=None)
+        self._send(force=True)
+
+    def _send(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self.last >= self.every:
+            self.last = now
+            self.report(dict(self.state))
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+# -- in the driver: the tally, the live status, the finished lines ---------------------------------------------------
 @dataclass
 class Tally:
     total: int
@@ -38,17 +132,134 @@ class Tally:
     compute_s: float = 0.0
     mlflow_logged: int = 0
     rejected: dict[str, str] = field(default_factory=dict)  # trial_id -> the error a worker's check raised
+    work_total: int = 0  # trial-epochs the pending trials imply (Plan.work)
+    work_finished: int = 0  # trial-epochs of the finished units
+    running: dict[str, dict[str, Any]] = field(default_factory=dict)  # unit -> its latest progress record
+    working_since: float | None = None  # when the first unit reported (Ray's start-up is not the grid's pace)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def progress(self, unit: str, record: dict[str, Any]) -> None:
+        self.running[unit] = record
+        if self.working_since is None:
+            self.working_since = time.monotonic()
+
+    def eta(self) -> float | None:
+        """Seconds left: the work not done at the pace of the work done since the first unit started, in-flight
+        units counted with the epochs they have trained (by finished trials where the grid trains no epochs);
+        None until `ETA_AFTER` of the work is done or a trial has finished."""
+        if self.done >= self.total:
+            return 0.0
+        done = self.work_finished + sum(p.get("work", 0) for p in self.running.values())
+        if self.work_total > 0 and done >= max(1.0, ETA_AFTER * self.work_total):
+            working = time.monotonic() - (self.working_since or self.started)
+            return max(self.work_total - done, 0) / done * working
+        if self.done:
+            return self.elapsed() / self.done * (self.total - self.done)
+        return None
+
+
+def _eta_text(tally: Tally) -> str:
+    eta = tally.eta()
+    return "--" if eta is None else fmt_seconds(eta)
+
+
+def describe_unit(trials: list[TrialConfig]) -> str:
+    if len(trials) == 1:
+        return describe_trial(trials[0])
+    methods = Counter(t.method for t in trials)
+    return f"pack of {len(trials)} ({', '.join(f'{n} {m}' for m, n in sorted(methods.items()))})"
+
+
+def describe_progress(p: dict[str, Any] | None) -> str:
+    """A unit's latest progress in words: 'warmup 3/5  val loss 0.4123 (acc 88.1%)' (a solo trial), 'method 2/8
+    best val loss 0.2000' (a pack: its members' lowest), 'method 0', 'loading data', 'starting' (none yet)."""
+    if not p:
+        return "starting"
+    stage = p["stage"]
+    if p.get("epoch") is not None:
+        stage += f" {p['epoch']}/{p['epochs']}" if p.get("epochs") else f" {p['epoch']}"
+    if p.get("val_loss") is not None:
+        best = "" if p.get("val_acc") is not None else "best "
+        stage += f"  {best}val loss {p['val_loss']:.4f}"
+        if p.get("val_acc") is not None:
+            stage += f" (acc {p['val_acc']:.1f}%)"
+    return stage
+
+
+class StatusBoard:
+    """The driver's output: permanent lines (`line`) and the live status (`tick`). `live`: a table redrawn in
+    place under the permanent lines (a terminal); else one status line through `out` every `every` seconds."""
+
+    def __init__(self, out: Callable[[str], None], live: bool = False, every: float = 30.0,
+                 stream: TextIO | None = None) -> None:
+        self.out, self.live, self.every = out, live, every
+        self._stream = stream  # None: sys.stdout when written to (Ray Tune pickles its callbacks, not a terminal)
+        self.shown = 0  # lines of the live table on screen
+        self.last = time.monotonic() - max(every - FIRST_STATUS_AFTER, 0.0)  # the first status comes early
+
+    def line(self, text: str) -> None:
+        if not self.live:
+            self.out(text)
+            return
+        self._erase()
+        self.stream.write(text + "\n")
+        self.stream.flush()
+        self.last = 0.0  # redraw the table at the next tick
+
+    def tick(self, tally: Tally, units: dict[str, list[TrialConfig]], trials: list[Any]) -> None:
+        now = time.monotonic()
+        if now - self.last < (REDRAW_EVERY if self.live else self.every):
+            return
+        self.last = now
+        states = {t.config["unit"]: t.status for t in trials}
+        running = [u for u, state in states.items() if state == "RUNNING"]
+        in_flight = sum(len(units[u]) for u in running)
+        head = (f"{tally.done}/{tally.total} trials done, {in_flight} running, "
+                f"{max(tally.total - tally.done - in_flight, 0)} waiting; elapsed {fmt_seconds(tally.elapsed())}, "
+                f"ETA {_eta_text(tally)}")
+        rows = [(describe_unit(units[u]), describe_progress(tally.running.get(u))) for u in running]
+        if self.live:
+            width = max(20, shutil.get_terminal_size().columns - 1)
+            left = max((len(a) for a, _ in rows), default=0)
+            shown = rows[:12]
+            text = [head] + [f"  {a:<{left}}  {b}" for a, b in shown]
+            if len(rows) > len(shown):
+                text.append(f"  ... and {len(rows) - len(shown)} more")
+            self._erase()
+            self.stream.write("".join(t[:width] + "\n" for t in text))
+            self.stream.flush()
+            self.shown = len(text)
+        else:
+            listed = "; ".join(f"{a}: {b}" for a, b in rows[:4]) + (f"; +{len(rows) - 4} more" if len(rows) > 4 else "")
+            self.out(f"status: {head}" + (f" | {listed}" if listed else ""))
+
+    @property
+    def stream(self) -> TextIO:
+        return self._stream or sys.stdout
+
+    def close(self) -> None:
+        if self.live:
+            self._erase()
+
+    def _erase(self) -> None:
+        if self.shown:
+            self.stream.write(f"\x1b[{self.shown}F\x1b[J")  # to the first line of the table, clear to the end
+            self.shown = 0
 
 
 def make_callback(tally: Tally, results: str, trials: dict[str, TrialConfig], units: dict[str, list[str]],
-                  mirror: Any, out: Callable[[str], None]):
+                  mirror: Any, board: StatusBoard):
     from ray import tune
 
     store = Store(results)
+    configs = {unit: [trials[t] for t in members] for unit, members in units.items()}
 
     class Progress(tune.Callback):
-        """One line per finished trial (n/N, ETA), also for each member of a finished pack; mirrors each new result
-        row to MLflow."""
+        """The live status from each unit's progress reports; one line per finished trial (n/N, ETA), also for
+        each member of a finished pack, and one line for a unit that stopped on an error retrying cannot fix;
+        mirrors each new result row to MLflow."""
 
         def _finish(self, trial: Any, errored: bool) -> None:
             unit = trial.config["unit"]
@@ -56,34 +267,49 @@ def make_callback(tally: Tally, results: str, trials: dict[str, TrialConfig], un
             tally.warm_hits += int(result.get("warm_hits", 0))
             tally.warm_misses += int(result.get("warm_misses", 0))
             tally.warm_saved_s += float(result.get("warm_saved_s", 0.0))
+            seen = tally.running.pop(unit, {})
+            tally.work_finished += int(result.get("work", seen.get("work", 0)))
+            if result.get("status") == "rejected" and not errored:
+                self._reject(unit, result.get("error", ""))
+                return
             for trial_id in units[unit]:
                 self._finish_trial(trial_id, result, errored, len(units[unit]), unit)
+
+        def _reject(self, unit: str, error: str) -> None:
+            """A worker's check refused the unit: one line for it (a pack's members share the error)."""
+            members = units[unit]
+            tally.done += len(members)
+            tally.statuses["rejected"] += len(members)
+            for trial_id in members:
+                tally.rejected[trial_id] = error
+            width = len(str(tally.total))
+            board.line(f"[{tally.done:>{width}}/{tally.total}] rejected {describe_unit(configs[unit])}\n"
+                       f"      bench: error: {error}")
 
         def _finish_trial(self, trial_id: str, result: dict[str, Any], errored: bool, size: int, unit: str) -> None:
             tally.done += 1
             row, epochs = store.read_row(trial_id)
-            rejected = result.get("status") == "rejected" and not errored
-            if rejected:
-                tally.rejected[trial_id] = result.get("error", "")
-                row = epochs = None
-            status = "rejected" if rejected else "failed" if errored or row is None else row["status"]
+            status = "failed" if errored or row is None else row["status"]
             tally.statuses[status] += 1
             if row is not None:
                 tally.compute_s += float(row["wall_s"] or 0.0)
-            elapsed = time.monotonic() - tally.started
-            eta = elapsed / tally.done * (tally.total - tally.done)
             acc = f"test {row['test_acc']:6.2f}%" if row is not None and row["test_acc"] is not None else "-"
             warm = " (warm start reused)" if result.get("warm_hits") and size == 1 else ""
             warm += f" (pack of {size})" if size > 1 else ""
             wall = f"{row['wall_s']:.0f}s" if row is not None and size == 1 else ""
             width = len(str(tally.total))
             note = f"  see {store.log_path(unit)}" if status == "failed" and store.local else ""
-            if rejected:
-                note = f"\n      bench: error: {tally.rejected[trial_id]}"
-            out(f"[{tally.done:>{width}}/{tally.total}] {status:8s} {describe_trial(trials[trial_id])}  {acc} "
-                f"{wall}{warm}  elapsed {fmt_seconds(elapsed)}  ETA {fmt_seconds(eta)}{note}")
+            board.line(f"[{tally.done:>{width}}/{tally.total}] {status:8s} {describe_trial(trials[trial_id])}  {acc} "
+                       f"{wall}{warm}  elapsed {fmt_seconds(tally.elapsed())}  ETA {_eta_text(tally)}{note}")
             if mirror is not None and row is not None and mirror.log_row(row, epochs):
                 tally.mlflow_logged += 1
+
+        def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+            if result.get("progress"):
+                tally.progress(trial.config["unit"], result)
+
+        def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+            board.tick(tally, configs, trials)
 
         def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
             self._finish(trial, errored=False)
@@ -92,7 +318,8 @@ def make_callback(tally: Tally, results: str, trials: dict[str, TrialConfig], un
             self._finish(trial, errored=True)
 
         def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            out(f"      {trial.config['unit']} crashed; Ray retries it from its last epoch checkpoint")
+            tally.running.pop(trial.config["unit"], None)
+            board.line(f"      {trial.config['unit']} crashed; Ray retries it from its last epoch checkpoint")
 
     return Progress()
 
@@ -100,7 +327,7 @@ def make_callback(tally: Tally, results: str, trials: dict[str, TrialConfig], un
 def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: Callable[[str], None]) -> None:
     import polars as pl
 
-    elapsed = time.monotonic() - tally.started
+    elapsed = tally.elapsed()
     states = ", ".join(f"{n} {k}" for k, n in sorted(tally.statuses.items()))
     out("")
     out(f"{exp.name}: {tally.done} of {tally.total} trials finished in {fmt_seconds(elapsed)} ({states or 'none'}); "
@@ -135,9 +362,10 @@ def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: C
     grid = table.filter(pl.col("trial_id").is_in(ids))
     if grid.is_empty() or not grid["usable"].any():
         return
-    # The one selection rule (bench.report.analysis.select_settings, behind `bench report` and `bench leaderboard`).
+    # The one selection rule (bench.report.analysis.select_settings, behind `bench report` and `bench leaderboard`),
+    # and the one rounding (bench.report.analysis.fmt).
     cells = analysis.aggregate(grid).filter(pl.col("acc_mean").is_not_null())
-    wide = (cells.with_columns(pl.col("acc_mean").round(2))
+    wide = (cells.with_columns(pl.col("acc_mean").map_elements(analysis.fmt, return_dtype=pl.String))
             .pivot(on="method", index=["dataset", "noise", "r"], values="acc_mean").sort(["dataset", "noise", "r"]))
     out("clean test accuracy (%), mean over seeds; per cell the hyper-parameters with the lowest mean "
         "noisy-validation loss:")

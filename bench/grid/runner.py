@@ -4,14 +4,16 @@
     (basic variant generator, no scheduler, no early stopping, reuse_actors)
     --each trial--> bench.exec.trainer.run_trial (or a pack: bench.exec.pack.run_pack)
     (writes its own parquet row; CE warm start from the shared cache) --driver callback--> progress line + MLflow
+    (and, while it trains, its stage and epoch through Ray Tune's results --> the driver's live status)
 
 Trial identity is `TrialConfig.trial_id`, a hash of the trial's own config: a relaunch runs only the trials without
 a result row (rows with status "failed" run again), so a killed grid resumes and a grid can grow. Ray retries a
 crashed trial (`--retries`); the method stage checkpoints after every epoch, so a retried trial (or one re-run
 after the driver was killed) resumes from its last finished epoch, and its warm start comes from the cache.
 Locally Ray starts in-process (`ray.init(address="local")`, never attaching to another Ray on the machine);
-`--address` joins a cluster. Once connected, the driver counts the GPUs Ray has and splits the packs over them
-(`plan_on_cluster`); `--dry-run --address` connects too (`gpus_to_plan`).
+`--address` joins a cluster (`connect`: one line where nothing listens or the token is refused). Once connected,
+the driver counts the GPUs Ray has and splits the packs over them (`plan_on_cluster`); `--dry-run --address`
+connects too (`gpus_to_plan`).
 
 Before Ray starts, the driver checks every trial (`bench.grid.validate`), the data files and the results folder, and
 takes the folder's lock (one driver per folder). A `UserError` that only a worker meets is reported to the driver once,
@@ -25,10 +27,15 @@ every file in the results folder goes through `bench.store.folder`; the command'
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import logging
 import os
+import socket
+import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +44,7 @@ from bench.config import EXIT_USAGE, TrialConfig, UserError
 from bench.exec.pack import run_pack
 from bench.exec.trainer import run_trial
 from bench.exec.warmstart import WarmStartCache
-from bench.grid.experiment import Experiment, load_experiment
+from bench.grid.experiment import Experiment, Overrides, load_experiment
 from bench.grid.plan import (
     Plan,
     describe_gpus,
@@ -48,7 +55,7 @@ from bench.grid.plan import (
     print_size,
     unit_id,
 )
-from bench.grid.progress import Tally, make_callback, print_summary
+from bench.grid.progress import StatusBoard, Tally, UnitReporter, make_callback, print_summary
 from bench.grid.validate import check_data, check_grid_size, check_results
 from bench.schema import GRID_LIMIT
 from bench.store import folder
@@ -72,14 +79,19 @@ def ray_unit(config: dict[str, Any], units: dict[str, list[TrialConfig]], data_r
     trials = units[unit]
     log_path = folder.Store(results).log_path(unit)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    # Progress for the driver's live status, through Ray Tune's results (bench.grid.progress).
+    progress = UnitReporter(lambda record: tune.report({"unit": unit, **record}))
+    progress.start()
     with open(log_path, "a") as log_file:
         def log(line: str) -> None:
             log_file.write(line + "\n")
             log_file.flush()
+            progress.line(line)
 
         cache = WarmStartCache(results, log=log)
         checkpoints = folder.Checkpoints(results, unit, log)
         try:
+            check_cuda(trials[0].device)
             if len(trials) > 1:
                 rows = run_pack(trials, data_root, results=results, log=log, warm_cache=cache,
                                 checkpoints=checkpoints)
@@ -90,10 +102,20 @@ def ray_unit(config: dict[str, Any], units: dict[str, list[TrialConfig]], data_r
             # Bad input that only the worker could see (a data file damaged after the driver's check, a row that
             # could not be written): retrying cannot help, so report it once to the driver instead of raising.
             log(f"bench: error: {e}")
-            tune.report({"unit": unit, "status": "rejected", "error": str(e), **cache.stats()})
+            tune.report({"unit": unit, "status": "rejected", "error": str(e), **cache.stats(), **progress.final()})
             return
         checkpoints.clear()
-    tune.report({"unit": unit, "status": ",".join(sorted({r["status"] for r in rows})), **cache.stats()})
+    tune.report({"unit": unit, "status": ",".join(sorted({r["status"] for r in rows})), **cache.stats(),
+                 **progress.final()})
+
+
+def check_cuda(device: str) -> None:
+    """A CUDA trial where torch sees no CUDA device: `bench run`'s fix (`bench trial`'s is its --device flag)."""
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"the trials ask for device {device} but torch sees no CUDA device here; run them on the "
+                        "CPU with --gpus-per-trial 0 (or device: cpu and resources.gpu: 0 in the experiment file)")
 
 
 # -- the driver -------------------------------------------------------------------------------------------------
@@ -108,22 +130,75 @@ def start_ray(address: str | None, num_cpus: int | None) -> bool:
     logging.getLogger("ray.tune").setLevel(logging.ERROR)
     kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     if address:
-        try:
-            ray.init(address=address, **kwargs)
-        except Exception as e:  # noqa: BLE001 - name the usual causes
-            text = " ".join(str(e).split())
-            # A token mismatch shows only in Ray's own log lines (InvalidAuthToken); the exception is a plain
-            # ConnectionError, so name that cause whenever the connection fails.
-            mode = os.environ.get("RAY_AUTH_MODE", "unset")
-            hint = (f" Check the address and port; and token authentication (RAY_AUTH_MODE is {mode} here): a "
-                    "cluster started with `ray start` expects RAY_AUTH_MODE=token and the cluster's token "
-                    "(RAY_AUTH_TOKEN or ~/.ray/auth_token) on the client, unless it was started with "
-                    "RAY_AUTH_MODE=disabled (see docs/cluster.md).")
-            raise UserError(f"cannot connect to the Ray cluster at {address}: {type(e).__name__}: {text[:400]}"
-                            f"{hint}") from None
+        connect(address, kwargs)
     else:
         ray.init(address="local", num_cpus=num_cpus, **kwargs)
     return True
+
+
+AUTH_HINT = ("a cluster started with `ray start` expects RAY_AUTH_MODE=token and the cluster's token (RAY_AUTH_TOKEN "
+             "or ~/.ray/auth_token) on the client, unless it was started with RAY_AUTH_MODE=disabled "
+             "(docs/cluster.md, section 4)")
+
+
+def connect(address: str, kwargs: dict[str, Any]) -> None:
+    """Join the cluster at `address`, or fail in one line: at once where nothing listens (Ray would retry for
+    minutes, printing as it goes), and without Ray's own C++ log lines, which go to the process's stderr while it
+    connects (read back here to name the cause: a missing or wrong token shows only there)."""
+    import ray
+
+    probe(address)
+    with captured_stderr() as captured:
+        try:
+            ray.init(address=address, **kwargs)
+            failure = None
+        except Exception as e:  # noqa: BLE001 - every failure to connect becomes one line
+            failure = e
+    if failure is None:
+        sys.stderr.write(captured.read())
+        return
+    if "InvalidAuthToken" in captured.read() or "InvalidAuthToken" in str(failure):
+        mode = os.environ.get("RAY_AUTH_MODE", "unset")
+        raise UserError(f"the Ray cluster at {address} refused this client's token (InvalidAuthToken; RAY_AUTH_MODE "
+                        f"is {mode} here): {AUTH_HINT}")
+    text = " ".join(str(failure).split())
+    raise UserError(f"cannot connect to the Ray cluster at {address}: {type(failure).__name__}: {text[:300]}; check "
+                    f"the address and port, and token authentication: {AUTH_HINT}")
+
+
+def probe(address: str, timeout: float = 10.0) -> None:
+    """Raise a `UserError` when nothing accepts a TCP connection at HOST:PORT or ray://HOST:PORT (`auto` and
+    other forms pass)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host or "://" in host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        reason = f"no answer in {timeout:g}s" if isinstance(e, TimeoutError) else e.strerror or type(e).__name__
+        raise UserError(f"cannot connect to the Ray cluster at {address}: nothing listens there ({reason}); give "
+                        "the head node's address and the port of its `ray start --head --port` (or start the "
+                        "cluster first)") from None
+
+
+@contextlib.contextmanager
+def captured_stderr() -> Iterator[io.StringIO]:
+    """Everything written to file descriptor 2 inside the block (Ray's C++ core logs there, below Python),
+    readable afterwards from the yielded buffer."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    buffer = io.StringIO()
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield buffer
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            buffer.write(tmp.read().decode("utf-8", "replace"))
+            buffer.seek(0)
 
 
 def check_resources(cpu: float, gpu: float) -> None:
@@ -192,6 +267,8 @@ class Settings:
     retries: int = 2
     num_cpus: int | None = None
     pack: str | int = "auto"  # "auto" (packs on CUDA), "off", or members per pack
+    live: bool = False  # a live status table (a terminal); else a status line every `status_every` seconds
+    status_every: float = 30.0
 
 
 def run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None] = print) -> Tally:
@@ -230,14 +307,21 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) ->
         return tally
     if s.address is None:
         check_data({t.dataset for t in pending}, s.data_root)
+    if exp.text:  # a grid changed on the command line: the folder keeps it as a file `bench run` can take
+        where = folder.Store(results)
+        where.write_bytes(where.path(f"{exp.name}.yaml"), exp.text.encode())
     w = plan.work(pending)
+    tally.work_total = w["method_epochs"] + w["warm_epochs"]
     out(f"{exp.name}: running {len(pending)} of {len(plan.trials)} trials ({len(plan.done)} already done); "
         f"{w['method_epochs']} method-stage epochs + {w['warm_epochs']} warm-start epochs "
-        f"({w['warm_starts']} warm starts)")
+        f"({w['warm_starts']} warm starts); per-epoch logs in {folder.Store(results).logs_hint()}")
 
     started_here = start_ray(s.address, s.num_cpus)
+    board = StatusBoard(out, live=s.live, every=s.status_every)
     try:
         check_resources(cpu, gpu)
+        if s.address is None:  # the trials run here (on a cluster each worker checks its own)
+            check_cuda(pending[0].device)
         units = plan_on_cluster(pending, s, gpu, out)
         trainable = tune.with_parameters(
             ray_unit, units=units,
@@ -258,12 +342,13 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) ->
                 verbose=0,
                 failure_config=tune.FailureConfig(max_failures=s.retries),
                 callbacks=[make_callback(tally, results, by_id, {k: [t.trial_id for t in u] for k, u in units.items()},
-                                         mirror, out)],
+                                         mirror, board)],
             ),
         )
         tally.started = time.monotonic()  # progress and ETA count from the first trial, not Ray's start-up
         tuner.fit()
     finally:
+        board.close()
         if started_here:
             import ray
 
@@ -278,8 +363,13 @@ def default_results(exp: Experiment) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    exp = load_experiment(args.config)
+    overrides = Overrides(tuple(args.sets), args.methods, args.seeds)
+    exp = load_experiment(args.config, overrides=overrides)
     results = args.results or default_results(exp)
+    if exp.overrides:
+        print(f"{' '.join(exp.overrides)} changed the grid of {exp.base_name}: it runs as experiment {exp.name}"
+              f"{'' if overrides.names() else ' (--set name=NAME names it)'}, results in {results}, which keeps it "
+              f"as {exp.name}.yaml")
     for flag, value in (("--max-concurrent", args.max_concurrent), ("--retries", args.retries)):
         if value is not None and value < (1 if flag == "--max-concurrent" else 0):
             raise UserError(f"{flag} must be {'>= 1' if flag == '--max-concurrent' else '>= 0'}, got {value}")
@@ -312,6 +402,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         mlflow_uri=args.mlflow_uri, mlflow=not args.no_mlflow, cpus_per_trial=args.cpus_per_trial,
         gpus_per_trial=args.gpus_per_trial, retries=2 if args.retries is None else args.retries,
         num_cpus=args.num_cpus, pack=parse_pack(args.pack),
+        live=sys.stdout.isatty() and os.environ.get("TERM") != "dumb",
     )
     tally = run_experiment(exp, settings, out=lambda line: print(line, flush=True))
     if tally.rejected:

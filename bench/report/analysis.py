@@ -7,8 +7,9 @@ The paper's protocol, applied per cell (dataset, noise, r, method):
   1. selection: of the hyper-parameter settings tried (lr, batch size, method parameters, epochs, ...), keep the
      one with the lowest MEAN noisy-validation loss over its seeds (per cell, not per seed: the README's Reports
      section says why). Test accuracy is never looked at to choose.
-  2. statistics over the seeds of that setting: mean, sample std, n, a 95% t-interval, for the accuracy at the
-     selected checkpoint (`test_acc`) and at the last epoch (`last_test_acc`).
+  2. statistics over the seeds of that setting: mean, sample std, n, a 95% t-interval (from `MIN_CI_SEEDS` seeds;
+     clipped to [0, 100], where an accuracy's mean lies), for the accuracy at the selected checkpoint (`test_acc`)
+     and at the last epoch (`last_test_acc`).
 Trials that diverged keep their best checkpoint before divergence (the trainer's rule), so they count and are
 counted; failed trials have no numbers and are only counted. A cell of the grid (methods x r for each dataset
 and noise) without a usable trial is shown as missing, never dropped.
@@ -48,7 +49,11 @@ REFERENCE = "dmi"
 ALPHA = 0.05
 WILCOXON_MIN_PAIRS = 6  # with 5 pairs the smallest two-sided exact Wilcoxon p-value is 0.0625
 REFERENCE_CSV = "reference_results.csv"
-METRICS = {"best": "test_acc", "last": "last_test_acc"}
+# `bench leaderboard --metric`: the checkpoint selected on the noisy validation set (the protocol), or the last one.
+METRICS = {"selected": "test_acc", "last": "last_test_acc"}
+MIN_CI_SEEDS = 3  # below this a t-interval says little (n = 2: t = 12.7 times the standard error); none is given
+DIGITS = 2  # accuracies are shown in percent with two decimals, as in the paper's tables
+MISSING = "—"
 _ORDER = ["ce", "mentornet", "vat", "fw", "fw_oracle", "gce", "lccn"]
 
 
@@ -119,10 +124,28 @@ def select_settings(df: pl.DataFrame) -> pl.DataFrame:
     return means.group_by(CELL, maintain_order=True).first()
 
 
-def _t_halfwidth(std: float | None, n: int) -> float | None:
-    if n < 2 or std is None or math.isnan(std):
-        return None
-    return float(stats.t.ppf(0.975, n - 1) * std / math.sqrt(n))
+def fmt(x: float | None, digits: int = DIGITS) -> str:
+    """The one rounding of a number for display: the run summary, `bench report` and `bench leaderboard` all call
+    it, so they never differ in the last digit. Python's formatting rounds the stored binary value (a mean of
+    98.455 is stored as 98.45499... and shows 98.45), where polars' `round` rounds the shortest decimal text
+    (98.46)."""
+    return MISSING if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def accuracy_interval(mean: float | None, std: float | None, n: int) -> tuple[float | None, float | None]:
+    """The 95% t-interval of a mean accuracy over n seeds, clipped to [0, 100]: the mean of an accuracy lies there,
+    so the clipped interval covers it whenever the t-interval does. (None, None) under `MIN_CI_SEEDS` seeds."""
+    if n < MIN_CI_SEEDS or mean is None or std is None or math.isnan(std):
+        return None, None
+    half = float(stats.t.ppf(0.975, n - 1) * std / math.sqrt(n))
+    return max(0.0, mean - half), min(100.0, mean + half)
+
+
+def interval_text(low: float | None, high: float | None, n: int) -> str:
+    """An interval as the report prints it; under `MIN_CI_SEEDS` seeds it says so instead."""
+    if n and n < MIN_CI_SEEDS:
+        return f"n = {n}: too few seeds for an interval"
+    return MISSING if low is None or high is None else f"[{fmt(low)}, {fmt(high)}]"
 
 
 def _joined(values: list[Any]) -> str:
@@ -166,11 +189,9 @@ def aggregate(df: pl.DataFrame, reference: str = REFERENCE) -> pl.DataFrame:
     )
     rows = []
     for row in grid.iter_rows(named=True):
-        for key, std in (("acc", row["acc_std"]), ("last", row["last_std"])):
-            half = _t_halfwidth(std, row["n"])
-            mean = row[f"{key}_mean"]
-            row[f"{key}_ci_low"] = None if half is None else mean - half
-            row[f"{key}_ci_high"] = None if half is None else mean + half
+        for key in ("acc", "last"):
+            row[f"{key}_ci_low"], row[f"{key}_ci_high"] = accuracy_interval(row[f"{key}_mean"], row[f"{key}_std"],
+                                                                            row["n"])
         for c in PROVENANCE_COLUMNS[:5]:
             row[f"{c}s"] = _joined(row[f"{c}s"] or [])
         row["seeds"] = ",".join(str(s) for s in row["seeds"] or [])

@@ -41,7 +41,8 @@ from typing import Any
 
 import polars as pl
 
-from bench.report.render import fmt, fmt_r, html_table, md, png, td
+from bench.report.analysis import fmt
+from bench.report.render import fmt_r, html_table, md, png, td
 from bench.store.columns import DIAGNOSTIC_COLUMNS
 
 CELL = ["dataset", "noise", "r", "method"]

@@ -19,8 +19,9 @@ from typing import Any
 import polars as pl
 
 from bench.data import paper_datasets
-from bench.report.analysis import REFERENCE, label
-from bench.report.render import MISSING, asset, fmt, fmt_r, html_table, md, pm, png, td, tex
+from bench.report import analysis
+from bench.report.analysis import MISSING, REFERENCE, fmt, label
+from bench.report.render import asset, fmt_r, html_table, md, pm, png, td, tex
 
 Log = Callable[[str], None]
 
@@ -61,9 +62,9 @@ class Table:
             yield r, [self.entries[(r, m)] for m in self.methods]
 
 
-def tables(grid: pl.DataFrame, paired: pl.DataFrame, metric: str = "best") -> list[Table]:
+def tables(grid: pl.DataFrame, paired: pl.DataFrame, metric: str = "selected") -> list[Table]:
     """One wide table per (dataset, noise): rows r, columns methods, best (non-privileged) mean in bold."""
-    mean_col, std_col = ("acc_mean", "acc_std") if metric == "best" else ("last_mean", "last_std")
+    mean_col, std_col = ("acc_mean", "acc_std") if metric == "selected" else ("last_mean", "last_std")
     markers = {(p["dataset"], p["noise"], p["r"], p["method"]): p["marker"] for p in paired.iter_rows(named=True)}
     out = []
     for (dataset, noise), part in grid.group_by("dataset", "noise", maintain_order=True):
@@ -186,7 +187,7 @@ def _detail_row(head: str, r: float, c: dict[str, Any], p: dict[str, Any]) -> st
     return "<tr>" + "".join([
         td(head, "l"), td(fmt_r(r), value=r), td(c["n"]),
         td(fmt(c["acc_mean"]), "missing" if c["acc_mean"] is None else ""), td(fmt(c["acc_std"])),
-        td(f"[{fmt(c['acc_ci_low'])}, {fmt(c['acc_ci_high'])}]", value=c["acc_ci_low"]),
+        td(analysis.interval_text(c["acc_ci_low"], c["acc_ci_high"], c["n"]), value=c["acc_ci_low"]),
         td(fmt(c["last_mean"])), td(fmt(c["last_std"])), td(fmt(c["val_loss_mean"], 4)),
         td(fmt(p.get("p"), 4) + (f" {p['marker']}" if p.get("marker") else ""), value=p.get("p")),
         td(p.get("test", "")), td(c["settings_tried"]), td(c["ok"]), td(c["diverged"]),

@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import analysis
-
-MISSING = "—"
+from bench.report.analysis import MISSING, fmt
 
 
 def stderr(message: str) -> None:
@@ -29,10 +28,6 @@ def pm(mean: float | None, std: float | None, digits: int = 2) -> str:
 def fmt_r(r: float) -> str:
     """A noise level as the paper prints it: 0.0, 0.3, 0.25."""
     return f"{r:.1f}" if round(r, 1) == r else f"{r:g}"
-
-
-def fmt(x: float | None, digits: int = 2) -> str:
-    return MISSING if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
 def md(s: object) -> str:

@@ -73,9 +73,12 @@ def cell_of(row: dict[str, Any]) -> str:
 
 
 def run_name(row: dict[str, Any]) -> str:
+    """A trial's MLflow run name: its method, hyper-parameters, noise, r and seed, so that `mlflow runs list` tells
+    the trials of two cells apart."""
     params = json.loads(row.get("method_params") or "{}")
     extra = "".join(f" {k}={v}" for k, v in sorted(params.items()))
-    return f"{row['method']} lr={row['lr']:g} bs={row['batch_size']}{extra} seed={row['seed']}"
+    return (f"{row['method']} lr={row['lr']:g} bs={row['batch_size']}{extra} {row['noise']} r={float(row['r']):g} "
+            f"seed={row['seed']}")
 
 
 class Mirror:

@@ -1,0 +1,394 @@
+"""A newcomer's first hour (issue 21, item 2): live progress of `bench run`, download progress, one data variable for
+the tests, error lines that name the right fix, one rounding for every table, intervals that stay in [0, 100],
+command-line overrides of an experiment file, `bench --version`, MLflow run names, `bench results` that fits a
+terminal, and `leaderboard --metric selected`.
+
+The Ray tests use a local Ray of their own (stopped by this process; never `ray stop`).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import io
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+import yaml
+from scipy import stats
+from test_report import make_row, write
+
+import bench
+from bench.cli import main as cli
+from bench.config import TrialConfig, UserError
+from bench.grid.experiment import Overrides, load_experiment
+from bench.grid.plan import Plan
+from bench.grid.progress import StatusBoard, Tally, UnitReporter, describe_progress, make_callback, print_summary
+from bench.grid.runner import Settings, run_experiment
+from bench.report import analysis
+from bench.store.folder import read_table
+
+REPO = Path(__file__).resolve().parents[1]
+SYNTHETIC = dict(name="syn", dataset="synthetic", noise="case3", r=[0.0, 0.4], seeds=[0, 1], epochs=2,
+                 epochs_warmup=2, resources={"cpu": 1}, methods={"ce": {}, "dmi": {"lr": 1e-3}})
+
+
+def write_config(folder: Path, **changes) -> Path:
+    data = {**SYNTHETIC, **changes}
+    path = folder / f"{data['name']}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+# -- live progress: what a unit reports -------------------------------------------------------------------------
+def _reported(lines: list[str]) -> tuple[list[dict], int]:
+    """The progress records of a unit that logged `lines`, and the work its closing report carries."""
+    records: list[dict] = []
+    reporter = UnitReporter(records.append, every=0.0)
+    reporter.start()
+    for line in lines:
+        reporter.line(line)
+    return records, reporter.final()["work"]
+
+
+def test_a_solo_trial_reports_each_stage_epoch_and_validation_loss(tmp_path: Path) -> None:
+    """The reporter reads the lines a real trial logs (bench.exec.stage.run_stage writes them): every epoch of the warm
+    start and the method stage with its noisy-validation loss as the epochs table records it, and the work done
+    in trial-epochs, which for the two trials of one warm-start cell adds up to what the plan counts."""
+    from bench.exec.trainer import run_trial
+    from bench.exec.warmstart import WarmStartCache
+
+    configs = [TrialConfig("synthetic", m, "case3", 0.4, seed=0, epochs=3, epochs_warmup=2) for m in ("ce", "dmi")]
+    cache = WarmStartCache(str(tmp_path))
+    work = 0
+    for config in configs:
+        lines: list[str] = []
+        run_trial(config, tmp_path, results=tmp_path, log=lines.append, warm_cache=cache)
+        records, done = _reported(lines)
+        epochs = read_table(tmp_path, "epochs").filter(pl.col("trial_id") == config.trial_id)
+        seen = [(r["stage"], r["epoch"], r["epochs"]) for r in records if r["epochs"]]
+        trained = [(e["stage"], e["epoch"], 2 if e["stage"] == "warmup" else 3)
+                   for e in epochs.filter(pl.col("epoch") > 0).iter_rows(named=True)]
+        if config.method == "dmi":  # the cell's warm start came from the cache: its epochs are CE's
+            trained = [t for t in trained if t[0] == "method"]
+        assert seen == trained
+        by_epoch = {(r["stage"], r["epoch"]): r["val_loss"] for r in records if r["epochs"]}
+        for e in epochs.filter(pl.col("epoch") > 0).iter_rows(named=True):
+            if (e["stage"], e["epoch"]) in by_epoch:  # printed with 4 decimals
+                assert by_epoch[(e["stage"], e["epoch"])] == pytest.approx(e["val_loss"], abs=5e-5)
+        work += done
+    w = Plan(experiment=None, trials=configs, results=str(tmp_path)).work(configs)
+    assert work == w["method_epochs"] + w["warm_epochs"] == 3 + 3 + 2
+
+
+def test_a_pack_reports_its_members_work(tmp_path: Path) -> None:
+    """A pack of two trials of one cell: one packed warm start, then two members for three epochs."""
+    from bench.exec.pack import run_pack
+
+    configs = [TrialConfig("synthetic", m, "case3", 0.4, seed=0, epochs=3, epochs_warmup=2) for m in ("ce", "dmi")]
+    lines: list[str] = []
+    run_pack(configs, tmp_path, log=lines.append)
+    records, done = _reported(lines)
+    assert [(r["stage"], r["epoch"]) for r in records if r["epochs"]] == [
+        ("warmup", 1), ("warmup", 2), ("method", 1), ("method", 2), ("method", 3)]
+    assert all(r["val_loss"] is not None for r in records if r["epochs"])
+    # The method stage's line gives the members' lowest validation loss (one warm start logs as a solo stage).
+    assert all(r["val_acc"] is None for r in records if r["epochs"] and r["stage"] == "method")
+    w = Plan(experiment=None, trials=configs, results=str(tmp_path)).work(configs)
+    assert done == w["method_epochs"] + w["warm_epochs"] == 2 * 3 + 2
+
+
+def test_the_eta_counts_the_work_of_trials_in_flight() -> None:
+    """Nothing finished yet, 25 of 100 trial-epochs done in the 50 s since the first unit reported (Ray took 30 s
+    to start): 75 left at 0.5 per second."""
+    tally = Tally(total=4, work_total=100)
+    tally.started -= 80.0
+    tally.progress("a", {"work": 0})
+    tally.working_since -= 50.0
+    assert tally.eta() is None
+    tally.progress("a", {"work": 1})  # under 2% of the work: no pace yet
+    assert tally.eta() is None
+    tally.progress("a", {"work": 20})
+    tally.progress("b", {"work": 5})
+    assert tally.eta() == pytest.approx(150.0, rel=0.01)
+    tally.running.pop("a")
+    tally.done, tally.work_finished = 1, 20  # a's trial landed: the same work, the same ETA
+    assert tally.eta() == pytest.approx(150.0, rel=0.01)
+
+
+def _trial(unit: str, status: str = "RUNNING") -> SimpleNamespace:
+    return SimpleNamespace(config={"unit": unit}, status=status, last_result={})
+
+
+def test_the_status_shows_each_unit_in_flight_as_lines_or_a_live_table() -> None:
+    units = {"t1": [TrialConfig("synthetic", "dmi", "case3", 0.4, seed=1, lr=1e-3)],
+             "t2": [TrialConfig("synthetic", "ce", "case3", 0.0, seed=0)]}
+    tally = Tally(total=2, work_total=10)
+    tally.running = {"t1": dict(stage="warmup", epoch=3, epochs=5, val_loss=0.41234, val_acc=88.14, work=3)}
+    lines: list[str] = []
+    board = StatusBoard(lines.append, every=0.0)
+    board.tick(tally, units, [_trial("t1"), _trial("t2", "PENDING")])
+    assert len(lines) == 1
+    assert re.search(r"0/2 trials done, 1 running, 1 waiting; elapsed \dm\d\ds, ETA \dm\d\ds", lines[0])
+    assert "dmi lr=0.001  case3 r=0.4 seed=1: warmup 3/5  val loss 0.4123 (acc 88.1%)" in lines[0]
+    assert describe_progress(dict(stage="method", epoch=2, epochs=8, val_loss=0.2, val_acc=None)) == \
+        "method 2/8  best val loss 0.2000"
+
+    screen = io.StringIO()
+    live = StatusBoard(lines.append, live=True, stream=screen)
+    live.last = 0.0
+    live.tick(tally, units, [_trial("t1"), _trial("t2")])
+    table = screen.getvalue().splitlines()
+    assert len(table) == 3 and "2 running" in table[0] and "starting" in table[2]
+    live.line("[1/2] ok ...")  # a finished line goes above the table: the table is erased first
+    assert screen.getvalue().endswith("\x1b[3F\x1b[J[1/2] ok ...\n")
+
+
+def test_a_rejected_pack_is_one_line(tmp_path: Path) -> None:
+    """A worker's check refuses a whole pack: one line for the pack, not one per member; its members count."""
+    ids = [f"t{i}" for i in range(3)]
+    trials = {t: TrialConfig("synthetic", "ce", "case3", 0.1 * i, seed=0) for i, t in enumerate(ids)}
+    tally = Tally(total=3)
+    lines: list[str] = []
+    callback = make_callback(tally, str(tmp_path), trials, {"pack-1": ids}, None, StatusBoard(lines.append))
+    trial = _trial("pack-1", "TERMINATED")
+    trial.last_result = {"unit": "pack-1", "status": "rejected", "error": "no CUDA"}
+    callback.on_trial_complete(0, [trial], trial)
+    assert sum("bench: error: no CUDA" in line for line in lines) == 1
+    assert "pack of 3" in lines[0] and tally.done == 3 and sorted(tally.rejected) == ids
+
+
+# -- a grid on a local Ray with a GPU that torch cannot see ---------------------------------------------------------
+@pytest.fixture
+def fake_gpu_ray():
+    """A local Ray that believes it has one GPU (stopped by this process; never `ray stop`)."""
+    import ray
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    if ray.is_initialized():
+        pytest.skip("another test's Ray is running in this process")
+
+    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")
+    yield ray
+    ray.shutdown()
+
+
+def test_no_cuda_here_names_the_fix_of_bench_run(fake_gpu_ray, tmp_path: Path) -> None:
+    """Locally the driver refuses before anything trains; on a cluster (here: Ray already running, as
+    `--address` finds it) each pack is refused once, by its worker. Both name `--gpus-per-trial 0`, a flag of
+    `bench run`, not `bench trial`'s `--device cpu`."""
+    config = write_config(tmp_path, name="cuda", device="cuda", resources={"cpu": 1, "gpu": 0.25})
+    with pytest.raises(UserError, match=r"torch sees no CUDA device.*--gpus-per-trial 0"):
+        run_experiment(load_experiment(config), Settings(results=str(tmp_path / "local"), data_root=tmp_path,
+                                                         mlflow=False), lambda line: None)
+    assert read_table(tmp_path / "local").is_empty()
+
+    lines: list[str] = []
+    tally = run_experiment(load_experiment(config), Settings(results=str(tmp_path / "cluster"), data_root=tmp_path,
+                                                             mlflow=False, address="cluster", pack=4), lines.append)
+    errors = [line for line in lines if "bench: error:" in line]
+    assert len(errors) == 2  # two packs of 4 (two warm-start cells of two trials each)
+    assert all("--gpus-per-trial 0" in e and "--device cpu" not in e for e in errors)
+    assert len(tally.rejected) == 8 and read_table(tmp_path / "cluster").is_empty()
+
+
+# -- live progress end to end ---------------------------------------------------------------------------------------
+def test_a_grid_shows_its_units_in_flight_before_the_first_trial_ends(ray_session, tmp_path: Path) -> None:
+    """Status lines while the first trials train (their stage, epoch and validation loss), an override that
+    renames the grid, and the folder keeping the changed grid as a file that `bench run` takes as it is."""
+    config = write_config(tmp_path, name="live", epochs=40, epochs_warmup=20, seeds=[0, 1, 2])
+    exp = load_experiment(config, overrides=Overrides(sets=("r=[0.3]",), methods="dmi,ce"))
+    results = tmp_path / "results"
+    lines: list[str] = []
+    tally = run_experiment(exp, Settings(results=str(results), data_root=tmp_path, mlflow=False, status_every=0.3),
+                           lines.append)
+    assert tally.done == 6 and exp.name.startswith("live-")
+    first_done = next(i for i, line in enumerate(lines) if line.startswith("[1/6]"))
+    early = [line for line in lines[:first_done] if line.startswith("status:")]
+    assert any(re.search(r"(warmup|method) \d+/(20|40)  val loss \d\.\d{4} \(acc \d+\.\d%\)", line) for line in early)
+    assert any("logs in" in line and str(results / "logs") in line for line in lines[:first_done])
+
+    kept = load_experiment(results / f"{exp.name}.yaml")
+    assert kept.name == exp.name
+    assert sorted(t.trial_id for t in kept.trials()) == sorted(read_table(results)["trial_id"])
+
+
+# -- one data variable, the offline shortcut, download progress ----------------------------------------------------
+def test_the_tests_read_real_data_from_bench_data(tmp_path: Path) -> None:
+    code = "import conftest; print(conftest.SHARED_DATA)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO / "tests", capture_output=True, text=True,
+                         env={**os.environ, "BENCH_DATA": str(tmp_path)}, check=True)
+    assert out.stdout.strip() == str(tmp_path)
+
+
+def test_an_offline_download_names_the_readme_shortcut(tmp_path: Path, monkeypatch) -> None:
+    from bench.datasets.fashion_mnist import FashionMNIST
+
+    monkeypatch.setattr(FashionMNIST, "urls", {(tmp_path / "nowhere.gz").as_uri(): "raw/x.gz"})
+    with pytest.raises(UserError) as info:
+        FashionMNIST(tmp_path / "root").download()
+    assert "BENCH_DATA=/path/to/data make demo" in str(info.value) and "--data-root" in str(info.value)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_download_progress_is_a_bar_on_a_terminal_and_tenths_elsewhere() -> None:
+    from bench.data import DownloadProgress
+
+    log = io.StringIO()
+    show = DownloadProgress("x.gz", 100_000_000, stream=log)
+    for _ in range(100):
+        show.add(1_000_000)
+    show.close()
+    lines = log.getvalue().splitlines()
+    assert [int(re.search(r"(\d+)%", line)[1]) for line in lines] == [1, *range(10, 101, 10)]
+
+    screen = _Terminal()
+    show = DownloadProgress("x.gz", 4_000_000, stream=screen)
+    show.add(3_000_000)
+    assert screen.getvalue() == "\rdownloading x.gz [######################        ]  75% 3.0 of 4.0 MB"
+
+
+# -- one rounding, intervals within [0, 100] ------------------------------------------------------------------------
+def test_the_run_summary_and_the_leaderboard_round_alike(tmp_path: Path, capsys) -> None:
+    """98.44 and 98.47: a mean stored as 98.45499... Both print 98.45 (polars' round said 98.46)."""
+    rows = [make_row("dmi", 0.4, s, 0.5, acc) for s, acc in ((0, 98.44), (1, 98.47))]
+    write(tmp_path, rows)
+    mean = float(np.mean([98.44, 98.47]))
+    assert f"{mean:.2f}" == "98.45"
+    lines: list[str] = []
+    exp = SimpleNamespace(name="round")
+    trials = [SimpleNamespace(trial_id=r["trial_id"]) for r in rows]
+    print_summary(exp, Plan(experiment=exp, trials=trials, results=str(tmp_path)), Tally(total=2), None,
+                  lines.append)
+    table = "\n".join(lines)
+    assert "98.45" in table and "98.46" not in table
+    capsys.readouterr()
+    assert cli.main(["leaderboard", str(tmp_path)]) == 0
+    board = capsys.readouterr().out
+    assert "98.45 ± 0.02" in board and "98.46" not in board
+
+
+def test_accuracy_intervals_stay_within_0_and_100_and_need_three_seeds(tmp_path: Path) -> None:
+    from bench.report.build import build_report
+
+    accs = [99.9, 99.0, 100.0]
+    rows = [make_row("ce", 0.2, s, 0.5, a) for s, a in enumerate(accs)]
+    rows += [make_row("ce", 0.4, s, 0.5, a) for s, a in ((0, 60.0), (1, 90.0))]
+    write(tmp_path, rows)
+    grid = analysis.aggregate(analysis.load_trials(tmp_path))
+    three = grid.filter(r=0.2).row(0, named=True)
+    low, high = stats.t.interval(0.95, 2, loc=np.mean(accs), scale=np.std(accs, ddof=1) / math.sqrt(3))
+    assert high > 100 and three["acc_ci_high"] == 100.0
+    assert three["acc_ci_low"] == pytest.approx(low, rel=1e-12)
+    two = grid.filter(r=0.4).row(0, named=True)
+    assert two["acc_ci_low"] is None and two["acc_ci_high"] is None
+    html = build_report(tmp_path, tmp_path / "report", log=lambda s: None)["report.html"].read_text()
+    assert "n = 2: too few seeds for an interval" in html
+    assert not re.search(r"\[\d+\.\d\d, (10[1-9]|1[1-9]\d)\.\d\d\]", html)
+
+
+# -- overrides ------------------------------------------------------------------------------------------------------
+def test_overrides_make_the_grid_a_file_would_and_name_it(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    over = Overrides(sets=("r=[0.2,0.4]", "methods.dmi.lr=1e-5"), methods="dmi,ce", seeds="0,1,2")
+    exp = load_experiment(config, overrides=over)
+    (tmp_path / "hand").mkdir()
+    by_hand = write_config(tmp_path / "hand", r=[0.2, 0.4], seeds=[0, 1, 2], methods={"dmi": {"lr": 1e-5}, "ce": {}})
+    assert sorted(t.trial_id for t in exp.trials()) == sorted(t.trial_id for t in load_experiment(by_hand).trials())
+    assert re.fullmatch(r"syn-[0-9a-f]{8}", exp.name) and all(t.experiment == exp.name for t in exp.trials())
+    # The same grid written another way has the same name; a change that trains nothing differently keeps the name.
+    again = Overrides(sets=("methods.dmi.lr=1.0e-05", "r=[0.4, 0.2]", "seeds=[2,1,0]", "methods={dmi: {lr: 1e-5}, "
+                            "ce: {}}"))
+    assert load_experiment(config, overrides=again).name == exp.name
+    assert load_experiment(config, overrides=Overrides(sets=("resources.cpu=2", "max_concurrent=1"))).name == "syn"
+    assert load_experiment(config, overrides=Overrides(sets=("name=mine", "r=0.1"))).name == "mine"
+    grown = load_experiment(config, overrides=Overrides(sets=("name=syn",), seeds="0,1,2"))  # grows the file's grid
+    assert grown.name == "syn" and grown.text
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--set", "r=[0.2,1.5]"], "with --set r=[0.2,1.5]: r: must be a finite number in [0, 1], got 1.5"),
+    (["--set", "epoch=3"], "epoch: unknown key 'epoch' (did you mean 'epochs'?)"),
+    (["--set", "methods.dmi.lr=fast"], "methods.dmi.lr: expected a number, got 'fast' (str)"),
+    (["--set", "methods.gce.qq=2"], "methods.gce.qq: unknown setting of gce: 'qq' (did you mean 'q'?)"),
+    (["--set", "r"], "--set 'r': expected KEY=VALUE"),
+    (["--set", "r=[0.2"], "--set r=[0.2: the value is not valid YAML"),
+    (["--methods", "dmi,,ce"], "--methods 'dmi,,ce': expected distinct method names"),
+    (["--methods", "dmii"], "unknown method 'dmii' (did you mean 'dmi'?)"),
+    (["--seeds", "0,x"], "seeds: expected an integer >= 0, got 'x' (str)"),
+])
+def test_a_bad_override_is_one_line_exit_2_nothing_written(tmp_path: Path, capsys, flags, message) -> None:
+    config = write_config(tmp_path)
+    results = tmp_path / "results"
+    assert cli.main(["run", str(config), "--results", str(results), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+    assert not results.exists()
+
+
+# -- version, MLflow run names, `bench results`, leaderboard --metric ----------------------------------------------
+def test_version(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"bench {bench.__version__}" == \
+        f"bench {importlib.metadata.version('bench-ldmi')}"
+
+
+def test_mlflow_run_names_tell_two_cells_apart() -> None:
+    from bench.store.mirror import run_name
+
+    a, b = (make_row("dmi", r, 0, 0.5, 80.0) for r in (0.2, 0.4))
+    assert run_name(a) != run_name(b)
+    assert "pos_to_neg r=0.2 seed=0" in run_name(a)
+
+
+def test_bench_results_fits_a_terminal_and_wide_shows_every_column(tmp_path: Path, capsys) -> None:
+    write(tmp_path, [make_row(m, r, s, 0.5, 70.0 + s) for m in ("ce", "dmi") for r in (0.2, 0.4) for s in (0, 1)])
+    assert cli.main(["results", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 + 8 + 1 and max(map(len, lines)) <= 100
+    assert lines[0].split() == ["trial", "method", "noise", "r", "seed", "lr", "bs", "status", "sel", "ep", "test",
+                                "%", "last", "%", "wall", "s"]
+    assert "dataset mr" in lines[-1]
+    assert cli.main(["results", str(tmp_path), "--wide"]) == 0
+    assert "git_commit" in capsys.readouterr().out
+
+
+def test_leaderboard_metric_is_selected_and_best_is_refused_with_a_hint(tmp_path: Path, capsys) -> None:
+    write(tmp_path, [make_row("dmi", 0.4, s, 0.5, 70.0 + s, last=60.0) for s in (0, 1)])
+    assert cli.main(["leaderboard", str(tmp_path), "--metric", "selected"]) == 0
+    assert "70.50 ± 0.71" in capsys.readouterr().out
+    assert cli.main(["leaderboard", str(tmp_path), "--metric", "last"]) == 0
+    assert "60.00 ± 0.00" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as info:
+        cli.main(["leaderboard", str(tmp_path), "--metric", "best"])
+    assert info.value.code == 2
+    assert "'best' is now called 'selected'" in capsys.readouterr().err
+
+
+def test_first_status_comes_within_seconds() -> None:
+    """Off a terminal the first status line comes 10 s after the start, then every `every` seconds."""
+    lines: list[str] = []
+    board = StatusBoard(lines.append, every=30.0)
+    tally = Tally(total=1)
+    board.tick(tally, {}, [])
+    assert lines == []
+    board.last -= 10.0
+    board.tick(tally, {}, [])
+    assert len(lines) == 1 and time.monotonic() - board.last < 1.0
