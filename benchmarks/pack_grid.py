@@ -24,7 +24,7 @@ import torch
 
 from bench.exec.pack import run_pack
 from bench.exec.trainer import run_trial
-from bench.grid.experiment import load_experiment
+from bench.grid.files import load_experiment
 from bench.grid.plan import plan_units
 
 

@@ -27,7 +27,7 @@ from bench.config import TrialConfig
 from bench.exec.memory import GIB, pack_memory
 from bench.exec.packed import EVAL_IMAGES
 from bench.exec.prepare import prepare
-from bench.grid.experiment import load_experiment
+from bench.grid.files import load_experiment
 from bench.grid.plan import PACK_MAX, describe_gpus, plan_units, share_gpus, warm_cell
 from bench.grid.runner import Settings, plan_on_cluster, start_ray
 

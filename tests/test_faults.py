@@ -19,7 +19,7 @@ import yaml
 
 from bench.cli.main import main
 from bench.config import UserError
-from bench.grid.experiment import load_experiment
+from bench.grid.files import load_experiment
 from bench.grid.runner import Settings, run_experiment
 from bench.methods import FromTrial, Interval, registry
 from bench.store.folder import read_table

@@ -30,7 +30,7 @@ from test_report import make_row, write
 import bench
 from bench.cli import main as cli
 from bench.config import TrialConfig, UserError
-from bench.grid.experiment import Overrides, load_experiment
+from bench.grid.files import Overrides, load_experiment
 from bench.grid.plan import Plan
 from bench.grid.progress import StatusBoard, Tally, UnitReporter, describe_progress, make_callback, print_summary
 from bench.grid.runner import Settings, run_experiment

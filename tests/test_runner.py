@@ -25,7 +25,7 @@ from conftest import crashing_checkpoints
 from bench.cli.main import main
 from bench.config import UserError
 from bench.exec.warmstart import WarmStartCache
-from bench.grid.experiment import load_experiment
+from bench.grid.files import load_experiment
 from bench.grid.runner import Settings, run_experiment
 from bench.methods import registry
 from bench.store.folder import read_table

@@ -36,49 +36,18 @@ Every error names the file, the key and what is allowed, and is a `UserError` (o
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
-import hashlib
 import itertools
-import json
 import math
-import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import yaml
-
 from bench import noise
-from bench.config import TrialConfig, UserError, freeze_params, read_text_file
+from bench.config import TrialConfig, UserError, freeze_params
 from bench.data import registry as dataset_registry
-from bench.grid.validate import GRID_LIMIT
 from bench.methods import check_params
 from bench.methods import registry as method_registry
 from bench.schema import EXPERIMENT, METHOD_STAGE, PROBABILITY, RESOURCES, TEXT, WHOLE_EXPERIMENT, Key, Value
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads `1e-4` (no dot) as a string; learning rates are written that way, so read it as a float."""
-
-
-def _unique_keys(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    """A mapping that names a key twice is an error, not "the last one wins"."""
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice", key_node.start_mark)
-        seen.add(key)
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_keys)
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"),
-    list("-+0123456789."),
-)
 
 
 @dataclass(frozen=True)
@@ -201,22 +170,8 @@ class _Checker:
         return {name: self.key(f"{key}.{name}", spec, raw.get(name)) for name, spec in declared.items()}
 
 
-def parse_experiment(data: Any, source: str = "<config>") -> Experiment:
-    """Check the schema (`bench.schema.EXPERIMENT`: keys, types, ranges) without looking at the registries."""
-    ck = _Checker(source)
-    required = [k for k, spec in EXPERIMENT.items() if spec.required]
-    if not isinstance(data, dict):
-        raise ck.fail("", f"expected a mapping of keys ({', '.join(required)}, ...), got {type(data).__name__}")
-    for key in data:
-        if key not in EXPERIMENT:
-            raise ck.unknown(str(key), str(key), list(EXPERIMENT))
-    missing = [k for k in required if k not in data]
-    if missing:
-        raise ck.fail(missing[0], f"missing required key; every experiment sets {', '.join(required)}")
-    if isinstance(data["seeds"], int) and not isinstance(data["seeds"], bool):  # N: seeds 0..N-1
-        data = {**data, "seeds": list(range(ck.value("seeds", Value(int, "[1, inf)"), data["seeds"])))}
-    v = {key: ck.key(key, spec, data.get(key)) for key, spec in EXPERIMENT.items()}
-
+def _resources(ck: _Checker, v: dict[str, Any]) -> Resources:
+    """Per-trial resources, consistent with the device."""
     resources = Resources(**ck.mapping("resources", v["resources"], RESOURCES))
     device = v["device"]
     if resources.gpu > 1 and resources.gpu != int(resources.gpu):
@@ -225,7 +180,11 @@ def parse_experiment(data: Any, source: str = "<config>") -> Experiment:
         raise ck.fail("resources.gpu", f"asks for a GPU share but device is {device!r}; set device: cuda")
     if device.startswith("cuda") and resources.gpu == 0:
         raise ck.fail("device", "cuda needs a GPU share per trial: set resources.gpu (e.g. 0.25 or 1)")
+    return resources
 
+
+def _transition(ck: _Checker, v: dict[str, Any]) -> tuple[tuple[float, ...], ...] | None:
+    """An explicit T: square, each entry a probability, only with noise: transition."""
     noise, transition = v["noise"], None
     if v["transition"] is not None:
         rows = v["transition"]
@@ -240,7 +199,11 @@ def parse_experiment(data: Any, source: str = "<config>") -> Experiment:
             raise ck.fail("transition", "an explicit matrix needs noise: transition (and only that pattern)")
     elif "transition" in noise:
         raise ck.fail("noise", "the pattern 'transition' needs a transition: matrix in the file")
+    return transition
 
+
+def _method_grids(ck: _Checker, v: dict[str, Any]) -> tuple[MethodGrid, ...]:
+    """Each method's settings: stage keys checked here, its own hyper-parameters by `check_names`."""
     if not v["methods"]:
         raise ck.fail("methods", f"expected {EXPERIMENT['methods'].value.words}")
     methods = []
@@ -265,10 +228,31 @@ def parse_experiment(data: Any, source: str = "<config>") -> Experiment:
                 values = tuple(tuple(x) if isinstance(x, list) else x for x in values)
             axes.append((str(key), values))
         methods.append(MethodGrid(method, tuple(axes)))
+    return tuple(methods)
 
+
+def parse_experiment(data: Any, source: str = "<config>") -> Experiment:
+    """Check the schema (`bench.schema.EXPERIMENT`: keys, types, ranges) without looking at the registries."""
+    ck = _Checker(source)
+    required = [k for k, spec in EXPERIMENT.items() if spec.required]
+    if not isinstance(data, dict):
+        raise ck.fail("", f"expected a mapping of keys ({', '.join(required)}, ...), got {type(data).__name__}")
+    for key in data:
+        if key not in EXPERIMENT:
+            raise ck.unknown(str(key), str(key), list(EXPERIMENT))
+    missing = [k for k in required if k not in data]
+    if missing:
+        raise ck.fail(missing[0], f"missing required key; every experiment sets {', '.join(required)}")
+    if isinstance(data["seeds"], int) and not isinstance(data["seeds"], bool):  # N: seeds 0..N-1
+        data = {**data, "seeds": list(range(ck.value("seeds", Value(int, "[1, inf)"), data["seeds"])))}
+    v = {key: ck.key(key, spec, data.get(key)) for key, spec in EXPERIMENT.items()}
+
+    resources = _resources(ck, v)
+    transition = _transition(ck, v)
+    methods = _method_grids(ck, v)
     return Experiment(
-        name=v["name"], dataset=v["dataset"], noise=noise, r=v["r"], seeds=v["seeds"], methods=tuple(methods),
-        epochs=v["epochs"], epochs_warmup=v["epochs_warmup"], train_subset=v["train_subset"], device=device,
+        name=v["name"], dataset=v["dataset"], noise=v["noise"], r=v["r"], seeds=v["seeds"], methods=methods,
+        epochs=v["epochs"], epochs_warmup=v["epochs_warmup"], train_subset=v["train_subset"], device=v["device"],
         resources=resources, max_concurrent=v["max_concurrent"], transition=transition,
         description=v["description"], source=source,
     )
@@ -328,112 +312,3 @@ def check_names(exp: Experiment) -> None:
                     check_params(method, {key: value})
                 except UserError as e:
                     raise ck.fail(f"methods.{grid.name}.{key}", str(e)) from None
-
-
-def read_yaml(path: str | Path) -> Any:
-    path = Path(path)
-    text = read_text_file(path, "experiment file")
-    try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as e:
-        raise UserError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
-
-
-@dataclass(frozen=True)
-class Overrides:
-    """Command-line changes to an experiment file: `--methods A,B` (those methods: the file's settings where it has
-    them, the defaults otherwise), `--seeds 0,1` (a list of seeds) and `--set KEY=VALUE` (a dotted key into the
-    file's mapping, the value in YAML as the file would write it). Applied in that order."""
-
-    sets: tuple[str, ...] = ()
-    methods: str | None = None
-    seeds: str | None = None
-
-    def flags(self) -> list[str]:
-        return (([f"--methods {self.methods}"] if self.methods is not None else [])
-                + ([f"--seeds {self.seeds}"] if self.seeds is not None else []) + [f"--set {s}" for s in self.sets])
-
-    def names(self) -> bool:
-        """Whether `--set name=...` names the grid."""
-        return any(item.partition("=")[0].strip() == "name" for item in self.sets)
-
-    def apply(self, data: Any) -> Any:
-        """The file's mapping with the changes made (a new mapping; `data` is left as it was)."""
-        if not self.flags() or not isinstance(data, dict):
-            return data
-        data = json.loads(json.dumps(data, default=str))  # a deep copy of plain YAML values
-        if self.methods is not None:
-            names = [m.strip() for m in self.methods.split(",")]
-            if not all(names) or len(set(names)) != len(names):
-                raise UserError(f"--methods {self.methods!r}: expected distinct method names separated by commas, "
-                                "e.g. --methods dmi,ce")
-            given = data.get("methods") if isinstance(data.get("methods"), dict) else {}
-            data["methods"] = {m: given.get(m) or {} for m in names}
-        if self.seeds is not None:
-            data["seeds"] = _yaml_value(f"--seeds {self.seeds}", f"[{self.seeds}]")
-        for item in self.sets:
-            key, sep, text = item.partition("=")
-            parts = key.strip().split(".")
-            if not sep or not all(parts):
-                raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. --set r=[0.2,0.4] or "
-                                "--set methods.dmi.lr=1e-5")
-            _set_path(data, parts, _yaml_value(f"--set {item}", text))
-        return data
-
-
-def _yaml_value(flag: str, text: str) -> Any:
-    try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as e:
-        raise UserError(f"{flag}: the value is not valid YAML: {' '.join(str(e).split())}") from None
-
-
-def _set_path(data: dict[str, Any], parts: list[str], value: Any) -> None:
-    """Set `a.b.c` in nested mappings, making the missing ones (the schema then checks every key, so a new method
-    or a misspelt key is named there as it would be in the file)."""
-    node = data
-    for depth, part in enumerate(parts[:-1]):
-        if node.get(part) is None:
-            node[part] = {}
-        if not isinstance(node[part], dict):
-            raise UserError(f"--set {'.'.join(parts)}: {'.'.join(parts[:depth + 1])} is {node[part]!r}, not a "
-                            "mapping of keys")
-        node = node[part]
-    node[parts[-1]] = value
-
-
-def load_experiment(path: str | Path, registries: bool = True, overrides: Overrides | None = None) -> Experiment:
-    """Read, validate and (with `registries`) check the names of an experiment file, with command-line
-    `overrides` applied first (the changed grid gets its own name unless `--set name=` gives one)."""
-    data = read_yaml(path)
-    flags = overrides.flags() if overrides else []
-    if not flags:
-        exp = parse_experiment(data, source=str(path))
-    else:
-        changed = overrides.apply(data)
-        exp = parse_experiment(changed, source=f"{path} with {' '.join(flags)}")
-        try:
-            base: Experiment | None = parse_experiment(data, source=str(path))
-        except UserError:  # the overrides mended the file
-            base = None
-        grid = _grid_digest(exp, changed)
-        if base is None or grid != _grid_digest(base, data):  # resources, max_concurrent, device: no trial changes
-            base_name = str(data.get("name"))
-            if not overrides.names():
-                changed = {**changed, "name": f"{base_name}-{grid[:8]}"}
-            text = (f"# {path} {' '.join(flags)}\n"
-                    + yaml.safe_dump(changed, sort_keys=False, default_flow_style=None, allow_unicode=True))
-            exp = dataclasses.replace(exp, name=changed["name"], overrides=tuple(flags), base_name=base_name,
-                                      text=text)
-    if registries:
-        check_names(exp)
-    return exp
-
-
-def _grid_digest(exp: Experiment, data: dict[str, Any]) -> str:
-    """What the grid trains: its trials' identities (a grid too large to expand: its file's mapping)."""
-    if exp.size() <= GRID_LIMIT:
-        text = " ".join(sorted(t.trial_id for t in exp.trials()))
-    else:
-        text = json.dumps({**data, "name": None, "description": None}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()

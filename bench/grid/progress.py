@@ -249,79 +249,88 @@ class StatusBoard:
             self.shown = 0
 
 
+class RunProgress:
+    """The live status from each unit's progress reports; one line per finished trial (n/N, ETA), also for each
+    member of a finished pack, and one line for a unit that stopped on an error retrying cannot fix; mirrors each new
+    result row to MLflow. Ray Tune calls it as a `tune.Callback` (`make_callback`)."""
+
+    def __init__(self, tally: Tally, results: str, trials: dict[str, TrialConfig], units: dict[str, list[str]],
+                 mirror: Any, board: StatusBoard) -> None:
+        self.tally, self.trials, self.units, self.mirror, self.board = tally, trials, units, mirror, board
+        self.store = Store(results)
+        self.configs = {unit: [trials[t] for t in members] for unit, members in units.items()}
+
+    def _finish(self, trial: Any, errored: bool) -> None:
+        unit = trial.config["unit"]
+        result = trial.last_result or {}
+        self.tally.warm_hits += int(result.get("warm_hits", 0))
+        self.tally.warm_misses += int(result.get("warm_misses", 0))
+        self.tally.warm_saved_s += float(result.get("warm_saved_s", 0.0))
+        seen = self.tally.running.pop(unit, {})
+        self.tally.work_finished += int(result.get("work", seen.get("work", 0)))
+        if result.get("status") == "rejected" and not errored:
+            self._reject(unit, result.get("error", ""))
+            return
+        for trial_id in self.units[unit]:
+            self._finish_trial(trial_id, result, errored, len(self.units[unit]), unit)
+
+    def _reject(self, unit: str, error: str) -> None:
+        """A worker's check refused the unit: one line for it (a pack's members share the error)."""
+        members = self.units[unit]
+        self.tally.done += len(members)
+        self.tally.statuses["rejected"] += len(members)
+        for trial_id in members:
+            self.tally.rejected[trial_id] = error
+        width = len(str(self.tally.total))
+        self.board.line(f"[{self.tally.done:>{width}}/{self.tally.total}] rejected "
+                        f"{describe_unit(self.configs[unit])}\n      bench: error: {error}")
+
+    def _finish_trial(self, trial_id: str, result: dict[str, Any], errored: bool, size: int, unit: str) -> None:
+        self.tally.done += 1
+        row, epochs = self.store.read_row(trial_id)
+        status = "failed" if errored or row is None else row["status"]
+        self.tally.statuses[status] += 1
+        if row is not None:
+            self.tally.compute_s += float(row["wall_s"] or 0.0)
+        acc = f"test {row['test_acc']:6.2f}%" if row is not None and row["test_acc"] is not None else "-"
+        warm = " (warm start reused)" if result.get("warm_hits") and size == 1 else ""
+        warm += f" (pack of {size})" if size > 1 else ""
+        wall = f"{row['wall_s']:.0f}s" if row is not None and size == 1 else ""
+        width = len(str(self.tally.total))
+        note = f"  see {self.store.log_path(unit)}" if status == "failed" and self.store.local else ""
+        self.board.line(f"[{self.tally.done:>{width}}/{self.tally.total}] {status:8s} "
+                        f"{describe_trial(self.trials[trial_id])}  {acc} {wall}{warm}  "
+                        f"elapsed {fmt_seconds(self.tally.elapsed())}  ETA {_eta_text(self.tally)}{note}")
+        if self.mirror is not None and row is not None and self.mirror.log_row(row, epochs):
+            self.tally.mlflow_logged += 1
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        if result.get("progress"):
+            self.tally.progress(trial.config["unit"], result)
+
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        self.board.tick(self.tally, self.configs, trials)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._finish(trial, errored=False)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._finish(trial, errored=True)
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.tally.running.pop(trial.config["unit"], None)
+        self.board.line(f"      {trial.config['unit']} crashed; Ray retries it from its last epoch checkpoint")
+
+
+
 def make_callback(tally: Tally, results: str, trials: dict[str, TrialConfig], units: dict[str, list[str]],
-                  mirror: Any, board: StatusBoard):
-    from ray import tune
+                  mirror: Any, board: StatusBoard) -> Any:
+    from ray import tune  # Ray is the run's, not the module's: the summary and the status board work without it
 
-    store = Store(results)
-    configs = {unit: [trials[t] for t in members] for unit, members in units.items()}
+    class Progress(RunProgress, tune.Callback):
+        pass
 
-    class Progress(tune.Callback):
-        """The live status from each unit's progress reports; one line per finished trial (n/N, ETA), also for
-        each member of a finished pack, and one line for a unit that stopped on an error retrying cannot fix;
-        mirrors each new result row to MLflow."""
-
-        def _finish(self, trial: Any, errored: bool) -> None:
-            unit = trial.config["unit"]
-            result = trial.last_result or {}
-            tally.warm_hits += int(result.get("warm_hits", 0))
-            tally.warm_misses += int(result.get("warm_misses", 0))
-            tally.warm_saved_s += float(result.get("warm_saved_s", 0.0))
-            seen = tally.running.pop(unit, {})
-            tally.work_finished += int(result.get("work", seen.get("work", 0)))
-            if result.get("status") == "rejected" and not errored:
-                self._reject(unit, result.get("error", ""))
-                return
-            for trial_id in units[unit]:
-                self._finish_trial(trial_id, result, errored, len(units[unit]), unit)
-
-        def _reject(self, unit: str, error: str) -> None:
-            """A worker's check refused the unit: one line for it (a pack's members share the error)."""
-            members = units[unit]
-            tally.done += len(members)
-            tally.statuses["rejected"] += len(members)
-            for trial_id in members:
-                tally.rejected[trial_id] = error
-            width = len(str(tally.total))
-            board.line(f"[{tally.done:>{width}}/{tally.total}] rejected {describe_unit(configs[unit])}\n"
-                       f"      bench: error: {error}")
-
-        def _finish_trial(self, trial_id: str, result: dict[str, Any], errored: bool, size: int, unit: str) -> None:
-            tally.done += 1
-            row, epochs = store.read_row(trial_id)
-            status = "failed" if errored or row is None else row["status"]
-            tally.statuses[status] += 1
-            if row is not None:
-                tally.compute_s += float(row["wall_s"] or 0.0)
-            acc = f"test {row['test_acc']:6.2f}%" if row is not None and row["test_acc"] is not None else "-"
-            warm = " (warm start reused)" if result.get("warm_hits") and size == 1 else ""
-            warm += f" (pack of {size})" if size > 1 else ""
-            wall = f"{row['wall_s']:.0f}s" if row is not None and size == 1 else ""
-            width = len(str(tally.total))
-            note = f"  see {store.log_path(unit)}" if status == "failed" and store.local else ""
-            board.line(f"[{tally.done:>{width}}/{tally.total}] {status:8s} {describe_trial(trials[trial_id])}  {acc} "
-                       f"{wall}{warm}  elapsed {fmt_seconds(tally.elapsed())}  ETA {_eta_text(tally)}{note}")
-            if mirror is not None and row is not None and mirror.log_row(row, epochs):
-                tally.mlflow_logged += 1
-
-        def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-            if result.get("progress"):
-                tally.progress(trial.config["unit"], result)
-
-        def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
-            board.tick(tally, configs, trials)
-
-        def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            self._finish(trial, errored=False)
-
-        def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            self._finish(trial, errored=True)
-
-        def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            tally.running.pop(trial.config["unit"], None)
-            board.line(f"      {trial.config['unit']} crashed; Ray retries it from its last epoch checkpoint")
-
-    return Progress()
+    return Progress(tally, results, trials, units, mirror, board)
 
 
 def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: Callable[[str], None]) -> None:

@@ -44,7 +44,8 @@ from bench.config import EXIT_USAGE, TrialConfig, UserError
 from bench.exec.pack import run_pack
 from bench.exec.trainer import run_trial
 from bench.exec.warmstart import WarmStartCache
-from bench.grid.experiment import Experiment, Overrides, load_experiment
+from bench.grid.experiment import Experiment
+from bench.grid.files import Overrides, load_experiment
 from bench.grid.plan import (
     Plan,
     describe_gpus,
@@ -280,8 +281,35 @@ def run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None] = pr
         return _run_experiment(exp, s, out)
 
 
-def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) -> Tally:
+def _tuner(exp: Experiment, s: Settings, units: dict[str, list[TrialConfig]], results: str, cpu: float,
+           gpu: float, callback: Any) -> Any:
+    """Ray Tune's grid over the units: one Ray trial per unit (a trial or a pack), reusing actors, no scheduler."""
     from ray import tune
+
+    trainable = tune.with_parameters(
+        ray_unit, units=units,
+        data_root=str(Path(s.data_root).expanduser().resolve()), results=results,
+        threads=max(1, int(cpu)),
+    )
+    # A pack takes its members' GPU shares together, at most one whole GPU (it runs on one device).
+    trainable = tune.with_resources(
+        trainable, lambda spec: {"cpu": cpu, "gpu": min(1.0, gpu * len(units[spec["unit"]])) if gpu else 0})
+    return tune.Tuner(
+        trainable,
+        param_space={"unit": tune.grid_search(list(units))},
+        tune_config=tune.TuneConfig(
+            reuse_actors=True, max_concurrent_trials=s.max_concurrent or exp.max_concurrent
+        ),
+        run_config=tune.RunConfig(
+            name=f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}", storage_path=folder.Store(results).ray_storage(),
+            verbose=0,
+            failure_config=tune.FailureConfig(max_failures=s.retries),
+            callbacks=[callback],
+        ),
+    )
+
+
+def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) -> Tally:
 
     cpu = s.cpus_per_trial if s.cpus_per_trial is not None else exp.resources.cpu
     gpu = s.gpus_per_trial if s.gpus_per_trial is not None else exp.resources.gpu
@@ -323,28 +351,8 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) ->
         if s.address is None:  # the trials run here (on a cluster each worker checks its own)
             check_cuda(pending[0].device)
         units = plan_on_cluster(pending, s, gpu, out)
-        trainable = tune.with_parameters(
-            ray_unit, units=units,
-            data_root=str(Path(s.data_root).expanduser().resolve()), results=results,
-            threads=max(1, int(cpu)),
-        )
-        # A pack takes its members' GPU shares together, at most one whole GPU (it runs on one device).
-        trainable = tune.with_resources(
-            trainable, lambda spec: {"cpu": cpu, "gpu": min(1.0, gpu * len(units[spec["unit"]])) if gpu else 0})
-        tuner = tune.Tuner(
-            trainable,
-            param_space={"unit": tune.grid_search(list(units))},
-            tune_config=tune.TuneConfig(
-                reuse_actors=True, max_concurrent_trials=s.max_concurrent or exp.max_concurrent
-            ),
-            run_config=tune.RunConfig(
-                name=f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}", storage_path=folder.Store(results).ray_storage(),
-                verbose=0,
-                failure_config=tune.FailureConfig(max_failures=s.retries),
-                callbacks=[make_callback(tally, results, by_id, {k: [t.trial_id for t in u] for k, u in units.items()},
-                                         mirror, board)],
-            ),
-        )
+        tuner = _tuner(exp, s, units, results, cpu, gpu, make_callback(
+            tally, results, by_id, {k: [t.trial_id for t in u] for k, u in units.items()}, mirror, board))
         tally.started = time.monotonic()  # progress and ETA count from the first trial, not Ray's start-up
         tuner.fit()
     finally:

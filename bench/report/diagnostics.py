@@ -233,72 +233,98 @@ def plot(diag: Diagnostics, folder: Path, labels: dict[str, str]) -> dict[str, P
     return figures
 
 
-def to_html(diag: Diagnostics, figures: dict[str, Path], labels: dict[str, str]) -> str:
+def _cell_cells(c: dict[str, Any], labels: dict[str, str]) -> list[str]:
+    return [td(c["dataset"], "l"), td(c["noise"], "l"), td(fmt_r(c["r"]), value=c["r"]),
+            td(labels.get(c["method"], c["method"]), "l")]
 
-    def cell_cells(c: dict[str, Any]) -> list[str]:
-        return [td(c["dataset"], "l"), td(c["noise"], "l"), td(fmt_r(c["r"]), value=c["r"]),
-                td(labels.get(c["method"], c["method"]), "l")]
 
+def _rules_html(diag: Diagnostics, labels: dict[str, str]) -> list[str]:
+    """The three selection rules side by side, each cell linked to its noisy labels."""
     body = []
-    if not diag.rules.is_empty():
-        body.append(f"<h2>Checkpoint selection: three rules</h2><p class=note>{html.escape(RULES_NOTE)}</p>")
-        rows = []
-        for c in diag.rules.iter_rows(named=True):
-            link = f'<td class="l"><a href="#{_anchor(c["dataset"], c["noise"], c["r"])}">labels</a></td>'
-            rows.append("<tr>" + "".join(cell_cells(c) + [
-                td(c["n"]), td(fmt(c["selected_mean"]), value=c["selected_mean"]),
-                td(fmt(c["last_mean"]), value=c["last_mean"]), td(fmt(c["oracle_mean"]), "flag", c["oracle_mean"]),
-                td(f"{c['last_gap']:+.2f}", value=c["last_gap"]), td(f"{c['oracle_gap']:+.2f}", "flag",
-                                                                         c["oracle_gap"]),
-                td(fmt(c["selected_epoch_mean"], 1)), td(fmt(c["oracle_epoch_mean"], 1), "flag")]) + link + "</tr>")
-        body.append(html_table(["dataset", "noise", "r", "method", "n", "selected (headline)", "last epoch",
-                                 f"best test epoch {ORACLE}", "last − sel.", f"{ORACLE} − sel.", "sel. epoch",
-                                 f"{ORACLE} epoch", "labels"], rows, left=2))
+    body.append(f"<h2>Checkpoint selection: three rules</h2><p class=note>{html.escape(RULES_NOTE)}</p>")
+    rows = []
+    for c in diag.rules.iter_rows(named=True):
+        link = f'<td class="l"><a href="#{_anchor(c["dataset"], c["noise"], c["r"])}">labels</a></td>'
+        rows.append("<tr>" + "".join(_cell_cells(c, labels) + [
+            td(c["n"]), td(fmt(c["selected_mean"]), value=c["selected_mean"]),
+            td(fmt(c["last_mean"]), value=c["last_mean"]), td(fmt(c["oracle_mean"]), "flag", c["oracle_mean"]),
+            td(f"{c['last_gap']:+.2f}", value=c["last_gap"]), td(f"{c['oracle_gap']:+.2f}", "flag",
+                                                                     c["oracle_gap"]),
+            td(fmt(c["selected_epoch_mean"], 1)), td(fmt(c["oracle_epoch_mean"], 1), "flag")]) + link + "</tr>")
+    body.append(html_table(["dataset", "noise", "r", "method", "n", "selected (headline)", "last epoch",
+                             f"best test epoch {ORACLE}", "last − sel.", f"{ORACLE} − sel.", "sel. epoch",
+                             f"{ORACLE} epoch", "labels"], rows, left=2))
+    return body
+
+
+def _detection_html(diag: Diagnostics, labels: dict[str, str]) -> list[str]:
+    """Detection quality at the selected and the last epoch."""
+    body = []
+    body.append(f"<h2>Detection quality</h2><p class=note>{html.escape(DETECTION_NOTE)}</p>")
+    rows = ["<tr>" + "".join(_cell_cells(c, labels) + [td(c["n"])] + [
+        td(fmt(c[f"{when}_{m}"], 3), value=c[f"{when}_{m}"]) for when in ("selected", "last")
+        for m in ("flagged", "precision", "recall", "auroc")]) + "</tr>"
+        for c in diag.detection.iter_rows(named=True)]
+    body.append(html_table(["dataset", "noise", "r", "method", "n"] + [
+        f"{m} ({when})" for when in ("sel.", "last") for m in ("flagged", "precision", "recall", "AUROC")],
+        rows, left=2))
+    return body
+
+
+def _cost_html(diag: Diagnostics, labels: dict[str, str]) -> list[str]:
+    """Device time per method and the grid's total."""
+    body = []
+    total = diag.totals["device_h"].sum()
+    per_device = "; ".join(f"{t['device']}: {t['trials']} trials, {t['device_h']:.3f} device-hours"
+                           for t in diag.totals.iter_rows(named=True))
+    body.append(f"<h2>Cost</h2><p class=note>{html.escape(COST_NOTE)}</p><p>The grid: {total:.3f} "
+                f"device-hours in all ({html.escape(per_device)}).</p>")
+    rows = ["<tr>" + "".join(_cell_cells(c, labels) + [
+        td(c["n"]), td(c["devices"], "l"), td(c["epochs"]), td(c["networks"]),
+        td(fmt(c["wall_s_mean"], 1), value=c["wall_s_mean"]),
+        td(fmt(c["device_s_mean"], 1), value=c["device_s_mean"]),
+        td(fmt(c["device_h_total"], 4), value=c["device_h_total"]), td(fmt(c["acc_mean"])),
+        td(fmt(c["acc_per_device_hour"], 0), value=c["acc_per_device_hour"])]) + "</tr>"
+        for c in diag.cost.iter_rows(named=True)]
+    body.append(html_table(["dataset", "noise", "r", "method", "n", "device", "epochs", "networks",
+                             "wall s / trial", "device-s / trial", "device-h (all seeds)", "test acc",
+                             "acc. per device-hour"], rows, left=2))
+    return body
+
+
+def _labels_html(diag: Diagnostics) -> list[str]:
+    """The hash of every draw of noisy labels and the command that exports it."""
+    body = []
+    body.append("<h2>Noisy labels</h2><p class=note>The hash of each draw of noisy training and validation "
+                "labels, as the result rows record it; the command writes exactly those labels (with the clean "
+                "ones and the indices) to parquet with the same hash.</p>")
+    rows, seen = [], set()
+    for c in diag.labels.iter_rows(named=True):
+        anchor = _anchor(c["dataset"], c["noise"], c["r"])
+        ident = "" if anchor in seen else f' id="{anchor}"'
+        seen.add(anchor)
+        rows.append(f"<tr{ident}>" + "".join([
+            td(c["dataset"], "l"), td(c["noise"], "l"), td(fmt_r(c["r"]), value=c["r"]), td(c["seed"]),
+            td(c["noise_hash"], "l"), td(fmt(None if c["noise_rate"] is None else 100 * c["noise_rate"])),
+            td(c["trials"]),
+            td(labels_command(c["dataset"], c["noise"], c["r"], c["seed"], c["noise_hash"]), "l")]) + "</tr>")
+    body.append(html_table(["dataset", "noise", "r", "seed", "label hash", "noise %", "trials",
+                             "export"], rows, left=2))
+    return body
+
+
+def to_html(diag: Diagnostics, figures: dict[str, Path], labels: dict[str, str]) -> str:
+    body = _rules_html(diag, labels) if not diag.rules.is_empty() else []
     if not diag.curves.is_empty():
         body.append(f"<h2>Memorisation curves</h2><p class=note>{html.escape(CURVES_NOTE)}</p>")
         body += [png(path) for name, path in figures.items() if name.startswith("memorisation")]
     if not diag.detection.is_empty():
-        body.append(f"<h2>Detection quality</h2><p class=note>{html.escape(DETECTION_NOTE)}</p>")
-        rows = ["<tr>" + "".join(cell_cells(c) + [td(c["n"])] + [
-            td(fmt(c[f"{when}_{m}"], 3), value=c[f"{when}_{m}"]) for when in ("selected", "last")
-            for m in ("flagged", "precision", "recall", "auroc")]) + "</tr>"
-            for c in diag.detection.iter_rows(named=True)]
-        body.append(html_table(["dataset", "noise", "r", "method", "n"] + [
-            f"{m} ({when})" for when in ("sel.", "last") for m in ("flagged", "precision", "recall", "AUROC")],
-            rows, left=2))
+        body += _detection_html(diag, labels)
         body += [png(path) for name, path in figures.items() if name.startswith("detection")]
     if not diag.cost.is_empty():
-        total = diag.totals["device_h"].sum()
-        per_device = "; ".join(f"{t['device']}: {t['trials']} trials, {t['device_h']:.3f} device-hours"
-                               for t in diag.totals.iter_rows(named=True))
-        body.append(f"<h2>Cost</h2><p class=note>{html.escape(COST_NOTE)}</p><p>The grid: {total:.3f} "
-                    f"device-hours in all ({html.escape(per_device)}).</p>")
-        rows = ["<tr>" + "".join(cell_cells(c) + [
-            td(c["n"]), td(c["devices"], "l"), td(c["epochs"]), td(c["networks"]),
-            td(fmt(c["wall_s_mean"], 1), value=c["wall_s_mean"]),
-            td(fmt(c["device_s_mean"], 1), value=c["device_s_mean"]),
-            td(fmt(c["device_h_total"], 4), value=c["device_h_total"]), td(fmt(c["acc_mean"])),
-            td(fmt(c["acc_per_device_hour"], 0), value=c["acc_per_device_hour"])]) + "</tr>"
-            for c in diag.cost.iter_rows(named=True)]
-        body.append(html_table(["dataset", "noise", "r", "method", "n", "device", "epochs", "networks",
-                                 "wall s / trial", "device-s / trial", "device-h (all seeds)", "test acc",
-                                 "acc. per device-hour"], rows, left=2))
+        body += _cost_html(diag, labels)
     if not diag.labels.is_empty():
-        body.append("<h2>Noisy labels</h2><p class=note>The hash of each draw of noisy training and validation "
-                    "labels, as the result rows record it; the command writes exactly those labels (with the clean "
-                    "ones and the indices) to parquet with the same hash.</p>")
-        rows, seen = [], set()
-        for c in diag.labels.iter_rows(named=True):
-            anchor = _anchor(c["dataset"], c["noise"], c["r"])
-            ident = "" if anchor in seen else f' id="{anchor}"'
-            seen.add(anchor)
-            rows.append(f"<tr{ident}>" + "".join([
-                td(c["dataset"], "l"), td(c["noise"], "l"), td(fmt_r(c["r"]), value=c["r"]), td(c["seed"]),
-                td(c["noise_hash"], "l"), td(fmt(None if c["noise_rate"] is None else 100 * c["noise_rate"])),
-                td(c["trials"]),
-                td(labels_command(c["dataset"], c["noise"], c["r"], c["seed"], c["noise_hash"]), "l")]) + "</tr>")
-        body.append(html_table(["dataset", "noise", "r", "seed", "label hash", "noise %", "trials",
-                                 "export"], rows, left=2))
+        body += _labels_html(diag)
     return "".join(body)
 
 

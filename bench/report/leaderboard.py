@@ -199,6 +199,43 @@ def _detail_row(head: str, r: float, c: dict[str, Any], p: dict[str, Any]) -> st
     ]) + "</tr>"
 
 
+def _paper_html(comparison: pl.DataFrame) -> list[str]:
+    """The paper's published cells beside ours."""
+    body: list[str] = []
+    body.append("<h2>Paper vs measured</h2>")
+    if comparison.is_empty():
+        body.append(f"<p>No measured dataset has a table in the paper (its tables: {', '.join(paper_datasets())}).</p>")
+    else:
+        rows = []
+        for c in comparison.iter_rows(named=True):
+            rows.append("<tr>" + "".join([
+                td(c["dataset"], "l"), td(fmt_r(c['r']), value=c["r"]), td(c["method"], "l"),
+                td(fmt(c["paper_mean"])), td(fmt(c["paper_std"])),
+                td(fmt(c["ours_mean"]), "missing" if c["ours_mean"] is None else ""), td(fmt(c["ours_std"])),
+                td(c["ours_n"]), td(MISSING if c["diff"] is None else f"{c['diff']:+.2f}", value=c["diff"]),
+                td("beyond std" if c["flag"] else "", "flag" if c["flag"] else ""),
+            ]) + "</tr>")
+        body.append(html_table(["dataset", "r", "method", "paper", "std", "measured", "std", "n", "diff", "flag"],
+                                rows))
+    return body
+
+
+def _estimates_html(estimates: pl.DataFrame) -> list[str]:
+    """How close the methods that estimate T came to the true T."""
+    body: list[str] = []
+    body.append(f"<h2>Transition-matrix estimates</h2><p class=note>{html.escape(ESTIMATES_NOTE)}</p>")
+    rows = ["<tr>" + "".join([
+        td(e["dataset"], "l"), td(e["noise"], "l"), td(fmt_r(e["r"]), value=e["r"]),
+        td(label(e["method"]), "l"), td(e["n"]),
+        td(pm(e["err_mean"], e["err_std"], 3), value=e["err_mean"]),
+        td(pm(e["acc_mean"], e["acc_std"]), value=e["acc_mean"]), td(fmt(e["last_mean"])),
+        td(e["t_hat_mean"], "l"), td(e["truth"], "l"),
+    ]) + "</tr>" for e in estimates.iter_rows(named=True)]
+    body.append(html_table(["dataset", "noise", "r", "method", "n", "rel. error", "test acc",
+                             "last-epoch acc", "T^ (mean)", "true T"], rows, left=2))
+    return body
+
+
 def to_html(tabs: list[Table], paired: pl.DataFrame, wtl: pl.DataFrame, comparison: pl.DataFrame,
             df: pl.DataFrame, plots: dict[tuple[str, str], Path], heatmap: Path, summary: str,
             estimates: pl.DataFrame | None = None, extra: str = "") -> str:
@@ -225,33 +262,10 @@ def to_html(tabs: list[Table], paired: pl.DataFrame, wtl: pl.DataFrame, comparis
         rows = ["<tr>" + "".join(td(w[k], "l" if k in ("dataset", "method") else "") for k in wtl.columns)
                 + "</tr>" for w in wtl.iter_rows(named=True)]
         body.append(html_table(wtl.columns, rows, left=2))
-    body.append("<h2>Paper vs measured</h2>")
-    if comparison.is_empty():
-        body.append(f"<p>No measured dataset has a table in the paper (its tables: {', '.join(paper_datasets())}).</p>")
-    else:
-        rows = []
-        for c in comparison.iter_rows(named=True):
-            rows.append("<tr>" + "".join([
-                td(c["dataset"], "l"), td(fmt_r(c['r']), value=c["r"]), td(c["method"], "l"),
-                td(fmt(c["paper_mean"])), td(fmt(c["paper_std"])),
-                td(fmt(c["ours_mean"]), "missing" if c["ours_mean"] is None else ""), td(fmt(c["ours_std"])),
-                td(c["ours_n"]), td(MISSING if c["diff"] is None else f"{c['diff']:+.2f}", value=c["diff"]),
-                td("beyond std" if c["flag"] else "", "flag" if c["flag"] else ""),
-            ]) + "</tr>")
-        body.append(html_table(["dataset", "r", "method", "paper", "std", "measured", "std", "n", "diff", "flag"],
-                                rows))
+    body += _paper_html(comparison)
     body.append(png(heatmap))
     if estimates is not None and not estimates.is_empty():
-        body.append(f"<h2>Transition-matrix estimates</h2><p class=note>{html.escape(ESTIMATES_NOTE)}</p>")
-        rows = ["<tr>" + "".join([
-            td(e["dataset"], "l"), td(e["noise"], "l"), td(fmt_r(e["r"]), value=e["r"]),
-            td(label(e["method"]), "l"), td(e["n"]),
-            td(pm(e["err_mean"], e["err_std"], 3), value=e["err_mean"]),
-            td(pm(e["acc_mean"], e["acc_std"]), value=e["acc_mean"]), td(fmt(e["last_mean"])),
-            td(e["t_hat_mean"], "l"), td(e["truth"], "l"),
-        ]) + "</tr>" for e in estimates.iter_rows(named=True)]
-        body.append(html_table(["dataset", "noise", "r", "method", "n", "rel. error", "test acc",
-                                 "last-epoch acc", "T^ (mean)", "true T"], rows, left=2))
+        body += _estimates_html(estimates)
     body.append(extra)  # bench.report.diagnostics: selection rules, curves, detection, cost, noisy labels
     broken = df.filter(pl.col("status") != "ok").sort("dataset", "noise", "r", "method", "seed")
     body.append(f"<h2>Diverged and failed trials ({broken.height})</h2>")
