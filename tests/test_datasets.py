@@ -65,6 +65,8 @@ def test_mr_splits_vocabulary_and_encoding(tmp_path: Path, monkeypatch) -> None:
     n_train, n_val = 200 * 7676 // 10662, 200 * 1919 // 10662
     assert (len(splits.train), len(splits.val), len(splits.test)) == (n_train, n_val, 200 - n_train - n_val)
     assert splits.notes and "proportional" in splits.notes[0]
+    # Not rounding: the training share of positives in a random 142 of 100 + 100 sentences, hypergeometric with sd
+    # sqrt(0.25 / 142 x 58 / 199) = 0.023; 0.15 is 6.6 of them.
     assert splits.train.y.mean() == pytest.approx(0.5, abs=0.15)
     again = MovieReview(tmp_path).load()
     assert torch.equal(again.train.x, splits.train.x)  # deterministic split and vocabulary
@@ -95,6 +97,8 @@ def test_real_fashion_mnist(shared_data: Path) -> None:
     splits = get_dataset("fashion_mnist")(shared_data).load()
     assert (len(splits.train), len(splits.val), len(splits.test)) == (50_000, 10_000, 10_000)
     assert (splits.test.y == 0).mean() == pytest.approx(0.1)  # 1,000 test bags
+    # The first 50k of 60k training images, 6,000 of them bags: the share sits within a few of its hypergeometric
+    # sd sqrt(0.09 / 50000 x 10000 / 59999) = 5.5e-4 of 0.1; 0.01 is 18 of them.
     assert (splits.train.y == 0).mean() == pytest.approx(0.1, abs=0.01)
 
 
@@ -104,6 +108,7 @@ def test_real_mr(shared_data: Path) -> None:
     assert (len(splits.train), len(splits.val), len(splits.test)) == (7_676, 1_919, 1_067)
     assert not splits.notes
     assert splits.model_args["vocab_size"] > 10_000
+    # 7,676 of 5,331 + 5,331 sentences drawn at random: sd sqrt(0.25 / 7676 x 2986 / 10661) = 3e-3; 0.02 is 6.6.
     assert splits.train.y.mean() == pytest.approx(0.5, abs=0.02)
 
 

@@ -70,6 +70,8 @@ def test_ce_collapses_and_dmi_does_not_under_diagonally_non_dominant_noise() -> 
     dmi = run_trial(_config(method="dmi", r=0.7, epochs=8, epochs_warmup=3, lr=3e-3), "unused", log=_quiet)
     p = prepare(_config(), "unused")
     minority_share = 100 * float((p.splits.test.y == 0).mean())
+    # Not a rounding bound: the all-minority classifier scores the minority share exactly; 1 point (10 of the
+    # 1,000 test examples predicted otherwise) is still that classifier, where a working one is far above.
     assert ce["test_acc"] == pytest.approx(minority_share, abs=1.0)
     assert dmi["test_acc"] > 80.0
 
