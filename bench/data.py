@@ -112,6 +112,13 @@ class Dataset:
     def missing_files(self) -> list[str]:
         return [rel for rel in self.files if not (self.root / rel).exists()]
 
+    def damaged_files(self) -> list[str]:
+        """Present files whose md5 checksum fails (none checked when checksums are off)."""
+        if not self.verify:
+            return []
+        return [rel for rel, md5 in self.files.items()
+                if md5 and (self.root / rel).is_file() and file_md5(self.root / rel) != md5]
+
     def check_files(self) -> None:
         """Raise a `UserError` naming missing or corrupt files and where to get them."""
         missing = self.missing_files()
@@ -119,13 +126,9 @@ class Dataset:
             raise UserError(
                 f"{self.name}: missing {', '.join(missing)} under {self.root}; {self.how_to_get()}"
             )
-        if self.verify:
-            for rel, md5 in self.files.items():
-                if md5 and file_md5(self.root / rel) != md5:
-                    raise UserError(
-                        f"{self.name}: {self.root / rel} is corrupt (md5 mismatch); delete it and "
-                        f"{self.how_to_get()}"
-                    )
+        for rel in self.damaged_files()[:1]:
+            raise UserError(f"{self.name}: {self.root / rel} is corrupt (md5 mismatch); delete it and "
+                            f"{self.how_to_get()}")
 
     def how_to_get(self) -> str:
         if self.urls:
@@ -164,13 +167,21 @@ class Dataset:
         return self.eval_transform(x)
 
     def describe(self) -> list[str]:
-        """Extra lines for `bench datasets`: what is missing and where to get it."""
+        """Extra lines for `bench datasets`: what is missing or damaged, and where to get it."""
         missing = self.missing_files()
-        return [f"missing: {', '.join(missing)}", f"get: {self.how_to_get()}"] if missing else []
+        if missing:
+            return [f"missing: {', '.join(missing)}", f"get: {self.how_to_get()}"]
+        damaged = self.damaged_files()
+        return [f"damaged (md5 mismatch): {', '.join(damaged)}", f"delete them and {self.how_to_get()}"] \
+            if damaged else []
 
     def status(self) -> str:
+        """`ready` (present and, unless checksums are off, intact), `missing ...` or `damaged ...`."""
         missing = self.missing_files()
-        return "ready" if not missing else f"missing {len(missing)} of {len(self.files)} files"
+        if missing:
+            return f"missing {len(missing)} of {len(self.files)} files"
+        damaged = self.damaged_files()
+        return f"damaged: {len(damaged)} of {len(self.files)} files" if damaged else "ready"
 
 
 def file_md5(path: Path, chunk: int = 1 << 20) -> str:

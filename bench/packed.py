@@ -449,7 +449,7 @@ def _run_pack(
     for key in dict.fromkeys(keys):
         found = warm_cache.get(key) if warm_cache is not None else None
         if found is not None:
-            states[key] = found
+            states[key], warm_epochs[key] = found
     missing = [key for key in dict.fromkeys(keys) if key not in states]
     warmup_s = warm_diagnose_s = 0.0
     if missing:
@@ -458,7 +458,7 @@ def _run_pack(
         for key, state, member_rows in zip(missing, trained, rows, strict=True):
             states[key], warm_epochs[key] = state, member_rows
             if warm_cache is not None:
-                warm_cache.put(key, state, warmup_s / len(missing))
+                warm_cache.put(key, state, member_rows, warmup_s / len(missing))
 
     # The method stage: each member's method set up on its own warm-started model, then the stack trained.
     nets, generators = [], []

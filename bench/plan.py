@@ -34,6 +34,7 @@ class Plan:
     trials: list[TrialConfig]
     results: str
     done: dict[str, str] = field(default_factory=dict)  # trial_id -> status of rows that need no re-run
+    unmatched: int = 0  # rows in the folder that are no trial of this grid (another grid's, other settings)
 
     @classmethod
     def make(cls, experiment: Experiment, results: str, device: str | None = None) -> Plan:
@@ -43,7 +44,15 @@ class Plan:
         check_trials(trials)
         rows = Store(results).statuses()
         done = {t.trial_id: rows[t.trial_id] for t in trials if rows.get(t.trial_id, "failed") != "failed"}
-        return cls(experiment, trials, results, done)
+        return cls(experiment, trials, results, done, len(set(rows) - {t.trial_id for t in trials}))
+
+    def unmatched_note(self) -> str | None:
+        """One line on the rows of the folder that match no trial of this grid, if any."""
+        if not self.unmatched:
+            return None
+        return (f"note: {self.unmatched} result rows in {self.results} match no trial of this grid (another grid's, "
+                "or trained with other settings or defaults): left as they are; reports count each (cell, setting, "
+                "seed) once, from its newest row")
 
     @property
     def pending(self) -> list[TrialConfig]:
@@ -253,6 +262,8 @@ def print_plan(plan: Plan, out: Callable[[str], None] = print, pack: str | int =
     out(f"per trial: {res.cpu:g} CPU, {res.gpu:g} GPU, device {pending[0].device if pending else exp.device}; "
         f"at most {exp.max_concurrent or 'as many as fit'} at once")
     out(f"results: {plan.results}")
+    if note := plan.unmatched_note():
+        out(note)
     units = plan_units(pending, pack, data_root)
     if line := describe_units(units, pack, data_root):
         out(line)

@@ -108,10 +108,7 @@ def prepare(
     if not 0.0 <= config.r <= 1.0:
         raise UserError(f"--r must lie in [0, 1], got {config.r}")
     device = resolve_device(config.device)
-    method_stage = dataset_cls.method_stage.with_overrides(
-        lr=config.lr, batch_size=config.batch_size, epochs=config.epochs
-    )
-    warmup = dataset_cls.warmup.with_overrides(epochs=config.epochs_warmup)
+    warmup, method_stage = config.schedules()
     for label, value in (("--lr", method_stage.lr), ("--batch-size", method_stage.batch_size)):
         if value <= 0:
             raise UserError(f"{label} must be positive, got {value}")
@@ -195,27 +192,29 @@ def build_model(p: Prepared) -> nn.Module:
     return models.create(p.dataset.model, p.dataset.num_classes, p.device, **p.splits.model_args)
 
 
-WarmStartCache = Callable[[str, Callable[[], dict[str, torch.Tensor]]], dict[str, torch.Tensor]]
+# A warm start: the network's state and its stage's epoch rows; the cache maps (key, train it) to one.
+WarmStart = tuple[dict[str, torch.Tensor], list[dict[str, Any]]]
+WarmStartCache = Callable[[str, Callable[[], WarmStart]], WarmStart]
 
 
 def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, labels)
 
 
-def warm_start(p: Prepared, net_index: int, log: Log, epochs: list[dict[str, Any]],
-               diagnose_seconds: list[float] | None = None) -> dict[str, torch.Tensor]:
-    """Train one network with CE on the noisy labels; return the state with the lowest noisy-validation CE.
-    Its epoch rows are appended to `epochs`, the seconds its diagnostics took to `diagnose_seconds`."""
+def warm_start(p: Prepared, net_index: int, log: Log,
+               diagnose_seconds: list[float] | None = None) -> WarmStart:
+    """Train one network with CE on the noisy labels; return the state with the lowest noisy-validation CE and the
+    stage's epoch rows (the cache keeps both, so that a trial's record does not depend on who trained its warm
+    start). The seconds its diagnostics took go to `diagnose_seconds`."""
     seed = warm_seed(p.config.seed, net_index)
     seed_everything(seed)
     net = build_model(p)
     stage = SoloStage(p, [net], p.warmup, seed, _ce_step, _ce)
     name = f"warmup{net_index}" if net_index else "warmup"
     result = run_stage(stage, name, p.warmup.epochs, log, initial_is_candidate=False)
-    epochs.extend(result.epochs[0])
     if diagnose_seconds is not None:
         diagnose_seconds.append(result.diagnose_seconds)
-    return stage.best_state
+    return stage.best_state, result.epochs[0]
 
 
 @dataclass
@@ -262,10 +261,11 @@ def train(
     started = time.perf_counter()
     nets = []
     for i in range(method_cls.networks):
-        def fresh(i: int = i) -> dict[str, torch.Tensor]:
-            return warm_start(p, i, log, epochs, diagnose_seconds)
+        def fresh(i: int = i) -> WarmStart:
+            return warm_start(p, i, log, diagnose_seconds)
 
-        state = warm_cache(warm_start_key(p, i), fresh) if warm_cache else fresh()
+        state, rows = warm_cache(warm_start_key(p, i), fresh) if warm_cache else fresh()
+        epochs.extend(rows)
         net = build_model(p)
         net.load_state_dict(state)
         nets.append(net)

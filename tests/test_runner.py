@@ -288,13 +288,13 @@ def test_gpu_request_on_a_cpu_only_cluster_fails_at_once(ray_session, tmp_path):
 def _want_warm_start(results: str, key: str, log: str) -> tuple[float, dict]:
     cache = WarmStartCache(results)
 
-    def train() -> dict[str, torch.Tensor]:
+    def train() -> tuple[dict[str, torch.Tensor], list[dict]]:
         with open(log, "a") as f:
             f.write(f"{os.getpid()}\n")
         time.sleep(1.0)
-        return {"w": torch.full((3,), float(os.getpid()))}
+        return {"w": torch.full((3,), float(os.getpid()))}, []
 
-    state = cache(key, train)
+    state, _ = cache(key, train)
     return float(state["w"][0]), cache.stats()
 
 
