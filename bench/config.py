@@ -1,16 +1,13 @@
-"""The trial configuration: every axis of one trial, its defaults, and its identity.
-
-A trial is a pure function of its resolved `TrialConfig`. `trial_id` hashes exactly the fields that change the
-numbers, so relaunching a grid recognises finished trials and a grid can grow without re-running anything.
-"""
+"""The ground floor every other module stands on: the one error users see (`UserError`, exit code 2), plug-in
+discovery and lookup, the data root, a stage's optimiser schedule (`Schedule`), reading a user's text file.
+A trial's configuration and identity are `bench.trial`'s."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +44,6 @@ def discover(base: type, places: tuple[str, ...]) -> dict[str, Any]:
                                     f"{module.__name__}; rename one")
                 found[obj.name] = obj
     return dict(sorted(found.items()))
-
 
 
 def lookup(found: dict[str, Any], kind: str, name: str) -> Any:
@@ -119,49 +115,3 @@ class Schedule:
         return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
 
-# Fields that do not change a trial's numbers, so they stay out of its identity.
-_NOT_IDENTITY = {"device", "experiment"}
-
-
-@dataclass(frozen=True)
-class TrialConfig:
-    """Everything that defines one trial. `None` means "the dataset's paper default" until `resolve`."""
-
-    dataset: str
-    method: str
-    noise: str
-    r: float
-    seed: int = 0
-    lr: float | None = None
-    batch_size: int | None = None
-    epochs: int | None = None
-    epochs_warmup: int | None = None
-    method_params: tuple[tuple[str, Any], ...] = ()
-    transition: tuple[tuple[float, ...], ...] | None = None  # explicit T, with noise="transition"
-    train_subset: int | None = None  # use only the first N training examples (quick runs, tests)
-    device: str = "cpu"
-    experiment: str = "adhoc"
-    extra: tuple[tuple[str, Any], ...] = field(default=())
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return dict(self.method_params)
-
-    def identity(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        for k in _NOT_IDENTITY:
-            d.pop(k)
-        d["r"] = round(float(d["r"]), 10)
-        d["method_params"] = sorted([list(p) for p in self.method_params])
-        d["transition"] = [list(row) for row in self.transition] if self.transition else None
-        d["extra"] = sorted([list(p) for p in self.extra])
-        return d
-
-    @property
-    def trial_id(self) -> str:
-        blob = json.dumps(self.identity(), sort_keys=True, default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def freeze_params(params: dict[str, Any] | None) -> tuple[tuple[str, Any], ...]:
-    return tuple(sorted((params or {}).items()))

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from bench import noise
-from bench.config import Schedule, TrialConfig, UserError, discover, lookup
+from bench.config import Schedule, UserError, discover, lookup
 
 
 @dataclass
@@ -80,6 +80,8 @@ class Dataset:
     # A method's own method-stage schedule on this dataset (method name -> schedule), where the paper's code trains
     # that method with one (e.g. its CIFAR-10/FW.py); `stage_schedule` picks it.
     method_stages: ClassVar[dict[str, Schedule]] = {}
+    # Bumped when a change to this file changes a trial's numbers (a split, a reading): part of trial identity.
+    version: ClassVar[int] = 1
     # Published files, relative to `folder` under the data root: path -> md5 (None: not checked).
     files: ClassVar[dict[str, str | None]] = {}
     folder: ClassVar[str] = ""
@@ -103,11 +105,10 @@ class Dataset:
         return tuple(cls.noise_patterns) + noise.GENERIC_PATTERNS
 
     @classmethod
-    def stage_schedule(cls, config: TrialConfig) -> Schedule:
-        """The schedule a trial's method stage trains with: its method's own on this dataset (else the dataset's
-        method stage), with the lr, batch size and epochs the trial sets explicitly (an experiment file's win)."""
-        own = cls.method_stages.get(config.method, cls.method_stage)
-        return own.with_overrides(lr=config.lr, batch_size=config.batch_size, epochs=config.epochs)
+    def stage_schedule(cls, method: str, **explicit: Any) -> Schedule:
+        """The schedule a method stage trains with: the method's own on this dataset (else the dataset's method
+        stage), with the lr, batch size and epochs a trial sets explicitly (`explicit`; None: not set)."""
+        return cls.method_stages.get(method, cls.method_stage).with_overrides(**explicit)
 
     @classmethod
     def is_real_noise(cls, pattern: str) -> bool:
@@ -123,6 +124,13 @@ class Dataset:
     def missing_files(self) -> list[str]:
         return [rel for rel in self.files if not (self.root / rel).exists()]
 
+    def damaged_files(self) -> list[str]:
+        """Present files whose md5 checksum fails (none checked when checksums are off)."""
+        if not self.verify:
+            return []
+        return [rel for rel, md5 in self.files.items()
+                if md5 and (self.root / rel).is_file() and file_md5(self.root / rel) != md5]
+
     def check_files(self) -> None:
         """Raise a `UserError` naming missing or corrupt files and where to get them."""
         missing = self.missing_files()
@@ -130,13 +138,9 @@ class Dataset:
             raise UserError(
                 f"{self.name}: missing {', '.join(missing)} under {self.root}; {self.how_to_get()}"
             )
-        if self.verify:
-            for rel, md5 in self.files.items():
-                if md5 and file_md5(self.root / rel) != md5:
-                    raise UserError(
-                        f"{self.name}: {self.root / rel} is corrupt (md5 mismatch); delete it and "
-                        f"{self.how_to_get()}"
-                    )
+        for rel in self.damaged_files()[:1]:
+            raise UserError(f"{self.name}: {self.root / rel} is corrupt (md5 mismatch); delete it and "
+                            f"{self.how_to_get()}")
 
     def how_to_get(self) -> str:
         if self.urls:
@@ -176,13 +180,21 @@ class Dataset:
         return self.eval_transform(x)
 
     def describe(self) -> list[str]:
-        """Extra lines for `bench datasets`: what is missing and where to get it."""
+        """Extra lines for `bench datasets`: what is missing or damaged, and where to get it."""
         missing = self.missing_files()
-        return [f"missing: {', '.join(missing)}", f"get: {self.how_to_get()}"] if missing else []
+        if missing:
+            return [f"missing: {', '.join(missing)}", f"get: {self.how_to_get()}"]
+        damaged = self.damaged_files()
+        return [f"damaged (md5 mismatch): {', '.join(damaged)}", f"delete them and {self.how_to_get()}"] \
+            if damaged else []
 
     def status(self) -> str:
+        """`ready` (present and, unless checksums are off, intact), `missing ...` or `damaged ...`."""
         missing = self.missing_files()
-        return "ready" if not missing else f"missing {len(missing)} of {len(self.files)} files"
+        if missing:
+            return f"missing {len(missing)} of {len(self.files)} files"
+        damaged = self.damaged_files()
+        return f"damaged: {len(damaged)} of {len(self.files)} files" if damaged else "ready"
 
 
 def file_md5(path: Path, chunk: int = 1 << 20) -> str:

@@ -147,6 +147,9 @@ class Method:
     networks: ClassVar[int] = 1  # how many networks the trainer builds (Co-teaching: 2)
     uses_true_transition: ClassVar[bool] = False  # privileged information: flagged in results
     member_state: ClassVar[tuple[str, ...]] = ()  # tensor attributes that differ between members of a pack
+    # Bumped when a change to the method changes a trial's numbers with its parameters unchanged: part of trial
+    # identity, so that rows made by the old code do not count as done.
+    version: ClassVar[int] = 1
     reference: ClassVar[str] = ""  # "owner/repo, path/file.py, commit <sha>"; several joined by "; "
     differences: ClassVar[tuple[str, ...]] = ()  # every remaining difference from `reference`: "what — why"
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 
-from bench.config import TrialConfig
 from bench.exec import diagnostics
 from bench.exec.trainer import run_trial
+from bench.trial import TrialConfig
 
 
 def main() -> None:

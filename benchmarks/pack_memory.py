@@ -19,10 +19,10 @@ import time
 import numpy as np
 import torch
 
-from bench.config import TrialConfig
 from bench.exec.memory import GIB, device_memory, pack_memory
 from bench.exec.pack import run_pack
 from bench.exec.prepare import prepare
+from bench.trial import TrialConfig
 
 NOISE = {"fashion_mnist": "case3", "mr": "pos_to_neg", "synthetic": "case3"}
 

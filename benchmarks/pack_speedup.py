@@ -23,12 +23,12 @@ import time
 import numpy as np
 import torch
 
-from bench.config import TrialConfig
 from bench.data import Split, Splits, get_dataset
 from bench.exec.packed import PackedStage, device_generator
 from bench.exec.prepare import build_model, method_seed, prepare, seed_everything
 from bench.exec.stage import SoloStage
 from bench.methods import get_method
+from bench.trial import TrialConfig
 
 BATCH = 128
 

@@ -19,13 +19,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bench.config import TrialConfig, UserError, default_data_root
+from bench.config import UserError, default_data_root
 from bench.data import Split, Splits
 from bench.dmi import DMI
 from bench.exec.prepare import SplitLoader, prepare
 from bench.exec.stage import make_optimizer, train_epoch
 from bench.methods import Batch
 from bench.models import create
+from bench.trial import TrialConfig
 
 
 def fashion_splits(data_root: str, subset: int) -> tuple[object, Splits]:

@@ -23,13 +23,13 @@ import pytest
 import torch
 
 from bench.cli.main import main
-from bench.config import TrialConfig
 from bench.exec.memory import GIB, pack_memory
 from bench.exec.packed import EVAL_IMAGES
 from bench.exec.prepare import prepare
 from bench.grid.files import load_experiment
 from bench.grid.plan import PACK_MAX, describe_gpus, plan_units, share_gpus, warm_cell
 from bench.grid.runner import Settings, plan_on_cluster, start_ray
+from bench.trial import TrialConfig
 
 REPO = Path(__file__).resolve().parents[1]
 FIGURE = REPO / "tune_configs" / "fashion_mnist_figure.yaml"  # 300 trials: 150 cells of a CE and an L_DMI trial

@@ -28,13 +28,14 @@ from bench.baselines.jocor import JoCoR
 from bench.baselines.nce_rce import NormalizedCEReverseCE
 from bench.baselines.peer import PeerLoss
 from bench.baselines.sce import SymmetricCrossEntropy
-from bench.config import Schedule, TrialConfig, UserError, freeze_params
+from bench.config import Schedule, UserError
 from bench.data import get_dataset
 from bench.exec.pack import run_pack
 from bench.exec.prepare import prepare
 from bench.exec.stage import SoloStage
 from bench.exec.trainer import run_trial
 from bench.methods import Batch, Method, StageContext, describe_params, registry
+from bench.trial import TrialConfig, freeze_params
 
 QUIET = dict(log=lambda s: None)
 T2 = np.array([[0.6, 0.4], [0.3, 0.7]])  # the probe

@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.cli.main import main
-from bench.config import Schedule, TrialConfig, freeze_params
+from bench.config import Schedule
 from bench.methods import Batch, StageContext, check_params, fidelity_record, registry
+from bench.trial import TrialConfig, freeze_params
 
 REPO = Path(__file__).resolve().parents[1]
 

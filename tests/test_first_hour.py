@@ -29,13 +29,14 @@ from test_report import make_row, write
 
 import bench
 from bench.cli import main as cli
-from bench.config import TrialConfig, UserError
+from bench.config import UserError
 from bench.grid.files import Overrides, load_experiment
 from bench.grid.plan import Plan
 from bench.grid.progress import StatusBoard, Tally, UnitReporter, describe_progress, make_callback, print_summary
 from bench.grid.runner import Settings, run_experiment
 from bench.report import analysis
 from bench.store.folder import read_table
+from bench.trial import TrialConfig
 
 REPO = Path(__file__).resolve().parents[1]
 SYNTHETIC = dict(name="syn", dataset="synthetic", noise="case3", r=[0.0, 0.4], seeds=[0, 1], epochs=2,

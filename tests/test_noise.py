@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from bench import noise
-from bench.config import TrialConfig, UserError
+from bench.config import UserError
 from bench.data import registry
 from bench.exec.prepare import prepare
+from bench.trial import TrialConfig
 
 
 def test_paper_matrices() -> None:

@@ -1,12 +1,12 @@
 """Packed trials (bench.exec.packed): each member is its own trial, whatever its pack-mates.
 
 Solo and packed runs are compared on the CPU: same noisy labels, data order, dropout masks and initial weights,
-so they agree up to the order of floating-point sums (grouped vs single convolutions)."""
+so what must be bit-equal is compared exactly and the trained numbers within the rounding of a training
+(grouped against single convolutions sum in another order: tests/tolerances.py derives how far that goes)."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -16,40 +16,54 @@ import polars as pl
 import pytest
 import torch
 from conftest import crashing_checkpoints
+from tolerances import same_accuracy, same_selection, trained_close
 
-from bench.config import Schedule, TrialConfig, UserError, freeze_params
+from bench.config import Schedule, UserError
 from bench.exec.pack import run_pack
 from bench.exec.packed import PackedStage, StackedOptimizer, why_solo
 from bench.exec.trainer import run_trial
 from bench.grid.plan import pack_id, plan_units
 from bench.methods import Batch, Method, registry
 from bench.store.folder import read_table
+from bench.trial import TrialConfig, freeze_params
 
 REPO = Path(__file__).resolve().parents[1]
 QUIET = dict(log=lambda s: None)
+TEST_EXAMPLES = {"fashion_mnist": 60, "synthetic": 1000}  # tiny_fashion's and the synthetic set's test splits
 
 
-def _close(a: float, b: float, rel: float = 1e-5) -> bool:
-    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-7)
-
-
-def _assert_same_trial(packed: dict, solo: dict, rel: float = 1e-5) -> None:
+def _assert_same_trial(packed: dict, solo: dict, solo_val: list[float] | None = None) -> None:
+    """Bit-equal: the trial, its noisy labels, its status. Within the rounding of a training: the selected epoch
+    (a tie in `solo_val`, the solo trial's method-stage validation losses, may go either way), its loss and the
+    accuracies."""
     assert packed["trial_id"] == solo["trial_id"]
     assert packed["noise_hash"] == solo["noise_hash"]
     assert packed["status"] == solo["status"]
-    assert packed["best_epoch"] == solo["best_epoch"]
-    assert _close(packed["val_loss"], solo["val_loss"], rel), (packed["val_loss"], solo["val_loss"])
-    for key in ("test_acc", "last_test_acc", "warmup_test_acc"):
-        assert packed[key] == pytest.approx(solo[key], abs=1e-6), key
+    assert packed["best_epoch"] == solo["best_epoch"] or (
+        solo_val is not None and same_selection(packed["best_epoch"], solo["best_epoch"], solo_val))
+    assert trained_close(packed["val_loss"], solo["val_loss"]), (packed["val_loss"], solo["val_loss"])
+    examples = TEST_EXAMPLES[packed["dataset"]]
+    keys = ("last_test_acc", "warmup_test_acc") if packed["best_epoch"] != solo["best_epoch"] else (
+        "test_acc", "last_test_acc", "warmup_test_acc")
+    for key in keys:
+        assert same_accuracy(packed[key], solo[key], examples), (key, packed[key], solo[key])
 
 
 def _curves(results: Path, trial_id: str) -> pl.DataFrame:
     return pl.read_parquet(results / "epochs" / f"{trial_id}.parquet")
 
 
+def _assert_same_curves(a: pl.DataFrame, b: pl.DataFrame) -> None:
+    assert a["stage"].to_list() == b["stage"].to_list()
+    for column in ("train_loss", "val_loss"):
+        for x, y in zip(a[column], b[column], strict=True):
+            assert (x is None and y is None) or trained_close(x, y), (column, x, y)
+
+
 def test_a_packed_member_equals_its_solo_trial_with_dropout(tiny_fashion: Path, tmp_path: Path) -> None:
-    """Fashion-MNIST's CNN (dropout 0.5): 9 epochs x 6 steps of batch 16 in each stage, 54 steps; the per-epoch
-    training losses (means over the steps) agree to 1e-5, so do selection and test accuracy."""
+    """Fashion-MNIST's CNN (dropout 0.5): 9 epochs x 6 steps of batch 16 in each stage, 108 steps; the per-epoch
+    losses, the selection and the accuracies agree within the rounding of a training (tests/tolerances.py), which
+    a learning rate 10% off exceeds."""
     configs = [
         TrialConfig("fashion_mnist", method, "case3", r, seed=seed, lr=lr, batch_size=16, epochs=9,
                     epochs_warmup=9)
@@ -58,14 +72,16 @@ def test_a_packed_member_equals_its_solo_trial_with_dropout(tiny_fashion: Path, 
     rows = run_pack(configs, tiny_fashion, results=tmp_path / "packed", **QUIET)
     for config, packed in zip(configs, rows, strict=True):
         solo = run_trial(config, tiny_fashion, results=tmp_path / "solo", **QUIET)
-        _assert_same_trial(packed, solo)
-        assert packed["pack_size"] == 3 and solo["pack_size"] == 1
         a, b = _curves(tmp_path / "packed", config.trial_id), _curves(tmp_path / "solo", config.trial_id)
-        assert a["stage"].to_list() == b["stage"].to_list() and a.height == 9 + 10
-        for x, y in zip(a["train_loss"].drop_nulls(), b["train_loss"].drop_nulls(), strict=True):
-            assert _close(x, y), (x, y)
-        for x, y in zip(a["val_loss"], b["val_loss"], strict=True):
-            assert _close(x, y), (x, y)
+        assert a.height == 9 + 10
+        _assert_same_trial(packed, solo, b.filter(stage="method")["val_loss"].to_list())
+        assert packed["pack_size"] == 3 and solo["pack_size"] == 1
+        _assert_same_curves(a, b)
+    off = dataclasses.replace(configs[0], lr=1.1e-3)
+    run_trial(off, tiny_fashion, results=tmp_path / "off", **QUIET)
+    ours = _curves(tmp_path / "packed", configs[0].trial_id).filter(stage="method")["val_loss"]
+    theirs = _curves(tmp_path / "off", off.trial_id).filter(stage="method")["val_loss"]
+    assert not all(trained_close(x, y) for x, y in zip(ours, theirs, strict=True))
 
 
 PACKABLE = sorted(name for name, cls in registry().items() if cls(2).packable())
@@ -101,9 +117,12 @@ def test_packed_mentornet_members_keep_their_own_thresholds(tmp_path: Path) -> N
         _assert_same_trial(packed, solo)
         a, b = (_curves(tmp_path / where, config.trial_id).filter(pl.col("stage") == "method")
                 for where in ("packed", "solo"))
-        # Up to the order of float sums: a flag may flip at the threshold, an AUROC move in the 7th digit.
+        # Shares of the 4,000 training examples, moved only by an example whose loss lies within TRAINED_REL of
+        # the threshold (a flag) or of another's (an AUROC pair): a share of about 2 TRAINED_REL x (density of the
+        # losses there x loss), below 2 x 2e-3 x 1 for losses spread like these (the threshold is their 70th
+        # percentile); 0.01 bounds both.
         assert a["det_flagged"].to_list() == pytest.approx(b["det_flagged"].to_list(), abs=0.01)
-        assert a["det_auroc"].to_list() == pytest.approx(b["det_auroc"].to_list(), abs=1e-5)
+        assert a["det_auroc"].to_list() == pytest.approx(b["det_auroc"].to_list(), abs=0.01)
     assert rows[0]["val_loss"] != rows[1]["val_loss"]
     results = str(tmp_path / "resumed")
     with pytest.raises(RuntimeError, match="node lost"):
@@ -127,7 +146,7 @@ def test_a_members_numbers_do_not_depend_on_its_pack(tiny_fashion: Path) -> None
     first = run_pack([me, *others[:2]], tiny_fashion, **QUIET)[0]
     middle = run_pack([*others[:4], me, *others[4:]], tiny_fashion, **QUIET)[4]
     for row in (first, middle):
-        _assert_same_trial(row, alone, rel=1e-6)
+        _assert_same_trial(row, alone)
     assert (alone["pack_size"], first["pack_size"], middle["pack_size"]) == (1, 3, 8)
 
 
@@ -155,6 +174,8 @@ def test_the_stacked_step_is_each_members_own_optimizer_step(optimizer: str) -> 
             w.grad = grads[step][m]
             solo.step()
             sched.step()
+        # Elementwise updates in another order: each step rounds w by U32|w| and its ~10-operation update
+        # (<= 3.2 lr) by 10 U32; three steps: 3 x 6e-8 |w| + 30 x 6e-8 x 3.2 x 1e-2 < 1e-6 |w| + 1e-7.
         torch.testing.assert_close(stacked["w"][m].detach(), w.detach(), rtol=1e-6, atol=1e-7)
     assert not torch.equal(stacked["w"][0], start[0]) and not torch.equal(stacked["w"][1], start[1])
 
@@ -180,7 +201,7 @@ def test_a_diverging_member_is_frozen_and_the_others_are_unchanged(tmp_path: Pat
     without = run_pack(healthy, "unused", **QUIET)
     with_sick = run_pack([healthy[0], sick, healthy[1]], "unused", results=tmp_path, **QUIET)
     for a, b in zip(without, (with_sick[0], with_sick[2]), strict=True):
-        _assert_same_trial(b, a, rel=1e-6)
+        _assert_same_trial(b, a)
     assert with_sick[1]["status"] == "diverged" and "epoch 2" in with_sick[1]["error"]
     assert with_sick[1]["best_epoch"] in (0, 1)  # its best state from before the NaN
     assert read_table(tmp_path).filter(pl.col("status") == "diverged").height == 1
@@ -375,7 +396,7 @@ import bench.exec.memory
 from bench.data import registry as datasets
 from bench.methods import registry as methods
 assert len(datasets()) >= 7 and len(methods()) >= 13
-from bench.config import TrialConfig
+from bench.trial import TrialConfig
 rows = bench.exec.pack.run_pack([TrialConfig("synthetic", m, "case3", 0.3, epochs=1, epochs_warmup=1)
                               for m in ("ce", "dmi")], "unused", log=lambda s: None)
 assert [r["status"] for r in rows] == ["ok", "ok"]
@@ -396,5 +417,5 @@ def test_dmi_loss_over_members_equals_each_members_loss() -> None:
     labels[2] = labels[2].clamp(max=1)  # member 2 misses class 2: the guard applies to it alone
     stacked = dmi_loss(logits, labels, 3)
     each = torch.stack([dmi_loss(logits[k], labels[k], 3) for k in range(5)])
-    torch.testing.assert_close(stacked, each)
+    torch.testing.assert_close(stacked, each)  # float64 sums of 64 terms: 64 U64 = 7e-15, far inside 1e-7
     assert np.isfinite(stacked.numpy()).all()

@@ -139,8 +139,8 @@ def plugin_folder(tmp_path, monkeypatch):
 
 
 def test_the_docs_templates_are_one_file_each_and_train(plugin_folder, tmp_path, capsys):
-    from bench.config import TrialConfig
     from bench.exec.prepare import prepare
+    from bench.trial import TrialConfig
 
     assert sorted(doc_files()) == ["ring_blobs.py", "taylor_ce.py"]
     assert "ring_blobs" in datasets() and "taylor_ce" in methods()

@@ -21,6 +21,7 @@ import pytest
 import torch
 import yaml
 from conftest import crashing_checkpoints
+from tolerances import same_accuracy, same_selection, trained_close
 
 from bench.cli.main import main
 from bench.config import UserError
@@ -287,13 +288,13 @@ def test_gpu_request_on_a_cpu_only_cluster_fails_at_once(ray_session, tmp_path):
 def _want_warm_start(results: str, key: str, log: str) -> tuple[float, dict]:
     cache = WarmStartCache(results)
 
-    def train() -> dict[str, torch.Tensor]:
+    def train() -> tuple[dict[str, torch.Tensor], list[dict]]:
         with open(log, "a") as f:
             f.write(f"{os.getpid()}\n")
         time.sleep(1.0)
-        return {"w": torch.full((3,), float(os.getpid()))}
+        return {"w": torch.full((3,), float(os.getpid()))}, []
 
-    state = cache(key, train)
+    state, _ = cache(key, train)
     return float(state["w"][0]), cache.stats()
 
 
@@ -309,9 +310,9 @@ def test_warm_start_cache_is_concurrent_safe(tmp_path):
 
 @pytest.mark.parametrize("method", ["dmi", "mentornet"])
 def test_a_crashed_trial_resumes_from_its_epoch_checkpoint_with_the_same_numbers(tmp_path, method):
-    from bench.config import TrialConfig
     from bench.exec.trainer import run_trial
     from bench.store.folder import Checkpoints
+    from bench.trial import TrialConfig
 
     config = TrialConfig("synthetic", method, "case3", 0.4, seed=3, epochs=5, epochs_warmup=2)
     whole = run_trial(config, tmp_path, results=tmp_path / "whole", log=lambda s: None)
@@ -427,10 +428,14 @@ def test_a_packed_grid_gives_each_trial_its_row_and_run_and_the_solo_numbers(gri
     solo = read_table(solo_results).filter(pl.col("trial_id").is_in(rows["trial_id"].to_list())).sort("trial_id")
     assert rows.height == 8 and rows["trial_id"].to_list() == solo["trial_id"].to_list()
     assert set(rows["pack_size"]) == {4} and set(solo["pack_size"]) == {1}
-    assert rows["best_epoch"].to_list() == solo["best_epoch"].to_list()
-    for a, b in zip(rows["val_loss"], solo["val_loss"], strict=True):
-        assert a == pytest.approx(b, rel=1e-5)
-    assert rows["test_acc"].to_list() == pytest.approx(solo["test_acc"].to_list(), abs=1e-6)
+    # Two float orders of each training (tests/tolerances.py): the same selection unless tied within rounding,
+    # the selected loss within it, the accuracy (1,000 test examples) within one example.
+    curves = read_table(solo_results, "epochs").filter(stage="method").sort("epoch")
+    for a, b in zip(rows.iter_rows(named=True), solo.iter_rows(named=True), strict=True):
+        val = curves.filter(trial_id=b["trial_id"])["val_loss"].to_list()
+        assert same_selection(a["best_epoch"], b["best_epoch"], val)
+        assert trained_close(a["val_loss"], b["val_loss"]), (a["val_loss"], b["val_loss"])
+        assert a["best_epoch"] != b["best_epoch"] or same_accuracy(a["test_acc"], b["test_acc"], 1000)
     assert len(mlflow_trial_runs(results, "syn")) == 8
     assert len(list((results / "warmstart").glob("*.pt"))) == 4  # each cell's warm start trained once, cached
     again = run_experiment(load_experiment(config), settings, lines.append)

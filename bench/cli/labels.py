@@ -22,11 +22,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench import noise
-from bench.config import TrialConfig, UserError, default_data_root
+from bench.config import UserError, default_data_root
 from bench.data import get_dataset
 from bench.exec.prepare import draw_labels
 from bench.grid.validate import check_data, check_trial
 from bench.noise import NoisyLabels, labels_hash
+from bench.trial import TrialConfig
 
 
 def export(config: TrialConfig, data_root: str | Path, out: Path) -> NoisyLabels:

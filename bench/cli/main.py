@@ -15,10 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import __version__
-from bench.config import EXIT_USAGE, TrialConfig, UserError, default_data_root, freeze_params
+from bench.config import EXIT_USAGE, UserError, default_data_root
 from bench.schema import GRID_LIMIT
 from bench.store.columns import CORE_COLUMNS
 from bench.store.folder import read_table
+from bench.trial import TrialConfig, freeze_params
 
 # What `bench run`, `report`, `results`, `sync-mlflow` and `ui` need beyond the training core; each command names
 # its own (`needs`), checked before it starts.

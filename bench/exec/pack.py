@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from bench.config import TrialConfig, UserError
+from bench.config import UserError
 from bench.exec import memory
 from bench.exec.packed import PackedStage, compile_mode, device_generator, group_key, pack_key, why_solo
 from bench.exec.prepare import (
@@ -32,6 +32,7 @@ from bench.exec.stage import Checkpoints, Log, accuracy, run_stage
 from bench.exec.trainer import Outcome, WarmStartCache, row_args
 from bench.methods import StageContext, get_method
 from bench.store.rows import make_row, write_trial
+from bench.trial import TrialConfig
 
 
 # -- a whole pack: warm starts, the method stage, rows ----------------------------------------------------------
@@ -101,7 +102,7 @@ def _run_pack(
     for key in dict.fromkeys(keys):
         found = warm_cache.get(key) if warm_cache is not None else None
         if found is not None:
-            states[key] = found
+            states[key], warm_epochs[key] = found
     missing = [key for key in dict.fromkeys(keys) if key not in states]
     warmup_s = warm_diagnose_s = 0.0
     if missing:
@@ -110,7 +111,7 @@ def _run_pack(
         for key, state, member_rows in zip(missing, trained, rows, strict=True):
             states[key], warm_epochs[key] = state, member_rows
             if warm_cache is not None:
-                warm_cache.put(key, state, warmup_s / len(missing))
+                warm_cache.put(key, state, member_rows, warmup_s / len(missing))
 
     # The method stage: each member's method set up on its own warm-started model, then the stack trained.
     nets, generators = [], []

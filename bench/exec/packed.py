@@ -32,12 +32,13 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from bench import models
-from bench.config import Schedule, TrialConfig, UserError
+from bench.config import Schedule, UserError
 from bench.data import Dataset, get_dataset
 from bench.exec import diagnostics
 from bench.exec.prepare import Prepared, to_device
 from bench.exec.stage import import_dynamo_apart
 from bench.methods import Batch, Method, get_method
+from bench.trial import TrialConfig
 
 # Member-images per evaluation chunk (K members x chunk rows): large on a GPU, cache-sized on a CPU.
 EVAL_IMAGES = {"cuda": 65536, "cpu": 2048}
@@ -405,9 +406,8 @@ def _shape(s: Schedule) -> tuple[Any, ...]:
 def pack_key(c: TrialConfig) -> tuple[Any, ...]:
     """What members of one pack must share: data, model, device and the shape of both stages (not the lr)."""
 
-    ds = get_dataset(c.dataset)
-    warmup = ds.warmup.with_overrides(epochs=c.epochs_warmup)
-    return (c.dataset, ds.model, c.train_subset, c.device, _shape(warmup), _shape(ds.stage_schedule(c)))
+    warmup, method_stage = c.schedules()
+    return (c.dataset, get_dataset(c.dataset).model, c.train_subset, c.device, _shape(warmup), _shape(method_stage))
 
 
 def group_key(method: str, params: dict[str, Any]) -> str:

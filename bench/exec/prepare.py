@@ -21,10 +21,11 @@ from torch import nn
 from torch.utils.data import Subset
 
 from bench import models, noise
-from bench.config import Schedule, TrialConfig, UserError
+from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits, get_dataset
 from bench.exec import diagnostics
 from bench.methods import get_method
+from bench.trial import TrialConfig
 
 Log = Callable[[str], None]
 
@@ -151,8 +152,7 @@ def prepare(
     if not 0.0 <= config.r <= 1.0:
         raise UserError(f"--r must lie in [0, 1], got {config.r}")
     device = resolve_device(config.device)
-    method_stage = dataset_cls.stage_schedule(config)
-    warmup = dataset_cls.warmup.with_overrides(epochs=config.epochs_warmup)
+    warmup, method_stage = config.schedules()
     for label, value in (("--lr", method_stage.lr), ("--batch-size", method_stage.batch_size)):
         if value <= 0:
             raise UserError(f"{label} must be positive, got {value}")

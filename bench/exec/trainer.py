@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.config import TrialConfig, UserError
+from bench.config import UserError
 from bench.data import Dataset
 from bench.exec.prepare import (
     Prepared,
@@ -45,33 +45,36 @@ from bench.exec.stage import (
 )
 from bench.methods import Batch, Method, StageContext, get_method
 from bench.store.rows import make_row, write_trial
+from bench.trial import TrialConfig
 
 
 def _ce_step(nets: list[nn.Module], batch: Batch) -> torch.Tensor:
     return F.cross_entropy(nets[0](batch.x), batch.y)
 
 
-WarmStartCache = Callable[[str, Callable[[], dict[str, torch.Tensor]]], dict[str, torch.Tensor]]
+# A warm start: the network's state and its stage's epoch rows; the cache maps (key, train it) to one.
+WarmStart = tuple[dict[str, torch.Tensor], list[dict[str, Any]]]
+WarmStartCache = Callable[[str, Callable[[], WarmStart]], WarmStart]
 
 
 def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, labels)
 
 
-def warm_start(p: Prepared, net_index: int, log: Log, epochs: list[dict[str, Any]],
-               diagnose_seconds: list[float] | None = None) -> dict[str, torch.Tensor]:
-    """Train one network with CE on the noisy labels; return the state with the lowest noisy-validation CE.
-    Its epoch rows are appended to `epochs`, the seconds its diagnostics took to `diagnose_seconds`."""
+def warm_start(p: Prepared, net_index: int, log: Log,
+               diagnose_seconds: list[float] | None = None) -> WarmStart:
+    """Train one network with CE on the noisy labels; return the state with the lowest noisy-validation CE and the
+    stage's epoch rows (the cache keeps both, so that a trial's record does not depend on who trained its warm
+    start). The seconds its diagnostics took go to `diagnose_seconds`."""
     seed = warm_seed(p.config.seed, net_index)
     seed_everything(seed)
     net = build_model(p)
     stage = SoloStage(p, [net], p.warmup, seed, _ce_step, _ce)
     name = f"warmup{net_index}" if net_index else "warmup"
     result = run_stage(stage, name, p.warmup.epochs, log, initial_is_candidate=False)
-    epochs.extend(result.epochs[0])
     if diagnose_seconds is not None:
         diagnose_seconds.append(result.diagnose_seconds)
-    return stage.best_state
+    return stage.best_state, result.epochs[0]
 
 
 @dataclass
@@ -118,10 +121,11 @@ def train(
     started = time.perf_counter()
     nets = []
     for i in range(method_cls.networks):
-        def fresh(i: int = i) -> dict[str, torch.Tensor]:
-            return warm_start(p, i, log, epochs, diagnose_seconds)
+        def fresh(i: int = i) -> WarmStart:
+            return warm_start(p, i, log, diagnose_seconds)
 
-        state = warm_cache(warm_start_key(p, i), fresh) if warm_cache else fresh()
+        state, rows = warm_cache(warm_start_key(p, i), fresh) if warm_cache else fresh()
+        epochs.extend(rows)
         net = build_model(p)
         net.load_state_dict(state)
         nets.append(net)

@@ -1,8 +1,10 @@
 """The CE warm-start cache: each (data, noise, seed, warm-start settings) cell trains its warm start once.
 
 Every method and hyper-parameter of a grid cell starts from the same CE warm-started network, so the runner trains
-it once and stores it as `RESULTS/warmstart/<key>.pt` (the key is `bench.exec.prepare.warm_start_key`). A file is
-written to a temporary name and renamed, so a reader never sees half a file. On a local results folder an exclusive
+it once and stores it as `RESULTS/warmstart/<key>.pt` (the key is `bench.exec.prepare.warm_start_key`), with the epoch
+rows of its training: a trial that loads it records them as its own, so a trial's epochs table is the same whether
+it trained its warm start, loaded it, shared it in a pack or resumed after a crash. A file is written
+to a temporary name and renamed, so a reader never sees half a file. On a local results folder an exclusive
 `fcntl.flock` on `<key>.lock` makes concurrent trials that want the same warm start train it once: the first
 trains, the others wait and load. The kernel drops the lock when a holder dies, so a killed trial never blocks
 the grid. On an object-store URI there is no lock: two trials may then train the same warm start at once (same
@@ -26,10 +28,11 @@ import torch
 from bench.store.folder import Store
 
 State = dict[str, torch.Tensor]
+WarmStart = tuple[State, list[dict[str, Any]]]  # the state and its stage's epoch rows
 
 
 class WarmStartCache:
-    """A `bench.exec.trainer.WarmStartCache`: call it with (key, train_fn) to get the warm-started state."""
+    """A `bench.exec.trainer.WarmStartCache`: call it with (key, train_fn) to get the warm start (state, epoch rows)."""
 
     def __init__(self, results: str | os.PathLike[str], log: Callable[[str], None] = print) -> None:
         self.store = Store(results)
@@ -42,7 +45,7 @@ class WarmStartCache:
     def path(self, key: str) -> str:
         return self.store.path("warmstart", f"{key}.pt")
 
-    def __call__(self, key: str, train_fn: Callable[[], State]) -> State:
+    def __call__(self, key: str, train_fn: Callable[[], WarmStart]) -> WarmStart:
         found = self.get(key)
         if found is not None:
             return found
@@ -51,31 +54,31 @@ class WarmStartCache:
             if found is not None:
                 return found
             started = time.perf_counter()
-            state = train_fn()
-            self._store(key, state, time.perf_counter() - started)
-        return state
+            state, epochs = train_fn()
+            self._store(key, state, epochs, time.perf_counter() - started)
+        return state, epochs
 
-    def get(self, key: str) -> State | None:
-        """The cached state of `key`, or None (a packed grid looks up all its cells first, then trains the
+    def get(self, key: str) -> WarmStart | None:
+        """The cached warm start of `key`, or None (a packed grid looks up all its cells first, then trains the
         missing ones together and `put`s them)."""
         found = self._load(key)
         return None if found is None else self._hit(found)
 
-    def put(self, key: str, state: State, seconds: float) -> None:
+    def put(self, key: str, state: State, epochs: list[dict[str, Any]], seconds: float) -> None:
         """Store a warm start trained elsewhere (in a pack); `seconds` is its share of the training time."""
         with self.store.lock(f"warmstart/{key}"):
-            self._store(key, state, seconds)
+            self._store(key, state, epochs, seconds)
 
-    def _store(self, key: str, state: State, seconds: float) -> None:
+    def _store(self, key: str, state: State, epochs: list[dict[str, Any]], seconds: float) -> None:
         self.store.save_tensors(self.path(key), {"state": {k: v.detach().cpu() for k, v in state.items()},
-                                                 "seconds": seconds, "created": time.time()})
+                                                 "epochs": epochs, "seconds": seconds, "created": time.time()})
         self.misses += 1
         self.trained_s += seconds
 
-    def _hit(self, entry: dict[str, Any]) -> State:
+    def _hit(self, entry: dict[str, Any]) -> WarmStart:
         self.hits += 1
         self.saved_s += float(entry.get("seconds", 0.0))
-        return entry["state"]
+        return entry["state"], list(entry.get("epochs", []))  # an entry of an older version has no rows
 
     def _load(self, key: str) -> dict[str, Any] | None:
         path = self.path(key)

@@ -43,11 +43,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench import noise
-from bench.config import TrialConfig, UserError, freeze_params
+from bench.config import UserError
 from bench.data import registry as dataset_registry
 from bench.methods import check_params
 from bench.methods import registry as method_registry
 from bench.schema import EXPERIMENT, METHOD_STAGE, PROBABILITY, RESOURCES, TEXT, WHOLE_EXPERIMENT, Key, Value
+from bench.trial import TrialConfig, freeze_params
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bench.config import Schedule, TrialConfig, UserError
+from bench.config import Schedule, UserError
 from bench.data import get_dataset
 from bench.exec import memory
 from bench.exec.packed import EVAL_IMAGES, pack_key, why_solo
@@ -29,6 +29,7 @@ from bench.grid.validate import check_trials
 from bench.methods import get_method
 from bench.schema import GRID_LIMIT
 from bench.store.folder import Store
+from bench.trial import TrialConfig
 
 if TYPE_CHECKING:  # experiment files need pyyaml; the planner also runs on a bare GPU box (bench.exec.packed uses it)
     from bench.grid.experiment import Experiment
@@ -42,6 +43,7 @@ class Plan:
     trials: list[TrialConfig]
     results: str
     done: dict[str, str] = field(default_factory=dict)  # trial_id -> status of rows that need no re-run
+    unmatched: int = 0  # rows in the folder that are no trial of this grid (another grid's, other settings)
 
     @classmethod
     def make(cls, experiment: Experiment, results: str, device: str | None = None) -> Plan:
@@ -51,7 +53,15 @@ class Plan:
         check_trials(trials)
         rows = Store(results).statuses()
         done = {t.trial_id: rows[t.trial_id] for t in trials if rows.get(t.trial_id, "failed") != "failed"}
-        return cls(experiment, trials, results, done)
+        return cls(experiment, trials, results, done, len(set(rows) - {t.trial_id for t in trials}))
+
+    def unmatched_note(self) -> str | None:
+        """One line on the rows of the folder that match no trial of this grid, if any."""
+        if not self.unmatched:
+            return None
+        return (f"note: {self.unmatched} result rows in {self.results} match no trial of this grid (another grid's, "
+                "or trained with other settings or defaults): left as they are; reports count each (cell, setting, "
+                "seed) once, from its newest row")
 
     @property
     def pending(self) -> list[TrialConfig]:
@@ -64,9 +74,8 @@ class Plan:
         method_epochs = warm_epochs = unshared = 0
         cells: set[tuple[Any, ...]] = set()
         for t in trials:
-            ds = get_dataset(t.dataset)
-            epochs = ds.stage_schedule(t).epochs
-            warm = t.epochs_warmup if t.epochs_warmup is not None else ds.warmup.epochs
+            warmup, method_stage = t.schedules()
+            epochs, warm = method_stage.epochs, warmup.epochs
             nets = get_method(t.method).networks
             method_epochs += epochs
             unshared += warm * nets
@@ -97,7 +106,7 @@ def auto_pack_size(t: TrialConfig, data_root: str | os.PathLike[str] | None) -> 
     # What the estimate depends on (data, model, stage shapes) and nothing else, so that groups share it; the batch
     # size is the method's (its own schedule's, where the dataset gives it one).
     like = dataclasses.replace(t, device="cpu", method="ce", method_params=(), r=0.0, seed=0, lr=None,
-                               batch_size=get_dataset(t.dataset).stage_schedule(t).batch_size, experiment="",
+                               batch_size=t.schedules()[1].batch_size, experiment="",
                                extra=())
     return _auto_pack_size(like, str(data_root), capacity)
 
@@ -268,7 +277,7 @@ def describe_stages(trials: list[TrialConfig]) -> list[str]:
     stages: dict[str, dict[Schedule, None]] = {}
     given: dict[str, dict[str, None]] = {}
     for t in trials:
-        stages.setdefault(t.method, {})[get_dataset(t.dataset).stage_schedule(t)] = None
+        stages.setdefault(t.method, {})[t.schedules()[1]] = None
         explicit = {"lr": t.lr, "batch size": t.batch_size, "epochs": t.epochs}
         given.setdefault(t.method, {}).update((k, None) for k, v in explicit.items() if v is not None)
     lines = []
@@ -305,6 +314,8 @@ def print_plan(plan: Plan, out: Callable[[str], None] = print, pack: str | int =
     out(f"per trial: {res.cpu:g} CPU, {res.gpu:g} GPU, device {pending[0].device if pending else exp.device}; "
         f"at most {exp.max_concurrent or 'as many as fit'} at once")
     out(f"results: {plan.results}")
+    if note := plan.unmatched_note():
+        out(note)
     units = plan_units(pending, pack, data_root, gpus)
     if line := describe_units(units, pack, data_root):
         out(line)

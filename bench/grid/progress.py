@@ -26,11 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from bench.config import TrialConfig, UserError
+from bench.config import UserError
 from bench.grid.experiment import Experiment
 from bench.grid.plan import Plan, describe_trial
 from bench.report import analysis
 from bench.store.folder import Store
+from bench.trial import TrialConfig
 
 REPORT_EVERY = 2.0  # seconds between a unit's progress reports (each is a round trip to the driver)
 REDRAW_EVERY = 1.0  # seconds between redraws of the live table on a terminal

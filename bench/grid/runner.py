@@ -10,10 +10,10 @@ Trial identity is `TrialConfig.trial_id`, a hash of the trial's own config: a re
 a result row (rows with status "failed" run again), so a killed grid resumes and a grid can grow. Ray retries a
 crashed trial (`--retries`); the method stage checkpoints after every epoch, so a retried trial (or one re-run
 after the driver was killed) resumes from its last finished epoch, and its warm start comes from the cache.
-Locally Ray starts in-process (`ray.init(address="local")`, never attaching to another Ray on the machine);
-`--address` joins a cluster (`connect`: one line where nothing listens or the token is refused). Once connected,
-the driver counts the GPUs Ray has and splits the packs over them (`plan_on_cluster`); `--dry-run --address`
-connects too (`gpus_to_plan`).
+Locally Ray starts in-process (`ray.init(address="local")`, never attaching to another Ray on the machine), its
+services listening on 127.0.0.1 only; `--address` joins a cluster (`connect`: one line where nothing listens or the
+token is refused). Once connected, the driver counts the GPUs Ray has and splits the packs over them
+(`plan_on_cluster`); `--dry-run --address` connects too (`gpus_to_plan`).
 
 Before Ray starts, the driver checks every trial (`bench.grid.validate`), the data files and the results folder, and
 takes the folder's lock (one driver per folder). A `UserError` that only a worker meets is reported to the driver once,
@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import io
 import logging
+import math
 import os
 import socket
 import sys
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.config import EXIT_USAGE, TrialConfig, UserError
+from bench.config import EXIT_USAGE, UserError
 from bench.exec.pack import run_pack
 from bench.exec.trainer import run_trial
 from bench.exec.warmstart import WarmStartCache
@@ -61,6 +62,7 @@ from bench.grid.validate import check_data, check_grid_size, check_results
 from bench.schema import GRID_LIMIT
 from bench.store import folder
 from bench.store.mirror import open_mirror
+from bench.trial import TrialConfig
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no status table from Ray Tune
@@ -133,7 +135,17 @@ def start_ray(address: str | None, num_cpus: int | None) -> bool:
     if address:
         connect(address, kwargs)
     else:
-        ray.init(address="local", num_cpus=num_cpus, **kwargs)
+        # Ray turns a node address of 127.0.0.1 into this machine's network address (so that other nodes could
+        # join) unless clusters are off, as on macOS; with them off for this call, a local run's GCS, raylet and
+        # workers listen on the loopback interface only, not on every interface without authentication.
+        from ray._private import ray_constants
+
+        clusters = ray_constants.ENABLE_RAY_CLUSTER
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        try:
+            ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", **kwargs)
+        finally:
+            ray_constants.ENABLE_RAY_CLUSTER = clusters
     return True
 
 
@@ -317,9 +329,11 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) ->
     if device == "cpu" and exp.device.startswith("cuda"):
         out("note: --gpus-per-trial 0 runs this grid on the CPU")
     results = folder.absolute(s.results)
-    for moved in folder.Store(results).set_aside_damaged():
-        out(f"set aside the unreadable result file {moved}: its trial runs again")
+    for moved, problem in folder.Store(results).set_aside_damaged():
+        out(f"set aside the result file {moved} ({problem}): its trial runs again")
     plan = Plan.make(exp, results, device=device)
+    if note := plan.unmatched_note():
+        out(note)
     pending = plan.pending
     by_id = {t.trial_id: t for t in plan.trials}
 
@@ -381,10 +395,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     for flag, value in (("--max-concurrent", args.max_concurrent), ("--retries", args.retries)):
         if value is not None and value < (1 if flag == "--max-concurrent" else 0):
             raise UserError(f"{flag} must be {'>= 1' if flag == '--max-concurrent' else '>= 0'}, got {value}")
-    if args.cpus_per_trial is not None and args.cpus_per_trial <= 0:
-        raise UserError(f"--cpus-per-trial must be > 0, got {args.cpus_per_trial}")
-    if args.gpus_per_trial is not None and args.gpus_per_trial < 0:
-        raise UserError(f"--gpus-per-trial must be >= 0, got {args.gpus_per_trial}")
+    if args.cpus_per_trial is not None and not (math.isfinite(args.cpus_per_trial) and args.cpus_per_trial > 0):
+        raise UserError(f"--cpus-per-trial must be a finite number > 0, got {args.cpus_per_trial}")
+    if args.gpus_per_trial is not None and not (math.isfinite(args.gpus_per_trial) and args.gpus_per_trial >= 0):
+        raise UserError(f"--gpus-per-trial must be a finite number >= 0, got {args.gpus_per_trial}")
     if args.num_cpus is not None and args.num_cpus < 1:
         raise UserError(f"--num-cpus must be >= 1, got {args.num_cpus}")
     check_results(folder.absolute(results))

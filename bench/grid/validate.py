@@ -14,11 +14,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from bench.config import TrialConfig, UserError
+from bench.config import UserError
 from bench.data import get_dataset
 from bench.methods import check_params, get_method
 from bench.schema import GRID_LIMIT, TRIAL_FLAGS, check_name
 from bench.store.folder import is_local
+from bench.trial import TrialConfig
 
 
 def check_trial(config: TrialConfig, transitions: dict[tuple[Any, ...], None] | None = None) -> None:

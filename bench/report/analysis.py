@@ -27,6 +27,7 @@ import importlib.resources
 import io
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +100,22 @@ def load_trials(results: str | Path) -> pl.DataFrame:
     usable = (
         pl.col("status").is_in(USABLE_STATUS) & pl.col("val_loss").is_finite() & pl.col("test_acc").is_not_null()
     )
-    return df.with_columns(pl.Series("setting", settings, dtype=pl.String), usable.fill_null(False).alias("usable"))
+    df = df.with_columns(pl.Series("setting", settings, dtype=pl.String), usable.fill_null(False).alias("usable"))
+    return _once_per_seed(df)
+
+
+def _once_per_seed(df: pl.DataFrame) -> pl.DataFrame:
+    """One row per (cell, setting, seed): rows of one training under two trial ids (made before ids hashed the
+    effective configuration, or before a default changed) would count a seed twice. The newest usable row stays."""
+    if "finished_at" not in df.columns:
+        df = df.with_columns(pl.lit(None, dtype=pl.String).alias("finished_at"))
+    key = CELL + ["setting", "seed"]
+    once = (df.sort(["usable", "finished_at", "trial_id"], descending=[True, True, False], nulls_last=True)
+            .unique(subset=key, keep="first", maintain_order=True))
+    if once.height < df.height:
+        print(f"bench: warning: {df.height - once.height} result rows repeat the (cell, setting, seed) of another "
+              "row; each is counted once, from its newest row", file=sys.stderr, flush=True)
+    return once.sort("trial_id")
 
 
 def method_order(methods: list[str], reference: str = REFERENCE) -> list[str]:

@@ -52,7 +52,7 @@ def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str,
         log(f"plot {i}/{len(tabs)}: {t.dataset} · {t.noise}")
         part = grid.filter(dataset=t.dataset, noise=t.noise)
         png, svg = plots.accuracy_vs_r(part, t.dataset, t.noise, t.methods, {m: label(m) for m in t.methods},
-                                       out / "plots" / f"accuracy_vs_r_{t.dataset}_{t.noise}", REFERENCE,
+                                       plots.file_stem(out / "plots", "accuracy_vs_r", t.dataset, t.noise), REFERENCE,
                                        frozenset(t.privileged))
         figures[(t.dataset, t.noise)] = png
         written[f"plot {t.dataset} {t.noise}"], written[f"plot {t.dataset} {t.noise} svg"] = png, svg

@@ -225,11 +225,12 @@ def plot(diag: Diagnostics, folder: Path, labels: dict[str, str]) -> dict[str, P
         return figures
     for (dataset, noise), part in diag.curves.group_by("dataset", "noise", maintain_order=True):
         figures[f"memorisation {dataset} {noise}"] = plots.memorisation_curves(
-            part, f"{dataset}, {noise} noise", folder / f"memorisation_{dataset}_{noise}", labels)[0]
+            part, f"{dataset}, {noise} noise", plots.file_stem(folder, "memorisation", dataset, noise), labels)[0]
         detecting = part.filter(part["det_auroc"].is_not_null())
         if not detecting.is_empty():
             figures[f"detection {dataset} {noise}"] = plots.detection_curves(
-                detecting, f"{dataset}, {noise} noise", folder / f"detection_{dataset}_{noise}", labels)[0]
+                detecting, f"{dataset}, {noise} noise", plots.file_stem(folder, "detection", dataset, noise),
+                labels)[0]
     return figures
 
 

@@ -13,7 +13,9 @@ Figures are `Figure` objects, not pyplot state, so drawing many of them leaks no
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 from pathlib import Path
 
 import matplotlib
@@ -28,6 +30,17 @@ from matplotlib.figure import Figure  # noqa: E402
 FORMATS = ("png", "svg")
 # Fixed metadata keeps the files byte-stable from run to run.
 _METADATA = {"png": {"Software": None}, "svg": {"Date": None}}
+
+
+def file_stem(folder: Path, *parts: str) -> Path:
+    """`folder/<parts joined by _>`, a file name whatever the parts hold: names come from result rows, and results
+    folders travel between people, so every character but letters, digits, '-' and '_' becomes '_' ('.' too: the
+    suffix is ours), and a name that had to change gets a hash of the original, so that two never collide."""
+    name = "_".join(parts)
+    safe = re.sub(r"[^A-Za-z0-9_-]", "_", name)[:100]
+    if safe != name:
+        safe += "-" + hashlib.sha256(name.encode()).hexdigest()[:8]
+    return folder / safe
 
 
 def _save(fig: Figure, stem: Path) -> list[Path]:

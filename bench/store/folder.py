@@ -15,9 +15,11 @@ Whether a location is a local folder or an object store is decided here (`is_loc
 written to a temporary name and renamed, so a reader never sees half a file; parquet is the source of truth, MLflow
 mirrors it.
 
-Faults: a file that cannot be read (a disk error, a copy cut short) is skipped with one warning naming it, never a
-lock-out of the folder; `bench run` moves it aside to `damaged/` and re-runs its trial. A row that cannot be written
-where it belongs is kept in `~/.cache/bench/unsaved` (a results folder of its own) and the error says so.
+Faults: a file that cannot be read (a disk error, a copy cut short), or that reads but is not one of ours (another
+schema, a trial_id that is not its file name, a name field that could not be a file name: results folders travel
+between people) is skipped with one warning naming it, never a lock-out of the folder; `bench run` moves it aside to
+`damaged/` and re-runs its trial. A row that cannot be written where it belongs is kept in `~/.cache/bench/unsaved`
+(a results folder of its own) and the error says so. A write that fails half-way leaves no temporary file behind.
 
 pyarrow, polars and torch are imported where files are read or written, not by importing this module: the training
 core writes its rows, checkpoints and warm starts through the store and must import on a bare GPU box.
@@ -28,6 +30,7 @@ from __future__ import annotations
 import fcntl
 import io
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -39,9 +42,19 @@ from pathlib import Path
 from typing import Any
 
 from bench.config import UserError
+from bench.schema import NAME
 from bench.store.columns import EPOCH_COLUMNS
 
 TABLES = ("trials", "epochs")
+# Text columns of a row that name things (reports and MLflow build file names from them): each must be a NAME.
+NAME_COLUMNS = ("trial_id", "experiment", "dataset", "model", "method", "noise")
+STATUSES = ("ok", "diverged", "failed")
+# Columns every file of a table has, and what each holds: "name" (a NAME), "text", "int" or "number" (nulls allowed).
+TABLE_COLUMNS = {
+    "trials": {"trial_id": "name", "dataset": "name", "method": "name", "noise": "name", "status": "text",
+               "r": "number", "seed": "int", "val_loss": "number", "test_acc": "number"},
+    "epochs": {"trial_id": "name", "stage": "text", "epoch": "int", "val_loss": "number"},
+}
 
 
 def is_local(results: str | os.PathLike[str]) -> bool:
@@ -110,11 +123,26 @@ class Store:
     # -- files of bytes and of tensors --------------------------------------------------------------------------
     def write_bytes(self, path: str, data: bytes) -> None:
         """Atomically: to a temporary name in the same folder, then renamed."""
+        def write(tmp: str) -> None:
+            with self.fs.open_output_stream(tmp) as f:
+                f.write(data)
+
+        self._atomically(path, write)
+
+    def _atomically(self, path: str, write: Callable[[str], None]) -> None:
+        """`write(tmp)` to a temporary name beside `path`, then rename it to `path`; if anything fails (a full
+        disk), the temporary file goes and the error stays."""
         self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
         tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-        with self.fs.open_output_stream(tmp) as f:
-            f.write(data)
-        self.fs.move(tmp, path)
+        try:
+            write(tmp)
+            self.fs.move(tmp, path)
+        except BaseException:
+            try:
+                self.delete(tmp)
+            except Exception:  # noqa: BLE001, S110 - the first error is the one to report
+                pass
+            raise
 
     def read_bytes(self, path: str) -> bytes:
         with self.fs.open_input_stream(path) as f:
@@ -176,10 +204,7 @@ class Store:
     def _write_parquet(self, path: str, table: Any) -> None:
         import pyarrow.parquet as pq
 
-        self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-        pq.write_table(table, tmp, filesystem=self.fs)
-        self.fs.move(tmp, path)
+        self._atomically(path, lambda tmp: pq.write_table(table, tmp, filesystem=self.fs))
 
     def _paths(self, table: str) -> list[str]:
         import pyarrow.fs as pafs
@@ -187,21 +212,31 @@ class Store:
         selector = pafs.FileSelector(self.path(table), allow_not_found=True)
         return sorted(info.path for info in self.fs.get_file_info(selector) if info.path.endswith(".parquet"))
 
-    def _read(self, path: str) -> Any:
-        """One parquet file as a polars frame; None (with one warning per file and process) if unreadable."""
+    def _load(self, path: str) -> tuple[Any, str | None]:
+        """One parquet file of a table as a polars frame, or None and what is wrong with it: unreadable, or not
+        one of ours (`TABLE_COLUMNS`, a trial_id other than its file name, a name that is not a NAME)."""
         import polars as pl
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         try:
-            return pl.from_arrow(pq.read_table(path, filesystem=self.fs))
+            frame = pl.from_arrow(pq.read_table(path, filesystem=self.fs))
         except (OSError, pa.ArrowException) as e:
-            if path not in _WARNED:
-                _WARNED.add(path)
-                print(f"bench: warning: skipping the unreadable result file {path} ({type(e).__name__}: "
-                      f"{' '.join(str(e).split())[:160]}); `bench run` sets it aside and runs its trial again",
-                      file=sys.stderr, flush=True)
-            return None
+            return None, f"unreadable: {type(e).__name__}: {' '.join(str(e).split())[:160]}"
+        table = path.rsplit("/", 2)[-2]
+        problem = _problem(frame, TABLE_COLUMNS.get(table, {}), path.rsplit("/", 1)[-1].removesuffix(".parquet"),
+                           table == "trials")
+        return (None, problem) if problem else (frame, None)
+
+    def _read(self, path: str) -> Any:
+        """One parquet file as a polars frame; None (with one warning per file and process) if it is unreadable or
+        not one of ours."""
+        frame, problem = self._load(path)
+        if problem and path not in _WARNED:
+            _WARNED.add(path)
+            print(f"bench: warning: skipping the result file {path} ({problem}); `bench run` sets it aside and "
+                  "runs its trial again", file=sys.stderr, flush=True)
+        return frame
 
     def read_table(self, table: str = "trials") -> Any:
         """All rows of `trials` or `epochs`, as one polars frame (empty if none); unreadable files are skipped."""
@@ -223,22 +258,18 @@ class Store:
             return {}
         return dict(zip(table["trial_id"].to_list(), table["status"].to_list(), strict=True))
 
-    def set_aside_damaged(self) -> list[str]:
-        """Move every unreadable result file to `damaged/` (so that its trial runs again and the file stays for
-        inspection); return where each went."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
+    def set_aside_damaged(self) -> list[tuple[str, str]]:
+        """Move every result file that is unreadable or not one of ours to `damaged/` (so that its trial runs again
+        and the file stays for inspection); return (where each went, what was wrong)."""
         moved = []
         for table in TABLES:
             for path in self._paths(table):
-                try:
-                    pq.read_metadata(path, filesystem=self.fs)
-                except (OSError, pa.ArrowException):
+                _, problem = self._load(path)
+                if problem:
                     target = self.path("damaged", f"{table}-{Path(path).name}.{time.strftime('%Y%m%d-%H%M%S')}")
                     self.fs.create_dir(self.path("damaged"), recursive=True)
                     self.fs.move(path, target)
-                    moved.append(target)
+                    moved.append((target, problem))
         return moved
 
     @contextmanager
@@ -289,6 +320,37 @@ class Store:
 
 
 _WARNED: set[str] = set()  # unreadable files already named in this process
+_SAFE_NAME = re.compile(NAME.pattern)
+
+
+def _problem(frame: Any, columns: dict[str, str], stem: str, one_row: bool) -> str | None:
+    """What makes a frame read from `<table>/<stem>.parquet` not one of ours (None: nothing): a missing column or
+    one of another type, a trial_id other than the file's name, a name field that is not a NAME (it would reach a
+    file name: "../x"), a status we do not write, or more than one row in a trial's file."""
+    import polars as pl
+
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        return f"not a result file of this table: no column {', '.join(missing)}"
+    if one_row and frame.height != 1:
+        return f"{frame.height} rows where a trial has one"
+    for column in frame.columns:
+        kind = columns.get(column, "name" if column in NAME_COLUMNS else None)
+        dtype = frame.schema[column]
+        if kind is None or dtype == pl.Null:
+            continue
+        if kind in ("name", "text") and dtype != pl.String or kind == "int" and not dtype.is_integer() \
+                or kind == "number" and not dtype.is_numeric():
+            return f"column {column} holds {dtype}"
+        if kind == "name":
+            bad = [v for v in frame[column].drop_nulls().unique().to_list() if not _SAFE_NAME.fullmatch(v)]
+            if bad:
+                return f"{column} {bad[0][:60]!r} is not a name ({NAME.words})"
+    if frame.height and set(frame["trial_id"].to_list()) != {stem}:
+        return "its trial_id is not its file name"
+    if "status" in columns and not set(frame["status"].to_list()) <= set(STATUSES):
+        return f"status {frame['status'][0]!r} is not one of {', '.join(STATUSES)}"
+    return None
 
 
 class Checkpoints:
@@ -299,6 +361,7 @@ class Checkpoints:
     def __init__(self, results: str | os.PathLike[str], unit: str, log: Callable[[str], None]) -> None:
         self.store, self.log = Store(results), log
         self.path = self.store.path("checkpoints", f"{unit}.pt")
+        self.off = False  # set when a save failed: the unit goes on without checkpoints
 
     def load(self) -> dict[str, Any] | None:
         if not self.store.exists(self.path):
@@ -310,7 +373,17 @@ class Checkpoints:
             return None
 
     def save(self, state: dict[str, Any]) -> None:
-        self.store.save_tensors(self.path, state)
+        """Save the state after an epoch; a checkpoint is an optimisation, so a write that fails (a full disk) is
+        one warning, no file, and no more checkpoints for this unit: the training goes on."""
+        if self.off:
+            return
+        try:
+            self.store.save_tensors(self.path, state)
+        except OSError as e:
+            self.off = True  # an older checkpoint stays valid: it resumes from its own epoch, with the same numbers
+            self.log(f"bench: warning: could not write the checkpoint {self.path} ({type(e).__name__}: "
+                     f"{' '.join(str(e).split())[:160]}); training goes on without checkpoints (a retry starts "
+                     "this unit over)")
 
     def clear(self) -> None:
         self.store.delete(self.path)

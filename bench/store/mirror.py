@@ -17,6 +17,7 @@ Commands: `bench sync-mlflow RESULTS` (backfill) and `bench ui RESULTS` (serve t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -268,16 +269,47 @@ def runs_links(uri: str, address: str) -> list[str]:
 
 
 def open_mirror(results: str | os.PathLike[str], uri: str | None, warn=None) -> Mirror | None:
-    """A mirror on the chosen store, or None (with a warning) when there is no store to use."""
+    """A mirror on the chosen store, or None (with a warning) when there is no store to use. A sqlite file that is
+    not a database (damaged, or something else under that name) is set aside and a fresh store started: parquet
+    holds every result, so nothing is lost and `bench sync-mlflow` refills it."""
     chosen = tracking_uri(results, uri)
     say = warn or (lambda msg: print(f"bench: warning: {msg}", file=sys.stderr, flush=True))
     if chosen is None:
         say(f"results in {results} are not a local folder and no MLflow store was named: MLflow logging is off "
             "(pass --mlflow-uri or set MLFLOW_TRACKING_URI; `bench sync-mlflow` backfills later)")
         return None
+    backfill = f"`bench sync-mlflow {results}{'' if uri is None else ' --mlflow-uri ' + uri}`"
     if chosen.startswith("sqlite:///"):
-        Path(chosen.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    return Mirror(chosen, results, warn=say)
+        path = Path(chosen.removeprefix("sqlite:///"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if problem := _not_a_database(path):
+            aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+            path.rename(aside)
+            say(f"{path} is not a usable MLflow database ({problem}); set it aside as {aside.name} and started a "
+                f"fresh one: the parquet rows hold every result, and {backfill} logs those it lacks")
+    try:
+        return Mirror(chosen, results, warn=say)
+    except Exception as e:  # noqa: BLE001 - a store that cannot open must not stop the grid: parquet is the truth
+        say(f"MLflow store {chosen} cannot be opened ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
+            f"MLflow logging is off for this run, no result is lost, and {backfill} backfills it later")
+        return None
+
+
+def _not_a_database(path: Path) -> str | None:
+    """What is wrong with the sqlite file at `path` (None: nothing, or no file yet): not a database, or one that
+    fails sqlite's own integrity check."""
+    import sqlite3
+
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as db:
+            verdict = db.execute("PRAGMA quick_check").fetchone()[0]
+    except sqlite3.OperationalError:  # locked or busy (an MLflow UI writing): in use, not damaged
+        return None
+    except sqlite3.DatabaseError as e:
+        return f"{type(e).__name__}: {e}"
+    return None if verdict == "ok" else f"integrity check: {verdict[:120]}"
 
 
 # -- commands ---------------------------------------------------------------------------------------------------

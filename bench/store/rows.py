@@ -12,15 +12,16 @@ import json
 import os
 import platform
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from bench.config import TrialConfig
 from bench.noise import NoisyLabels
 from bench.store.folder import Store
+from bench.trial import TrialConfig
 
 
 @functools.cache
@@ -90,8 +91,9 @@ def make_row(
         confusion=_matrix(outcome.confusion) if outcome else None,
         privileged=bool(privileged),
         pack_size=outcome.pack_size if outcome else None,  # trials trained together with this one (1: solo)
-        # Cost (bench.report.diagnostics): networks the method stage trains, epochs this trial trained (a cached warm
-        # start counts none), seconds on its device without the per-epoch diagnostics.
+        # Cost (bench.report.diagnostics): networks the method stage trains, epochs of its protocol (its warm start's
+        # too, whoever trained it: cached, packed or resumed, the count is the same), seconds on its device without
+        # the per-epoch diagnostics.
         networks=outcome.networks if outcome else None,
         epochs_trained=sum(e["train_loss"] is not None for e in outcome.epochs) if outcome else None,
         device_s=max(0.0, float(wall_s) - outcome.diagnostics_s) if outcome else float(wall_s),
@@ -101,6 +103,7 @@ def make_row(
         numpy_version=np.__version__,
         host=platform.node(),
         config_json=json.dumps(config.identity(), sort_keys=True, default=str),
+        finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),  # the newest of two rows of a seed counts
     )
     return row
 

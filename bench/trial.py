@@ -1,0 +1,109 @@
+"""The trial configuration: every axis of one trial, its defaults, and its identity.
+
+A trial is a pure function of its resolved `TrialConfig`. `trial_id` hashes its effective configuration (the
+dataset's schedules and the method's defaults filled in, each number as its declared type), so relaunching a grid
+recognises finished trials, a grid can grow without re-running anything, writing a default out (or 1e-4 as 0.0001)
+is the same trial, and a changed default is a new one.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.config import Schedule, UserError
+from bench.data import get_dataset
+from bench.methods import get_method
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    """Everything that defines one trial. `None` means "the dataset's paper default" (`schedules`). The device and
+    the experiment's name do not change a trial's numbers: they stay out of its identity."""
+
+    dataset: str
+    method: str
+    noise: str
+    r: float
+    seed: int = 0
+    lr: float | None = None
+    batch_size: int | None = None
+    epochs: int | None = None
+    epochs_warmup: int | None = None
+    method_params: tuple[tuple[str, Any], ...] = ()
+    transition: tuple[tuple[float, ...], ...] | None = None  # explicit T, with noise="transition"
+    train_subset: int | None = None  # use only the first N training examples (quick runs, tests)
+    device: str = "cpu"
+    experiment: str = "adhoc"
+    extra: tuple[tuple[str, Any], ...] = field(default=())
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self.method_params)
+
+    def schedules(self) -> tuple[Schedule, Schedule]:
+        """The (warm start, method stage) schedules this trial trains with: its dataset's paper warm start, and its
+        method's own method stage on that dataset (else the dataset's), with this config's lr, batch size and epochs
+        where it sets them."""
+        ds = get_dataset(self.dataset)
+        return (ds.warmup.with_overrides(epochs=self.epochs_warmup),
+                ds.stage_schedule(self.method, lr=self.lr, batch_size=self.batch_size, epochs=self.epochs))
+
+    def effective_params(self) -> dict[str, Any]:
+        """The method's hyper-parameters as it runs them: its declared defaults, those its reference sets for this
+        dataset (`Method.dataset_defaults`), then this config's, each as its declared type (a float parameter given
+        as 1 is 1.0). A default the trial supplies (`FromTrial`) is named by its words."""
+        method = get_method(self.method)
+        defaults = {**method.defaults, **method.dataset_defaults.get(self.dataset, {})}
+        return {key: _as_declared(defaults.get(key), value) for key, value in {**defaults, **self.params}.items()}
+
+    def identity(self) -> dict[str, Any]:
+        """What the trial's numbers depend on, in one canonical form: the effective configuration (`schedules`,
+        `effective_params`, the dataset's model). A config naming an unknown dataset or method (refused before
+        anything runs) is identified by its fields as given."""
+        d: dict[str, Any] = dict(
+            dataset=self.dataset, method=self.method, noise=self.noise, r=round(float(self.r), 10),
+            seed=int(self.seed), train_subset=None if self.train_subset is None else int(self.train_subset),
+            transition=[[float(x) for x in row] for row in self.transition] if self.transition else None,
+            extra=sorted([list(p) for p in self.extra]),
+        )
+        try:
+            dataset, method = get_dataset(self.dataset), get_method(self.method)
+            model = dataset.model
+            warmup, stage = self.schedules()
+            params = self.effective_params()
+        except UserError:
+            given = sorted([list(p) for p in self.method_params])
+            return d | dict(lr=self.lr, batch_size=self.batch_size, epochs=self.epochs,
+                            epochs_warmup=self.epochs_warmup, method_params=given)
+        # A changed implementation is a new trial too: each plug-in's `version` counts its changes that alter numbers.
+        return d | dict(model=model, warmup=_canonical(warmup), method_stage=_canonical(stage),
+                        method_params=sorted([key, value] for key, value in params.items()),
+                        versions=[dataset.version, method.version])
+
+    @functools.cached_property
+    def trial_id(self) -> str:
+        blob = json.dumps(self.identity(), sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _as_declared(default: Any, value: Any) -> Any:
+    """`value` as the type of its declared `default` (a float parameter given as an int), else as it is."""
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def _canonical(schedule: Schedule) -> dict[str, Any]:
+    """A schedule with every number as its declared type, so that equal schedules hash equal."""
+    return dict(optimizer=schedule.optimizer, lr=float(schedule.lr), epochs=int(schedule.epochs),
+                batch_size=int(schedule.batch_size), momentum=float(schedule.momentum),
+                weight_decay=float(schedule.weight_decay), milestones=[int(m) for m in schedule.milestones],
+                gamma=float(schedule.gamma))
+
+
+def freeze_params(params: dict[str, Any] | None) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted((params or {}).items()))

@@ -1,0 +1,81 @@
+"""Tolerances for tests that compare two computations of one number: each derived here from float rounding.
+
+A tolerance read off one machine's output fails on the next, whose vector width, kernels or thread count sum in
+another order (an AVX2 CPU gave a packed member's loss 3.7e-5 away from its solo trial's; AVX-512 gave 1e-7). So the
+tests compare exactly what must be bit-equal (ids, hashes, labels, counts, a resumed run against an uninterrupted
+one in the same process), and bound the rest with the rules below.
+
+Rounding. Float32 rounds each operation to a relative U32 = 2**-24 (6.0e-8). A sum of n terms, in whatever order
+(threads, vector lanes, blocking), is off by at most (n - 1) U32 sum|x_i| (Higham, Accuracy and Stability of
+Numerical Algorithms, 2nd ed., eq. 4.4). A result built from `terms` same-sign terms of `ops` rounded operations
+each (exp, log, a division, a short sum over classes) is then within (terms + ops) U32 of the exact value: `f32`.
+The references are float64 computations (U64 = 2**-53) on the same float32 inputs: exact at that scale. Where terms
+cancel (a difference of means), the bound is relative to the magnitudes, so it is used as an absolute tolerance
+times them. pytest.approx's default (rel 1e-6) stays where `f32` of the computation is below it (at most about
+eight terms and operations) or both sides are float64.
+
+Training. Two float orders of one training (a packed member and its solo trial: grouped against single
+convolutions) start from bit-equal weights, data order, dropout masks and labels, and part two ways:
+- rounding carried along: each step's gradient differs by its rounding, about sqrt(n) U32 for a reduction of n
+  terms (rounding errors add like a random walk: Higham §2.8), at most 6e-6 for the n <= 1e4 of these tests'
+  models; Adam's step m / sqrt(v) is scale-free, so a relative error in the gradient goes into the step without
+  growing: after k <= 120 steps, within 120 x 6e-6 = 7e-4 of what the weights moved;
+- kinks: a ReLU or max-pool input within rounding of its kink takes the other branch in one of the two runs
+  (about one in 10^7 of them: a few per hundred steps of these models), which changes one example's share, at
+  most 1/B with B >= 16, of one unit's gradient in one step; the runs then part by a fraction of that step's
+  change of the loss, which is at most 2% of the loss in these tests' schedules: 1/16 x 2% = 1.3e-3.
+Together TRAINED_REL = 2e-3 of a trained loss (seen: 1e-7 with AVX-512 kernels, 1e-4 with AVX2 ones, after a
+kink). A member trained with anything but its own randomness or learning rate parts from its solo trial by
+percents: the packed test checks that a learning rate 10% off is caught. An accuracy moves only where an example's
+margin lies within that distance of zero, which the tests' few hundred examples' margins do not: one example at
+most (`ACCURACY_EXAMPLES`). A selection (the epoch of least validation loss) is the same unless two epochs' losses
+lie within TRAINED_REL of each other: `same_selection`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+U32 = 2.0**-24
+U64 = 2.0**-53
+TRAINED_REL = 2e-3
+ACCURACY_EXAMPLES = 1
+
+
+def f32(terms: int, ops: int = 0) -> float:
+    """Relative bound on a float32 result made of `terms` same-sign terms of `ops` rounded operations each, against
+    its exact value, whatever the order of its sums."""
+    return (terms + ops) * U32
+
+
+def within(got: object, want: object, rel: float = 0.0, atol: float = 0.0) -> bool:
+    """|got - want| <= rel |want| + atol, elementwise: a relative and an absolute rounding bound add up (where
+    pytest.approx would take the larger of the two)."""
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    return bool(np.all(np.abs(got - want) <= rel * np.abs(want) + atol))
+
+
+def trained_close(a: float, b: float) -> bool:
+    """Two float orders of one training agree on a trained loss (see the module's docstring)."""
+    return math.isclose(a, b, rel_tol=TRAINED_REL)
+
+
+def same_accuracy(a: float, b: float, examples: int) -> bool:
+    """Accuracies in percent over `examples` examples that differ by at most `ACCURACY_EXAMPLES` of them."""
+    return abs(a - b) <= 100 * ACCURACY_EXAMPLES / examples + 1e-9
+
+
+def same_selection(best_a: int, best_b: int, val_losses_b: Sequence[float]) -> bool:
+    """Two runs select the same epoch, or epochs whose losses in run b are within rounding of training apart (a tie
+    that either order may break); `val_losses_b[e]` is run b's validation loss after epoch e."""
+    return best_a == best_b or trained_close(val_losses_b[best_a], val_losses_b[best_b])
+
+
+def f32_log_softmax(max_logit: float, classes: int) -> float:
+    """Absolute bound on a float32 log-softmax entry against its exact value, for logits within +-max_logit: the
+    shift by the largest logit rounds by U32 2 max_logit, the sum of C exponentials by (C + 2) U32, the log and the
+    last subtraction by U32 (2 max_logit + log C); (C + 4) U32 (2 max_logit + log C) bounds them together."""
+    return (classes + 4) * U32 * (2 * max_logit + math.log(classes))
