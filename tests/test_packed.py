@@ -119,8 +119,8 @@ def test_packed_mentornet_members_keep_their_own_thresholds(tmp_path: Path) -> N
                 for where in ("packed", "solo"))
         # Shares of the 4,000 training examples, moved only by an example whose loss lies within TRAINED_REL of
         # the threshold (a flag) or of another's (an AUROC pair): a share of about 2 TRAINED_REL x (density of the
-        # losses there x loss), below 2 x 2e-3 x 1 for losses spread like these (the threshold is their 70th
-        # percentile); 0.01 bounds both.
+        # losses there x loss), at most 2 x 5e-3 x 1 for losses spread like these (the threshold is their 70th
+        # percentile): 0.01 bounds both.
         assert a["det_flagged"].to_list() == pytest.approx(b["det_flagged"].to_list(), abs=0.01)
         assert a["det_auroc"].to_list() == pytest.approx(b["det_auroc"].to_list(), abs=0.01)
     assert rows[0]["val_loss"] != rows[1]["val_loss"]

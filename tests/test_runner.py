@@ -112,7 +112,7 @@ def test_config_errors_name_file_and_key(tmp_path, capsys, change, key, allowed)
 
 @pytest.mark.parametrize("key, value, flag, allowed", [
     ("r", 1.5, "--r", "a finite number in [0, 1]"),
-    ("seeds", [-1], "--seed", "an integer >= 0"),
+    ("seeds", [-1], "--seed", "an integer >= 0 and <= 9,007,199,254,740,991"),
     ("epochs", -1, "--epochs", "an integer >= 0"),
     ("lr", -1.0, "--lr", "positive (a finite number > 0.0)"),
     ("batch_size", 0, "--batch-size", "an integer >= 1"),
@@ -204,12 +204,15 @@ def test_grid_writes_one_row_and_one_mlflow_run_per_trial(grid):
 
 def test_warm_start_is_shared_by_the_methods_of_a_cell(grid):
     _, results, tally, _ = grid
-    # 4 (r, seed) cells: CE and L_DMI of a cell share one warm start.
+    # 4 (r, seed) cells: CE and L_DMI of a cell share one warm start, trained once; each records its epochs (the
+    # one that loaded it from the cache too), the same numbers.
     assert len(list((results / "warmstart").glob("*.pt"))) == 4
     assert (tally.warm_misses, tally.warm_hits) == (4, 4)
-    epochs = read_table(results, "epochs")
-    warm_trials = epochs.filter(pl.col("stage") == "warmup").select("trial_id").unique().height
-    assert warm_trials == 4
+    trials = read_table(results).select("trial_id", "r", "seed")
+    warm = read_table(results, "epochs").filter(pl.col("stage") == "warmup").join(trials, on="trial_id")
+    assert warm["trial_id"].n_unique() == 8
+    per_cell = warm.group_by("r", "seed", "epoch").agg(pl.col("train_loss").n_unique(), pl.col("val_loss").n_unique())
+    assert per_cell.height == 4 * 2 and set(per_cell["train_loss"]) == set(per_cell["val_loss"]) == {1}
 
 
 def test_relaunch_runs_nothing_and_a_grown_grid_runs_only_the_new_trials(grid, tmp_path):

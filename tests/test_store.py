@@ -23,7 +23,8 @@ def test_a_file_uri_is_its_local_folder_and_an_object_store_is_not(tmp_path: Pat
 
 
 def test_rows_written_through_a_file_uri_are_read_back_from_the_path(tmp_path: Path) -> None:
-    row = {"trial_id": "t1", "status": "ok", "test_acc": 71.5}
+    row = {"trial_id": "t1", "dataset": "synthetic", "method": "ce", "noise": "case3", "r": 0.2, "seed": 0,
+           "status": "ok", "val_loss": 0.5, "test_acc": 71.5}
     path = store.Store(f"file://{tmp_path}").write_trial(row, CURVE)
     assert path == f"{tmp_path}/trials/t1.parquet"
     assert store.read_table(tmp_path).to_dicts() == [row]
