@@ -344,8 +344,7 @@ def test_smaller_faults_are_one_line_exit_2(tmp_path, tiny_fashion, capsys):
 def test_report_escapes_names_from_the_data(grid, tmp_path, monkeypatch, capsys):
     """A name that is not a NAME never reaches a report (the store sets its row aside); one that got past the store
     is still escaped by every renderer."""
-    from bench import store
-
+    from bench.store import folder as store
     results = copy_of(grid, tmp_path)
     for path in (results / "trials").glob("*.parquet"):
         frame = pl.read_parquet(path).with_columns(noise=pl.lit("a_b&c<script>"))

@@ -331,7 +331,7 @@ def test_overrides_make_the_grid_a_file_would_and_name_it(tmp_path: Path) -> Non
     (["--set", "r=[0.2"], "--set r=[0.2: the value is not valid YAML"),
     (["--methods", "dmi,,ce"], "--methods 'dmi,,ce': expected distinct method names"),
     (["--methods", "dmii"], "unknown method 'dmii' (did you mean 'dmi'?)"),
-    (["--seeds", "0,x"], "seeds: expected an integer >= 0, got 'x' (str)"),
+    (["--seeds", "0,x"], "seeds: expected an integer >= 0 and <= 9,007,199,254,740,991, got 'x' (str)"),
 ])
 def test_a_bad_override_is_one_line_exit_2_nothing_written(tmp_path: Path, capsys, flags, message) -> None:
     config = write_config(tmp_path)
