@@ -291,8 +291,9 @@ class PackedStage:
             steps += 1
         for p in self.params.values():  # not held through the evaluations that follow
             p.grad = None
-        for name, buffer in (kept or {}).items():
-            buffer.copy_(torch.where(self.active.view(-1, *(1,) * (buffer.dim() - 1)), self.buffers[name], buffer))
+        for name, old in (kept or {}).items():
+            now = self.buffers[name]
+            now.copy_(torch.where(self.active.view(-1, *(1,) * (now.dim() - 1)), now, old))
         return total / max(steps, 1)
 
     def batch_losses(self, idx: torch.Tensor, epoch: int) -> torch.Tensor:
