@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import math
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +36,7 @@ from bench.config import TrialConfig, UserError
 from bench.datasets.cifar10 import CIFAR10
 from bench.exec.grouped import Grouped
 from bench.exec.pack import run_pack
-from bench.exec.packed import PackedStage, device_generator
+from bench.exec.packed import PackedStage, device_generator, why_solo
 from bench.exec.prepare import build_model, prepare, seed_everything, warm_seed
 from bench.exec.trainer import run_trial
 from bench.grid.plan import pack_id
@@ -325,3 +327,59 @@ def test_a_packed_resnet_pair_equals_its_solo_trials_on_cuda(small_cifar: Path, 
             assert_close(packed["val_loss"], solo["val_loss"])
     finally:
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+
+
+def _big_models():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("big_models", REPO / "benchmarks" / "big_models.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_projection_counts_the_cifar10_table_of_the_experiment_file() -> None:
+    """benchmarks/big_models.py's projection (it may not read YAML: it runs on a bare GPU box) against the grid
+    that `tune_configs/cifar10.yaml` expands to: training image-steps of its trials and their warm starts, split by
+    what packs; at the issue's 11,074 images/s (ResNet-34 solo, channels-last, on an H100), the issue's ~133
+    GPU-hours for all of it solo."""
+    from bench.grid.experiment import load_experiment
+    from bench.grid.plan import warm_cell
+
+    trials = load_experiment(REPO / "tune_configs" / "cifar10.yaml").trials()
+    images = CIFAR10.split_sizes[0]
+    epochs = {t.trial_id: CIFAR10.method_stage.epochs if t.epochs is None else t.epochs for t in trials}
+    solo = sum(epochs[t.trial_id] for t in trials if why_solo(t)) * images
+    cells = {warm_cell(t) for t in trials}
+    warm = len(cells) * CIFAR10.warmup.epochs * images
+    packable = sum(epochs[t.trial_id] for t in trials if not why_solo(t)) * images + warm
+    assert len(trials) == 1200 and len(cells) == 100
+    big_models = _big_models()
+    assert big_models.table_image_steps() == (packable, solo)
+    hours = big_models.projection({"solo fp32": 11_074.0, "pack 8 fp32": 40_000.0}, out=lambda s: None)
+    assert hours["today: every trial solo fp32"] == pytest.approx((1200 * 100 + 100 * 120) * 40_000 / 11_074 / 3600)
+    assert round(hours["today: every trial solo fp32"]) == 132
+    assert hours["pack 8 fp32, LCCN and VAT solo fp32"] == pytest.approx((packable / 40_000 + solo / 11_074) / 3600)
+
+
+def test_the_big_models_benchmark_runs_on_a_bare_box(tmp_path: Path) -> None:
+    """It imports only torch and numpy with bench's core (Ray, MLflow, YAML, SciPy, matplotlib refused in a fresh
+    interpreter) and runs every arm on the CPU with tiny networks: positive rates for the solo and packed arms of
+    both networks, and the projection."""
+    script = f"""
+import sys
+for name in ("ray", "mlflow", "polars", "pyarrow", "pandas", "scipy", "matplotlib", "yaml"):
+    sys.modules[name] = None
+import runpy
+sys.argv = ["big_models", "--device", "cpu", "--tiny", "--members", "2", "--steps", "2", "--rounds", "1",
+            "--batch", "16"]
+runpy.run_path("{REPO / 'benchmarks' / 'big_models.py'}", run_name="__main__")
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for network in ("resnet34_cifar", "vgg16_bn"):
+        block = out.stdout.split(f"{network}: arm")[1].split("\n\n")[0]
+        rates = {line.split(" | ")[0].strip(): float(line.split(" | ")[1].replace(",", ""))
+                 for line in block.splitlines()[1:] if line.count(" | ") == 2}
+        assert set(rates) == {"solo fp32", "solo fp32 + CL", "pack 2 fp32"} and min(rates.values()) > 0, rates
+    assert "today: every trial solo fp32" in out.stdout and "pack 2 fp32, LCCN and VAT solo fp32" in out.stdout

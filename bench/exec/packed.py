@@ -127,6 +127,16 @@ def compile_mode(device: torch.device) -> str | None:
     return mode if mode and device.type == "cuda" else None
 
 
+def pack_precision(device: torch.device) -> str:
+    """A pack's precision on CUDA: "fp32" (TF32 matrix units), or "bf16" autocast, opt-in with
+    `BENCH_PACK_PRECISION=bf16` (benchmarks/big_models.py measures both): its members then differ from their solo
+    trials by more than the order of float sums."""
+    value = os.environ.get("BENCH_PACK_PRECISION", "fp32")
+    if value not in ("fp32", "bf16"):
+        raise UserError(f"BENCH_PACK_PRECISION must be fp32 or bf16, got {value!r}")
+    return value if device.type == "cuda" else "fp32"
+
+
 # -- the packed stage -------------------------------------------------------------------------------------------
 def device_generator(device: torch.device, seed: int) -> torch.Generator:
     """A member's own generator, in the state torch's default generator of `device` has in a solo trial right
@@ -168,11 +178,13 @@ class PackedStage:
         lrs: list[float],
         seeds: list[int],
         methods: list[Method] | None = None,
-        precision: str = "fp32",
+        precision: str | None = None,
         compile: str | None = None,
     ) -> None:
         self.members, self.p, self.schedule = len(members), members, schedule
-        # "bf16": the forward pass under bf16 autocast on CUDA (losses from float32 logits; L_DMI in float64).
+        # "bf16": the forward pass under bf16 autocast on CUDA (losses from float32 logits; L_DMI in float64);
+        # None: `pack_precision`, what BENCH_PACK_PRECISION asks for.
+        precision = precision or pack_precision(members[0].device)
         self.autocast = precision == "bf16" and members[0].device.type == "cuda"
         self.device = members[0].device
         self.train_x, self.val_x = members[0].train.x, members[0].val.x
@@ -378,10 +390,8 @@ class PackedStage:
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for name, p in self.params.items():
-            p.copy_(state["params"][name])
-        for name, b in self.buffers.items():
-            b.copy_(state["buffers"][name])
+        for name, t in self.state().items():
+            t.copy_(state["buffers" if name in self.buffers else "params"][name])
         for name, t in self.best.items():
             t.copy_(state["best"][name])
         self.optimizer.load_state_dict(state["optimizer"])
