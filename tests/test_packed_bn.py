@@ -383,3 +383,48 @@ runpy.run_path("{REPO / 'benchmarks' / 'big_models.py'}", run_name="__main__")
                  for line in block.splitlines()[1:] if line.count(" | ") == 2}
         assert set(rates) == {"solo fp32", "solo fp32 + CL", "pack 2 fp32"} and min(rates.values()) > 0, rates
     assert "today: every trial solo fp32" in out.stdout and "pack 2 fp32, LCCN and VAT solo fp32" in out.stdout
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_compiled_resnet_pack_trains_as_the_eager_pack(small_cifar: Path, monkeypatch) -> None:
+    """BENCH_PACK_COMPILE compiles the fused forward pass (running statistics updated in place included): the
+    same training up to the order of sums (the tolerance of the pair test), TF32 off."""
+    monkeypatch.setenv("BENCH_TF32", "0")
+    configs = [TrialConfig("cifar10", m, "pairs", 0.3, seed=s, lr=1e-2, batch_size=32, epochs=2, epochs_warmup=1,
+                           device="cuda") for m, s in (("ce", 0), ("gce", 1))]
+    try:
+        eager = run_pack(configs, small_cifar, **QUIET)
+        monkeypatch.setenv("BENCH_PACK_COMPILE", "default")
+        compiled = run_pack(configs, small_cifar, **QUIET)
+    finally:
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+    for a, b in zip(eager, compiled, strict=True):
+        assert a["best_epoch"] == b["best_epoch"]
+        assert_close(a["val_loss"], b["val_loss"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_bf16_pack_runs_its_convolutions_in_bf16_channels_last(small_cifar: Path, monkeypatch) -> None:
+    """BENCH_PACK_PRECISION=bf16: every fused convolution of a training step gets bf16 NHWC tensors (autocast and
+    the channels-last layout together), and the losses stay finite."""
+    monkeypatch.setenv("BENCH_PACK_PRECISION", "bf16")
+    ps, nets, generators = [], [], []
+    for s in (0, 1):
+        p = prepare(TrialConfig("cifar10", "ce", "pairs", 0.2, seed=s, batch_size=32, device="cuda"), small_cifar,
+                    **QUIET)
+        ps.append(p)
+        nets.append(build_model(p))
+        generators.append(device_generator(p.device, s))
+    stage = PackedStage(ps, nets, generators, ps[0].method_stage, [1e-2] * 2, [0, 1])
+    seen: list[tuple[torch.dtype, bool]] = []
+
+    class Convolutions(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.convolution.default:
+                seen.append((args[0].dtype, args[0].is_contiguous(memory_format=torch.channels_last)))
+            return func(*args, **(kwargs or {}))
+
+    with Convolutions():
+        losses = stage.batch_losses(torch.arange(32, device="cuda").expand(2, 32), 0)
+    assert seen and all(dtype == torch.bfloat16 and nhwc for dtype, nhwc in seen), seen
+    assert torch.isfinite(losses).all()
