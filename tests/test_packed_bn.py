@@ -428,3 +428,16 @@ def test_a_bf16_pack_runs_its_convolutions_in_bf16_channels_last(small_cifar: Pa
         losses = stage.batch_losses(torch.arange(32, device="cuda").expand(2, 32), 0)
     assert seen and all(dtype == torch.bfloat16 and nhwc for dtype, nhwc in seen), seen
     assert torch.isfinite(losses).all()
+
+
+@pytest.mark.parametrize("name", sorted(n for n, cls in models.registry().items() if cls.packable))
+def test_every_packable_model_with_batchnorm_passes_the_fused_check(name: str) -> None:
+    """The contract of `packable` for the networks with buffers: at full size, their fused pass equals each
+    member's own network (`Grouped.check`, evaluation mode, two inputs of the size their dataset trains at)."""
+    shapes = {"resnet34_cifar": (3, 32, 32), "vgg16_bn": (3, 64, 64), "resnet50": (3, 64, 64)}
+    torch.manual_seed(0)
+    nets = [models.create(name, 10, **({"vocab_size": 50} if name == "word_cnn" else {})) for _ in range(2)]
+    params, buffers = torch.func.stack_module_state(nets)
+    assert bool(buffers) == (name in shapes), name  # the BatchNorm networks are the ones with buffers
+    if buffers:
+        Grouped(nets[0], 2).check(nets, params, buffers, torch.randn(2, *shapes[name]))

@@ -24,7 +24,9 @@ fused pass with each member's own network once, before a pack trains, and refuse
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -35,9 +37,22 @@ from bench.config import UserError
 
 COUNTER = "num_batches_tracked"
 # `Grouped.check`: the fused pass against each member's own network, as the largest difference relative to the
-# logits' scale. Sums in another order differ by about 1e-6 in float32 and 1e-3 per layer with TF32 on CUDA; a
+# logits' scale, in full float32 (TF32 off for the check): sums in another order differ by about 1e-6 a layer; a
 # network whose forward code mixes members' channels is off by the logits' own size.
-CHECK_TOLERANCE = 2e-2
+CHECK_TOLERANCE = 1e-3
+
+
+@contextlib.contextmanager
+def full_float32() -> Iterator[None]:
+    """TF32 off on CUDA (convolutions and matrix products) for the length of the block, as it was after."""
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with cudnn.flags(enabled=cudnn.enabled, benchmark=cudnn.benchmark, deterministic=cudnn.deterministic,
+                         allow_tf32=False):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = matmul
 
 
 class GroupedLinear(nn.Module):
@@ -141,6 +156,7 @@ class Grouped:
         return out.view(b, k, -1).transpose(0, 1)
 
     @torch.no_grad()
+    @full_float32()
     def check(self, nets: list[nn.Module], params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
               x: torch.Tensor) -> None:
         """Before a pack trains: the fused pass (evaluation mode, inputs x of one member's shape) against each
