@@ -11,10 +11,11 @@ lays them out), so the stacked optimiser, the best states and the checkpoints se
 every other pack, and BatchNorm's running statistics are updated in place in the stacked buffers.
 
 Why not `torch.func.vmap` here, as for the networks without BatchNorm: vmap gives the same grouped convolutions
-(the same numbers, bit for bit), but its batching rule for BatchNorm with stacked running statistics adds passes
-over the activations; measured on the 2-core CPU with `benchmarks/bn_pack_layout.py`, this layout trains 1.26x to
-1.47x faster at K = 2 to 8 (benchmarks/README.md). It also makes channels-last explicit: the fused input and the
-grouped kernels are laid out so that cuDNN sees NHWC tensors (`channels_last_stack`).
+(the same numbers, bit for bit), but its batching rule for BatchNorm with stacked running statistics adds
+elementwise passes over the activations; measured on the CPU with `benchmarks/bn_pack_layout.py` (one thread,
+K = 2 to 8), this layout trains 1.05x to 1.35x faster (benchmarks/README.md; not yet measured on a GPU). It also
+makes channels-last explicit: the fused input and the grouped kernels are laid out so that cuDNN gets NHWC tensors
+without a copy per step (`Grouped.layout`).
 
 The fused forward pass only reorders what each member computes as long as the member network's forward code
 treats dimension 1 as channels and flattens (N, C, ...) before its linear layers: true of ResNet, VGG and
@@ -134,9 +135,8 @@ class Grouped:
 
     def fused_input(self, x: torch.Tensor) -> torch.Tensor:
         """(K, B, C, ...) -> (B, K x C, ...): channels-last for images when asked (one copy either way)."""
-        k, b = x.shape[:2]
         if self.channels_last and x.dim() == 5:
-            h, w = x.shape[3:]
+            b, h, w = x.shape[1], *x.shape[3:]
             return x.permute(1, 3, 4, 0, 2).reshape(b, h, w, -1).permute(0, 3, 1, 2)
         return x.transpose(0, 1).flatten(1, 2)
 
