@@ -2,6 +2,7 @@
 synthetic files in the CIFAR-10 format, and the GPU-hours of the paper's CIFAR-10 table at those rates.
 
     python benchmarks/big_models.py --device cuda [--members 2,4,8,16 --steps 20 --rounds 3 --batch 128]
+                                    [--compile default]
     python benchmarks/big_models.py --device cpu --tiny --members 2 --steps 2 --rounds 1   (runs anywhere)
 
 Data: CIFAR-10 python batches of random images written to a temporary folder (or `--data-root`), read by the
@@ -13,6 +14,7 @@ images scaled 2x to Dogs vs Cats' 64 x 64 with its augmentation. Arms, through t
   solo bf16 + CL   the same under bf16 autocast, in channels-last
   pack K fp32      K trials fused into one network (`bench.exec.grouped`, HFTA's layout; channels-last on CUDA)
   pack K bf16      the same under bf16 autocast (`BENCH_PACK_PRECISION=bf16` in a grid)
+  pack K bf16 + compile   with --compile MODE on CUDA: the fused pass compiled (`BENCH_PACK_COMPILE=MODE`)
 
 bf16 autocast is CUDA-only here: on a CPU the solo arm runs channels-last in float32 and the bf16 packs are left
 out. Each arm trains one untimed
@@ -121,8 +123,8 @@ def solo_arm(p: Prepared, fast: bool) -> Callable[[], object]:
     return lambda: stage.train_steps(0)
 
 
-def pack_arm(ps: list[Prepared], bf16: bool) -> Callable[[], object]:
-    """One epoch of a pack (`PackedStage`), float32 or bf16 autocast."""
+def pack_arm(ps: list[Prepared], bf16: bool, compile: str | None = None) -> Callable[[], object]:
+    """One epoch of a pack (`PackedStage`), float32 or bf16 autocast, compiled with `compile` (a mode)."""
     nets, generators = [], []
     for p in ps:
         seed_everything(method_seed(p.config.seed))
@@ -130,7 +132,8 @@ def pack_arm(ps: list[Prepared], bf16: bool) -> Callable[[], object]:
         generators.append(device_generator(p.device, method_seed(p.config.seed)))
     methods = [get_method(p.config.method)(p.dataset.num_classes) for p in ps]
     stage = PackedStage(ps, nets, generators, ps[0].method_stage, [p.method_stage.lr for p in ps],
-                        [method_seed(p.config.seed) for p in ps], methods, precision="bf16" if bf16 else "fp32")
+                        [method_seed(p.config.seed) for p in ps], methods, precision="bf16" if bf16 else "fp32",
+                        compile=compile)
     return lambda: stage.train_steps(0)
 
 
@@ -178,7 +181,7 @@ def projection(rates: dict[str, float], out: Callable[[str], None] = print) -> d
     solo_rate = rates["solo fp32"]
     hours = {"today: every trial solo fp32": (packed + solo) / solo_rate / 3600}
     for precision in ("fp32", "bf16"):
-        packs = {name: r for name, r in rates.items() if name.startswith("pack") and name.endswith(precision)}
+        packs = {name: r for name, r in rates.items() if name.startswith("pack") and precision in name}
         if packs:
             best = max(packs, key=packs.get)
             hours[f"{best}, LCCN and VAT solo fp32"] = (packed / packs[best] + solo / solo_rate) / 3600
@@ -199,6 +202,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--data-root", help="CIFAR-10 python batches (default: random ones in a temporary folder)")
     parser.add_argument("--tiny", action="store_true", help="shrunk networks, for a CPU check")
+    parser.add_argument("--compile", help="also time bf16 packs compiled with torch.compile in this mode (CUDA)")
     args = parser.parse_args(argv)
     device = resolve_device(args.device)
     precisions = (False, True) if device.type == "cuda" else (False,)  # bf16 autocast: CUDA only here
@@ -220,6 +224,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                 mix = ps[: k // 2] + ps[len(ps) // 2 : len(ps) // 2 + k - k // 2]  # CE and L_DMI, half each
                 for bf16 in precisions:
                     arms[f"pack {k} {'bf16' if bf16 else 'fp32'}"] = (k, pack_arm(mix, bf16))
+                if args.compile and device.type == "cuda":
+                    arms[f"pack {k} bf16 + compile"] = (k, pack_arm(mix, True, args.compile))
             results[network] = rates = timed(arms, args, device)
             print(f"\n{network}: arm | images/s | vs solo fp32")
             for name, rate in rates.items():
