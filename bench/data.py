@@ -172,11 +172,12 @@ class Dataset:
     def load(self) -> Splits:
         raise NotImplementedError
 
-    # Transforms run on the training device on a batch of `Split.x`; augmentation only in `train_transform`.
+    # Transforms run on the training device on a batch of `Split.x`; augmentation only in `train_transform`, its
+    # random draws from `generator` (None: torch's default generator of x's device): a pack hands each member its own.
     def eval_transform(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
-    def train_transform(self, x: torch.Tensor) -> torch.Tensor:
+    def train_transform(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         return self.eval_transform(x)
 
     def describe(self) -> list[str]:

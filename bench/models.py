@@ -20,8 +20,9 @@ class Model(nn.Module):
     """Base class of the registered networks: `name`, and whether trials of it can train as one stacked model."""
 
     name: ClassVar[str] = ""
-    # Packable (`bench.exec.packed`): no BatchNorm running statistics, and dropout only through `Dropout` below, so that
-    # each member of a pack draws its own masks.
+    # Packable (`bench.exec.packed`): every member's parameters and buffers (BatchNorm's running statistics) are its
+    # own when K copies are stacked, and dropout comes only through `Dropout` below, so that each member draws its own
+    # masks. Not so for a network that shares state between its calls or draws from torch's generator itself.
     packable: ClassVar[bool] = False
     # Channels-last on CUDA: cuDNN's tensor-core convolutions for the BatchNorm networks want NHWC (1.2x for
     # ResNet-34, 1.4x for VGG-16-BN on an H100: benchmarks/channels_last.py; `BENCH_CHANNELS_LAST=0` turns it off).
@@ -43,9 +44,16 @@ def create(name: str, num_classes: int, device: torch.device | str = "cpu", **kw
     layout it trains fastest in there."""
     device = torch.device(device)
     net = get_model(name)(num_classes=num_classes, **kwargs).to(device)
-    if device.type == "cuda" and net.channels_last and os.environ.get("BENCH_CHANNELS_LAST", "1") != "0":
+    if trains_channels_last(net, device):
         net = net.to(memory_format=torch.channels_last)
     return net
+
+
+def trains_channels_last(net: nn.Module, device: torch.device) -> bool:
+    """Whether `net` trains in channels-last on `device`: a model that asks for it, on CUDA, unless
+    BENCH_CHANNELS_LAST=0 (a pack lays out its fused inputs and kernels by the same rule)."""
+    return (device.type == "cuda" and getattr(net, "channels_last", False)
+            and os.environ.get("BENCH_CHANNELS_LAST", "1") != "0")
 
 
 class Dropout(nn.Module):
@@ -166,18 +174,20 @@ class _BasicBlock(nn.Module):
 
 class ResNet34CIFAR(Model):
     """ResNet-34 for 32x32 images: the CIFAR stem (one 3x3 conv, stride 1, no max-pool), then 3/4/6/3 basic blocks
-    of 64/128/256/512 channels (stride 2 at each stage change), global average pooling, linear 512 -> C."""
+    of 64/128/256/512 channels (stride 2 at each stage change), global average pooling, linear 512 -> C.
+    `blocks` and `width` (the stem's channels) shrink it for tests and CPU benchmarks."""
 
     name = "resnet34_cifar"
+    packable = True
     channels_last = True
 
-    def __init__(self, num_classes: int, blocks: tuple[int, ...] = (3, 4, 6, 3)) -> None:
+    def __init__(self, num_classes: int, blocks: tuple[int, ...] = (3, 4, 6, 3), width: int = 64) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU())
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
         layers: list[nn.Module] = []
-        in_channels = 64
+        in_channels = width
         for stage, count in enumerate(blocks):
-            out_channels = 64 * 2**stage
+            out_channels = width * 2**stage
             for i in range(count):
                 layers.append(_BasicBlock(in_channels, out_channels, 2 if stage > 0 and i == 0 else 1))
                 in_channels = out_channels
@@ -191,14 +201,16 @@ class ResNet34CIFAR(Model):
 class VGG16BN(Model):
     """VGG-16 with batch norm: 13 3x3 conv + BN + ReLU layers in five blocks, each closed by a 2x2 max-pool, then,
     as in the L_DMI authors' Dogs vs Cats network, one linear layer on the flattened features. Its width follows the
-    image size: 512 x (size / 32)^2 (64-pixel images: 2048)."""
+    image size: 512 x (size / 32)^2 (64-pixel images: 2048). `width` (the first block's channels, 64) shrinks every
+    layer in proportion, for tests and CPU benchmarks."""
 
     name = "vgg16_bn"
+    packable = True
     channels_last = True
 
     LAYERS = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
 
-    def __init__(self, num_classes: int, image_size: int = 64, in_channels: int = 3) -> None:
+    def __init__(self, num_classes: int, image_size: int = 64, in_channels: int = 3, width: int = 64) -> None:
         super().__init__()
         if image_size < 32 or image_size % 32:
             raise UserError(f"vgg16_bn needs an image size that is a multiple of 32, got {image_size}")
@@ -207,10 +219,11 @@ class VGG16BN(Model):
             if item == "M":
                 layers.append(nn.MaxPool2d(2))
             else:
-                layers += [nn.Conv2d(in_channels, int(item), 3, padding=1), nn.BatchNorm2d(int(item)), nn.ReLU()]
-                in_channels = int(item)
+                channels = int(item) * width // 64
+                layers += [nn.Conv2d(in_channels, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU()]
+                in_channels = channels
         self.features = nn.Sequential(*layers)
-        self.classifier = nn.Linear(512 * (image_size // 32) ** 2, num_classes)
+        self.classifier = nn.Linear(in_channels * (image_size // 32) ** 2, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x).flatten(1))
@@ -222,6 +235,7 @@ class ResNet50(Model):
     ever downloaded. Its layers are torchvision's own (same names, so the same state dicts)."""
 
     name = "resnet50"
+    packable = True
     channels_last = True
 
     def __init__(self, num_classes: int, weights: str | None = None) -> None:

@@ -9,9 +9,10 @@ b"filenames". The pickles are read by a restricted unpickler that builds numpy a
 Images stay uint8 (N x 3 x 32 x 32) on the training device. `eval_transform` subtracts the training split's
 per-pixel mean image and divides by its per-pixel standard-deviation image; `train_transform` then shifts every
 image by up to 4 pixels (a random 32 x 32 crop of the image zero-padded by 4, zero being the mean after
-normalisation) and mirrors half of them, for the whole batch at once. This module also owns those image helpers
-(pixel normalisation, vectorised crop and flip) and the allow-list for numpy pickles, which Dogs vs Cats and
-CIFAR-10N reuse.
+normalisation) and mirrors half of them, for the whole batch at once, as tensor operations on the device (as
+airbench does), drawing from the generator it is given (a packed member's own) or torch's. This module also owns
+those image helpers (pixel normalisation, vectorised crop and flip) and the allow-list for numpy pickles, which Dogs
+vs Cats and CIFAR-10N reuse.
 """
 
 from __future__ import annotations
@@ -137,14 +138,14 @@ def crop_flip(
     return x.permute(0, 2, 3, 1)[batch, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2).contiguous()
 
 
-def random_shift_flip(x: torch.Tensor, padding: int) -> torch.Tensor:
+def random_shift_flip(x: torch.Tensor, padding: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """Random crops of the zero-padded images back to their size (shifts of up to `padding` pixels) and
-    random horizontal flips (probability 1/2), drawn from torch's generator on x's device."""
+    random horizontal flips (probability 1/2), drawn from `generator` (None: torch's generator on x's device)."""
     n, _, h, w = x.shape
     padded = F.pad(x, (padding, padding, padding, padding))
-    top = torch.randint(0, 2 * padding + 1, (n,), device=x.device)
-    left = torch.randint(0, 2 * padding + 1, (n,), device=x.device)
-    flip = torch.rand(n, device=x.device) < 0.5
+    top = torch.randint(0, 2 * padding + 1, (n,), device=x.device, generator=generator)
+    left = torch.randint(0, 2 * padding + 1, (n,), device=x.device, generator=generator)
+    flip = torch.rand(n, device=x.device, generator=generator) < 0.5
     return crop_flip(padded, top, left, flip, h, w)
 
 
@@ -211,5 +212,5 @@ class CIFAR10(Dataset):
             raise RuntimeError(f"{self.name}: load() the data before transforming it (normalisation needs it)")
         return self.normalise(x)
 
-    def train_transform(self, x: torch.Tensor) -> torch.Tensor:
-        return random_shift_flip(self.eval_transform(x), PADDING)
+    def train_transform(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        return random_shift_flip(self.eval_transform(x), PADDING, generator)

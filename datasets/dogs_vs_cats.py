@@ -174,5 +174,5 @@ class DogsVsCats(Dataset):
             raise RuntimeError("dogs_vs_cats: load() the data before transforming it (normalisation needs it)")
         return self.normalise(x)
 
-    def train_transform(self, x: torch.Tensor) -> torch.Tensor:
-        return random_shift_flip(self.eval_transform(x), PADDING)
+    def train_transform(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        return random_shift_flip(self.eval_transform(x), PADDING, generator)

@@ -19,8 +19,9 @@ from conftest import crashing_checkpoints
 from tolerances import same_accuracy, same_selection, trained_close
 
 from bench.config import Schedule, UserError
+from bench.exec.optim import StackedOptimizer
 from bench.exec.pack import run_pack
-from bench.exec.packed import PackedStage, StackedOptimizer, why_solo
+from bench.exec.packed import PackedStage, why_solo
 from bench.exec.trainer import run_trial
 from bench.grid.plan import pack_id, plan_units
 from bench.methods import Batch, Method, registry
@@ -377,7 +378,8 @@ def test_plan_packs_whole_warm_start_cells_and_leaves_the_rest_solo() -> None:
     cpu = [TrialConfig("synthetic", "ce", "case3", 0.2, seed=s) for s in range(3)]
     assert plan_units(cpu, "auto") == [[t] for t in cpu]  # auto packs on CUDA only
     assert why_solo(TrialConfig("synthetic", "coteaching", "case3", 0.2)) is not None
-    assert why_solo(TrialConfig("cifar10", "ce", "pairs", 0.2)) is not None
+    assert why_solo(TrialConfig("cifar10", "ce", "pairs", 0.2)) is None  # BatchNorm and augmentation pack
+    assert "augments at random" in why_solo(TrialConfig("clothing1m", "ce", "real", 0.0))
 
 
 def test_the_training_core_imports_only_torch_and_numpy(tmp_path: Path) -> None:

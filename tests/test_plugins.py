@@ -84,7 +84,8 @@ def test_method_has_a_label_and_answers_refuses(name):
 def test_every_model_is_registered_once_with_its_packing():
     found = models.registry()
     assert {cls.name for cls in found.values()} == set(found)
-    assert {name for name, cls in found.items() if cls.packable} == {"mlp", "fashion_cnn", "word_cnn"}
+    assert {name for name, cls in found.items() if cls.packable} == {"mlp", "fashion_cnn", "word_cnn", "resnet34_cifar",
+                                                                      "vgg16_bn", "resnet50"}
     assert {cls.model for cls in datasets().values()} <= set(found)
 
 

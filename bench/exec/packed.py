@@ -2,17 +2,20 @@
 
 Members share the dataset (its tensors live once on the device), the model architecture and the shape of each
 stage (optimiser type, epochs, batch size, lr milestones); they may differ in noise pattern, r, seed, learning rate
-and method (any method whose `packable()` says yes). Their parameters are stacked
+and method (any method whose `packable()` says yes). Their parameters and buffers are stacked
 (`torch.func.stack_module_state`) and one `torch.func.vmap` of `functional_call` gives every member's logits (the
-convolutions become grouped ones). Each member's loss comes from its own method, and the sum is back-propagated:
-no parameter is shared, so member k's gradient is the gradient of its own loss alone.
+convolutions become grouped ones); networks with BatchNorm run fused in HFTA's layout instead
+(`bench.exec.grouped`: grouped convolutions, BatchNorm over K x C channels, each member's running statistics its
+own). Each member's loss comes from its own method, and the sum is back-propagated: no parameter is shared, so
+member k's gradient is the gradient of its own loss alone.
 
 Each member stays its own trial: its initial weights from its seed, its data order from its own generator, its
-dropout masks and random draws from its own device generator (seeded exactly as a solo trial seeds torch), its
-own noisy labels and learning rate (a stacked Adam or SGD step), its own selection on the whole noisy validation
-set with its best state kept on the device, its own result row. A member's numbers therefore equal its solo
-trial's up to the order of floating-point sums (a grouped convolution adds in another order than a single one),
-whoever its pack-mates are. A member whose training loss stops being finite is frozen and recorded as diverged.
+dropout masks, random augmentation and random draws from its own device generator (seeded exactly as a solo trial
+seeds torch), its own noisy labels and learning rate (a stacked Adam or SGD step), its own selection on the whole
+noisy validation set with its best state kept on the device, its own result row. A member's numbers therefore
+equal its solo trial's up to the order of floating-point sums (a grouped convolution adds in another order than a
+single one), whoever its pack-mates are. A member whose training loss stops being finite is frozen and recorded as
+diverged.
 The loop itself is `bench.exec.stage.run_stage`, the same one a solo trial runs (K = 1).
 
 Only torch and numpy are imported here, so a bare GPU box runs packs.
@@ -21,6 +24,7 @@ Only torch and numpy are imported here, so a bare GPU box runs packs.
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import math
 import os
@@ -35,6 +39,8 @@ from bench import models
 from bench.config import Schedule, UserError
 from bench.data import Dataset, get_dataset
 from bench.exec import diagnostics
+from bench.exec.grouped import Grouped
+from bench.exec.optim import StackedOptimizer, clip_member_grads
 from bench.exec.prepare import Prepared, to_device
 from bench.exec.stage import import_dynamo_apart
 from bench.methods import Batch, Method, get_method
@@ -42,83 +48,6 @@ from bench.trial import TrialConfig
 
 # Member-images per evaluation chunk (K members x chunk rows): large on a GPU, cache-sized on a CPU.
 EVAL_IMAGES = {"cuda": 65536, "cpu": 2048}
-
-
-# -- the stacked optimiser --------------------------------------------------------------------------------------
-class StackedOptimizer:
-    """Adam or SGD (momentum, L2 weight decay, lr milestones) on stacked parameters, each member with its own
-    learning rate. The arithmetic is torch.optim's, term for term, so one member's step equals a solo step."""
-
-    def __init__(self, params: dict[str, torch.Tensor], schedule: Schedule, lrs: list[float]) -> None:
-        self.params, self.schedule = params, schedule
-        device = next(iter(params.values())).device
-        self.host_lr = [float(lr) for lr in lrs]
-        self.lr = torch.tensor(self.host_lr, dtype=torch.float64, device=device)
-        self.steps = 0
-        self.epochs = 0
-        self.state: dict[str, dict[str, torch.Tensor]] = {name: {} for name in params}
-
-    def scale_lr(self, factors: list[float]) -> None:
-        """This epoch's learning rates: each member's scheduled one times its factor (`end_epoch` goes back to the
-        schedule), as a solo trial scales its optimiser's for the epoch (`Method.lr_factor`)."""
-        self.lr = torch.tensor([lr * f for lr, f in zip(self.host_lr, factors, strict=True)], dtype=torch.float64,
-                               device=self.lr.device)
-
-    def end_epoch(self) -> None:
-        """MultiStepLR's rule: after the epochs named in `milestones`, lr *= gamma (same float sequence)."""
-        self.epochs += 1
-        for _ in range(self.schedule.milestones.count(self.epochs)):
-            self.host_lr = [lr * self.schedule.gamma for lr in self.host_lr]
-        self.lr = torch.tensor(self.host_lr, dtype=torch.float64, device=self.lr.device)
-
-    @torch.no_grad()
-    def step(self, active: torch.Tensor | None) -> None:
-        """One step for every member; members not `active` (diverged) keep their parameters."""
-        s = self.schedule
-        self.steps += 1
-        if s.optimizer == "adam":
-            beta1, beta2, eps = 0.9, 0.999, 1e-8
-            bias1, bias2_sqrt = 1 - beta1**self.steps, math.sqrt(1 - beta2**self.steps)
-            step_size = (self.lr / bias1).float()
-        else:
-            lr = self.lr.float()
-        for name, p in self.params.items():
-            grad = p.grad
-            if s.weight_decay:
-                grad = grad.add(p, alpha=s.weight_decay)
-            per_member = (-1,) + (1,) * (p.dim() - 1)
-            state = self.state[name]
-            if s.optimizer == "adam":
-                if not state:
-                    state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
-                state["exp_avg"].lerp_(grad, 1 - beta1)
-                state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                denom = (state["exp_avg_sq"].sqrt() / bias2_sqrt).add_(eps)
-                update = state["exp_avg"] * step_size.view(per_member) / denom
-            elif s.optimizer == "sgd":
-                if s.momentum:
-                    if "momentum_buffer" not in state:
-                        state["momentum_buffer"] = grad.detach().clone()
-                    else:
-                        state["momentum_buffer"].mul_(s.momentum).add_(grad)
-                    grad = state["momentum_buffer"]
-                update = grad * lr.view(per_member)
-            else:
-                raise UserError(f"unknown optimizer {s.optimizer!r}; use adam or sgd")
-            if active is None:
-                p.sub_(update)
-            else:
-                p.copy_(torch.where(active.view(per_member), p - update, p))
-
-    def state_dict(self) -> dict[str, Any]:
-        return dict(host_lr=self.host_lr, steps=self.steps, epochs=self.epochs,
-                    state={n: {k: v.cpu() for k, v in st.items()} for n, st in self.state.items()})
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.host_lr, self.steps, self.epochs = list(state["host_lr"]), state["steps"], state["epochs"]
-        self.lr = torch.tensor(self.host_lr, dtype=torch.float64, device=self.lr.device)
-        device = self.lr.device
-        self.state = {n: {k: v.to(device) for k, v in st.items()} for n, st in state["state"].items()}
 
 
 def compile_mode(device: torch.device) -> str | None:
@@ -129,14 +58,14 @@ def compile_mode(device: torch.device) -> str | None:
     return mode if mode and device.type == "cuda" else None
 
 
-def clip_member_grads(params: dict[str, torch.Tensor], bounds: torch.Tensor) -> None:
-    """`torch.nn.utils.clip_grad_norm_` for each member on its own slice of the stacked gradients: member k's gradient
-    (the norm over all its parameters) scaled by min(1, bounds[k] / (norm + 1e-6)); an infinite bound leaves it as
-    it is."""
-    norms = torch.stack([torch.linalg.vector_norm(p.grad.flatten(1), dim=1) for p in params.values()])
-    scale = (bounds / (torch.linalg.vector_norm(norms, dim=0) + 1e-6)).clamp(max=1.0)
-    for p in params.values():
-        p.grad.mul_(scale.view((-1,) + (1,) * (p.dim() - 1)))
+def pack_precision(device: torch.device) -> str:
+    """A pack's precision on CUDA: "fp32" (TF32 matrix units), or "bf16" autocast, opt-in with
+    `BENCH_PACK_PRECISION=bf16` (benchmarks/big_models.py measures both): its members then differ from their solo
+    trials by more than the order of float sums."""
+    value = os.environ.get("BENCH_PACK_PRECISION", "fp32")
+    if value not in ("fp32", "bf16"):
+        raise UserError(f"BENCH_PACK_PRECISION must be fp32 or bf16, got {value!r}")
+    return value if device.type == "cuda" else "fp32"
 
 
 # -- the packed stage -------------------------------------------------------------------------------------------
@@ -155,11 +84,12 @@ def member_forward(base: nn.Module, dropouts: list[models.Dropout]) -> Any:
     layers for the length of the call, so that every member uses the masks drawn from its own generator. A
     closure over the network, not a method of the stage: a bound method kept on the stage made a reference cycle,
     which held a finished pack's parameters and optimiser state (on the GPU) until Python's cycle collector ran."""
-    def forward(params: dict[str, torch.Tensor], x: torch.Tensor, masks: list[torch.Tensor]) -> torch.Tensor:
+    def forward(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], x: torch.Tensor,
+                masks: list[torch.Tensor]) -> torch.Tensor:
         for layer, mask in zip(dropouts, masks, strict=True):
             layer.mask = mask
         try:
-            return functional_call(base, params, (x,))
+            return functional_call(base, (params, buffers), (x,))
         finally:
             for layer in dropouts:
                 layer.mask = None
@@ -179,33 +109,40 @@ class PackedStage:
         lrs: list[float],
         seeds: list[int],
         methods: list[Method] | None = None,
-        precision: str = "fp32",
+        precision: str | None = None,
         compile: str | None = None,
     ) -> None:
         self.members, self.p, self.schedule = len(members), members, schedule
-        # "bf16": the forward pass under bf16 autocast on CUDA (losses from float32 logits; L_DMI in float64).
+        # "bf16": the forward pass under bf16 autocast on CUDA (losses from float32 logits; L_DMI in float64);
+        # None: `pack_precision`, what BENCH_PACK_PRECISION asks for.
+        precision = precision or pack_precision(members[0].device)
         self.autocast = precision == "bf16" and members[0].device.type == "cuda"
         self.device = members[0].device
-        params, buffers = stack_module_state(nets)
-        if buffers:
-            raise UserError(f"{members[0].dataset.model}: models with buffers (BatchNorm) do not pack")
+        self.train_x, self.val_x = members[0].train.x, members[0].val.x
+        params, self.buffers = stack_module_state(nets)
+        # With buffers (BatchNorm's running statistics): fused in HFTA's layout, checked against the members' own
+        # networks before anything trains.
+        self.grouped = Grouped(nets[0], len(nets), models.trains_channels_last(nets[0], self.device)) \
+            if self.buffers else None
+        if self.grouped is not None:
+            params = self.grouped.layout(params)
+            self.grouped.check(nets, params, self.buffers, members[0].dataset.eval_transform(self.train_x[:2]))
         self.params = params
-        self.base = copy.deepcopy(nets[0]).to("meta")
+        self.base = self.grouped.twin if self.grouped is not None else copy.deepcopy(nets[0]).to("meta")
         self.dropouts = [m for m in self.base.modules() if isinstance(m, models.Dropout)]
         self.order_generators = [torch.Generator().manual_seed(s) for s in seeds]
         self.generators = generators
-        self.train_x, self.val_x = members[0].train.x, members[0].val.x
         self.train_labels = torch.stack([p.train.labels for p in members])
         self.val_labels = torch.stack([p.val.labels for p in members])
         self.optimizer = StackedOptimizer(self.params, schedule, lrs)
         self.active = torch.ones(self.members, dtype=torch.bool, device=self.device)
         self.all_active = True
-        self.best = {n: p.detach().clone() for n, p in self.params.items()}
+        self.best = {n: t.detach().clone() for n, t in self.state().items()}
         self.set_methods(methods)
         self._dropout_shapes: dict[torch.Size, list[torch.Size]] = {}
         # Opt-in: the vmapped forward pass (and, through AOTAutograd, its backward) compiled by torch.compile,
         # `compile` being its mode ("default", "reduce-overhead", "max-autotune-no-cudagraphs").
-        self._train_forward = vmap(member_forward(self.base, self.dropouts))
+        self._train_forward = self.grouped or vmap(member_forward(self.base, self.dropouts))
         if compile:
             import_dynamo_apart()
             self._train_forward = torch.compile(self._train_forward, mode=compile, dynamic=False)
@@ -234,13 +171,29 @@ class PackedStage:
                 start = i
         return groups
 
-    def _forward_eval(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        return functional_call(self.base, params, (x,))
+    def state(self) -> dict[str, torch.Tensor]:
+        """Every stacked tensor by name: the parameters, then the buffers (a member's state dict, stacked)."""
+        return {**self.params, **self.buffers}
+
+    def _forward_eval(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+                      x: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.base, (params, buffers), (x,))
+
+    def member_inputs(self, idx: torch.Tensor) -> torch.Tensor:
+        """The training inputs of every member's batch `idx` (K, B): a dataset that augments at random draws each
+        member's augmentation from that member's generator, as its solo trial draws from torch's."""
+        ds = self.p[0].dataset
+        if type(ds).train_transform is Dataset.train_transform:  # no random augmentation: one pass for all
+            return ds.train_transform(self.train_x[idx.flatten()]).unflatten(0, idx.shape)
+        return torch.stack([ds.train_transform(self.train_x[i], generator=g)
+                            for i, g in zip(idx, self.generators, strict=True)])
 
     def _masks(self, member_input: torch.Tensor) -> list[torch.Tensor]:
         """Each Dropout layer's masks for this step, (K, *shape), member k's from member k's generator, drawn in
         the layers' forward order as a solo forward pass draws them."""
         shape = member_input.shape
+        if not self.dropouts:
+            return []
         if shape not in self._dropout_shapes:
             seen: list[torch.Size] = []
             hooks = [layer.register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape))
@@ -273,6 +226,8 @@ class PackedStage:
         total = torch.zeros(self.members, dtype=torch.float64, device=self.device)
         steps = 0
         self.base.train()
+        # A frozen (diverged) member's running statistics stay as they were, as its parameters do.
+        kept = None if self.all_active else {n: b.clone() for n, b in self.buffers.items()}
         for start in range(0, stop, b):
             losses = self.batch_losses(orders[:, start : start + b], epoch)
             for p in self.params.values():
@@ -285,15 +240,18 @@ class PackedStage:
             steps += 1
         for p in self.params.values():  # not held through the evaluations that follow
             p.grad = None
+        for name, old in (kept or {}).items():
+            now = self.buffers[name]
+            now.copy_(torch.where(self.active.view(-1, *(1,) * (now.dim() - 1)), now, old))
         return total / max(steps, 1)
 
     def batch_losses(self, idx: torch.Tensor, epoch: int) -> torch.Tensor:
         """Every member's training loss on its batch `idx` (K, B): one stacked forward pass, then each method's
         loss (float64, with the graph for the backward pass)."""
-        x = self.p[0].dataset.train_transform(self.train_x[idx.flatten()]).unflatten(0, idx.shape)
+        x = self.member_inputs(idx)
         y = self.train_labels.gather(1, idx)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
-            logits = self._train_forward(self.params, x, self._masks(x[0]))
+            logits = self._train_forward(self.params, self.buffers, x, self._masks(x[0]))
         return self._losses(logits.float(), y, idx, x, epoch)
 
     def train_epoch(self, epoch: int) -> np.ndarray:
@@ -310,14 +268,19 @@ class PackedStage:
         return total.cpu().numpy()
 
     @torch.no_grad()
-    def predict(self, x: torch.Tensor, params: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-        """Logits (K, N, C) of every member on a shared input split, in evaluation mode (no dropout)."""
-        params = self.params if params is None else params
+    def predict(self, x: torch.Tensor, state: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """Logits (K, N, C) of every member on a shared input split (`eval_transform` applied), in evaluation mode
+        (no dropout, BatchNorm's running statistics), with the current `state()` or another (`best`)."""
+        state = self.state() if state is None else state
+        params, buffers = {n: state[n] for n in self.params}, {n: state[n] for n in self.buffers}
         self.base.eval()
         chunk = max(1, EVAL_IMAGES.get(self.device.type, 2048) // self.members)
-        forward = vmap(self._forward_eval, in_dims=(0, None))
+        grouped, transform = self.grouped, self.p[0].dataset.eval_transform
+        forward = vmap(self._forward_eval, in_dims=(0, 0, None)) if grouped is None else (
+            lambda p, b, inputs: grouped(p, b, inputs.expand(self.members, *inputs.shape), []))
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
-            out = torch.cat([forward(params, x[s : s + chunk]).float() for s in range(0, x.shape[0], chunk)], 1)
+            out = torch.cat([forward(params, buffers, transform(x[s : s + chunk])).float()
+                             for s in range(0, x.shape[0], chunk)], 1)
         self.base.train()
         return out
 
@@ -346,8 +309,8 @@ class PackedStage:
     def keep_best(self, improved: np.ndarray) -> None:
         which = torch.as_tensor(np.flatnonzero(improved), device=self.device)
         if which.numel():
-            for name, p in self.params.items():
-                self.best[name][which] = p.detach()[which]
+            for name, t in self.state().items():
+                self.best[name][which] = t.detach()[which]
 
     def freeze(self, members: np.ndarray) -> None:
         self.active[torch.as_tensor(np.flatnonzero(members), device=self.device)] = False
@@ -356,6 +319,7 @@ class PackedStage:
     def state_dict(self) -> dict[str, Any]:
         return dict(
             params={n: p.detach().cpu() for n, p in self.params.items()},
+            buffers={n: b.cpu() for n, b in self.buffers.items()},
             best={n: p.cpu() for n, p in self.best.items()},
             optimizer=self.optimizer.state_dict(), active=self.active.cpu(),
             order_generators=[g.get_state() for g in self.order_generators],
@@ -365,9 +329,10 @@ class PackedStage:
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for name, p in self.params.items():
-            p.copy_(state["params"][name])
-            self.best[name].copy_(state["best"][name])
+        for name, t in self.state().items():
+            t.copy_(state["buffers" if name in self.buffers else "params"][name])
+        for name, t in self.best.items():
+            t.copy_(state["best"][name])
         self.optimizer.load_state_dict(state["optimizer"])
         self.active = state["active"].to(self.device)
         self.all_active = bool(self.active.all())
@@ -379,10 +344,11 @@ class PackedStage:
             method.load_state_dict(s)
         self.set_methods(self.methods)
 
-    def member_state(self, k: int, params: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-        """Member k's state dict, as a solo model's `state_dict()` (the warm-start cache stores these)."""
-        params = self.best if params is None else params
-        return {n: p[k].detach().clone() for n, p in params.items()}
+    def member_state(self, k: int, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """Member k's state dict, as a solo model's `state_dict()` (the warm-start cache stores these): of its best
+        state, or of another stacked `state`."""
+        state = self.best if state is None else state
+        return {n: t[k].detach().clone() for n, t in state.items()}
 
 
 # -- which trials can pack, and with whom ------------------------------------------------------------------------------
@@ -391,9 +357,9 @@ def why_solo(c: TrialConfig) -> str | None:
 
     ds = get_dataset(c.dataset)
     if not models.get_model(ds.model).packable:
-        return f"model {ds.model} (BatchNorm statistics are not stacked)"
-    if ds.train_transform is not Dataset.train_transform:
-        return f"{c.dataset} augments its inputs at random"
+        return f"model {ds.model} (its members' state or random draws cannot be kept apart)"
+    if "generator" not in inspect.signature(ds.train_transform).parameters:
+        return f"{c.dataset} augments at random from torch's shared generator (its train_transform takes no generator)"
     if not get_method(c.method)(ds.num_classes, **c.params).packable():
         return f"method {c.method} (extra passes, two networks or per-example state)"
     return None
