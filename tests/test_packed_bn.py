@@ -132,9 +132,9 @@ def assert_close(a: float, b: float) -> None:
 
 
 def test_a_packed_resnet_pair_equals_its_solo_trials(small_cifar: Path, tmp_path: Path) -> None:
-    """Two members (SCE and CE, which share CIFAR-10's default method stage: other seeds, noise, rates and learning rates), warm starts and method stage packed,
-    against their solo trials: rows, epoch curves, warm-started states (weights and running statistics) and the
-    method stage's last checkpoint (current and best states)."""
+    """Two members (SCE and CE, which share CIFAR-10's default method stage; other seeds, noise, rates and learning
+    rates), warm starts and method stage packed, against their solo trials: rows, epoch curves, warm-started states
+    (weights and running statistics) and the method stage's last checkpoint (current and best states)."""
     configs = [TrialConfig("cifar10", m, "pairs", r, seed=s, lr=lr, batch_size=32, epochs=3, epochs_warmup=3)
                for m, r, s, lr in (("sce", 0.4, 0, 1e-2), ("ce", 0.2, 1, 5e-3))]
     warm, checkpoint = WarmStarts(), LastCheckpoint()
