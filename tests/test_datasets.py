@@ -101,17 +101,6 @@ def test_mr_split_is_the_papers(tmp_path: Path, monkeypatch) -> None:
     assert splits.notes and "70 sentences instead of the published 10,662" in splits.notes[0]
 
 
-def _write_mr(root: Path, n: int) -> None:
-    folder = root / "MR" / "rt-polaritydata"
-    folder.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    good, bad = ["great", "moving", "superb", "fun"], ["dull", "boring", "awful", "flat"]
-    for kind, words in (("pos", good), ("neg", bad)):
-        lines = [" ".join(rng.choice(words + ["the", "film"], 6)) + " caf\xe9 \x85 ok" for _ in range(n)]
-        # cp1252 bytes, and \x85 (NEL) inside sentences: a line ends only at \n.
-        (folder / f"rt-polarity.{kind}").write_bytes(("\n".join(lines) + "\n").encode("latin-1"))
-
-
 def test_mr_vocabulary_and_encoding(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "0")
     _write_mr(tmp_path, 100)
