@@ -32,7 +32,15 @@ from bench.cli import main as cli
 from bench.config import UserError
 from bench.grid.files import Overrides, load_experiment
 from bench.grid.plan import Plan
-from bench.grid.progress import StatusBoard, Tally, UnitReporter, describe_progress, make_callback, print_summary
+from bench.grid.progress import (
+    RunProgress,
+    StatusBoard,
+    Tally,
+    UnitReporter,
+    describe_progress,
+    make_callback,
+    print_summary,
+)
 from bench.grid.runner import Settings, run_experiment
 from bench.report import analysis
 from bench.store.folder import read_table
@@ -265,6 +273,26 @@ def test_download_progress_is_a_bar_on_a_terminal_and_tenths_elsewhere() -> None
 
 
 # -- one rounding, intervals within [0, 100] ------------------------------------------------------------------------
+def test_the_summary_states_only_the_rows_that_were_written(tmp_path: Path) -> None:
+    """Two failed trials: one wrote its failure row, one died before writing any. The summary says one keeps a row
+    and one wrote none (it said two rows were kept)."""
+    kept = {**make_row("dmi", 0.4, 0, 0.5, 70.0), "status": "failed", "error": "boom"}
+    write(tmp_path, [kept])
+    trials = {kept["trial_id"]: TrialConfig("synthetic", "dmi", "case3", 0.4, seed=0),
+              "lost": TrialConfig("synthetic", "dmi", "case3", 0.4, seed=1)}
+    tally, lines = Tally(total=2), []
+    progress = RunProgress(tally, str(tmp_path), trials, {"u1": [kept["trial_id"]], "u2": ["lost"]}, None,
+                           SimpleNamespace(line=lines.append))
+    progress._finish_trial(kept["trial_id"], {}, errored=False, size=1, unit="u1")
+    progress._finish_trial("lost", {}, errored=True, size=1, unit="u2")
+    exp = SimpleNamespace(name="lost")
+    print_summary(exp, Plan(experiment=exp, trials=list(trials.values()), results=str(tmp_path)), tally, None,
+                  lines.append)
+    summary = "\n".join(lines)
+    assert tally.statuses["failed"] == 2
+    assert "1 failed trials keep a row" in summary and "1 trials ended without writing a row" in summary
+
+
 def test_the_run_summary_and_the_leaderboard_round_alike(tmp_path: Path, capsys) -> None:
     """98.44 and 98.47: a mean stored as 98.45499... Both print 98.45 (polars' round said 98.46)."""
     rows = [make_row("dmi", 0.4, s, 0.5, acc) for s, acc in ((0, 98.44), (1, 98.47))]

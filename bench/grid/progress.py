@@ -133,6 +133,7 @@ class Tally:
     compute_s: float = 0.0
     mlflow_logged: int = 0
     rejected: dict[str, str] = field(default_factory=dict)  # trial_id -> the error a worker's check raised
+    rowless: int = 0  # finished trials (failed) that wrote no result row
     work_total: int = 0  # trial-epochs the pending trials imply (Plan.work)
     work_finished: int = 0  # trial-epochs of the finished units
     running: dict[str, dict[str, Any]] = field(default_factory=dict)  # unit -> its latest progress record
@@ -290,6 +291,7 @@ class RunProgress:
         self.tally.done += 1
         row, epochs = self.store.read_row(trial_id)
         status = "failed" if errored or row is None else row["status"]
+        self.tally.rowless += row is None
         self.tally.statuses[status] += 1
         if row is not None:
             self.tally.compute_s += float(row["wall_s"] or 0.0)
@@ -350,10 +352,14 @@ def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: C
         first = next(iter(tally.rejected.values()))
         out(f"{len(tally.rejected)} trials stopped on an error that retrying cannot fix and wrote no row (the first: "
             f"{first}); fix it and run the same command again")
-    failed_rows = tally.statuses.get("failed", 0)
+    # Only what was written: a failed trial keeps a row unless it died before writing one.
+    failed_rows = tally.statuses.get("failed", 0) - tally.rowless
     if failed_rows:
         out(f"{failed_rows} failed trials keep a row with status failed and the error (logs: "
             f"{Store(plan.results).logs_hint()}); the next `bench run` re-runs them")
+    if tally.rowless:
+        out(f"{tally.rowless} trials ended without writing a row (logs: {Store(plan.results).logs_hint()}); "
+            "the next `bench run` runs them again")
     if mirror is not None:
         where = f"MLflow: {tally.mlflow_logged} runs logged to {mirror.uri} (experiment {exp.name})"
         if not mirror.ok:
