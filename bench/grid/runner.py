@@ -57,7 +57,7 @@ from bench.grid.plan import (
     print_size,
     unit_id,
 )
-from bench.grid.progress import StatusBoard, Tally, UnitReporter, make_callback, print_summary
+from bench.grid.progress import REPORT_EVERY, StatusBoard, Tally, UnitReporter, make_callback, print_summary
 from bench.grid.validate import check_data, check_grid_size, check_results
 from bench.schema import GRID_LIMIT
 from bench.store import folder
@@ -70,7 +70,7 @@ os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no status ta
 
 # -- the trial, in a Ray worker ---------------------------------------------------------------------------------
 def ray_unit(config: dict[str, Any], units: dict[str, list[TrialConfig]], data_root: str, results: str,
-             threads: int) -> None:
+             threads: int, report_every: float = REPORT_EVERY) -> None:
     """Run one unit of the grid in a Ray worker: a solo trial, or a pack of trials trained as one stacked model
     (`bench.exec.packed`); report its status and warm-start cache use."""
     import torch
@@ -83,7 +83,7 @@ def ray_unit(config: dict[str, Any], units: dict[str, list[TrialConfig]], data_r
     log_path = folder.Store(results).log_path(unit)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     # Progress for the driver's live status, through Ray Tune's results (bench.grid.progress).
-    progress = UnitReporter(lambda record: tune.report({"unit": unit, **record}))
+    progress = UnitReporter(lambda record: tune.report({"unit": unit, **record}), every=report_every)
     progress.start()
     with open(log_path, "a") as log_file:
         def log(line: str) -> None:
@@ -282,6 +282,7 @@ class Settings:
     pack: str | int = "auto"  # "auto" (packs on CUDA), "off", or members per pack
     live: bool = False  # a live status table (a terminal); else a status line every `status_every` seconds
     status_every: float = 30.0
+    report_every: float = REPORT_EVERY  # seconds between a unit's progress reports to the driver
 
 
 def run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None] = print) -> Tally:
@@ -301,7 +302,7 @@ def _tuner(exp: Experiment, s: Settings, units: dict[str, list[TrialConfig]], re
     trainable = tune.with_parameters(
         ray_unit, units=units,
         data_root=str(Path(s.data_root).expanduser().resolve()), results=results,
-        threads=max(1, int(cpu)),
+        threads=max(1, int(cpu)), report_every=s.report_every,
     )
     # A pack takes its members' GPU shares together, at most one whole GPU (it runs on one device).
     trainable = tune.with_resources(
