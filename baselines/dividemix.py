@@ -48,6 +48,28 @@ noise; 0 at 20%, 50 at 90%), lambda_r = 1. Selection: CE of nets[0] on the noisy
 exists only for the training split).
 
 Reference: LiJunnan1992/DivideMix, Train_cifar.py and dataloader_cifar.py (commit d9d3058).
+
+Differences (`DivideMix.differences`):
+- Both networks train in every step, each on the other's division — the reference trains net 1 for a whole epoch,
+  then net 2 (whose co-guessing then sees the updated net 1); one step for both keeps the trainer's one-optimiser
+  stage.
+- One batch of the trainer's size with labelled and unlabelled rows as masks — the reference draws a labelled and an
+  unlabelled batch of 64 each and runs len(labelled) / 64 steps an epoch; masks keep the step's shapes fixed and
+  every example seen once an epoch.
+- Fashion-MNIST, MR and streamed Clothing1M: the views are dropout passes of one input, mixed once — their inputs
+  are not augmented on the device (Clothing1M's are augmented once, by the loader); on a model without dropout the
+  two views are then the same.
+- Text: MixMatch mixes word embeddings — the reference is image-only; mixing token ids is meaningless.
+- The mixture starts from 2-means from the two extreme losses — scikit-learn's k-means++ start is random.
+- At r = 0.9 the reference averages each example's normalised loss over the last 5 epochs before the fit, by itself
+  — here loss_history=5 does it, set in the experiment (default 1, the reference at r < 0.9).
+- The warm-up is the shared CE warm start — the reference warms each network up with CE for 10 epochs and, under
+  asymmetric noise, adds a confidence penalty.
+- Test accuracy and selection are those of nets[0], at the checkpoint with the lowest noisy-validation CE — the
+  reference reports the two networks' summed logits at the last epoch; the protocol evaluates one network and
+  selects on validation.
+- Optimiser, learning rate and epochs are the method stage's — the reference: SGD 0.02, momentum 0.9, weight decay
+  5e-4, lr / 10 from epoch 150, 300 epochs, PreAct ResNet-18.
 """
 
 from __future__ import annotations

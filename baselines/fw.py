@@ -21,6 +21,15 @@ stage. The loss is computed in log space, without the reference's clipping: -log
 
 Reference: Newbeeer/L_DMI, CIFAR-10/FW.py (and dogcat/FW.py, MR/main.py) (commit 7d5e4bc); Patrini et al.'s
 giorgiop/loss-correction, models.py (NoiseEstimator) and loss.py (commit 15a79de).
+
+Differences (`Forward.differences`):
+- The anchors are taken over the unaugmented training split in evaluation mode — the L_DMI scripts predict on the
+  augmented training loader (one random crop and flip per image).
+- The loss -log (p T)[y~] in log space without clipping p — Patrini's Keras loss clips p to [1e-7, 1 - 1e-7] first;
+  the L_DMI scripts, like us, do not (the loss is bounded below by 0 either way).
+- With the outlier filter, Patrini's code zeroes in place the predictions at or above each earlier class's threshold
+  before it copies an anchor's row, then row-normalises — an anchor of class i among the top 3% of p(y~ = j | x) for
+  an earlier class j would get T^[i, j] = 0; we copy the prediction as it is.
 """
 
 from __future__ import annotations

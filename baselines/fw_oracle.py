@@ -10,6 +10,12 @@ result row, never a competitor.
 
 Reference: giorgiop/loss-correction, experiment.py and loss.py (commit 15a79de): the "forward" loss with the true
 P, which the L_DMI paper does not run.
+
+Differences (`ForwardOracle.differences`):
+- Trained after the CE warm start — Patrini's 'forward' with the true P trains from scratch (their estimated-T runs,
+  like ours, go on from the cross-entropy model).
+- The loss -log (p T)[y~] in log space without clipping p — Patrini's Keras loss clips p to [1e-7, 1 - 1e-7] first
+  (the loss is bounded below by 0 either way).
 """
 
 from __future__ import annotations

@@ -28,6 +28,14 @@ reimplementation.
 
 Reference: Newbeeer/L_DMI, CIFAR-10/GCE.py (and dogcat/GCE.py, MR/main.py) (commit 7d5e4bc); for the truncated
 variant AlanChou/Truncated-Loss, TruncatedLoss.py and main.py (commit fef5908), unofficial.
+
+Differences (`GeneralizedCrossEntropy.differences`):
+- L_q is computed as -expm1(q log f_y) / q from log-softmax — the same function as the scripts' (1 - f_y^q) / q,
+  without their per-example loop.
+- Truncated variant: pruning reads the current model on the unaugmented training split after epochs prune_start,
+  prune_start + prune_every, ... (the L_DMI script's timing) — AlanChou's reimplementation reads the checkpoint with
+  the best test accuracy on the augmented loader, one epoch earlier; the L_DMI script's disabled pruning would have
+  read only its last batch.
 """
 
 from __future__ import annotations

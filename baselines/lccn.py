@@ -22,6 +22,17 @@ current latent labels, so they can never go negative.
 
 Reference: Newbeeer/L_DMI, CIFAR-10/LCCN.py (and dogcat/LCCN.py, MR/main.py) (commit 7d5e4bc); the authors'
 Sunarker/LCCN, cifar10_train_varC.py (commit 31403ae).
+
+Differences (`LCCN.differences`):
+- The counts start as the hard confusion matrix of the warm-started model's predictions (LCCN's own code) — the
+  L_DMI scripts start them from its soft predictions, sum_i p(z | x_i), but then move them by whole latent labels,
+  so an entry can go negative.
+- Initial predictions on the unaugmented training split in evaluation mode — the L_DMI script predicts on the
+  augmented training loader, LCCN's code with BatchNorm in training mode.
+- Selection: the model's marginal likelihood of the noisy labels, -log sum_z p(z | x) phi[z, y~] — the L_DMI script
+  selects by CE applied to softmax outputs, LCCN's code evaluates its last checkpoint.
+- Fashion-MNIST: warm-up 1,000 steps, phi every 100 — no released script; the L_DMI scripts' setting for its other
+  small sets (a 20,000-step warm-up would outlast Fashion-MNIST's 7,800-step stage).
 """
 
 from __future__ import annotations

@@ -21,6 +21,19 @@ set (the warm start plays the role of the burn-in epochs, during which every wei
 
 Reference: google/mentornet, code/utils.py, code/cifar_train_mentornet.py and
 code/training_mentornet/models.py (commit 76d6be2).
+
+Differences (`MentorNetPD.differences`):
+- The mentor is the self-paced curriculum's closed form, v = 1[l <= lambda] — the reference runs a trained MentorNet
+  network that approximates such a curriculum (its weights are a separate download); its 'MentorNet PD' commands use
+  another curriculum (weight 1 for the first 18% of training, self-paced until 90%, then linear) with p = 0.75 (0.5
+  at 80% noise) and example dropout (half the batch for the first 17% of training).
+- lambda starts at the warm-started model's p-th loss percentile over the training set — the reference starts the
+  moving average at 0, so its first steps drop more than 1 - p of a batch (at d = 0.5, lambda reaches 97% of the
+  batch percentile after 5 steps).
+- Weight decay is the stage optimiser's — the reference scales its decay term by the fraction of the batch selected
+  (sum(v) / B).
+- Selection: CE over the p fraction of noisy-validation examples with the smallest loss — the reference evaluates
+  its last checkpoint.
 """
 
 from __future__ import annotations

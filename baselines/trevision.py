@@ -24,6 +24,18 @@ Two phases, as the reference's `main.py` runs them:
 The estimate recorded is T^ + Delta T.
 
 Reference: xiaoboxia/T-Revision, main.py, loss.py and tools.py (commit b598cf2).
+
+Differences (`TRevision.differences`):
+- T^ comes from the CE warm start, on the unaugmented training split — the reference trains 20 CE epochs, keeps the
+  one with the best noisy-validation accuracy and predicts on the augmented training loader.
+- The phases are fractions of one method stage (revision_start = 0.5: the reference's 200 + 200 epochs), and the
+  revision goes on from the last reweighting epoch — the reference restarts it from the reweighting epoch with the
+  best noisy-validation accuracy; a stage keeps one line of training.
+- The revision loss adds Delta T once to T^ for the batch (the paper, and the repository's own
+  reweighting_revision_loss_v2) — the per-example loop that main.py calls adds it once per example, so the i-th
+  example of a batch sees T^ + (i + 1) Delta T, a bug.
+- Selection: the lowest reweighted loss on the noisy validation set over both phases — the reference keeps the
+  reweighting epoch with the best noisy-validation accuracy and reports the revision's epochs.
 """
 
 from __future__ import annotations

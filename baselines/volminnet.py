@@ -18,6 +18,12 @@ correction's noisy-validation NLL without the volume term, as the reference's va
 
 Reference: xuefeng-li1/Provably-end-to-end-label-noise-learning-without-anchor-points, main.py and models.py
 (commit 06e4167).
+
+Differences (`VolMinNet.differences`):
+- T is trained by SGD with momentum on every dataset (the reference's CIFAR-10 choice) — the reference uses Adam for
+  T on MNIST and CIFAR-100; lr_t and momentum_t set it.
+- The classifier starts from the CE warm start — the reference trains it from scratch together with T (80 epochs on
+  CIFAR-10).
 """
 
 from __future__ import annotations

@@ -113,5 +113,3 @@ class Schedule:
 
     def with_overrides(self, **overrides: Any) -> Schedule:
         return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
-
-

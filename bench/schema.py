@@ -122,7 +122,7 @@ class Key:
 # -- the values of one trial: keys of an experiment file and flags of `bench trial` alike ----------------------------
 PROBABILITY = Value(float, "[0, 1]")  # a noise level r, an entry of T
 # A seed is at most 2**53 - 1: exact as a float64 (YAML, JSON), and seed x 1000 + 999 (the warm start's and the
-# method stage's own seeds, bench.exec.trainer) stays within torch's 64-bit generator seeds and parquet's int64.
+# method stage's own seeds, bench.exec.prepare) stays within torch's 64-bit generator seeds and parquet's int64.
 SEED = Value(int, "[0, 9007199254740991]")
 LEARNING_RATE = Value(float, "(0, inf)")
 BATCH_SIZE = Value(int, "[1, inf)")

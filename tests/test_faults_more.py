@@ -262,7 +262,6 @@ def test_a_default_written_out_is_the_same_trial_and_a_changed_default_a_new_one
     explicit = trial(method="gce", lr=schedule.lr, batch_size=schedule.batch_size,
                      method_params=freeze_params({"q": GeneralizedCrossEntropy.defaults["q"]}))
     assert explicit.trial_id == implicit.trial_id
-    assert trial(method="gce", lr=0.001).trial_id == trial(method="gce", lr=1e-3).trial_id
     assert trial(method="gce", method_params=freeze_params({"q": 1})).trial_id == \
         trial(method="gce", method_params=freeze_params({"q": 1.0})).trial_id
     assert trial(method="gce", lr=2e-3).trial_id != implicit.trial_id

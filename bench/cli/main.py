@@ -19,7 +19,6 @@ from bench.config import EXIT_USAGE, UserError, default_data_root
 from bench.schema import GRID_LIMIT
 from bench.store.columns import CORE_COLUMNS
 from bench.store.folder import read_table
-from bench.trial import TrialConfig, freeze_params
 
 # What `bench run`, `report`, `results`, `sync-mlflow` and `ui` need beyond the training core; each command names
 # its own (`needs`), checked before it starts.
@@ -57,6 +56,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     from bench import noise
     from bench.exec.trainer import run_trial
     from bench.grid.validate import check_data, check_results, check_trial
+    from bench.trial import TrialConfig, freeze_params
 
     noise_name, transition = noise.from_flags(args.noise, args.transition)
     config = TrialConfig(
@@ -126,7 +126,6 @@ def cmd_methods(args: argparse.Namespace) -> int:
 def cmd_results(args: argparse.Namespace) -> int:
     """`bench results`: the merged result table, printed or written to one file."""
     import polars as pl
-
 
     table = read_table(args.results)
     if table.is_empty():
@@ -248,7 +247,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_labels(sub)
     _add_results_commands(sub)
     return parser
-
 
 
 def _add_run(sub: argparse._SubParsersAction) -> None:

@@ -112,7 +112,7 @@ class Grouped:
     the running statistics (and their counters) in the stacked buffers."""
 
     def __init__(self, net: nn.Module, members: int, channels_last: bool = False) -> None:
-        self.members, self.channels_last = members, channels_last
+        self.channels_last = channels_last
         self.twin = grouped_twin(net, members)
         self.batched = {f"{name}.{p}" for name, m in self.twin.named_modules() if isinstance(m, GroupedLinear)
                         for p in ("weight", "bias")}

@@ -6,7 +6,7 @@ model and whatever layout copies `vmap` makes. To those peaks it adds what a mem
 optimiser state, best state, labels, logits). The planner sizes packs by it against $BENCH_PACK_MEMORY_GB where
 that is set (the driver opens no GPU), and each pack checks it against its own GPU before anything trains. It errs
 on the safe side: `tests/test_packed.py` checks it against what a real pack allocates, counted by the profiler.
-Imports only torch and numpy.
+Imports only torch (and the pack's own modules).
 """
 
 from __future__ import annotations

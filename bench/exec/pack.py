@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from bench.config import UserError
-from bench.exec import memory
+from bench.exec import memory, warmstart
 from bench.exec.packed import PackedStage, compile_mode, device_generator, group_key, pack_key, why_solo
 from bench.exec.prepare import (
     Prepared,
@@ -29,7 +29,7 @@ from bench.exec.prepare import (
     warm_start_key,
 )
 from bench.exec.stage import Checkpoints, Log, accuracy, run_stage
-from bench.exec.trainer import Outcome, WarmStartCache, row_args
+from bench.exec.trainer import Outcome, row_args
 from bench.methods import StageContext, get_method
 from bench.store.rows import make_row, write_trial
 from bench.trial import TrialConfig
@@ -59,7 +59,7 @@ def run_pack(
     data_root: str | os.PathLike[str],
     results: str | os.PathLike[str] | None = None,
     log: Log = print,
-    warm_cache: WarmStartCache | Any | None = None,
+    warm_cache: warmstart.WarmStartCache | None = None,
     checkpoints: Checkpoints | None = None,
 ) -> list[dict[str, Any]]:
     """Train several trials as one pack; return their result rows (in the order given), and with `results`
@@ -76,7 +76,7 @@ def _run_pack(
     data_root: str | os.PathLike[str],
     results: str | os.PathLike[str] | None,
     log: Log,
-    warm_cache: WarmStartCache | Any | None,
+    warm_cache: warmstart.WarmStartCache | None,
     checkpoints: Checkpoints | None,
 ) -> list[dict[str, Any]]:
     started = time.perf_counter()

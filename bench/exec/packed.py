@@ -360,7 +360,7 @@ def why_solo(c: TrialConfig) -> str | None:
         return f"model {ds.model} (its members' state or random draws cannot be kept apart)"
     if "generator" not in inspect.signature(ds.train_transform).parameters:
         return f"{c.dataset} augments at random from torch's shared generator (its train_transform takes no generator)"
-    if not get_method(c.method)(ds.num_classes, **c.params).packable():
+    if not get_method(c.method)(ds.num_classes, dataset=c.dataset, **c.params).packable():
         return f"method {c.method} (extra passes, two networks or per-example state)"
     return None
 

@@ -212,7 +212,7 @@ def warm_start_key(p: Prepared, net_index: int) -> str:
     c = p.config
     blob = json.dumps(
         [c.dataset, p.dataset.model, c.noise, round(c.r, 10), c.seed, c.transition, c.train_subset,
-         p.labels.noise_hash, repr(p.warmup), net_index],
+         p.labels.noise_hash, repr(p.warmup), net_index, type(p.dataset).version],
         default=str,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -1,5 +1,5 @@
-"""The stage loop of the paper's protocol and the pieces a stage trains with: the training device, batches of a
-split on it, a training pass, predictions and accuracy.
+"""The stage loop of the paper's protocol and the pieces a stage trains with: a training pass, predictions and
+accuracy (the device and the loaders are `bench.exec.prepare`'s).
 
 `run_stage` trains K members side by side for one stage (the CE warm start or the method stage) and owns the
 protocol's per-epoch decisions: divergence, selection on the whole noisy validation set, checkpoints and the epoch
@@ -24,10 +24,8 @@ from torch import nn
 
 from bench.config import Schedule, UserError
 from bench.exec import diagnostics
-from bench.exec.prepare import Prepared, SplitLoader
+from bench.exec.prepare import Log, Prepared, SplitLoader
 from bench.methods import Batch, Method
-
-Log = Callable[[str], None]
 
 
 @torch.no_grad()

@@ -43,6 +43,7 @@ from bench.exec.stage import (
     predict,
     run_stage,
 )
+from bench.exec.warmstart import WarmStart
 from bench.methods import Batch, Method, StageContext, get_method
 from bench.store.rows import make_row, write_trial
 from bench.trial import TrialConfig
@@ -52,8 +53,7 @@ def _ce_step(nets: list[nn.Module], batch: Batch) -> torch.Tensor:
     return F.cross_entropy(nets[0](batch.x), batch.y)
 
 
-# A warm start: the network's state and its stage's epoch rows; the cache maps (key, train it) to one.
-WarmStart = tuple[dict[str, torch.Tensor], list[dict[str, Any]]]
+# What a trial needs of a warm-start cache (`bench.exec.warmstart.WarmStartCache` is one): (key, train it) -> one.
 WarmStartCache = Callable[[str, Callable[[], WarmStart]], WarmStart]
 
 

@@ -78,14 +78,17 @@ class WarmStartCache:
     def _hit(self, entry: dict[str, Any]) -> WarmStart:
         self.hits += 1
         self.saved_s += float(entry.get("seconds", 0.0))
-        return entry["state"], list(entry.get("epochs", []))  # an entry of an older version has no rows
+        return entry["state"], list(entry["epochs"])
 
     def _load(self, key: str) -> dict[str, Any] | None:
         path = self.path(key)
         if not self.store.exists(path):
             return None
         try:
-            return self.store.load_tensors(path)
+            entry = self.store.load_tensors(path)
+            # An entry written before warm starts carried their epoch rows is trained again: a trial that loaded
+            # it would record no warm-up epochs.
+            return entry if "epochs" in entry else None
         except Exception as e:  # noqa: BLE001 - any unreadable entry is retrained, never fatal to its cell
             aside = f"{path}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
             try:

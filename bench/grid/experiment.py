@@ -1,4 +1,5 @@
-"""Experiment files (`tune_configs/*.yaml`): reading, validation against the schema, and the expansion into trials.
+"""Experiment files (`tune_configs/*.yaml`): validation against the schema and the expansion into trials (reading
+them, and the command line's overrides: `bench.grid.files`).
 
 An experiment is one grid of the paper's protocol on one dataset:
 
@@ -22,15 +23,15 @@ Per-method settings: `lr`, `batch_size`, `epochs` (method stage) and the method'
 itself a list is written as a one-element list of it (`[[a, b]]`).
 
 `bench run` may change a file from the command line (`--set r=[0.2,0.4] --set methods.dmi.lr=1e-5`, `--methods
-dmi,ce`, `--seeds 0,1`): `Overrides` applies them to the file's mapping before validation, so that the schema checks
-them as it checks the file. A grid changed that way gets its own name (`<name>-<hash of the changed grid>`, or
-`--set name=NAME`): its results folder, MLflow experiment and report stay apart from the file's own grid, whose
-per-cell selection would otherwise count the variation's settings too.
+dmi,ce`, `--seeds 0,1`): `bench.grid.files.Overrides` applies them to the file's mapping before validation, so
+that the schema checks them as it checks the file. A grid changed that way gets its own name (`<name>-<hash of the
+changed grid>`, or `--set name=NAME`): its results folder, MLflow experiment and report stay apart from the file's
+own grid, whose per-cell selection would otherwise count the variation's settings too.
 
 Validation has two layers. `parse_experiment` checks the file against its schema (`bench.schema.EXPERIMENT`: keys,
 types, defaults, ranges, declared there once for files and `bench trial` alike); `check_names` checks dataset, noise,
 method and hyper-parameter names against the registries, and asks each method whether it refuses a noise pattern.
-`load_experiment` does both.
+`bench.grid.files.load_experiment` does both.
 Every error names the file, the key and what is allowed, and is a `UserError` (one line, exit code 2).
 """
 
@@ -262,7 +263,6 @@ def parse_experiment(data: Any, source: str = "<config>") -> Experiment:
 def check_names(exp: Experiment) -> None:
     """Check dataset, noise patterns, methods and their hyper-parameters against the registries."""
     import numpy as np
-
 
     ck = _Checker(exp.source)
     known = dataset_registry()

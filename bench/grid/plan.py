@@ -2,10 +2,10 @@
 `--dry-run` listing.
 
 A trial whose result row exists (and did not fail) is done; the others are pending. Pending trials run as units: a
-solo trial, or a pack of trials trained as one stacked model (`plan_units`, `--pack`; `bench.exec.packed` trains it),
+solo trial, or a pack of trials trained as one stacked model (`plan_units`, `--pack`; `bench.exec.pack` trains it),
 split so that every GPU the trials run on gets work. The plan opens no GPU (`auto_pack_size`).
-The work a plan implies counts the CE warm starts once per cell (the cache shares them). Light to import (the
-training core's modules are imported where used): `bench --help` and a bare GPU box load it.
+The work a plan implies counts the CE warm starts once per cell (the cache shares them). It imports the training
+core but no Ray, MLflow or YAML.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from bench.schema import GRID_LIMIT
 from bench.store.folder import Store
 from bench.trial import TrialConfig
 
-if TYPE_CHECKING:  # experiment files need pyyaml; the planner also runs on a bare GPU box (bench.exec.packed uses it)
+if TYPE_CHECKING:  # the planner takes an Experiment; it need not import the experiment files' YAML reader
     from bench.grid.experiment import Experiment
 
 PACK_MAX = 256  # members per pack at most (`--pack auto`); beyond this the GPU is already full for our models

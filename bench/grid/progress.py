@@ -325,7 +325,6 @@ class RunProgress:
         self.board.line(f"      {trial.config['unit']} crashed; Ray retries it from its last epoch checkpoint")
 
 
-
 def make_callback(tally: Tally, results: str, trials: dict[str, TrialConfig], units: dict[str, list[str]],
                   mirror: Any, board: StatusBoard) -> Any:
     from ray import tune  # Ray is the run's, not the module's: the summary and the status board work without it

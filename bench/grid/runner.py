@@ -6,7 +6,8 @@
     (writes its own parquet row; CE warm start from the shared cache) --driver callback--> progress line + MLflow
     (and, while it trains, its stage and epoch through Ray Tune's results --> the driver's live status)
 
-Trial identity is `TrialConfig.trial_id`, a hash of the trial's own config: a relaunch runs only the trials without
+Trial identity is `TrialConfig.trial_id`, a hash of the trial's effective configuration (schedules and method
+defaults filled in): a relaunch runs only the trials without
 a result row (rows with status "failed" run again), so a killed grid resumes and a grid can grow. Ray retries a
 crashed trial (`--retries`); the method stage checkpoints after every epoch, so a retried trial (or one re-run
 after the driver was killed) resumes from its last finished epoch, and its warm start comes from the cache.
@@ -72,10 +73,9 @@ os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no status ta
 def ray_unit(config: dict[str, Any], units: dict[str, list[TrialConfig]], data_root: str, results: str,
              threads: int, report_every: float = REPORT_EVERY) -> None:
     """Run one unit of the grid in a Ray worker: a solo trial, or a pack of trials trained as one stacked model
-    (`bench.exec.packed`); report its status and warm-start cache use."""
+    (`bench.exec.pack.run_pack`); report its status and warm-start cache use."""
     import torch
     from ray import tune
-
 
     torch.set_num_threads(threads)
     unit = config["unit"]

@@ -332,8 +332,6 @@ def transition_estimates(df: pl.DataFrame) -> pl.DataFrame:
         .sort("dataset", "noise", "r", "_rank").drop("_rank")
 
 
-
-
 def package_text(*parts: str) -> str:
     """A text file shipped inside the `bench.report` package (package data, so an installed wheel carries it)."""
     try:
@@ -372,5 +370,3 @@ def paper_comparison(grid: pl.DataFrame) -> pl.DataFrame:
         pl.col("n").fill_null(0).alias("ours_n"), "diff", "combined_std",
         (pl.col("diff").abs() > pl.col("combined_std")).alias("flag"),
     )
-
-

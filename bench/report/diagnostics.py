@@ -41,11 +41,10 @@ from typing import Any
 
 import polars as pl
 
-from bench.report.analysis import fmt
+from bench.report.analysis import CELL, fmt
 from bench.report.render import fmt_r, html_table, md, png, td
 from bench.store.columns import DIAGNOSTIC_COLUMNS
 
-CELL = ["dataset", "noise", "r", "method"]
 ORACLE = "†"
 RULES_NOTE = (
     "Clean test accuracy (%) of the same trials under three checkpoint rules: the epoch selected on the noisy "

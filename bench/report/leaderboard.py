@@ -1,17 +1,15 @@
-"""Reports over a results folder: `bench report RESULTS [--out DIR]` and `bench leaderboard RESULTS`.
-
-The numbers come from `bench.report.analysis` (the protocol: selection, statistics, paired tests, the paper comparison);
-this module lays them out: one wide table per (dataset, noise) (`tables`, walked by every renderer through
-`Table.rows`), rendered as Markdown, LaTeX (the paper's layout), one self-contained HTML page (its CSS and JS are
-the package files `bench/report/report.css` and `report.js`) and aligned terminal text; plus the CSV tables and, through
-`bench.report.plots`, the figures. Nothing here reads MLflow.
+"""The leaderboard's tables: one wide table per (dataset, noise) (`tables`, walked by every renderer through
+`Table.rows`), rendered as Markdown, LaTeX (the paper's layout), one self-contained HTML page (its CSS and JS are the
+package files `bench/report/report.css` and `report.js`) and aligned terminal text. The numbers come from
+`bench.report.analysis`; `bench.report.build` writes these renderings with the CSV tables and the figures
+(`bench report`, `bench leaderboard`). Nothing here reads MLflow.
 """
 
 from __future__ import annotations
 
 import html
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,9 +20,6 @@ from bench.data import paper_datasets
 from bench.report import analysis
 from bench.report.analysis import MISSING, REFERENCE, fmt, label
 from bench.report.render import asset, fmt_r, html_table, md, pm, png, td, tex
-
-Log = Callable[[str], None]
-
 
 # --------------------------------------------------------------------------------------------------- tables
 
@@ -294,8 +289,3 @@ def to_terminal(tabs: list[Table], summary: str, bold: bool = False) -> str:
                                    for (text, best), w in zip(row, widths, strict=True)))
         lines.append("")
     return "\n".join(lines + [legend().replace("in bold", "marked <" if not bold else "in bold")])
-
-
-# ------------------------------------------------------------------------------------------------- commands
-
-

@@ -192,7 +192,6 @@ class Store:
     def _write_trial(self, row: dict[str, Any], epochs: list[dict[str, Any]]) -> str:
         import pyarrow as pa
 
-
         trial_id = row["trial_id"]
         schema = pa.schema([(name, pa.type_for_alias(kind)) for name, kind in EPOCH_COLUMNS.items()])
         self._write_parquet(self.path("epochs", f"{trial_id}.parquet"),
@@ -398,4 +397,3 @@ def unsaved_folder() -> Path:
 def read_table(results: str | os.PathLike[str], table: str = "trials") -> Any:
     """`Store(results).read_table(table)`: all rows of `trials` or `epochs` as one polars frame."""
     return Store(results).read_table(table)
-
