@@ -49,9 +49,11 @@ class ForwardOracle(Forward):
     def refuses(cls, dataset: type[Dataset], noise: str) -> str | None:
         if dataset.is_real_noise(noise):
             return f"it needs the true T, and {dataset.name}'s {noise!r} labels are real noise with no known T"
+        if not dataset.has_transition(noise):
+            return f"it needs the true T, and {noise!r} noise has none: each noisy label depends on its example"
         return None
 
     def setup(self, stage: StageContext) -> None:
         if stage.true_transition is None:
-            raise UserError("fw_oracle needs the true transition matrix; this noise (human labels) has none")
+            raise UserError("fw_oracle needs the true transition matrix; human and instance-dependent noise have none")
         self.transition = torch.as_tensor(stage.true_transition, dtype=torch.float64, device=stage.device)

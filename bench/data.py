@@ -93,6 +93,9 @@ class Dataset:
     # accuracy per epoch, memorisation, detection quality): cheap for the small sets; BENCH_EPOCH_EVAL=1 or 0
     # overrides it.
     epoch_eval: ClassVar[bool] = True
+    # Whether instance-dependent noise (`noise.INSTANCE_DEPENDENT`) can be drawn: it reads every training and
+    # validation input (`noise_features`) and needs every clean label.
+    instance_noise: ClassVar[bool] = True
 
     def __init__(self, data_root: str | Path, verify: bool | None = None) -> None:
         self.root = Path(data_root).expanduser() / self.folder
@@ -102,7 +105,14 @@ class Dataset:
 
     @classmethod
     def accepted_noise(cls) -> tuple[str, ...]:
-        return tuple(cls.noise_patterns) + noise.GENERIC_PATTERNS
+        generic = noise.GENERIC_PATTERNS if cls.instance_noise else \
+            tuple(p for p in noise.GENERIC_PATTERNS if not noise.is_instance_dependent(p))
+        return tuple(cls.noise_patterns) + generic
+
+    @classmethod
+    def has_transition(cls, pattern: str) -> bool:
+        """Whether a T generates the pattern's noise: not for real (human) noise, nor for instance-dependent noise."""
+        return not cls.is_real_noise(pattern) and not noise.is_instance_dependent(pattern)
 
     @classmethod
     def stage_schedule(cls, method: str, **explicit: Any) -> Schedule:
@@ -179,6 +189,13 @@ class Dataset:
 
     def train_transform(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         return self.eval_transform(x)
+
+    def noise_features(self, split: Split) -> np.ndarray:
+        """Each example's features for instance-dependent noise (N x F): its input as `load` stores it, flattened
+        (the pixel bytes of CIFAR and Dogs vs Cats, as Xia et al. project them; Fashion-MNIST stores bytes / 255)."""
+        if not isinstance(split.x, torch.Tensor):
+            raise UserError(f"{self.name}: instance-dependent noise reads every input, and {self.name} streams them")
+        return split.x.reshape(len(split.x), -1).cpu().numpy()
 
     def describe(self) -> list[str]:
         """Extra lines for `bench datasets`: what is missing or damaged, and where to get it."""

@@ -3,6 +3,8 @@ vectorised sampling, and what the noisy labels realised. Which named patterns a 
 T from r, is declared by the dataset (`Dataset.noise_patterns`, in its file under datasets/).
 
 T is C x C and row-stochastic; rows are the true class, columns the noisy class (the paper's T_{Y -> Y~}).
+Instance-dependent noise (`INSTANCE_DEPENDENT`, `inject_instance_dependent`) has no T: each example's noisy label
+is drawn from a distribution computed from the example itself; only its realised per-class T is recorded.
 Noise is sampled by a generator keyed by (dataset, pattern, r, seed) alone, so every method and every
 hyper-parameter of a seed sees the very same noisy labels (paired comparisons). It is applied to the training
 and validation splits; the test split is never touched.
@@ -10,6 +12,7 @@ and validation splits; the test split is never touched.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import warnings
@@ -49,8 +52,17 @@ def flip(pairs: dict[int, int]) -> Builder:
 
 
 GENERIC: dict[str, Builder] = {"uniform": uniform, "symmetric": symmetric}
-# The names every dataset accepts: the generic builders, and an explicit matrix (`transition`).
-GENERIC_PATTERNS = (*GENERIC, "transition")
+# Patterns whose noisy label depends on the example, not only on its class: no T generates them.
+INSTANCE_DEPENDENT = ("idn",)
+# The names every dataset accepts: the generic builders, an explicit matrix (`transition`) and, where the dataset
+# holds its inputs in memory (`Dataset.instance_noise`), instance-dependent noise.
+GENERIC_PATTERNS = (*GENERIC, "transition", *INSTANCE_DEPENDENT)
+# The standard deviation of the per-example flip rate around r (Xia et al.'s `norm_std`, 0.1 in all their runs).
+IDN_STD = 0.1
+
+
+def is_instance_dependent(pattern: str) -> bool:
+    return pattern in INSTANCE_DEPENDENT
 
 
 def validate_transition(t: np.ndarray, num_classes: int, source: str = "T") -> np.ndarray:
@@ -213,3 +225,77 @@ def inject(
     noisy_train = sample_noisy_labels(clean_train, t, rng)
     noisy_val = sample_noisy_labels(clean_val, t, rng)
     return summarise(clean_train, noisy_train, noisy_val, t.shape[0], t)
+
+
+# -- instance-dependent noise ------------------------------------------------------------------------------------------
+def truncated_normal(mean: float, std: float, n: int, rng: np.random.Generator) -> np.ndarray:
+    """n draws of N(mean, std^2) conditioned on [0, 1] (the law of scipy's `truncnorm` on that interval), by
+    rejection: at least half of the draws land in [0, 1] for any mean in it, so a few rounds suffice."""
+    out = np.empty(n, dtype=np.float64)
+    filled = 0
+    while filled < n:
+        draw = rng.normal(mean, std, size=2 * (n - filled) + 16)
+        keep = draw[(draw >= 0.0) & (draw <= 1.0)][: n - filled]
+        out[filled : filled + len(keep)] = keep
+        filled += len(keep)
+    return out
+
+
+def instance_dependent_probabilities(
+    parts: list[tuple[np.ndarray, np.ndarray]], r: float, num_classes: int, rng: np.random.Generator,
+    chunk_elements: int = 1 << 24,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Xia et al.'s instance-dependent noise (NeurIPS 2020, `get_instance_noisy_label`): for each (features N x F,
+    clean labels N) part, every example's distribution of the noisy label (N x C) and its flip rate (N).
+
+    Example i of class y gets a flip rate q_i drawn from N(r, 0.1^2) truncated to [0, 1]; its features are projected
+    to class scores s = x_i W_y by a standard normal F x C matrix W_y of its class; the true class's score is masked,
+    and the noisy label is y with probability 1 - q_i, else class k != y with probability q_i softmax(s)_k. Draws,
+    in order: the flip rates of every part's examples, then W_0 .. W_{C-1} (F the widest part's width; a narrower
+    part's missing columns count as zeros). Scores are float64 sums of the features as given, a class and a chunk of
+    rows at a time. With C = 2 the projection has no effect: the other class takes all of q_i, so the noise is
+    instance-independent in law, symmetric at the mean flip rate."""
+    sizes = [len(y) for _, y in parts]
+    rates = np.split(truncated_normal(r, IDN_STD, sum(sizes), rng), np.cumsum(sizes)[:-1])
+    probs = [np.zeros((n, num_classes), dtype=np.float64) for n in sizes]
+    width = max((x.shape[1] for x, _ in parts), default=0)
+    rows = max(1, chunk_elements // max(width, 1))
+    for c in range(num_classes):
+        w = rng.standard_normal((width, num_classes))  # drawn for every class, examples or not: a fixed draw order
+        for (x, y), q, p in zip(parts, rates, probs, strict=True):
+            members = np.flatnonzero(y == c)
+            for start in range(0, len(members), rows):
+                idx = members[start : start + rows]
+                scores = x[idx].reshape(len(idx), -1).astype(np.float64) @ w[: x.shape[1]]  # absent columns: 0
+                scores[:, c] = -np.inf
+                scores = np.exp(scores - scores.max(axis=1, keepdims=True))
+                p[idx] = q[idx, None] * scores / scores.sum(axis=1, keepdims=True)
+                p[idx, c] = 1.0 - q[idx]
+    return probs, rates
+
+
+def sample_rows(p: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One class per row of the N x C matrix p of distributions (inverse CDF on each row)."""
+    cdf = np.cumsum(p, axis=1)
+    cdf[:, -1] = 1.0
+    u = rng.random(len(p))
+    return (u[:, None] >= cdf).sum(axis=1).astype(np.int64)
+
+
+def inject_instance_dependent(
+    dataset: str,
+    pattern: str,
+    r: float,
+    seed: int,
+    train: tuple[np.ndarray, np.ndarray],
+    val: tuple[np.ndarray, np.ndarray],
+    num_classes: int,
+) -> NoisyLabels:
+    """Instance-dependent noisy training then validation labels from (features, clean labels) of each split, with the
+    (dataset, pattern, r, seed) generator. No T generated them (`transition` is None); the realised per-class T is
+    `empirical`, and `expected_rate` the mean flip rate of the training examples."""
+    rng = noise_generator(dataset, pattern, r, seed)
+    (p_train, p_val), (q_train, _) = instance_dependent_probabilities([train, val], r, num_classes, rng)
+    noisy_train, noisy_val = sample_rows(p_train, rng), sample_rows(p_val, rng)
+    labels = summarise(train[1], noisy_train, noisy_val, num_classes, None)
+    return dataclasses.replace(labels, expected_rate=float(q_train.mean()) if len(q_train) else 0.0)

@@ -114,6 +114,7 @@ class Clothing1M(Dataset):
                             milestones=(5,), gamma=0.5)
     folder = "clothing1M"
     epoch_eval = False  # a pass over 1M training images per epoch would double the cost (BENCH_EPOCH_EVAL=1)
+    instance_noise = False  # the clean label of most training images is unknown, and the images are streamed
     files = {**{name: None for name in ANNOTATIONS}, "images/": None}
     source = ("Clothing1M's authors, on request only (Xiao et al., CVPR 2015, 'Learning from massive noisy "
               "labeled data for image classification'; see https://github.com/Cysu/noisy_label); unpack it so that "

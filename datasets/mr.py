@@ -153,3 +153,12 @@ class MovieReview(Dataset):
             train=split(parts["train"]), val=split(parts["val"]), test=split(parts["test"]),
             model_args={"vocab_size": len(vocabulary) + 2}, notes=notes,
         )
+
+    def noise_features(self, split: Split) -> np.ndarray:
+        """Instance-dependent noise projects each sentence's bag of words (not an embedding, which is learnt): its
+        count of every vocabulary entry, words unseen in training counted as UNKNOWN, padding not counted."""
+        tokens = split.x.cpu().numpy()
+        counts = np.zeros((len(tokens), int(tokens.max(initial=UNKNOWN)) + 1), dtype=np.uint8)
+        np.add.at(counts, (np.arange(len(tokens))[:, None], tokens), 1)
+        counts[:, PAD] = 0
+        return counts

@@ -3,9 +3,11 @@
 Results at high noise depend on the draw, so a reader who wants to compare with another codebase needs the very
 labels our trials trained on. The file holds one row per training and validation example: `split` (train or
 val), `index` (the position in the split, as the trainer orders it), `clean` and `noisy` labels and `flipped`.
-Its metadata (parquet key-value) names the dataset, noise, r, seed, the transition matrix, the realised noise rate
-and `noise_hash`: the hash every result row of those trials records (`bench.noise.labels_hash` of the noisy
-training labels then the noisy validation labels), which `labels_hash_of` recomputes from the file's columns.
+Its metadata (parquet key-value) names the dataset, noise, r, seed, the transition matrix (null where no T generated
+the noise: human and instance-dependent noise), the realised per-class T (`empirical_transition`, training split),
+the realised noise rate and `noise_hash`: the hash every result row of those trials records
+(`bench.noise.labels_hash` of the noisy training labels then the noisy validation labels), which `labels_hash_of`
+recomputes from the file's columns.
 The labels are drawn by `bench.exec.prepare.draw_labels`, the function every trial uses; they do not depend on the
 method, the model seed or `--train-subset` (a subset trains on the first N of these).
 """
@@ -33,8 +35,9 @@ from bench.trial import TrialConfig
 def export(config: TrialConfig, data_root: str | Path, out: Path) -> NoisyLabels:
     """Draw the trial's noisy labels and write them to `out` (atomically); return what was drawn."""
 
-    splits = get_dataset(config.dataset)(data_root).load()
-    labels = draw_labels(config, splits)
+    dataset = get_dataset(config.dataset)(data_root)
+    splits = dataset.load()
+    labels = draw_labels(config, dataset, splits)
     parts = [("train", splits.train.y, labels.train), ("val", splits.val.y, labels.val)]
     table = pa.table({
         "split": pa.array([name for name, clean, _ in parts for _ in range(len(clean))], pa.string()),
@@ -45,7 +48,8 @@ def export(config: TrialConfig, data_root: str | Path, out: Path) -> NoisyLabels
     })
     meta = dict(dataset=config.dataset, noise=config.noise, r=config.r, seed=config.seed,
                 noise_hash=labels.noise_hash, noise_rate=labels.noise_rate,
-                transition=None if labels.transition is None else np.round(labels.transition, 6).tolist())
+                transition=None if labels.transition is None else np.round(labels.transition, 6).tolist(),
+                empirical_transition=np.round(labels.empirical, 6).tolist())
     table = table.replace_schema_metadata({f"bench.{k}": json.dumps(v) for k, v in meta.items()})
     tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
     pq.write_table(table, tmp)

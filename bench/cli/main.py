@@ -211,7 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", required=True, help="dataset name (see `bench datasets`)")
     p.add_argument("--method", required=True, help="method name (see `bench methods`)")
     p.add_argument("--noise", required=True,
-                   help="noise pattern: uniform, symmetric, the dataset's own (e.g. case3), or transition")
+                   help="noise pattern: uniform, symmetric, idn (instance-dependent), the dataset's own (e.g. "
+                        "case3), or transition")
     p.add_argument("--r", type=float, required=True, help="noise level in [0, 1]")
     p.add_argument("--seed", type=int, default=0, help="seeds the noise, the model and the data order")
     p.add_argument("--transition", type=Path, default=None,

@@ -162,7 +162,7 @@ def prepare(
     dataset, splits = data if data is not None else load_data(config, data_root)
     for note in splits.notes:
         log(f"note: {note}")
-    labels = draw_labels(config, splits)
+    labels = draw_labels(config, dataset, splits)
 
     train_split, noisy_train = splits.train, labels.train
     if config.train_subset:
@@ -191,11 +191,15 @@ def prepare(
     )
 
 
-def draw_labels(config: TrialConfig, splits: Splits) -> noise.NoisyLabels:
-    """The noisy training and validation labels of a trial's (dataset, noise, r, seed): seeded synthetic noise,
+def draw_labels(config: TrialConfig, dataset: Dataset, splits: Splits) -> noise.NoisyLabels:
+    """The noisy training and validation labels of a trial's (dataset, noise, r, seed): seeded synthetic noise (from
+    T, or from each example's features for instance-dependent noise, which `dataset`, the loaded instance, gives),
     or a dataset's human labels. `bench labels` exports exactly these (same hash as the result row)."""
     dataset_cls = get_dataset(config.dataset)
     c = dataset_cls.num_classes
+    if noise.is_instance_dependent(config.noise):
+        parts = [(dataset.noise_features(split), split.y) for split in (splits.train, splits.val)]
+        return noise.inject_instance_dependent(config.dataset, config.noise, config.r, config.seed, *parts, c)
     if dataset_cls.is_real_noise(config.noise):
         # Real human noise: the labels come from the dataset's own files.
         if config.noise not in splits.human_labels:

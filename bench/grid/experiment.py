@@ -279,8 +279,8 @@ def check_names(exp: Experiment) -> None:
         raise ck.fail("train_subset", f"{exp.dataset} has {dataset.split_sizes[0]:,} training examples, got "
                       f"{exp.train_subset:,}")
     for pattern in exp.noise:
-        if dataset.is_real_noise(pattern):
-            continue  # no matrix
+        if not dataset.has_transition(pattern):
+            continue  # no matrix (human or instance-dependent noise); r was checked with its key
         if exp.transition is not None:
             try:
                 noise.validate_transition(np.asarray(exp.transition, dtype=np.float64), dataset.num_classes, "T")

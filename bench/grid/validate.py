@@ -45,7 +45,7 @@ def check_trial(config: TrialConfig, transitions: dict[tuple[Any, ...], None] | 
             if problem:
                 raise UserError(f"{flag} {problem}")
     key = (config.dataset, config.noise, round(config.r, 10), config.transition)
-    if not dataset.is_real_noise(config.noise) and (transitions is None or key not in transitions):
+    if dataset.has_transition(config.noise) and (transitions is None or key not in transitions):
         explicit = None if config.transition is None else _matrix(config.transition)
         dataset.transition(config.noise, config.r, explicit)
         if transitions is not None:
