@@ -142,7 +142,7 @@ def test_shipped_configs_validate_against_the_registries():
     paths = sorted((REPO / "tune_configs").glob("*.yaml"))
     names = {p.stem for p in paths}
     assert {"fashion_mnist_case1", "fashion_mnist_case2", "fashion_mnist_case3", "cifar10", "dogs_vs_cats", "mr",
-            "clothing1m", "cifar10n", "demo"} <= names
+            "clothing1m", "cifar10n", "demo", "idn_fashion_mnist", "idn_cifar10"} <= names
     for path in paths:
         exp = load_experiment(path)  # schema and names: every dataset, noise and method is registered
         assert exp.name == path.stem
@@ -156,6 +156,11 @@ def test_shipped_configs_validate_against_the_registries():
         elif path.stem == "diagnostics_fashion":  # the diagnostics' demonstration grid (README), 12 short trials
             assert {m.name for m in exp.methods} == {"ce", "dmi", "coteaching"} and len(exp.trials()) == 12
             assert exp.r == (0.2, 0.7) and exp.noise == ("case3",) and (exp.epochs_warmup, exp.epochs) == (3, 3)
+        elif path.stem.startswith("idn_"):  # class-conditional (symmetric) vs instance-dependent noise, same r
+            base = load_experiment(REPO / "tune_configs" / {"fashion_mnist": "fashion_mnist_case1.yaml",
+                                                            "cifar10": "cifar10.yaml"}[exp.dataset])
+            assert exp.noise == ("symmetric", "idn") and exp.r == (0.2, 0.4)
+            assert (exp.methods, exp.seeds, exp.resources) == (base.methods, base.seeds, base.resources)
         elif path.stem != "demo" and exp.dataset not in ("clothing1m", "cifar10n"):
             assert exp.r == tuple(round(0.1 * i, 1) for i in range(10))
             assert len(exp.seeds) == 5

@@ -1,6 +1,6 @@
 """`bench report RESULTS [--out DIR]` and `bench leaderboard RESULTS`: read a results folder, run the analysis
-(`bench.report.analysis`) and write every rendering of it (`bench.report.leaderboard`, `bench.report.diagnostics`,
-`bench.report.plots`) into one folder.
+(`bench.report.analysis`) and write every rendering of it (`bench.report.leaderboard`, `bench.report.noise_kinds`,
+`bench.report.diagnostics`, `bench.report.plots`) into one folder.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import polars as pl
 
 from bench.config import UserError
-from bench.report import analysis, diagnostics, leaderboard
+from bench.report import analysis, diagnostics, leaderboard, noise_kinds
 from bench.report.analysis import REFERENCE, label
 from bench.report.render import stderr
 from bench.store.folder import is_local, local_path, read_table
@@ -42,6 +42,7 @@ def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str,
     wtl = analysis.win_tie_loss(paired)
     comparison = analysis.paper_comparison(grid)
     estimates = analysis.transition_estimates(df)
+    kinds = noise_kinds.compare(df, grid)
     tabs = leaderboard.tables(grid, paired)
     summary = _summary(df, grid, str(results))
     log(summary)
@@ -69,16 +70,17 @@ def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str,
         frame.write_csv(written[f"{name} csv"])
     log("writing tables ...")
     for name, frame in (("cells", grid), ("paired", paired), ("win_tie_loss", wtl),
-                        ("paper_vs_measured", comparison), ("transition_estimates", estimates)):
+                        ("paper_vs_measured", comparison), ("transition_estimates", estimates),
+                        ("noise_kinds", kinds)):
         written[f"{name} csv"] = out / f"{name}.csv"
         frame.write_csv(written[f"{name} csv"])
     texts = {
         "leaderboard.md": leaderboard.to_markdown(tabs, wtl, comparison, summary, estimates)
-        + diagnostics.to_markdown(diag, labels),
+        + noise_kinds.to_markdown(kinds) + diagnostics.to_markdown(diag, labels),
         "leaderboard.tex": leaderboard.to_latex(tabs),
         "report.html": leaderboard.to_html(tabs, paired, wtl, comparison, df, figures, heat_png,
                                summary + f" Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.", estimates,
-                               diagnostics.to_html(diag, diag_figures, labels)),
+                               noise_kinds.to_html(kinds) + diagnostics.to_html(diag, diag_figures, labels)),
     }
     for name, text in texts.items():
         written[name] = out / name

@@ -100,8 +100,10 @@ def legend() -> str:
 
 ESTIMATES_NOTE = (
     "Methods that estimate the noise transition matrix T: relative error ||T^ - T||_1 / ||T||_1 (entrywise) against "
-    "the true T (the noise model's; for human noise, the empirical T from the clean labels), mean ± std over seeds "
-    "of the selected setting, and the clean test accuracy (selected and last epoch) each estimate bought."
+    "the true T (the noise model's; for human noise, the empirical T from the clean labels; for instance-dependent "
+    f"noise, which no T generates, the realised per-class T of its noisy labels, labelled \"{analysis.REALISED}\"), "
+    "mean ± std over seeds of the selected setting, and the clean test accuracy (selected and last epoch) each "
+    "estimate bought."
 )
 
 
