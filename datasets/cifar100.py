@@ -118,9 +118,10 @@ class CIFAR100(CIFAR10):
         for key, expected in (("fine_label_names", FINE), ("coarse_label_names", COARSE)):
             names = read_label_names(folder / "meta", key, WHAT)
             if names != expected:
-                raise UserError(f"{folder / 'meta'}: {key} are not CIFAR-100's ({first_difference(names, expected)})")
+                raise UserError(f"{folder / 'meta'}: {key} are not CIFAR-100's ({first_difference(names, expected)}); "
+                                "use the official cifar-100-python files")
         train_x, train_y = self.read_split(folder / "train")
-        n_train = len(train_y) - len(train_y) // 5
+        n_train = len(train_y) - len(train_y) // 5  # the last fifth validates: 10,000 of 50,000, as CIFAR-10's batch 5
         self.normalise = PixelNormalisation(train_x[:n_train])
         return Splits(
             train=Split(train_x[:n_train], train_y[:n_train]),
