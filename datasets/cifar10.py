@@ -11,8 +11,8 @@ per-pixel mean image and divides by its per-pixel standard-deviation image; `tra
 image by up to 4 pixels (a random 32 x 32 crop of the image zero-padded by 4, zero being the mean after
 normalisation) and mirrors half of them, for the whole batch at once, as tensor operations on the device (as
 airbench does), drawing from the generator it is given (a packed member's own) or torch's. This module also owns
-those image helpers (pixel normalisation, vectorised crop and flip) and the allow-list for numpy pickles, which Dogs
-vs Cats and CIFAR-10N reuse.
+those image helpers (pixel normalisation, vectorised crop and flip), the reader of CIFAR python pickles and the
+allow-list for numpy pickles, which Dogs vs Cats, CIFAR-10N and CIFAR-100 reuse.
 """
 
 from __future__ import annotations
@@ -67,37 +67,49 @@ class NumpyUnpickler(pickle.Unpickler):
             raise pickle.UnpicklingError(f"refusing to load {module}.{name}: not part of a numpy pickle") from None
 
 
-def read_pickle(path: Path) -> dict[str, object]:
-    """A CIFAR python batch (a Python 2 pickle): its dict, keys as str whether pickled as str or bytes."""
+def read_pickle(path: Path, what: str = "CIFAR-10 python batch") -> dict[str, object]:
+    """A CIFAR python pickle (a Python 2 pickle): its dict, keys as str whether pickled as str or bytes; `what` names
+    the file in messages."""
     try:
         with open(path, "rb") as f:
             entry = NumpyUnpickler(f, encoding="latin1").load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as e:
-        raise UserError(f"{path} is not a CIFAR-10 python batch ({e})") from None
+        raise UserError(f"{path} is not a {what} ({e})") from None
     if not isinstance(entry, dict):
-        raise UserError(f"{path} is not a CIFAR-10 python batch (holds a {type(entry).__name__}, not a dict)")
+        raise UserError(f"{path} is not a {what} (holds a {type(entry).__name__}, not a dict)")
     return {k.decode("latin1") if isinstance(k, bytes) else str(k): v for k, v in entry.items()}
 
 
 def read_batch(path: Path) -> tuple[torch.Tensor, np.ndarray]:
     """One batch file: images (N x 3 x 32 x 32 uint8) and labels (int64)."""
-    entry = read_pickle(path)
-    if "data" not in entry or "labels" not in entry:
-        raise UserError(f"{path} is not a CIFAR-10 python batch (keys {sorted(entry)}; expected data, labels)")
+    images, labels = read_images(path, {"labels": len(CLASSES)}, "CIFAR-10 python batch")
+    return images, labels["labels"]
+
+
+def read_images(path: Path, label_sets: dict[str, int], what: str) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
+    """A CIFAR python pickle of images (CIFAR-10's batches, CIFAR-100's train and test): its images (N x 3 x 32 x 32
+    uint8) and the label lists `label_sets` names (key -> number of classes), each int64 and checked."""
+    entry = read_pickle(path, what)
+    needed = ["data", *label_sets]
+    if any(k not in entry for k in needed):
+        raise UserError(f"{path} is not a {what} (keys {sorted(entry)}; expected {', '.join(needed)})")
     data = np.asarray(entry["data"])
-    labels = np.asarray(entry["labels"], dtype=np.int64)
-    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(labels) != len(data):
-        raise UserError(f"{path}: expected data of N x 3072 uint8 and N labels, got {data.dtype} {data.shape} "
-                        f"and {len(labels)} labels")
-    if len(labels) and (labels.min() < 0 or labels.max() >= len(CLASSES)):
-        raise UserError(f"{path}: labels outside 0..{len(CLASSES) - 1}")
+    labels = {}
+    for key, classes in label_sets.items():
+        y = np.asarray(entry[key], dtype=np.int64)
+        if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(y) != len(data):
+            raise UserError(f"{path}: expected data of N x 3072 uint8 and N {key}, got {data.dtype} {data.shape} "
+                            f"and {len(y)} {key}")
+        if len(y) and (y.min() < 0 or y.max() >= classes):
+            raise UserError(f"{path}: {key} outside 0..{classes - 1}")
+        labels[key] = y
     return torch.from_numpy(data.reshape(-1, 3, 32, 32).copy()), labels
 
 
-def read_label_names(path: Path) -> tuple[str, ...]:
-    names = read_pickle(path).get("label_names")
+def read_label_names(path: Path, key: str = "label_names", what: str = "CIFAR-10 python batch") -> tuple[str, ...]:
+    names = read_pickle(path, what).get(key)
     if not isinstance(names, list):
-        raise UserError(f"{path}: no label_names list")
+        raise UserError(f"{path}: no {key} list")
     return tuple(n.decode("latin1") if isinstance(n, bytes) else str(n) for n in names)
 
 

@@ -5,7 +5,8 @@ The images are CIFAR-10's python batches, read by the CIFAR-10 module. The label
 `worse_label`, `random_label1..3`, in torchvision's CIFAR-10 training order (batches 1 to 5). Its md5 is checked
 first, always (whatever BENCH_VERIFY_CHECKSUMS says: the checksum is the gate before unpickling), then it is
 read by `torch.load(weights_only=True)` with an allow-list of exactly the numpy types its pickle names; nothing
-falls back to unrestricted unpickling.
+falls back to unrestricted unpickling. That reader (`read_human_labels`, told what to expect by a `LabelsFile`) is
+shared with CIFAR-100N.
 
 Noise patterns of kind human: `aggre`, `worse`, `random1`, `random2`, `random3`. Training (batches 1-4) and
 validation (batch 5) get the chosen human labels, the test set stays clean. `bench datasets` reports each label
@@ -18,6 +19,7 @@ CIFAR-10's default method stage.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -49,35 +51,55 @@ SAFE_GLOBALS = [
 ]
 
 
-def read_human_labels(path: Path, md5: str | None) -> dict[str, np.ndarray]:
-    """The CIFAR-10N label file: verify its md5, then load it with the numpy allow-list only."""
+@dataclass(frozen=True)
+class LabelsFile:
+    """What a CIFAR-N label file must hold, as one dataset reads it: its label sets (file key -> number of classes),
+    and for messages the dataset's name, the file's title and address, and the md5s of earlier releases that are not
+    the one to use (md5 -> what that file is)."""
+
+    dataset: str
+    title: str
+    url: str
+    label_sets: dict[str, int]
+    superseded: dict[str, str] = field(default_factory=dict)
+
+
+LABELS = LabelsFile("cifar10n", "CIFAR-10N", LABELS_URL, dict.fromkeys(["clean_label", *HUMAN_KEYS.values()], 10))
+
+
+def read_human_labels(path: Path, md5: str | None, spec: LabelsFile) -> dict[str, np.ndarray]:
+    """A CIFAR-N label file: verify its md5, then load it with the numpy allow-list only; its label sets as int64."""
     if not path.exists():
-        raise UserError(f"cifar10n: missing {path}; get it from {LABELS_URL}")
-    if md5 is not None and file_md5(path) != md5:
-        raise UserError(f"cifar10n: {path} is corrupt or not the published file (md5 mismatch, expected {md5}); "
-                        f"delete it and get it again from {LABELS_URL}")
+        raise UserError(f"{spec.dataset}: missing {path}; get it from {spec.url}")
+    if md5 is not None:
+        actual = file_md5(path)
+        if actual in spec.superseded:
+            raise UserError(f"{spec.dataset}: {path} is {spec.superseded[actual]}; get the current one from {spec.url}")
+        if actual != md5:
+            raise UserError(f"{spec.dataset}: {path} is corrupt or not the published file (md5 mismatch, expected "
+                            f"{md5}); delete it and get it again from {spec.url}")
     try:
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             content = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # the weights-only unpickler refuses anything off the allow-list
-        raise UserError(f"cifar10n: {path} is not a CIFAR-10N label file: {str(e).splitlines()[-1]}") from None
-    needed = ["clean_label", *HUMAN_KEYS.values()]
+        raise UserError(f"{spec.dataset}: {path} is not a {spec.title} label file: {str(e).splitlines()[-1]}") from None
+    needed = list(spec.label_sets)
     if not isinstance(content, dict) or any(k not in content for k in needed):
-        raise UserError(f"cifar10n: {path} must hold a dict with {', '.join(needed)}")
-    labels = {k: np.asarray(content[k]) for k in needed}
-    n = len(labels["clean_label"])
+        raise UserError(f"{spec.dataset}: {path} must hold a dict with {', '.join(needed)}")
+    labels = {k: np.asarray(content[k]) for k in needed}  # CIFAR-100N's coarse label sets are lists of ints
+    n = len(labels[needed[0]])
     for key, value in labels.items():
         if value.ndim != 1 or len(value) != n or not np.issubdtype(value.dtype, np.integer):
-            raise UserError(f"cifar10n: {path}: {key} is not an integer array of {n} labels")
-        if n and (value.min() < 0 or value.max() > 9):
-            raise UserError(f"cifar10n: {path}: {key} holds labels outside 0..9")
+            raise UserError(f"{spec.dataset}: {path}: {key} is not an integer array of {n} labels")
+        if n and (value.min() < 0 or value.max() >= spec.label_sets[key]):
+            raise UserError(f"{spec.dataset}: {path}: {key} holds labels outside 0..{spec.label_sets[key] - 1}")
     return {k: v.astype(np.int64) for k, v in labels.items()}
 
 
-def noise_rates(labels: dict[str, np.ndarray]) -> dict[str, float]:
-    """Each human label set's disagreement with `clean_label`, over all labels in the file."""
-    clean = labels["clean_label"]
-    return {p: float(np.mean(labels[key] != clean)) for p, key in HUMAN_KEYS.items()}
+def noise_rates(labels: dict[str, np.ndarray], human_keys: dict[str, str], clean_key: str) -> dict[str, float]:
+    """Each human label set's disagreement with the clean labels, over all labels in the file."""
+    clean = labels[clean_key]
+    return {p: float(np.mean(labels[key] != clean)) for p, key in human_keys.items()}
 
 
 class CIFAR10N(CIFAR10):
@@ -92,7 +114,7 @@ class CIFAR10N(CIFAR10):
     source = CIFAR10.source + "; labels: https://github.com/UCSC-REAL/cifar-10-100n (data/CIFAR-10_human.pt)"
 
     def human_labels_file(self) -> dict[str, np.ndarray]:
-        return read_human_labels(self.root / LABELS_FILE, self.files[LABELS_FILE])
+        return read_human_labels(self.root / LABELS_FILE, self.files[LABELS_FILE], LABELS)
 
     def load(self) -> Splits:
         human = self.human_labels_file()  # checked before the images: the cheaper failure first
@@ -115,6 +137,7 @@ class CIFAR10N(CIFAR10):
                 labels = self.human_labels_file()
             except UserError as e:
                 return [*lines, f"labels: {e}"]
+            rates = noise_rates(labels, HUMAN_KEYS, "clean_label")
             lines.append(f"human noise rate vs clean_label (all {len(labels['clean_label']):,}): "
-                         + ", ".join(f"{p} {100 * r:.2f}%" for p, r in noise_rates(labels).items()))
+                         + ", ".join(f"{p} {100 * r:.2f}%" for p, r in rates.items()))
         return lines

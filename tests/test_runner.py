@@ -142,7 +142,7 @@ def test_shipped_configs_validate_against_the_registries():
     paths = sorted((REPO / "tune_configs").glob("*.yaml"))
     names = {p.stem for p in paths}
     assert {"fashion_mnist_case1", "fashion_mnist_case2", "fashion_mnist_case3", "cifar10", "dogs_vs_cats", "mr",
-            "clothing1m", "cifar10n", "demo", "idn_fashion_mnist", "idn_cifar10"} <= names
+            "clothing1m", "cifar10n", "cifar100n", "demo", "idn_fashion_mnist", "idn_cifar10"} <= names
     for path in paths:
         exp = load_experiment(path)  # schema and names: every dataset, noise and method is registered
         assert exp.name == path.stem
@@ -161,7 +161,7 @@ def test_shipped_configs_validate_against_the_registries():
                                                             "cifar10": "cifar10.yaml"}[exp.dataset])
             assert exp.noise == ("symmetric", "idn") and exp.r == (0.2, 0.4)
             assert (exp.methods, exp.seeds, exp.resources) == (base.methods, base.seeds, base.resources)
-        elif path.stem != "demo" and exp.dataset not in ("clothing1m", "cifar10n"):
+        elif path.stem != "demo" and exp.dataset not in ("clothing1m", "cifar10n", "cifar100n"):  # real noise: no r
             assert exp.r == tuple(round(0.1 * i, 1) for i in range(10))
             assert len(exp.seeds) == 5
             dmi = {t.lr for t in exp.trials() if t.method == "dmi"}, {t.batch_size for t in exp.trials()
