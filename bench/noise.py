@@ -66,7 +66,8 @@ def is_instance_dependent(pattern: str) -> bool:
 
 
 def validate_transition(t: np.ndarray, num_classes: int, source: str = "T") -> np.ndarray:
-    """Check that T is a C x C row-stochastic matrix; warn where det T = 0 (L_DMI's assumption 3.2 fails)."""
+    """Check that T is a C x C row-stochastic matrix; warn where T is singular (det T = 0: L_DMI's assumption 3.2
+    fails)."""
     t = np.asarray(t, dtype=np.float64)
     if t.ndim != 2 or t.shape[0] != t.shape[1]:
         raise UserError(f"{source}: a transition matrix must be square, got shape {t.shape}")
@@ -78,7 +79,10 @@ def validate_transition(t: np.ndarray, num_classes: int, source: str = "T") -> n
     if not np.allclose(sums, 1.0, atol=1e-6):
         bad = int(np.argmax(np.abs(sums - 1)))
         raise UserError(f"{source}: T must be row-stochastic; row {bad} sums to {sums[bad]:.6g}, not 1")
-    if abs(np.linalg.det(t)) < 1e-12:
+    # Singular by its smallest singular value, not by det T: the det of an invertible 100 x 100 T is far below any
+    # fixed threshold ((1 - r)^99 for uniform noise), while T's largest singular value is at least 1 (T 1 = 1), so
+    # 1e-10 sits far above SVD's rounding (~C x 1e-16) and far below any T a pattern means to be invertible.
+    if np.linalg.svd(t, compute_uv=False)[-1] < 1e-10:
         warnings.warn(
             f"{source}: det T = 0, the noisy labels carry no information about some classes "
             "(L_DMI's assumption 3.2 fails); results at this r are not meaningful for any method",

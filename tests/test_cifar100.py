@@ -219,9 +219,8 @@ def next_in_superclass(c: int) -> int:
     return members[(members.index(c) + 1) % 5]
 
 
-# bench/noise.py warns "det T = 0" below an absolute 1e-12, which a 100 x 100 T is far below (here 20 blocks' dets
-# ((1-r)^5 + r^5) multiplied); no block of these patterns is singular at any r.
-NOT_SINGULAR = pytest.mark.filterwarnings("ignore:noise .* det T = 0")
+# No block of these patterns is singular at any r (a block's det is (1-r)^5 + r^5): a "det T = 0" warning is an error.
+NOT_SINGULAR = pytest.mark.filterwarnings("error:noise .* det T = 0")
 
 
 @NOT_SINGULAR

@@ -59,6 +59,10 @@ def test_singular_transition_warns() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         registry()["fashion_mnist"].transition("case3", 0.7)  # non-dominant but invertible: no warning
+        # Invertible with 100 classes although det T = 0.7^99 ~ 5e-16: singularity is not a small determinant.
+        noise.validate_transition(noise.uniform(0.3, 100), 100)
+    with pytest.warns(UserWarning, match="det T = 0"):
+        noise.validate_transition(noise.symmetric(0.99, 100), 100)  # every row 1/100: rank 1
 
 
 def test_r_outside_unit_interval_and_unknown_pattern() -> None:

@@ -12,12 +12,14 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from test_cifar100 import write_cifar100
 from test_datasets import _write_mr
 
 from bench import noise
 from bench.cli.main import main
 from bench.config import UserError
 from bench.data import get_dataset
+from bench.exec.prepare import draw_labels
 from bench.grid.validate import check_trial
 from bench.trial import TrialConfig
 
@@ -186,3 +188,18 @@ def test_real_fashion_mnist_idn_trial_twice(shared_data: Path, tmp_path: Path) -
         rows.append(pl.read_parquet(next((tmp_path / run / "trials").glob("*.parquet"))))
     assert abs(rows[0]["noise_rate"][0] - 0.4) < 0.03
     assert rows[0]["noise_hash"][0] == rows[1]["noise_hash"][0]
+
+
+def test_cifar100_idn_projects_the_pixel_bytes(tmp_path: Path) -> None:
+    """On CIFAR-100 the features are the published pixel bytes, row for row (Xia et al. project the raw pixels), and
+    an idn draw records a 100 x 100 realised T."""
+    written = write_cifar100(tmp_path)
+    dataset = get_dataset("cifar100")(tmp_path, verify=False)
+    splits = dataset.load()
+    n_train = len(splits.train)
+    np.testing.assert_array_equal(dataset.noise_features(splits.train), written["train"]["data"][:n_train])
+    np.testing.assert_array_equal(dataset.noise_features(splits.val), written["train"]["data"][n_train:])
+    config = TrialConfig(dataset="cifar100", method="ce", noise="idn", r=0.4, seed=0)
+    labels = draw_labels(config, dataset, splits)
+    assert labels.transition is None and labels.empirical.shape == (100, 100)
+    np.testing.assert_array_equal(labels.empirical, noise.empirical_transition(splits.train.y, labels.train, 100))

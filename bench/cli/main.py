@@ -93,13 +93,14 @@ def cmd_datasets(args: argparse.Namespace) -> int:
             print(f"{name}: files present and verified under {root}")
         return 0
     print(f"data root: {root}")
+    width = max(map(len, registry()))
     for name, cls in registry().items():
         ds = cls(root)
         train, val, test = cls.split_sizes
-        print(f"{name:15s} {ds.status():28s} C={cls.num_classes:<3d} {train}/{val}/{test}  model {cls.model}  "
+        print(f"{name:{width}s} {ds.status():28s} C={cls.num_classes:<3d} {train}/{val}/{test}  model {cls.model}  "
               f"noise {', '.join(cls.noise_patterns) or '-'}")
         for line in ds.describe():
-            print(f"{'':15s} {line}")
+            print(f"{'':{width}s} {line}")
     return 0
 
 

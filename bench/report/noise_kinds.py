@@ -37,7 +37,7 @@ NOTE = (
     f"(b) With 2 classes Xia's generator is symmetric noise in law (an example's flip probability is its flip rate, "
     f"drawn independently of the example; the projection only chooses among the other C − 1 classes), so on a "
     f"binary dataset (C = 2) this panel is a control: the two columns should agree within seed noise. "
-    f"Instance-dependence only shows with C ≥ 3 (CIFAR-10)."
+    f"Instance-dependence only shows with C ≥ 3 (CIFAR-10, CIFAR-100)."
 )
 SCHEMA = {"dataset": pl.String, "classes": pl.Int64, "noise": pl.String, "instance_dependent": pl.String,
           "r": pl.Float64, "method": pl.String, "privileged": pl.Boolean,
