@@ -160,7 +160,7 @@ def test_markdown_html_and_csv_show_the_panel(results: Path, tmp_path: Path) -> 
     md = written["leaderboard.md"].read_text(encoding="utf-8")
     assert "## Class-conditional vs instance-dependent noise" in md and noise_kinds.NOTE in md
     for part in ("is the realised one", "not a parameter of the generator", "symmetric noise in law",
-                 "a control", "C ≥ 3 (CIFAR-10)", "more than 0.03"):
+                 "a control", "C ≥ 3 (CIFAR-10, CIFAR-100)", "more than 0.03"):
         assert part in noise_kinds.NOTE
     lines = [line for line in md.splitlines() if line.startswith(("| fashion\\_mnist | 2", "| cifar10 | 10"))]
     assert lines == [
