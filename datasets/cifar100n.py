@@ -23,9 +23,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from bench.config import UserError
 from bench.data import Splits
-from bench.datasets.cifar10n import LabelsFile, noise_rates, read_human_labels
+from bench.datasets.cifar10n import LabelsFile, attach_human_labels, rates_lines, read_human_labels
 from bench.datasets.cifar100 import CIFAR100
 
 LABELS_FILE = "CIFAR-100N/CIFAR-100_human.pt"
@@ -62,26 +61,9 @@ class CIFAR100N(CIFAR100):
 
     def load(self) -> Splits:
         human = self.human_labels_file()  # checked before the images: the cheaper failure first
-        splits = super().load()
-        n_train, n_val = len(splits.train), len(splits.val)
-        clean = human[self.clean_key]
-        if len(clean) != n_train + n_val:
-            raise UserError(f"{self.name}: {LABELS_FILE} has {len(clean)} labels but the CIFAR-100 train file holds "
-                            f"{n_train + n_val} images")
-        if not np.array_equal(clean, np.concatenate([splits.train.y, splits.val.y])):
-            raise UserError(f"{self.name}: {self.clean_key} in {LABELS_FILE} disagrees with the CIFAR-100 train "
-                            f"file's {self.label_key}; the file follows the train file's order (torchvision's)")
-        splits.human_labels = {p: (human[k][:n_train], human[k][n_train:]) for p, k in self.human_keys.items()}
-        return splits
+        return attach_human_labels(super().load(), human, self.clean_key, self.human_keys, (self.name, LABELS_FILE),
+                                   f"the CIFAR-100 train file's {self.label_key}", "the train file's (torchvision's)")
 
     def describe(self) -> list[str]:
-        lines = super().describe()
-        if (self.root / LABELS_FILE).exists():
-            try:
-                labels = self.human_labels_file()
-            except UserError as e:
-                return [*lines, f"labels: {e}", self.see_also]
-            rates = noise_rates(labels, self.human_keys, self.clean_key)
-            lines.append(f"human noise rate vs {self.clean_key} (all {len(labels[self.clean_key]):,}): "
-                         + ", ".join(f"{p} {100 * r:.2f}%" for p, r in rates.items()))
-        return [*lines, self.see_also]
+        return [*super().describe(), *rates_lines(self.root / LABELS_FILE, self.human_labels_file, self.human_keys,
+                                                  self.clean_key), self.see_also]

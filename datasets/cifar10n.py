@@ -19,6 +19,7 @@ CIFAR-10's default method stage.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,6 +103,38 @@ def noise_rates(labels: dict[str, np.ndarray], human_keys: dict[str, str], clean
     return {p: float(np.mean(labels[key] != clean)) for p, key in human_keys.items()}
 
 
+def rates_lines(path: Path, read: Callable[[], dict[str, np.ndarray]], human_keys: dict[str, str],
+                clean_key: str) -> list[str]:
+    """`bench datasets`' line of a CIFAR-N label file's noise rates, from the file alone (`read` reads it, checked);
+    what is wrong with it instead; nothing where it is absent."""
+    if not path.exists():
+        return []
+    try:
+        labels = read()
+    except UserError as e:
+        return [f"labels: {e}"]
+    rates = noise_rates(labels, human_keys, clean_key)
+    return [f"human noise rate vs {clean_key} (all {len(labels[clean_key]):,}): "
+            + ", ".join(f"{p} {100 * r:.2f}%" for p, r in rates.items())]
+
+
+def attach_human_labels(splits: Splits, human: dict[str, np.ndarray], clean_key: str, human_keys: dict[str, str],
+                        where: tuple[str, str], images: str, order: str) -> Splits:
+    """`splits` with the label file's human label sets (pattern -> file key): the first len(train) labels train,
+    the rest validate. The file's clean labels must equal the images' (`images` names them, `order` their order);
+    `where` is (dataset name, label file) for the messages."""
+    n_train, n_val = len(splits.train), len(splits.val)
+    clean = human[clean_key]
+    dataset, file = where
+    if len(clean) != n_train + n_val:
+        raise UserError(f"{dataset}: {file} has {len(clean)} labels but {images} hold {n_train + n_val} images")
+    if not np.array_equal(clean, np.concatenate([splits.train.y, splits.val.y])):
+        raise UserError(f"{dataset}: {clean_key} in {file} disagrees with the labels of {images}; the file follows "
+                        f"{order}")
+    splits.human_labels = {p: (human[k][:n_train], human[k][n_train:]) for p, k in human_keys.items()}
+    return splits
+
+
 class CIFAR10N(CIFAR10):
     """CIFAR-10 with CIFAR-10N's real human labels."""
 
@@ -118,26 +151,9 @@ class CIFAR10N(CIFAR10):
 
     def load(self) -> Splits:
         human = self.human_labels_file()  # checked before the images: the cheaper failure first
-        splits = super().load()
-        n_train, n_val = len(splits.train), len(splits.val)
-        clean = human["clean_label"]
-        if len(clean) != n_train + n_val:
-            raise UserError(f"cifar10n: {LABELS_FILE} has {len(clean)} labels but the CIFAR-10 training batches "
-                            f"hold {n_train + n_val} images")
-        if not np.array_equal(clean, np.concatenate([splits.train.y, splits.val.y])):
-            raise UserError(f"cifar10n: clean_label in {LABELS_FILE} disagrees with the CIFAR-10 batches' labels; "
-                            "the file follows torchvision's training order (data_batch_1 to data_batch_5)")
-        splits.human_labels = {p: (human[k][:n_train], human[k][n_train:]) for p, k in HUMAN_KEYS.items()}
-        return splits
+        return attach_human_labels(super().load(), human, "clean_label", HUMAN_KEYS, (self.name, LABELS_FILE),
+                                   "the CIFAR-10 training batches", "torchvision's training order (data_batch_1 to 5)")
 
     def describe(self) -> list[str]:
-        lines = super().describe()
-        if (self.root / LABELS_FILE).exists():
-            try:
-                labels = self.human_labels_file()
-            except UserError as e:
-                return [*lines, f"labels: {e}"]
-            rates = noise_rates(labels, HUMAN_KEYS, "clean_label")
-            lines.append(f"human noise rate vs clean_label (all {len(labels['clean_label']):,}): "
-                         + ", ".join(f"{p} {100 * r:.2f}%" for p, r in rates.items()))
-        return lines
+        return super().describe() + rates_lines(self.root / LABELS_FILE, self.human_labels_file, HUMAN_KEYS,
+                                                "clean_label")
