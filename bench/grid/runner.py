@@ -322,11 +322,16 @@ def _tuner(exp: Experiment, s: Settings, units: dict[str, list[TrialConfig]], re
     )
 
 
+def trial_device(exp: Experiment, gpus_per_trial: float | None) -> tuple[float, str | None]:
+    """The GPU share of each trial, and the device `--gpus-per-trial` imposes on the grid (None: the file's)."""
+    gpu = gpus_per_trial if gpus_per_trial is not None else exp.resources.gpu
+    return gpu, None if gpus_per_trial is None else ("cuda" if gpu > 0 else "cpu")
+
+
 def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) -> Tally:
 
     cpu = s.cpus_per_trial if s.cpus_per_trial is not None else exp.resources.cpu
-    gpu = s.gpus_per_trial if s.gpus_per_trial is not None else exp.resources.gpu
-    device = None if s.gpus_per_trial is None else ("cuda" if gpu > 0 else "cpu")
+    gpu, device = trial_device(exp, s.gpus_per_trial)
     if device == "cpu" and exp.device.startswith("cuda"):
         out("note: --gpus-per-trial 0 runs this grid on the CPU")
     results = folder.absolute(s.results)
@@ -408,10 +413,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if exp.size() > GRID_LIMIT:
             print_size(exp)
             return 0
-        device = None if args.gpus_per_trial is None else ("cuda" if args.gpus_per_trial > 0 else "cpu")
-        asks_gpu = (args.gpus_per_trial if args.gpus_per_trial is not None else exp.resources.gpu) > 0
+        gpu, device = trial_device(exp, args.gpus_per_trial)
         print_plan(Plan.make(exp, folder.absolute(results), device=device), pack=parse_pack(args.pack),
-                   data_root=args.data_root, gpus=gpus if asks_gpu else None)
+                   data_root=args.data_root, gpus=gpus if gpu > 0 else None)
         if args.address is None:  # on a cluster the data lives on the nodes
             try:
                 check_data([exp.dataset], args.data_root)
