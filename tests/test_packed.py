@@ -21,7 +21,7 @@ from tolerances import same_accuracy, same_selection, trained_close
 from bench.config import Schedule, UserError
 from bench.exec.optim import StackedOptimizer
 from bench.exec.pack import run_pack
-from bench.exec.packed import PackedStage, why_solo
+from bench.exec.packed import PackedStage, group_key, member_order, why_solo
 from bench.exec.trainer import run_trial
 from bench.grid.plan import pack_id, plan_units
 from bench.methods import Batch, Method, registry
@@ -421,3 +421,17 @@ def test_dmi_loss_over_members_equals_each_members_loss() -> None:
     each = torch.stack([dmi_loss(logits[k], labels[k], 3) for k in range(5)])
     torch.testing.assert_close(stacked, each)  # float64 sums of 64 terms: 64 U64 = 7e-15, far inside 1e-7
     assert np.isfinite(stacked.numpy()).all()
+
+
+def test_members_equal_after_their_dataset_defaults_share_a_loss_group() -> None:
+    """VAT's eps is 8.0, and 2.0 on synthetic (its dataset default): a member that omits eps and one that gives 2.0
+    are one loss group, side by side in the pack's order (from the configs) and one group of the stage (from the
+    methods); members of 1.0 and 5.0 sort between 2.0 and 8.0, so a key without the dataset default parts them."""
+    eps = [None, 1.0, 5.0, 2.0]
+    configs = [TrialConfig(dataset="synthetic", method="vat", noise="case1", r=0.2, seed=0,
+                           method_params=freeze_params({} if e is None else {"eps": e})) for e in eps]
+    order = member_order(configs)
+    assert abs(order.index(0) - order.index(3)) == 1
+    methods = [registry()["vat"](2, dataset="synthetic", **configs[i].params) for i in order]
+    keys = [group_key(m.name, m.params) for m in methods]
+    assert len(set(keys)) == 3 and keys.count(group_key("vat", methods[order.index(0)].params)) == 2

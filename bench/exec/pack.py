@@ -17,7 +17,7 @@ import torch
 
 from bench.config import UserError
 from bench.exec import memory, warmstart
-from bench.exec.packed import PackedStage, compile_mode, device_generator, group_key, pack_key, why_solo
+from bench.exec.packed import PackedStage, compile_mode, device_generator, member_order, pack_key, why_solo
 from bench.exec.prepare import (
     Prepared,
     build_model,
@@ -87,7 +87,7 @@ def _run_pack(
     if len({pack_key(c) for c in configs}) != 1:
         raise UserError("a pack's trials must share dataset, model, device and stage shapes")
     # Members with the same method and hyper-parameters side by side: their losses are computed together.
-    order = sorted(range(len(configs)), key=lambda i: group_key(configs[i].method, configs[i].params))
+    order = member_order(configs)
     data = load_data(configs[0], data_root)
     ps = [prepare(configs[i], data_root, data=data, log=log) for i in order]
     ds, k = ps[0].dataset, len(ps)

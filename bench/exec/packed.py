@@ -162,10 +162,10 @@ class PackedStage:
         if methods is None:  # the warm start: CE, the same loss as the `ce` method
             return [(slice(0, None), get_method("ce")(self.p[0].dataset.num_classes))]
         groups: list[tuple[slice, Method]] = []
+        keys = [group_key(m.name, m.params) for m in methods]
         start = 0
         for i in range(1, len(methods) + 1):
-            if i == len(methods) or group_key(methods[i].name, methods[i].params) != group_key(
-                    methods[start].name, methods[start].params):
+            if i == len(methods) or keys[i] != keys[start]:
                 group = methods[start:i]
                 groups.append((slice(start, i), type(group[0]).stack(group)))
                 start = i
@@ -376,7 +376,13 @@ def pack_key(c: TrialConfig) -> tuple[Any, ...]:
     return (c.dataset, get_dataset(c.dataset).model, c.train_subset, c.device, _shape(warmup), _shape(method_stage))
 
 
+def member_order(configs: list[TrialConfig]) -> list[int]:
+    """A pack's members in the order that puts members of one loss group (`group_key`) side by side."""
+    return sorted(range(len(configs)), key=lambda i: group_key(configs[i].method, configs[i].effective_params()))
+
+
 def group_key(method: str, params: dict[str, Any]) -> str:
-    """Members whose losses are computed together: the same method with the same hyper-parameters (defaults
-    filled in, so that an omitted default and an explicit one agree)."""
-    return method + json.dumps({**get_method(method).defaults, **params}, sort_keys=True, default=str)
+    """Members whose losses are computed together: the same method with the same effective hyper-parameters, the
+    method's and its dataset's defaults filled in (`Method.params`, `TrialConfig.effective_params`), so that an
+    omitted default and an explicit one agree."""
+    return method + json.dumps(params, sort_keys=True, default=str)
