@@ -13,7 +13,9 @@ movement if nothing amplified them; nearby training trajectories drift apart, so
 of each tensor's movement (|packed - solo| <= 1e-2 x |solo - initial|), twenty times that, and the losses at 1e-3
 of their value (the losses moved by about half their value in training). A member that shared another's batch
 statistics, drew its augmentation from another generator or lost its running statistics differs by the size of
-the movement itself. Step counters and accuracies are compared exactly.
+the movement itself. Step counters are compared exactly; accuracies within one test image, and the selected epoch
+up to a tie within rounding of training (`tests/tolerances.py`: an image whose margin lies within rounding of zero
+may go either way).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import pytest
 import torch
 from conftest import crashing_checkpoints
 from test_packed import _peak_allocated
+from tolerances import same_accuracy, same_selection
 
 from bench import models
 from bench.config import UserError
@@ -48,6 +51,7 @@ QUIET = dict(log=lambda s: None)
 STATE_TOL = 1e-2  # of each tensor's movement in training (see the module docstring)
 LOSS_TOL = 1e-3  # relative
 TINY = {"width": 8, "blocks": (1, 1)}
+TEST_IMAGES = 60  # small_cifar's test batch
 
 
 def write_coloured_cifar(root: Path, per_batch: int = 60, seed: int = 0) -> None:
@@ -146,11 +150,14 @@ def test_a_packed_resnet_pair_equals_its_solo_trials(small_cifar: Path, tmp_path
         solo = run_trial(config, small_cifar, results=tmp_path / "solo", warm_cache=solo_warm,
                          checkpoints=solo_checkpoint, **QUIET)
         assert packed["pack_size"] == 2 and packed["status"] == solo["status"] == "ok"
-        for key in ("best_epoch", "test_acc", "last_test_acc", "warmup_test_acc"):
-            assert packed[key] == solo[key], key
-        assert_close(packed["val_loss"], solo["val_loss"])
         a, b = (pl.read_parquet(tmp_path / where / "epochs" / f"{config.trial_id}.parquet")
                 for where in ("packed", "solo"))
+        solo_val = b.filter(stage="method")["val_loss"].to_list()
+        assert same_selection(packed["best_epoch"], solo["best_epoch"], solo_val)
+        same_best = packed["best_epoch"] == solo["best_epoch"]
+        for key in ("test_acc", "last_test_acc", "warmup_test_acc")[0 if same_best else 1:]:
+            assert same_accuracy(packed[key], solo[key], TEST_IMAGES), (key, packed[key], solo[key])
+        assert_close(packed["val_loss"], solo["val_loss"])
         assert a["stage"].to_list() == b["stage"].to_list() and a.height == 3 + 4
         for column in ("train_loss", "val_loss"):
             for x, y in zip(a[column].drop_nulls(), b[column].drop_nulls(), strict=True):
@@ -316,16 +323,18 @@ def test_the_cifar10_grid_packs_all_but_lccn_and_vat(small_cifar: Path, tmp_path
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_packed_resnet_pair_equals_its_solo_trials_on_cuda(small_cifar: Path, monkeypatch) -> None:
+def test_a_packed_resnet_pair_equals_its_solo_trials_on_cuda(small_cifar: Path, tmp_path: Path, monkeypatch) -> None:
     """On CUDA, channels-last (the production layout), TF32 off: packed and solo differ by the order of sums."""
     monkeypatch.setenv("BENCH_TF32", "0")
     configs = [TrialConfig("cifar10", m, "pairs", r, seed=s, lr=1e-2, batch_size=32, epochs=3, epochs_warmup=3,
                            device="cuda") for m, r, s in (("sce", 0.4, 0), ("ce", 0.2, 1))]
     try:
-        rows = run_pack(configs, small_cifar, **QUIET)
+        rows = run_pack(configs, small_cifar, results=tmp_path / "packed", **QUIET)
         for config, packed in zip(configs, rows, strict=True):
-            solo = run_trial(config, small_cifar, **QUIET)
-            assert packed["best_epoch"] == solo["best_epoch"]
+            solo = run_trial(config, small_cifar, results=tmp_path / "solo", **QUIET)
+            solo_val = pl.read_parquet(tmp_path / "solo" / "epochs" / f"{config.trial_id}.parquet").filter(
+                stage="method")["val_loss"].to_list()
+            assert same_selection(packed["best_epoch"], solo["best_epoch"], solo_val)
             assert_close(packed["val_loss"], solo["val_loss"])
     finally:
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
