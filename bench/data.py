@@ -58,6 +58,9 @@ class Splits:
     # The per-epoch diagnostics' training sample of the first n training examples (n -> split), gathered once and
     # shared by the trials that share these splits: a pack of 256 Fashion-MNIST members held 256 copies (8 GB).
     samples: dict[int, Split] = field(default_factory=dict, repr=False)
+    # The noisy labels drawn on these splits, by (noise, r, seed, explicit T): a pack's members that share a label
+    # cell draw them once (an idn draw projects every input: 0.6 s for CIFAR-10, per member before).
+    noisy_labels: dict[tuple[Any, ...], noise.NoisyLabels] = field(default_factory=dict, repr=False)
 
 
 class Dataset:

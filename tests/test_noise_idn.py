@@ -19,7 +19,7 @@ from bench import noise
 from bench.cli.main import main
 from bench.config import UserError
 from bench.data import get_dataset
-from bench.exec.prepare import draw_labels
+from bench.exec.prepare import draw_labels, load_data, prepare
 from bench.grid.validate import check_trial
 from bench.trial import TrialConfig
 
@@ -203,3 +203,21 @@ def test_cifar100_idn_projects_the_pixel_bytes(tmp_path: Path) -> None:
     labels = draw_labels(config, dataset, splits)
     assert labels.transition is None and labels.empirical.shape == (100, 100)
     np.testing.assert_array_equal(labels.empirical, noise.empirical_transition(splits.train.y, labels.train, 100))
+
+
+def test_a_label_cell_is_drawn_once_per_loaded_data(monkeypatch) -> None:
+    """A pack's members that share (noise, r, seed) share one idn draw (it projects every input), yet each gets its
+    own arrays: loaders on the CPU share their labels' memory, so one member's labels must not be another's."""
+    calls = []
+    inject = noise.inject_instance_dependent
+    monkeypatch.setattr(noise, "inject_instance_dependent", lambda *a: calls.append(a[3]) or inject(*a))
+    configs = [TrialConfig(dataset="synthetic", method=m, noise="idn", r=0.4, seed=s)
+               for m, s in (("ce", 0), ("dmi", 0), ("ce", 1))]
+    data = load_data(configs[0], "unused")
+    first, second, other = (prepare(c, "unused", data=data, log=lambda _: None) for c in configs)
+    assert calls == [0, 1]
+    np.testing.assert_array_equal(first.labels.train, second.labels.train)
+    assert first.labels.noise_hash == second.labels.noise_hash != other.labels.noise_hash
+    assert not np.shares_memory(first.labels.train, second.labels.train)
+    assert not np.shares_memory(first.labels.val, second.labels.val)
+

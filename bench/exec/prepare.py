@@ -13,7 +13,7 @@ import json
 import os
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -194,7 +194,17 @@ def prepare(
 def draw_labels(config: TrialConfig, dataset: Dataset, splits: Splits) -> noise.NoisyLabels:
     """The noisy training and validation labels of a trial's (dataset, noise, r, seed): seeded synthetic noise (from
     T, or from each example's features for instance-dependent noise, which `dataset`, the loaded instance, gives),
-    or a dataset's human labels. `bench labels` exports exactly these (same hash as the result row)."""
+    or a dataset's human labels. `bench labels` exports exactly these (same hash as the result row). Drawn once per
+    label cell of `splits`; each caller gets its own arrays, since loaders may share their memory."""
+    transition = None if config.transition is None else tuple(map(tuple, np.asarray(config.transition).tolist()))
+    key = (config.noise, config.r, config.seed, transition)
+    if key not in splits.noisy_labels:
+        splits.noisy_labels[key] = _draw_labels(config, dataset, splits)
+    drawn = splits.noisy_labels[key]
+    return replace(drawn, train=drawn.train.copy(), val=drawn.val.copy())
+
+
+def _draw_labels(config: TrialConfig, dataset: Dataset, splits: Splits) -> noise.NoisyLabels:
     dataset_cls = get_dataset(config.dataset)
     c = dataset_cls.num_classes
     if noise.is_instance_dependent(config.noise):
