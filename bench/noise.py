@@ -235,6 +235,8 @@ def inject(
 def truncated_normal(mean: float, std: float, n: int, rng: np.random.Generator) -> np.ndarray:
     """n draws of N(mean, std^2) conditioned on [0, 1] (the law of scipy's `truncnorm` on that interval), by
     rejection: at least half of the draws land in [0, 1] for any mean in it, so a few rounds suffice."""
+    if not 0.0 <= mean <= 1.0:  # outside, rejection may not end
+        raise ValueError(f"truncated_normal: the mean must lie in [0, 1], got {mean}")
     out = np.empty(n, dtype=np.float64)
     filled = 0
     while filled < n:
@@ -259,6 +261,8 @@ def instance_dependent_probabilities(
     part's missing columns count as zeros). Scores are float64 sums of the features as given, a class and a chunk of
     rows at a time. With C = 2 the projection has no effect: the other class takes all of q_i, so the noise is
     instance-independent in law, symmetric at the mean flip rate."""
+    if any(len(y) and (y.min() < 0 or y.max() >= num_classes) for _, y in parts):
+        raise ValueError(f"instance-dependent noise needs clean labels in [0, {num_classes})")  # a row would be 0
     sizes = [len(y) for _, y in parts]
     rates = np.split(truncated_normal(r, IDN_STD, sum(sizes), rng), np.cumsum(sizes)[:-1])
     probs = [np.zeros((n, num_classes), dtype=np.float64) for n in sizes]

@@ -158,7 +158,9 @@ class MovieReview(Dataset):
         """Instance-dependent noise projects each sentence's bag of words (not an embedding, which is learnt): its
         count of every vocabulary entry, words unseen in training counted as UNKNOWN, padding not counted."""
         tokens = split.x.cpu().numpy()
-        counts = np.zeros((len(tokens), int(tokens.max(initial=UNKNOWN)) + 1), dtype=np.uint8)
+        # A count is at most the padded length: bytes hold it unless sentences are padded past 255 tokens.
+        dtype = np.uint8 if tokens.shape[1] <= np.iinfo(np.uint8).max else np.uint16
+        counts = np.zeros((len(tokens), int(tokens.max(initial=UNKNOWN)) + 1), dtype=dtype)
         np.add.at(counts, (np.arange(len(tokens))[:, None], tokens), 1)
         counts[:, PAD] = 0
         return counts

@@ -221,3 +221,14 @@ def test_a_label_cell_is_drawn_once_per_loaded_data(monkeypatch) -> None:
     assert not np.shares_memory(first.labels.train, second.labels.train)
     assert not np.shares_memory(first.labels.val, second.labels.val)
 
+
+def test_the_generator_refuses_what_it_cannot_draw() -> None:
+    """A mean outside [0, 1] would make the rejection sampler loop for ever; a label outside [0, C) would get a row
+    of zeros, which the inverse CDF turns into class C - 1 without a word."""
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="mean must lie in"):
+        noise.truncated_normal(1.5, noise.IDN_STD, 4, rng)
+    x = rng.random((4, 3))
+    for bad in (np.array([0, 1, 2, -1]), np.array([0, 1, 2, 3])):
+        with pytest.raises(ValueError, match=r"clean labels in \[0, 3\)"):
+            noise.instance_dependent_probabilities([(x, bad)], 0.4, 3, rng)
