@@ -312,7 +312,7 @@ def _check_param(cls: type[Method], key: str, value: Any, from_text: bool) -> An
         raise UserError(problem)
     if kind is float and not math.isfinite(value) and key not in cls.ranges:
         raise UserError(problem)
-    return value
+    return float(value) if kind is float else value  # as declared: `eps: 2` and the default 2.0 are one member group
 
 
 def check_params(cls: type[Method], params: dict[str, Any], from_text: bool = False) -> dict[str, Any]:

@@ -424,10 +424,11 @@ def test_dmi_loss_over_members_equals_each_members_loss() -> None:
 
 
 def test_members_equal_after_their_dataset_defaults_share_a_loss_group() -> None:
-    """VAT's eps is 8.0, and 2.0 on synthetic (its dataset default): a member that omits eps and one that gives 2.0
-    are one loss group, side by side in the pack's order (from the configs) and one group of the stage (from the
-    methods); members of 1.0 and 5.0 sort between 2.0 and 8.0, so a key without the dataset default parts them."""
-    eps = [None, 1.0, 5.0, 2.0]
+    """VAT's eps is 8.0, and 2.0 on synthetic (its dataset default): a member that omits eps and one that gives 2
+    (an int for a float parameter) are one loss group, side by side in the pack's order (from the configs) and one
+    group of the stage (from the methods); members of 1.0 and 5.0 sort between 2.0 and 8.0, so a key without the
+    dataset default parts them."""
+    eps = [None, 1.0, 5.0, 2]  # 2: an int, as YAML reads `eps: 2`
     configs = [TrialConfig(dataset="synthetic", method="vat", noise="case1", r=0.2, seed=0,
                            method_params=freeze_params({} if e is None else {"eps": e})) for e in eps]
     order = member_order(configs)
