@@ -113,6 +113,17 @@ class Dataset:
         return tuple(cls.noise_patterns) + generic
 
     @classmethod
+    def check_noise(cls, pattern: str) -> None:
+        """Refuse a pattern the dataset does not offer, in one line that lists those it does."""
+        if pattern in cls.accepted_noise():
+            return
+        choose = f"choose from {', '.join(cls.accepted_noise())}"
+        if noise.is_instance_dependent(pattern):
+            raise UserError(f"{cls.name} offers no instance-dependent noise ({pattern!r}): it needs every input in "
+                            f"memory and every clean label; {choose}")
+        raise UserError(f"unknown noise {pattern!r} for {cls.name}; {choose}")
+
+    @classmethod
     def has_transition(cls, pattern: str) -> bool:
         """Whether a T generates the pattern's noise: not for real (human) noise, nor for instance-dependent noise."""
         return not cls.is_real_noise(pattern) and not noise.is_instance_dependent(pattern)

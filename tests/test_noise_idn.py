@@ -160,8 +160,12 @@ def test_methods_that_need_the_true_transition_refuse_idn(capsys) -> None:
 def test_clothing1m_offers_no_instance_dependent_noise() -> None:
     clothing = get_dataset("clothing1m")
     assert "idn" not in clothing.accepted_noise() and "idn" in get_dataset("mr").accepted_noise()
-    with pytest.raises(UserError, match="unknown noise 'idn' for clothing1m"):
-        check_trial(TrialConfig(dataset="clothing1m", method="ce", noise="idn", r=0.4, seed=0))
+    refusal = r"^clothing1m offers no instance-dependent noise \('idn'\): .*; choose from real, uniform, "
+    config = TrialConfig(dataset="clothing1m", method="ce", noise="idn", r=0.4, seed=0)
+    with pytest.raises(UserError, match=refusal):
+        check_trial(config)  # a grid's check
+    with pytest.raises(UserError, match=refusal):
+        prepare(config, "unused")  # a trial's own
 
 
 def test_mr_projects_each_sentences_bag_of_words(tmp_path: Path) -> None:

@@ -144,11 +144,7 @@ def prepare(
     dataset_cls = get_dataset(config.dataset)
     # Unknown methods and hyper-parameters fail here, before any data is loaded or anything written.
     get_method(config.method)(dataset_cls.num_classes, dataset=config.dataset, **config.params)
-    if config.noise not in dataset_cls.accepted_noise():
-        raise UserError(
-            f"unknown noise {config.noise!r} for {config.dataset}; choose from "
-            f"{', '.join(dataset_cls.accepted_noise())}"
-        )
+    dataset_cls.check_noise(config.noise)
     if not 0.0 <= config.r <= 1.0:
         raise UserError(f"--r must lie in [0, 1], got {config.r}")
     device = resolve_device(config.device)

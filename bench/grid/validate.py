@@ -31,9 +31,7 @@ def check_trial(config: TrialConfig, transitions: dict[tuple[Any, ...], None] | 
     dataset = get_dataset(config.dataset)
     method = get_method(config.method)
     check_params(method, config.params)
-    if config.noise not in dataset.accepted_noise():
-        raise UserError(f"unknown noise {config.noise!r} for {config.dataset}; choose from "
-                        f"{', '.join(dataset.accepted_noise())}")
+    dataset.check_noise(config.noise)
     refusal = method.refuses(dataset, config.noise)
     if refusal:
         raise UserError(f"method {config.method} cannot run on noise {config.noise!r} of {config.dataset}: {refusal}")
