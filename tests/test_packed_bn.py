@@ -39,7 +39,7 @@ from bench.config import UserError
 from bench.datasets.cifar10 import CIFAR10
 from bench.exec.grouped import Grouped
 from bench.exec.pack import run_pack
-from bench.exec.packed import PackedStage, device_generator, why_solo
+from bench.exec.packed import PackedStage, device_generator, member_order, why_solo
 from bench.exec.prepare import build_model, prepare, seed_everything, warm_seed
 from bench.exec.trainer import run_trial
 from bench.grid.plan import pack_id
@@ -144,7 +144,7 @@ def test_a_packed_resnet_pair_equals_its_solo_trials(small_cifar: Path, tmp_path
     warm, checkpoint = WarmStarts(), LastCheckpoint()
     rows = run_pack(configs, small_cifar, results=tmp_path / "packed", warm_cache=warm, checkpoints=checkpoint,
                     **QUIET)
-    members = sorted(range(2), key=lambda i: configs[i].method)  # the pack's order: equal methods side by side
+    members = member_order(configs)  # the pack's order (checkpoint states are held in it)
     for i, (config, packed) in enumerate(zip(configs, rows, strict=True)):
         solo_warm, solo_checkpoint = WarmStarts(), LastCheckpoint()
         solo = run_trial(config, small_cifar, results=tmp_path / "solo", warm_cache=solo_warm,
