@@ -103,12 +103,12 @@ def expected(rows: list[dict], dataset: str, noise: str, r: float, method: str) 
 
 def expected_paired(cc: dict, idn: dict) -> tuple[int, float | None, float | None]:
     """The difference idn − class-conditional computed here, paired by seed: (shared seeds, mean of the per-seed
-    differences, half-width of its 95% Student-t interval; None under 2 shared seeds)."""
+    differences, half-width of its 95% Student-t interval; None under 3 shared seeds, the accuracy tables' rule)."""
     seeds = sorted(set(cc["by_seed"]) & set(idn["by_seed"]))
     d = np.array([idn["by_seed"][s] - cc["by_seed"][s] for s in seeds])
     if len(d) == 0:
         return 0, None, None
-    half = stats.t.ppf(0.975, len(d) - 1) * np.std(d, ddof=1) / np.sqrt(len(d)) if len(d) > 1 else None
+    half = stats.t.ppf(0.975, len(d) - 1) * np.std(d, ddof=1) / np.sqrt(len(d)) if len(d) >= 3 else None
     return len(d), float(d.mean()), half
 
 

@@ -33,8 +33,8 @@ NOTE = (
     f"noise ({', '.join(INSTANCE_DEPENDENT)}: Xia et al., NeurIPS 2020) at the same r: mean ± std over seeds at the "
     f"setting the accuracy tables select, n seeds each; the difference instance-dependent − class-conditional paired "
     f"by seed: the mean over the seeds both hold of each seed's difference ± the half-width of its 95% Student-t "
-    f"interval, the number of shared seeds in parentheses (no interval under 2); and the realised noise rate of each "
-    f"(the fraction of flipped training labels, mean over the trials); "
+    f"interval, the number of shared seeds in parentheses (no interval under {analysis.MIN_CI_SEEDS}); and the "
+    f"realised noise rate of each (the fraction of flipped training labels, mean over the trials); "
     f"'{FLAG}' marks a row whose two realised rates differ by more than {RATE_GAP}: it does not compare the same "
     f"overall rate. † privileged (uses the true T). "
     f"(a) Instance-dependent noise has no T: its per-class T, wherever this report shows one, is the realised one "
@@ -92,7 +92,9 @@ def _paired(cc: dict[int, float], idn: dict[int, float]) -> tuple[int, float | N
         return 0, None, None
     diffs = np.array([idn[s] - cc[s] for s in seeds])
     std = float(diffs.std(ddof=1)) if len(diffs) > 1 else None
-    return len(seeds), float(diffs.mean()), analysis.t_half_width(std, len(seeds))
+    # Under MIN_CI_SEEDS pairs no interval, as in the accuracy tables: with 2, t is 12.7 and a control always passes.
+    half = analysis.t_half_width(std, len(seeds)) if len(seeds) >= analysis.MIN_CI_SEEDS else None
+    return len(seeds), float(diffs.mean()), half
 
 
 def _row(cc: dict[str, Any], idn: dict[str, Any], rates: dict[tuple[Any, ...], float | None],
