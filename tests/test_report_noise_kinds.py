@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from scipy import stats
 from test_report import make_row, write
 
 from bench.report import analysis, noise_kinds
@@ -38,14 +39,16 @@ def trial(method: str, noise: str, r: float, seed: int, val_loss: float | None, 
 # Fashion-MNIST at r = 0.2, symmetric and idn, over three seeds; CE with two learning rates in each, L_DMI with one.
 # Symmetric: CE's lr 1e-4 has the lower mean validation loss (0.5 < 0.7) though lr 1e-3 scores higher on the test.
 # idn: there lr 1e-3 wins on validation loss (0.4 < 0.6). Realised rates 0.2 vs 0.225 on average: no flag.
-SYM_RATES, IDN_RATES = [0.19, 0.2, 0.21], [0.22, 0.225, 0.23]
+# L_DMI's idn arm has two more seeds (3, 4) than its symmetric one, both low: they pull its mean down, but have no
+# partner, so the paired difference (over seeds 0-2) leaves them out.
+SYM_RATES, IDN_RATES = [0.19, 0.2, 0.21], [0.22, 0.225, 0.23, 0.225, 0.225]
 FASHION = {
     ("ce", "symmetric", 1e-4): ([0.5, 0.4, 0.6], [90.0, 91.0, 95.0]),
     ("ce", "symmetric", 1e-3): ([0.7, 0.7, 0.7], [97.0, 97.5, 98.0]),
     ("ce", "idn", 1e-4): ([0.6, 0.6, 0.6], [80.0, 81.0, 82.0]),
     ("ce", "idn", 1e-3): ([0.3, 0.5, 0.4], [88.0, 92.0, 89.0]),
     ("dmi", "symmetric", 1e-4): ([1.0, 1.1, 1.2], [93.0, 94.0, 96.5]),
-    ("dmi", "idn", 1e-4): ([1.0, 1.0, 1.0], [92.0, 92.5, 94.0]),
+    ("dmi", "idn", 1e-4): ([1.0] * 5, [92.0, 92.5, 94.0, 80.0, 81.0]),
 }
 FW_ESTIMATE = [[0.75, 0.25], [0.2, 0.8]]
 
@@ -70,11 +73,12 @@ def fashion_rows() -> list[dict]:
     return rows
 
 
-# CIFAR-10 (10 classes) at r = 0.4: pairs against idn, realised rates 0.2 vs 0.435 on average: flagged. At r = 0.2
-# only idn was run: no row.
+# CIFAR-10 (10 classes) at r = 0.4: pairs (seeds 0, 1) against idn (seeds 1, 2), realised rates 0.2 vs 0.435 on
+# average: flagged; one shared seed: a paired difference without an interval. At r = 0.2 only idn was run: no row.
 CIFAR = [trial("ce", noise, 0.4, s, 1.0, acc, rate, dataset="cifar10", classes=10)
-         for noise, accs, rates in (("pairs", [80.0, 82.0], [0.2, 0.2]), ("idn", [75.0, 76.0], [0.43, 0.44]))
-         for s, (acc, rate) in enumerate(zip(accs, rates, strict=True))]
+         for noise, seeds, accs, rates in (("pairs", [0, 1], [80.0, 82.0], [0.2, 0.2]),
+                                           ("idn", [1, 2], [75.0, 76.0], [0.43, 0.44]))
+         for s, acc, rate in zip(seeds, accs, rates, strict=True)]
 CIFAR.append(trial("ce", "idn", 0.2, 0, 1.0, 85.0, 0.2, dataset="cifar10", classes=10))
 
 
@@ -85,16 +89,27 @@ def results(tmp_path: Path) -> Path:
 
 def expected(rows: list[dict], dataset: str, noise: str, r: float, method: str) -> dict:
     """A cell computed here: the lr with the lowest mean validation loss over usable trials, then the mean and sample
-    std of its test accuracies, its seeds and the mean of its realised noise rates."""
+    std of its test accuracies, its seeds, each seed's accuracy and the mean of its realised noise rates."""
     usable = [x for x in rows if (x["dataset"], x["noise"], x["r"], x["method"]) == (dataset, noise, r, method)
               and x["status"] != "failed"]
     lrs = {x["lr"] for x in usable}
     best = min(lrs, key=lambda lr: np.mean([x["val_loss"] for x in usable if x["lr"] == lr]))
     chosen = [x for x in usable if x["lr"] == best]
     accs = [x["test_acc"] for x in chosen]
-    return dict(lr=best, n=len(chosen), mean=float(np.mean(accs)),
+    return dict(lr=best, n=len(chosen), mean=float(np.mean(accs)), by_seed={x["seed"]: x["test_acc"] for x in chosen},
                 std=float(np.std(accs, ddof=1)) if len(accs) > 1 else None,
                 rate=float(np.mean([x["noise_rate"] for x in chosen])))
+
+
+def expected_paired(cc: dict, idn: dict) -> tuple[int, float | None, float | None]:
+    """The difference idn − class-conditional computed here, paired by seed: (shared seeds, mean of the per-seed
+    differences, half-width of its 95% Student-t interval; None under 3 shared seeds, the accuracy tables' rule)."""
+    seeds = sorted(set(cc["by_seed"]) & set(idn["by_seed"]))
+    d = np.array([idn["by_seed"][s] - cc["by_seed"][s] for s in seeds])
+    if len(d) == 0:
+        return 0, None, None
+    half = stats.t.ppf(0.975, len(d) - 1) * np.std(d, ddof=1) / np.sqrt(len(d)) if len(d) >= 3 else None
+    return len(d), float(d.mean()), half
 
 
 def test_panel_numbers_match_an_independent_computation(results: Path) -> None:
@@ -123,19 +138,33 @@ def test_panel_numbers_match_an_independent_computation(results: Path) -> None:
                                                               pytest.approx(idn["rate"])), key
         assert p["idn_std"] == pytest.approx(idn["std"])
         assert p["idn_setting"] == tables[(p["dataset"], "idn")].entries[(p["r"], p["method"])].cell["setting"]
-        assert p["diff"] == pytest.approx(idn["mean"] - cc["mean"])
+        n, diff, half = expected_paired(cc, idn)
+        assert (p["paired_n"], p["diff"]) == (n, pytest.approx(diff)), key
+        assert p["diff_ci95"] == (None if half is None else pytest.approx(half)), key
         assert p["rate_gap"] == pytest.approx(abs(idn["rate"] - cc["rate"]))
         assert p["flag"] is (abs(idn["rate"] - cc["rate"]) > 0.03)
     ce = by["fashion_mnistce"]
     # Hand-checked: symmetric picks lr 1e-4 (90, 91, 95), idn lr 1e-3 (88, 92, 89); the failed seed is not averaged.
     assert (ce["cc_mean"], ce["idn_mean"], ce["idn_n"]) == (pytest.approx(92.0), pytest.approx(269 / 3), 3)
-    assert ce["diff"] == pytest.approx(-7 / 3) and ce["flag"] is False
+    assert ce["flag"] is False
+    # Hand-checked pairs: per-seed differences -2, 1, -6; t(0.975, 2 df) = 4.303, std sqrt(37 / 3).
+    assert (ce["paired_n"], ce["diff"]) == (3, pytest.approx(-7 / 3))
+    assert ce["diff_ci95"] == pytest.approx(4.302653 * np.sqrt(37 / 3) / np.sqrt(3))
+    # L_DMI: idn's seeds 3 and 4 have no symmetric partner. Paired over 0-2: -1, -1.5, -2.5; unpaired it would be
+    # 87.9 - 94.5 = -6.6.
+    dmi = by["fashion_mnistdmi"]
+    assert (dmi["idn_n"], dmi["idn_mean"], dmi["paired_n"]) == (5, pytest.approx(87.9), 3)
+    assert dmi["diff"] == pytest.approx(-5 / 3)
+    assert dmi["diff_ci95"] == pytest.approx(4.302653 * np.sqrt(7 / 12) / np.sqrt(3))
+    # CIFAR-10: one shared seed (1): its difference 75 - 82, no interval.
+    cifar = by["cifar10ce"]
+    assert (cifar["paired_n"], cifar["diff"], cifar["diff_ci95"]) == (1, pytest.approx(-7.0), None)
     assert ce["cc_rate"] == pytest.approx(0.2) and ce["idn_rate"] == pytest.approx(0.225)
     assert by["cifar10ce"]["flag"] is True and by["cifar10ce"]["rate_gap"] == pytest.approx(0.235)
     assert (by["cifar10ce"]["classes"], ce["classes"]) == (10, 2)
     oracle = by["fashion_mnistfw_oracle"]
     assert oracle["privileged"] is True and oracle["idn_n"] == 0 and oracle["idn_mean"] is None
-    assert oracle["diff"] is None and oracle["flag"] is False
+    assert (oracle["paired_n"], oracle["diff"], oracle["diff_ci95"], oracle["flag"]) == (0, None, None, False)
 
 
 def test_no_row_without_both_kinds(tmp_path: Path) -> None:
@@ -160,29 +189,34 @@ def test_markdown_html_and_csv_show_the_panel(results: Path, tmp_path: Path) -> 
     md = written["leaderboard.md"].read_text(encoding="utf-8")
     assert "## Class-conditional vs instance-dependent noise" in md and noise_kinds.NOTE in md
     for part in ("is the realised one", "not a parameter of the generator", "symmetric noise in law",
-                 "a control", "C ≥ 3 (CIFAR-10, CIFAR-100)", "more than 0.03"):
+                 "a control", "C ≥ 3 (CIFAR-10, CIFAR-100)", "more than 0.03", "paired by seed", "95% Student-t",
+                 "where its interval covers 0"):
         assert part in noise_kinds.NOTE
     lines = [line for line in md.splitlines() if line.startswith(("| fashion\\_mnist | 2", "| cifar10 | 10"))]
     assert lines == [
-        "| cifar10 | 10 | pairs | 0.4 | CE | 81.00 ± 1.41 | 2 | idn | 75.50 ± 0.71 | 2 | -5.50 | 0.200 | 0.435 | "
-        "rates differ |",
+        "| cifar10 | 10 | pairs | 0.4 | CE | 81.00 ± 1.41 | 2 | idn | 75.50 ± 0.71 | 2 | -7.00 ± — (1) | 0.200 | "
+        "0.435 | rates differ |",
         "| fashion\\_mnist | 2 (control) | symmetric | 0.2 | CE | 92.00 ± 2.65 | 3 | idn | 89.67 ± 2.08 | 3 | "
-        "-2.33 | 0.200 | 0.225 |  |",
+        "-2.33 ± 8.72 (3) | 0.200 | 0.225 |  |",
         "| fashion\\_mnist | 2 (control) | symmetric | 0.2 | FW | 86.00 ± 1.00 | 3 | idn | 86.00 ± 1.00 | 3 | "
-        "+0.00 | 0.200 | 0.225 |  |",
+        "+0.00 ± 0.00 (3) | 0.200 | 0.225 |  |",
         "| fashion\\_mnist | 2 (control) | symmetric | 0.2 | FW with the true T † | 99.00 ± 0.00 | 2 | idn | — | 0 | "
         "— | 0.195 | — |  |",
-        "| fashion\\_mnist | 2 (control) | symmetric | 0.2 | L\\_DMI | 94.50 ± 1.80 | 3 | idn | 92.83 ± 1.04 | 3 | "
-        "-1.67 | 0.200 | 0.225 |  |",
+        "| fashion\\_mnist | 2 (control) | symmetric | 0.2 | L\\_DMI | 94.50 ± 1.80 | 3 | idn | 87.90 ± 6.80 | 5 | "
+        "-1.67 ± 1.90 (3) | 0.200 | 0.225 |  |",
     ]
     page = written["report.html"].read_text(encoding="utf-8")
     assert "<h2>Class-conditional vs instance-dependent noise</h2>" in page and html.escape(noise_kinds.NOTE) in page
     cells = _cells(page)
     start = cells.index("pairs") - 2  # the panel's row: the first cell that names the pattern
     assert cells[start:start + 14] == ["cifar10", "10", "pairs", "0.4", "CE", "81.00 ± 1.41", "2", "idn",
-                                       "75.50 ± 0.71", "2", "-5.50", "0.200", "0.435", "rates differ"]
+                                       "75.50 ± 0.71", "2", "-7.00 ± — (1)", "0.200", "0.435", "rates differ"]
     csv = pl.read_csv(written["noise_kinds csv"])
-    assert csv.height == 5 and csv.filter(dataset="fashion_mnist", method="ce")["diff"][0] == pytest.approx(-7 / 3)
+    assert csv.height == 5
+    dmi = csv.filter(dataset="fashion_mnist", method="dmi").row(0, named=True)
+    assert (dmi["paired_n"], dmi["diff"]) == (3, pytest.approx(-5 / 3))
+    assert dmi["diff_ci95"] == pytest.approx(4.302653 * np.sqrt(7 / 12) / np.sqrt(3))
+    assert csv.filter(dataset="cifar10")["diff_ci95"].to_list() == [None]
 
 
 def test_an_instance_dependent_estimate_is_scored_against_the_realised_t(results: Path, tmp_path: Path) -> None:

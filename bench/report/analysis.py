@@ -143,6 +143,11 @@ def select_settings(df: pl.DataFrame) -> pl.DataFrame:
     return means.group_by(CELL, maintain_order=True).first()
 
 
+def selected_trials(df: pl.DataFrame) -> pl.DataFrame:
+    """The usable trials of each cell's selected setting (`select_settings`): the trials its statistics are over."""
+    return df.join(select_settings(df), on=CELL + ["setting"], how="inner").filter(pl.col("usable"))
+
+
 def fmt(x: float | None, digits: int = DIGITS) -> str:
     """The one rounding of a number for display: the run summary, `bench report` and `bench leaderboard` all call
     it, so they never differ in the last digit. Python's formatting rounds the stored binary value (a mean of
@@ -151,12 +156,20 @@ def fmt(x: float | None, digits: int = DIGITS) -> str:
     return MISSING if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
+def t_half_width(std: float | None, n: int) -> float | None:
+    """The half-width of the 95% Student-t interval of a mean over n samples of sample std `std`; None under 2
+    samples (no std) or without a std."""
+    if n < 2 or std is None or math.isnan(std):
+        return None
+    return float(stats.t.ppf(0.975, n - 1) * std / math.sqrt(n))
+
+
 def accuracy_interval(mean: float | None, std: float | None, n: int) -> tuple[float | None, float | None]:
     """The 95% t-interval of a mean accuracy over n seeds, clipped to [0, 100]: the mean of an accuracy lies there,
     so the clipped interval covers it whenever the t-interval does. (None, None) under `MIN_CI_SEEDS` seeds."""
-    if n < MIN_CI_SEEDS or mean is None or std is None or math.isnan(std):
+    half = t_half_width(std, n)
+    if n < MIN_CI_SEEDS or mean is None or half is None:
         return None, None
-    half = float(stats.t.ppf(0.975, n - 1) * std / math.sqrt(n))
     return max(0.0, mean - half), min(100.0, mean + half)
 
 
@@ -174,7 +187,7 @@ def _joined(values: list[Any]) -> str:
 def aggregate(df: pl.DataFrame, reference: str = REFERENCE) -> pl.DataFrame:
     """The grid: one row per (dataset, noise) x every method in the results x every r of that dataset and noise,
     with the selected setting's statistics (null where no usable trial: a missing cell) and trial counts."""
-    chosen = df.join(select_settings(df), on=CELL + ["setting"], how="inner").filter(pl.col("usable"))
+    chosen = selected_trials(df)
     stats_frame = chosen.group_by(CELL).agg(
         pl.len().alias("n"),
         pl.col("test_acc").mean().alias("acc_mean"),
@@ -250,7 +263,7 @@ def paired_comparison(df: pl.DataFrame, grid: pl.DataFrame, reference: str = REF
                       metric: str = "test_acc") -> pl.DataFrame:
     """The reference method against each other method per (dataset, noise, r): seeds matched between the two
     selected settings. outcome is the reference's win / tie / loss at level ALPHA (untested under two pairs)."""
-    chosen = df.join(select_settings(df), on=CELL + ["setting"], how="inner").filter(pl.col("usable"))
+    chosen = selected_trials(df)
     rows = []
     for cell in grid.filter(pl.col("method") != reference).iter_rows(named=True):
         key = {k: cell[k] for k in ("dataset", "noise", "r")}
@@ -308,8 +321,7 @@ def transition_estimates(df: pl.DataFrame) -> pl.DataFrame:
     if "estimated_transition" not in df.columns:
         return pl.DataFrame(schema=columns)
     truth_cols = [c for c in ("transition", "empirical_transition") if c in df.columns]
-    chosen = (df.join(select_settings(df), on=CELL + ["setting"], how="inner")
-              .filter(pl.col("usable") & pl.col("estimated_transition").is_not_null()))
+    chosen = selected_trials(df).filter(pl.col("estimated_transition").is_not_null())
     rows = []
     for row in chosen.iter_rows(named=True):
         source = next(((c, row[c]) for c in truth_cols if row[c] is not None), (None, None))
