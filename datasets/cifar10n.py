@@ -33,6 +33,8 @@ from bench.datasets.cifar10 import CIFAR10, RECONSTRUCT
 LABELS_FILE = "CIFAR-10N/CIFAR-10_human.pt"
 LABELS_MD5 = "96644db5574813cae939af5f7f2a0aec"
 LABELS_URL = "https://github.com/UCSC-REAL/cifar-10-100n/raw/main/data/CIFAR-10_human.pt"
+# How to get images whose labels the file's clean labels equal, for messages.
+ORDER = "use the official cifar-10-batches-py files, whose training order (data_batch_1 to 5) the label file follows"
 HUMAN_KEYS = {
     "aggre": "aggre_label",
     "worse": "worse_label",
@@ -119,18 +121,21 @@ def rates_lines(path: Path, read: Callable[[], dict[str, np.ndarray]], human_key
 
 
 def attach_human_labels(splits: Splits, human: dict[str, np.ndarray], clean_key: str, human_keys: dict[str, str],
-                        where: tuple[str, str], images: str, order: str) -> Splits:
+                        where: tuple[str, str], images: tuple[str, str], fix: str) -> Splits:
     """`splits` with the label file's human label sets (pattern -> file key): the first len(train) labels train,
-    the rest validate. The file's clean labels must equal the images' (`images` names them, `order` their order);
-    `where` is (dataset name, label file) for the messages."""
+    the rest validate. The file's clean labels must equal the images' in order; for the messages, `where` is (dataset
+    name, label file), `images` (the image files, their label key) and `fix` how to get files that agree."""
     n_train, n_val = len(splits.train), len(splits.val)
     clean = human[clean_key]
     dataset, file = where
+    image_files, label_key = images
     if len(clean) != n_train + n_val:
-        raise UserError(f"{dataset}: {file} has {len(clean)} labels but {images} hold {n_train + n_val} images")
-    if not np.array_equal(clean, np.concatenate([splits.train.y, splits.val.y])):
-        raise UserError(f"{dataset}: {clean_key} in {file} disagrees with the labels of {images}; the file follows "
-                        f"{order}")
+        raise UserError(f"{dataset}: {file} has {len(clean)} labels for the {n_train + n_val} images of {image_files}; "
+                        f"{fix}")
+    differ = np.flatnonzero(clean != np.concatenate([splits.train.y, splits.val.y]))
+    if len(differ):
+        raise UserError(f"{dataset}: {clean_key} in {file} disagrees with the {label_key} of {image_files} at "
+                        f"{len(differ)} of {len(clean)} images, first at image {differ[0]}; {fix}")
     splits.human_labels = {p: (human[k][:n_train], human[k][n_train:]) for p, k in human_keys.items()}
     return splits
 
@@ -152,7 +157,7 @@ class CIFAR10N(CIFAR10):
     def load(self) -> Splits:
         human = self.human_labels_file()  # checked before the images: the cheaper failure first
         return attach_human_labels(super().load(), human, "clean_label", HUMAN_KEYS, (self.name, LABELS_FILE),
-                                   "the CIFAR-10 training batches", "torchvision's training order (data_batch_1 to 5)")
+                                   ("the CIFAR-10 training batches", "labels"), ORDER)
 
     def describe(self) -> list[str]:
         return super().describe() + rates_lines(self.root / LABELS_FILE, self.human_labels_file, HUMAN_KEYS,

@@ -291,13 +291,24 @@ def test_cifar100n_coarse_task(tiny) -> None:
 
 def test_the_clean_labels_must_match_the_images(tiny, monkeypatch) -> None:
     root, written = tiny
-    for key, dataset, other in (("clean_label", "cifar100n", "cifar100n_coarse"),
-                                ("clean_coarse_label", "cifar100n_coarse", "cifar100n")):
-        save_human(root, {**written["human"], key: np.roll(written["human"][key], 1)})
+    fix = "; use the official cifar-100-python files, whose train file's order the label file follows$"
+    for key, dataset, other, image_key in (("clean_label", "cifar100n", "cifar100n_coarse", "fine_labels"),
+                                           ("clean_coarse_label", "cifar100n_coarse", "cifar100n", "coarse_labels")):
+        labels = written["human"][key].copy()
+        labels[[5, 40]] = (labels[[5, 40]] + 1) % 20
+        save_human(root, {**written["human"], key: labels})
         set_md5s(root, monkeypatch)
-        with pytest.raises(UserError, match=f"{dataset}: {key} in CIFAR-100N/CIFAR-100_human.pt disagrees"):
+        with pytest.raises(UserError, match=f"^{dataset}: {key} in CIFAR-100N/CIFAR-100_human.pt disagrees with the "
+                                            f"{image_key} of the CIFAR-100 train file at 2 of 60 images, first at "
+                                            f"image 5{fix}"):
             get_dataset(dataset)(root).load()
         assert get_dataset(other)(root).load().human_labels  # its own clean labels still agree
+    # A label file of another length: its labels cannot be the train file's images'.
+    save_human(root, {k: y[:50] for k, y in written["human"].items()})
+    set_md5s(root, monkeypatch)
+    with pytest.raises(UserError, match="^cifar100n: CIFAR-100N/CIFAR-100_human.pt has 50 labels for the 60 images "
+                                        f"of the CIFAR-100 train file{fix}"):
+        get_dataset("cifar100n")(root).load()
 
 
 def test_cifar100n_refuses_a_wrong_checksum_before_unpickling(tiny, monkeypatch) -> None:

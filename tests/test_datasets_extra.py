@@ -250,6 +250,18 @@ def test_cifar10n_human_labels_for_train_and_validation(tiny_cifar: Path) -> Non
     assert summary.noise_rate == pytest.approx(np.mean(train != splits.train.y))
 
 
+def test_cifar10n_clean_labels_must_match_the_batches(tiny_cifar: Path, monkeypatch) -> None:
+    stored = torch.load(tiny_cifar / LABELS_FILE, weights_only=False)  # the test's own file: trusted
+    stored["clean_label"][[3, 90]] = (stored["clean_label"][[3, 90]] + 1) % 10
+    torch.save(stored, tiny_cifar / LABELS_FILE)
+    monkeypatch.setattr(CIFAR10N, "files", {**CIFAR10N.files, LABELS_FILE: file_md5(tiny_cifar / LABELS_FILE)})
+    with pytest.raises(UserError, match="^cifar10n: clean_label in CIFAR-10N/CIFAR-10_human.pt disagrees with the "
+                                        "labels of the CIFAR-10 training batches at 2 of 100 images, first at image 3; "
+                                        "use the official cifar-10-batches-py files, whose training order "
+                                        r"\(data_batch_1 to 5\) the label file follows$"):
+        get_dataset("cifar10n")(tiny_cifar).load()
+
+
 def test_cifar10n_refuses_a_wrong_checksum(tiny_cifar: Path, monkeypatch) -> None:
     monkeypatch.setattr(CIFAR10N, "files", {**CIFAR10N.files, LABELS_FILE: "0" * 32})
     monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "0")  # does not switch off the check before unpickling
