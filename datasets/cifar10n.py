@@ -66,6 +66,13 @@ class LabelsFile:
     label_sets: dict[str, int]
     superseded: dict[str, str] = field(default_factory=dict)
 
+    def superseded_release(self, path: Path, md5: str) -> str | None:
+        """The message for the label file at `path` if its md5 is an earlier release's (None if not): the one home of
+        that message, for the reader and for `Dataset.check_files`."""
+        if md5 not in self.superseded:
+            return None
+        return f"{self.dataset}: {path} is {self.superseded[md5]}; delete it and get the current one from {self.url}"
+
 
 LABELS = LabelsFile("cifar10n", "CIFAR-10N", LABELS_URL, dict.fromkeys(["clean_label", *HUMAN_KEYS.values()], 10))
 
@@ -76,8 +83,8 @@ def read_human_labels(path: Path, md5: str | None, spec: LabelsFile) -> dict[str
         raise UserError(f"{spec.dataset}: missing {path}; get it from {spec.url}")
     if md5 is not None:
         actual = file_md5(path)
-        if actual in spec.superseded:
-            raise UserError(f"{spec.dataset}: {path} is {spec.superseded[actual]}; get the current one from {spec.url}")
+        if superseded := spec.superseded_release(path, actual):
+            raise UserError(superseded)
         if actual != md5:
             raise UserError(f"{spec.dataset}: {path} is corrupt or not the published file (md5 mismatch, expected "
                             f"{md5}); delete it and get it again from {spec.url}")

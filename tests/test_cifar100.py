@@ -5,6 +5,7 @@ noise patterns, a short trial; the real CIFAR-100N label file when present."""
 from __future__ import annotations
 
 import pickle
+import re
 import tarfile
 from dataclasses import replace
 from pathlib import Path
@@ -22,6 +23,7 @@ from bench.datasets import cifar100 as cifar100_mod
 from bench.datasets import cifar100n as cifar100n_mod
 from bench.datasets.cifar100 import CIFAR100
 from bench.datasets.cifar100n import CIFAR100N, LABELS_FILE
+from bench.grid.validate import check_data
 
 # CIFAR-100's superclasses as its web page lists them (www.cs.toronto.edu/~kriz/cifar.html), in coarse-label order,
 # spelled as the meta file spells them: the tests' own statement of the data, independent of the module's tables.
@@ -324,10 +326,31 @@ def test_cifar100n_refuses_a_wrong_checksum_before_unpickling(tiny, monkeypatch)
     # The 2021 release is named as such, with where to get the current file.
     old = {file_md5(root / LABELS_FILE): cifar100n_mod.LABELS.superseded[cifar100n_mod.RELEASE_2021_MD5]}
     monkeypatch.setattr(cifar100n_mod, "LABELS", replace(cifar100n_mod.LABELS, superseded=old))
-    with pytest.raises(UserError, match="is the 2021 release whose coarse labels were revised in 2023; get the "
-                                        "current one from https://github.com/UCSC-REAL/.*CIFAR-100_human.pt$"):
+    with pytest.raises(UserError, match="is the 2021 release whose coarse labels were revised in 2023; delete it "
+                                        "and get the current one from https://github.com/UCSC-REAL/.*CIFAR-100_human.pt$"):
         get_dataset("cifar100n")(root).load()
     assert loads == []  # refused before anything was unpickled
+
+
+def test_the_files_check_names_the_2021_release(tiny, monkeypatch) -> None:
+    """The grid's pre-flight (and the check after --download) names the 2021 label file as the loader does."""
+    root, _ = tiny
+    monkeypatch.setattr(CIFAR100N, "files", {**CIFAR100N.files, LABELS_FILE: "0" * 32})
+    old = {file_md5(root / LABELS_FILE): cifar100n_mod.LABELS.superseded[cifar100n_mod.RELEASE_2021_MD5]}
+    monkeypatch.setattr(cifar100n_mod, "LABELS", replace(cifar100n_mod.LABELS, superseded=old))
+    for dataset in ("cifar100n", "cifar100n_coarse"):
+        named = (f"^{dataset}: {re.escape(str(root / LABELS_FILE))} is the 2021 release whose coarse labels were "
+                 "revised in 2023; delete it and get the current one from https://github.com/UCSC-REAL/.*"
+                 "CIFAR-100_human.pt$")
+        with pytest.raises(UserError, match=named):
+            check_data([dataset], root)
+        with pytest.raises(UserError, match=named):
+            get_dataset(dataset)(root).load()
+    # Any other md5 of the label file is "corrupt", as before.
+    monkeypatch.setattr(cifar100n_mod, "LABELS", replace(cifar100n_mod.LABELS, superseded={}))
+    with pytest.raises(UserError, match="cifar100n: .*CIFAR-100_human.pt is corrupt .md5 mismatch.; delete it and run "
+                                        "`bench datasets --download cifar100n`"):
+        check_data(["cifar100n"], root)
 
 
 def test_cifar100n_never_unpickles_unrestricted(tiny, tmp_path: Path, monkeypatch) -> None:
