@@ -179,6 +179,17 @@ def test_cifar100_label_names_and_superclasses_are_checked(tiny) -> None:
         get_dataset("cifar100")(root, verify=False).load()
 
 
+def test_cifar100_labels_must_be_integers(tiny) -> None:
+    root, _ = tiny
+    path = root / "cifar-100-python" / "train"
+    entry = pickle.loads(path.read_bytes())
+    entry[b"fine_labels"][3] = float(entry[b"fine_labels"][3])
+    path.write_bytes(pickle.dumps(entry, protocol=2))
+    with pytest.raises(UserError, match=r"train: fine_labels\[3\] is [0-9]+\.0, not an integer label; use the official "
+                                        "CIFAR-100 python file$"):
+        get_dataset("cifar100")(root, verify=False).load()
+
+
 def test_cifar100_missing_and_corrupt_files(tiny, tmp_path: Path, monkeypatch) -> None:
     root, _ = tiny
     with pytest.raises(UserError, match=r"missing cifar-100-python/train.*download cifar100.*cifar-100-python\.tar"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import pickle
+import re
 from pathlib import Path
 
 import numpy as np
@@ -195,6 +196,21 @@ def test_cifar10_unpickler_refuses_anything_but_numpy(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="refusing to load pathlib"):
         read_batch(path)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(("labels", "message"), [
+    (["a", "b"], r"labels\[0\] is 'a', not an integer label"),
+    ([0, 2.0], r"labels\[1\] is 2.0, not an integer label"),  # a float is refused, not cast
+    (np.array([1.5, 0.0]), r"labels\[0\] is np.float64\(1.5\), not an integer label"),
+    ([0, True], r"labels\[1\] is True, not an integer label"),
+    ("01", "labels is a str, not a list of labels"),
+    ([0, 10], r"labels outside 0..9"),
+])
+def test_cifar10_batch_labels_must_be_integers(tmp_path: Path, labels: object, message: str) -> None:
+    path = tmp_path / "data_batch_1"
+    path.write_bytes(pickle.dumps({b"data": np.zeros((2, 3072), np.uint8), b"labels": labels}, protocol=2))
+    with pytest.raises(UserError, match=f"^{re.escape(str(path))}: {message}; use the official CIFAR-10 python batch$"):
+        read_batch(path)
 
 
 def test_crop_flip_matches_padding_and_slicing() -> None:
