@@ -120,7 +120,7 @@ def integer_labels(values: object, classes: int, where: str, what: str) -> np.nd
 def read_label_names(path: Path, key: str = "label_names", what: str = "CIFAR-10 python batch") -> tuple[str, ...]:
     names = read_pickle(path, what).get(key)
     if not isinstance(names, list):
-        raise UserError(f"{path}: no {key} list")
+        raise UserError(f"{path}: no {key} list; use the official {what}")
     return tuple(n.decode("latin1") if isinstance(n, bytes) else str(n) for n in names)
 
 

@@ -170,6 +170,9 @@ def test_cifar100_label_names_and_superclasses_are_checked(tiny) -> None:
     write_meta(meta, FINE_NAMES, COARSE_NAMES[:19])
     with pytest.raises(UserError, match="coarse_label_names are not CIFAR-100's .19 names, expected 20"):
         get_dataset("cifar100")(root, verify=False).load()
+    meta.write_bytes(pickle.dumps({b"coarse_label_names": [n.encode() for n in COARSE_NAMES]}, protocol=2))
+    with pytest.raises(UserError, match="meta: no fine_label_names list; use the official CIFAR-100 python file$"):
+        get_dataset("cifar100")(root, verify=False).load()
     write_meta(meta, FINE_NAMES, COARSE_NAMES)
     path = root / "cifar-100-python" / "train"
     entry = pickle.loads(path.read_bytes())
