@@ -19,6 +19,7 @@ CIFAR-10's default method stage.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,9 @@ HUMAN_KEYS = {
 # Exactly what the file's pickle names: the array rebuilder (spelled numpy.core.multiarray by numpy 1, as in
 # the published file, and numpy._core.multiarray by numpy 2), the array and dtype types and int64's dtype class
 # (rebuilt from its state). `_codecs.encode` is on torch's own allow-list.
+# Where torch's weights-only unpickler names the global it refused (a function's or class's dotted name), in its
+# two wordings (torch 2.14: a global off the allow-list, a class it cannot build).
+REFUSED = re.compile(r"Unsupported global: GLOBAL (\S+) was not an allowed global|but got <class '([^']+)'>")
 SAFE_GLOBALS = [
     (RECONSTRUCT, "numpy.core.multiarray._reconstruct"),
     RECONSTRUCT,
@@ -92,7 +96,8 @@ def read_human_labels(path: Path, md5: str | None, spec: LabelsFile) -> dict[str
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             content = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # the weights-only unpickler refuses anything off the allow-list
-        raise UserError(f"{spec.dataset}: {path} is not a {spec.title} label file: {str(e).splitlines()[-1]}") from None
+        raise UserError(f"{spec.dataset}: {path} is not the published {spec.title} label file ({load_failure(e)}); "
+                        f"delete it and get it again from {spec.url}") from None
     needed = list(spec.label_sets)
     if not isinstance(content, dict) or any(k not in content for k in needed):
         raise UserError(f"{spec.dataset}: {path} must hold a dict with {', '.join(needed)}")
@@ -104,6 +109,16 @@ def read_human_labels(path: Path, md5: str | None, spec: LabelsFile) -> dict[str
         if n and (value.min() < 0 or value.max() >= spec.label_sets[key]):
             raise UserError(f"{spec.dataset}: {path}: {key} holds labels outside 0..{spec.label_sets[key] - 1}")
     return {k: v.astype(np.int64) for k, v in labels.items()}
+
+
+def load_failure(error: Exception) -> str:
+    """torch.load's failure in one line: the global (or class) its weights-only unpickler refused, which the published
+    file does not need; else the last line of its message but for torch's closing pointer to its docs."""
+    text = str(error)
+    if refused := REFUSED.search(text):
+        return f"its pickle names {refused.group(1) or refused.group(2)}, which the allow-list of numpy types refuses"
+    gist = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("Check the doc")]
+    return gist[-1] if gist else type(error).__name__
 
 
 def noise_rates(labels: dict[str, np.ndarray], human_keys: dict[str, str], clean_key: str) -> dict[str, float]:

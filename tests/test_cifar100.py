@@ -376,11 +376,21 @@ def test_cifar100n_never_unpickles_unrestricted(tiny, tmp_path: Path, monkeypatc
     real_load = torch.load
     monkeypatch.setattr(torch, "load", lambda *a, **k: calls.append(k) or real_load(*a, **k))
     ds = get_dataset("cifar100n")(root)
-    with pytest.raises(UserError, match="not a CIFAR-100N label file"):
+    # One line, naming the global torch's allow-list refused (a method's reduce pickles getattr), not torch's advice.
+    with pytest.raises(UserError, match=r"^cifar100n: .*CIFAR-100_human.pt is not the published CIFAR-100N label file "
+                                        r"\(its pickle names getattr, which the allow-list of numpy types refuses\); "
+                                        "delete it and get it again from https://github.com/UCSC-REAL/.*human.pt$"):
         ds.load()
     assert not marker.exists()
     assert calls and all(k.get("weights_only") is True for k in calls)  # no second, unrestricted try
-    assert any("not a CIFAR-100N label file" in line for line in ds.describe())
+    assert any("not the published CIFAR-100N label file (its pickle names getattr" in line for line in ds.describe())
+    # Anything else torch.load fails on gives the last line of its message, less torch's pointer to its docs.
+    (root / LABELS_FILE).write_bytes(b"not a torch file")
+    set_md5s(root, monkeypatch)
+    with pytest.raises(UserError) as failure:
+        ds.load()
+    assert "\n" not in str(failure.value) and "Check the documentation" not in str(failure.value)
+    assert "is not the published CIFAR-100N label file (" in str(failure.value)
 
 
 def test_cifar100n_describe_from_the_labels_alone(tiny, capsys) -> None:
