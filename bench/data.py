@@ -163,8 +163,12 @@ class Dataset:
                 f"{self.name}: missing {', '.join(missing)} under {self.root}; {self.how_to_get()}"
             )
         for rel in self.damaged_files()[:1]:
-            raise UserError(f"{self.name}: {self.root / rel} is corrupt (md5 mismatch); delete it and "
-                            f"{self.how_to_get()}")
+            raise UserError(self.md5_mismatch(rel))
+
+    def md5_mismatch(self, rel: str) -> str:
+        """What `check_files` says of a present file that fails its md5: corrupt, unless the dataset knows better (a
+        file of an earlier release, say)."""
+        return f"{self.name}: {self.root / rel} is corrupt (md5 mismatch); delete it and {self.how_to_get()}"
 
     def how_to_get(self) -> str:
         if self.urls:

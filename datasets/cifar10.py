@@ -96,20 +96,31 @@ def read_images(path: Path, label_sets: dict[str, int], what: str) -> tuple[torc
     data = np.asarray(entry["data"])
     labels = {}
     for key, classes in label_sets.items():
-        y = np.asarray(entry[key], dtype=np.int64)
+        y = integer_labels(entry[key], classes, f"{path}: {key}", what)
         if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(y) != len(data):
             raise UserError(f"{path}: expected data of N x 3072 uint8 and N {key}, got {data.dtype} {data.shape} "
                             f"and {len(y)} {key}")
-        if len(y) and (y.min() < 0 or y.max() >= classes):
-            raise UserError(f"{path}: {key} outside 0..{classes - 1}")
         labels[key] = y
     return torch.from_numpy(data.reshape(-1, 3, 32, 32).copy()), labels
+
+
+def integer_labels(values: object, classes: int, where: str, what: str) -> np.ndarray:
+    """A pickle's list (or 1-D array) of labels in 0..classes-1, as int64. Anything else (a string, a float, even
+    3.0) is a `UserError` naming `where` (the file and key) and saying to use the official `what`."""
+    if not isinstance(values, list | tuple) and not (isinstance(values, np.ndarray) and values.ndim == 1):
+        raise UserError(f"{where} is a {type(values).__name__}, not a list of labels; use the official {what}")
+    bad = next((i for i, v in enumerate(values) if isinstance(v, bool) or not isinstance(v, int | np.integer)), None)
+    if bad is not None:
+        raise UserError(f"{where}[{bad}] is {values[bad]!r}, not an integer label; use the official {what}")
+    if len(values) and (min(values) < 0 or max(values) >= classes):
+        raise UserError(f"{where} outside 0..{classes - 1}; use the official {what}")
+    return np.asarray(values, dtype=np.int64)
 
 
 def read_label_names(path: Path, key: str = "label_names", what: str = "CIFAR-10 python batch") -> tuple[str, ...]:
     names = read_pickle(path, what).get(key)
     if not isinstance(names, list):
-        raise UserError(f"{path}: no {key} list")
+        raise UserError(f"{path}: no {key} list; use the official {what}")
     return tuple(n.decode("latin1") if isinstance(n, bytes) else str(n) for n in names)
 
 

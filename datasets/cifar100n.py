@@ -6,7 +6,8 @@ The images are CIFAR-100's python files, read by the CIFAR-100 module. The label
 `noisy_coarse_label` (lists of 50,000 ints), in torchvision's training order (the `train` file's). Its md5 is checked
 first, always (the gate before unpickling), then CIFAR-10N's reader loads it with the same numpy allow-list. The
 2021 release (b5a80e6, d112813) has the same fine labels but coarse labels that are not CIFAR-100's superclasses
-(the repository's issue 6); it is refused by name.
+(the repository's issue 6); it is refused by name, on load and by the files check (the grid's pre-flight, the
+check after `--download`).
 
 Noise pattern of kind human: `noisy_fine` (40.20% of the 50,000 disagree with `clean_label`). Training (the first
 40,000) and validation (the last 10,000) get the human labels, the test set stays clean. `clean_label` must equal the
@@ -23,13 +24,15 @@ from typing import ClassVar
 
 import numpy as np
 
-from bench.data import Splits
+from bench.data import Splits, file_md5
 from bench.datasets.cifar10n import LabelsFile, attach_human_labels, rates_lines, read_human_labels
 from bench.datasets.cifar100 import CIFAR100
 
 LABELS_FILE = "CIFAR-100N/CIFAR-100_human.pt"
 LABELS_MD5 = "a67b45c1d7992051865b5c755bd68bb1"
 LABELS_URL = "https://github.com/UCSC-REAL/cifar-10-100n/raw/main/data/CIFAR-100_human.pt"
+# How to get images whose labels the file's clean labels equal, for messages.
+ORDER = "use the official cifar-100-python files, whose train file's order the label file follows"
 # The first release's md5 (data/CIFAR-100_human.pt at b5a80e6 and d112813, 2021-10-12, until 199b915): a user who
 # has it needs the current file, not a "corrupt file" message.
 RELEASE_2021_MD5 = "3957ab2a1b5fd13bfbd6ab956831f9b3"
@@ -56,13 +59,22 @@ class CIFAR100N(CIFAR100):
     human_keys: ClassVar[dict[str, str]] = {"noisy_fine": "noisy_label"}
     see_also: ClassVar[str] = "the 20 superclasses' human labels (noisy_coarse) are the dataset cifar100n_coarse"
 
+    def labels_spec(self) -> LabelsFile:
+        return replace(LABELS, dataset=self.name)
+
     def human_labels_file(self) -> dict[str, np.ndarray]:
-        return read_human_labels(self.root / LABELS_FILE, self.files[LABELS_FILE], replace(LABELS, dataset=self.name))
+        return read_human_labels(self.root / LABELS_FILE, self.files[LABELS_FILE], self.labels_spec())
+
+    def md5_mismatch(self, rel: str) -> str:
+        """The 2021 label file is named as such (the grid's pre-flight and `--download` check files this way)."""
+        path = self.root / rel
+        superseded = self.labels_spec().superseded_release(path, file_md5(path)) if rel == LABELS_FILE else None
+        return superseded or super().md5_mismatch(rel)
 
     def load(self) -> Splits:
         human = self.human_labels_file()  # checked before the images: the cheaper failure first
         return attach_human_labels(super().load(), human, self.clean_key, self.human_keys, (self.name, LABELS_FILE),
-                                   f"the CIFAR-100 train file's {self.label_key}", "the train file's (torchvision's)")
+                                   ("the CIFAR-100 train file", self.label_key), ORDER)
 
     def describe(self) -> list[str]:
         return [*super().describe(), *rates_lines(self.root / LABELS_FILE, self.human_labels_file, self.human_keys,

@@ -19,6 +19,7 @@ CIFAR-10's default method stage.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,8 @@ from bench.datasets.cifar10 import CIFAR10, RECONSTRUCT
 LABELS_FILE = "CIFAR-10N/CIFAR-10_human.pt"
 LABELS_MD5 = "96644db5574813cae939af5f7f2a0aec"
 LABELS_URL = "https://github.com/UCSC-REAL/cifar-10-100n/raw/main/data/CIFAR-10_human.pt"
+# How to get images whose labels the file's clean labels equal, for messages.
+ORDER = "use the official cifar-10-batches-py files, whose training order (data_batch_1 to 5) the label file follows"
 HUMAN_KEYS = {
     "aggre": "aggre_label",
     "worse": "worse_label",
@@ -43,6 +46,9 @@ HUMAN_KEYS = {
 # Exactly what the file's pickle names: the array rebuilder (spelled numpy.core.multiarray by numpy 1, as in
 # the published file, and numpy._core.multiarray by numpy 2), the array and dtype types and int64's dtype class
 # (rebuilt from its state). `_codecs.encode` is on torch's own allow-list.
+# Where torch's weights-only unpickler names the global it refused (a function's or class's dotted name), in its
+# two wordings (torch 2.14: a global off the allow-list, a class it cannot build).
+REFUSED = re.compile(r"Unsupported global: GLOBAL (\S+) was not an allowed global|but got <class '([^']+)'>")
 SAFE_GLOBALS = [
     (RECONSTRUCT, "numpy.core.multiarray._reconstruct"),
     RECONSTRUCT,
@@ -64,6 +70,13 @@ class LabelsFile:
     label_sets: dict[str, int]
     superseded: dict[str, str] = field(default_factory=dict)
 
+    def superseded_release(self, path: Path, md5: str) -> str | None:
+        """The message for the label file at `path` if its md5 is an earlier release's (None if not): the one home of
+        that message, for the reader and for `Dataset.check_files`."""
+        if md5 not in self.superseded:
+            return None
+        return f"{self.dataset}: {path} is {self.superseded[md5]}; delete it and get the current one from {self.url}"
+
 
 LABELS = LabelsFile("cifar10n", "CIFAR-10N", LABELS_URL, dict.fromkeys(["clean_label", *HUMAN_KEYS.values()], 10))
 
@@ -74,8 +87,8 @@ def read_human_labels(path: Path, md5: str | None, spec: LabelsFile) -> dict[str
         raise UserError(f"{spec.dataset}: missing {path}; get it from {spec.url}")
     if md5 is not None:
         actual = file_md5(path)
-        if actual in spec.superseded:
-            raise UserError(f"{spec.dataset}: {path} is {spec.superseded[actual]}; get the current one from {spec.url}")
+        if superseded := spec.superseded_release(path, actual):
+            raise UserError(superseded)
         if actual != md5:
             raise UserError(f"{spec.dataset}: {path} is corrupt or not the published file (md5 mismatch, expected "
                             f"{md5}); delete it and get it again from {spec.url}")
@@ -83,7 +96,8 @@ def read_human_labels(path: Path, md5: str | None, spec: LabelsFile) -> dict[str
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             content = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # the weights-only unpickler refuses anything off the allow-list
-        raise UserError(f"{spec.dataset}: {path} is not a {spec.title} label file: {str(e).splitlines()[-1]}") from None
+        raise UserError(f"{spec.dataset}: {path} is not the published {spec.title} label file ({load_failure(e)}); "
+                        f"delete it and get it again from {spec.url}") from None
     needed = list(spec.label_sets)
     if not isinstance(content, dict) or any(k not in content for k in needed):
         raise UserError(f"{spec.dataset}: {path} must hold a dict with {', '.join(needed)}")
@@ -95,6 +109,16 @@ def read_human_labels(path: Path, md5: str | None, spec: LabelsFile) -> dict[str
         if n and (value.min() < 0 or value.max() >= spec.label_sets[key]):
             raise UserError(f"{spec.dataset}: {path}: {key} holds labels outside 0..{spec.label_sets[key] - 1}")
     return {k: v.astype(np.int64) for k, v in labels.items()}
+
+
+def load_failure(error: Exception) -> str:
+    """torch.load's failure in one line: the global (or class) its weights-only unpickler refused, which the published
+    file does not need; else the last line of its message but for torch's closing pointer to its docs."""
+    text = str(error)
+    if refused := REFUSED.search(text):
+        return f"its pickle names {refused.group(1) or refused.group(2)}, which the allow-list of numpy types refuses"
+    gist = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("Check the doc")]
+    return gist[-1] if gist else type(error).__name__
 
 
 def noise_rates(labels: dict[str, np.ndarray], human_keys: dict[str, str], clean_key: str) -> dict[str, float]:
@@ -119,18 +143,21 @@ def rates_lines(path: Path, read: Callable[[], dict[str, np.ndarray]], human_key
 
 
 def attach_human_labels(splits: Splits, human: dict[str, np.ndarray], clean_key: str, human_keys: dict[str, str],
-                        where: tuple[str, str], images: str, order: str) -> Splits:
+                        where: tuple[str, str], images: tuple[str, str], fix: str) -> Splits:
     """`splits` with the label file's human label sets (pattern -> file key): the first len(train) labels train,
-    the rest validate. The file's clean labels must equal the images' (`images` names them, `order` their order);
-    `where` is (dataset name, label file) for the messages."""
+    the rest validate. The file's clean labels must equal the images' in order; for the messages, `where` is (dataset
+    name, label file), `images` (the image files, their label key) and `fix` how to get files that agree."""
     n_train, n_val = len(splits.train), len(splits.val)
     clean = human[clean_key]
     dataset, file = where
+    image_files, label_key = images
     if len(clean) != n_train + n_val:
-        raise UserError(f"{dataset}: {file} has {len(clean)} labels but {images} hold {n_train + n_val} images")
-    if not np.array_equal(clean, np.concatenate([splits.train.y, splits.val.y])):
-        raise UserError(f"{dataset}: {clean_key} in {file} disagrees with the labels of {images}; the file follows "
-                        f"{order}")
+        raise UserError(f"{dataset}: {file} has {len(clean)} labels for the {n_train + n_val} images of {image_files}; "
+                        f"{fix}")
+    differ = np.flatnonzero(clean != np.concatenate([splits.train.y, splits.val.y]))
+    if len(differ):
+        raise UserError(f"{dataset}: {clean_key} in {file} disagrees with the {label_key} of {image_files} at "
+                        f"{len(differ)} of {len(clean)} images, first at image {differ[0]}; {fix}")
     splits.human_labels = {p: (human[k][:n_train], human[k][n_train:]) for p, k in human_keys.items()}
     return splits
 
@@ -152,7 +179,7 @@ class CIFAR10N(CIFAR10):
     def load(self) -> Splits:
         human = self.human_labels_file()  # checked before the images: the cheaper failure first
         return attach_human_labels(super().load(), human, "clean_label", HUMAN_KEYS, (self.name, LABELS_FILE),
-                                   "the CIFAR-10 training batches", "torchvision's training order (data_batch_1 to 5)")
+                                   ("the CIFAR-10 training batches", "labels"), ORDER)
 
     def describe(self) -> list[str]:
         return super().describe() + rates_lines(self.root / LABELS_FILE, self.human_labels_file, HUMAN_KEYS,

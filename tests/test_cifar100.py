@@ -5,6 +5,7 @@ noise patterns, a short trial; the real CIFAR-100N label file when present."""
 from __future__ import annotations
 
 import pickle
+import re
 import tarfile
 from dataclasses import replace
 from pathlib import Path
@@ -22,6 +23,7 @@ from bench.datasets import cifar100 as cifar100_mod
 from bench.datasets import cifar100n as cifar100n_mod
 from bench.datasets.cifar100 import CIFAR100
 from bench.datasets.cifar100n import CIFAR100N, LABELS_FILE
+from bench.grid.validate import check_data
 
 # CIFAR-100's superclasses as its web page lists them (www.cs.toronto.edu/~kriz/cifar.html), in coarse-label order,
 # spelled as the meta file spells them: the tests' own statement of the data, independent of the module's tables.
@@ -168,12 +170,26 @@ def test_cifar100_label_names_and_superclasses_are_checked(tiny) -> None:
     write_meta(meta, FINE_NAMES, COARSE_NAMES[:19])
     with pytest.raises(UserError, match="coarse_label_names are not CIFAR-100's .19 names, expected 20"):
         get_dataset("cifar100")(root, verify=False).load()
+    meta.write_bytes(pickle.dumps({b"coarse_label_names": [n.encode() for n in COARSE_NAMES]}, protocol=2))
+    with pytest.raises(UserError, match="meta: no fine_label_names list; use the official CIFAR-100 python file$"):
+        get_dataset("cifar100")(root, verify=False).load()
     write_meta(meta, FINE_NAMES, COARSE_NAMES)
     path = root / "cifar-100-python" / "train"
     entry = pickle.loads(path.read_bytes())
     entry[b"coarse_labels"][7] = (entry[b"coarse_labels"][7] + 1) % 20
     path.write_bytes(pickle.dumps(entry, protocol=2))
     with pytest.raises(UserError, match="train: image 7 of fine class .* has coarse label .*, not its superclass"):
+        get_dataset("cifar100")(root, verify=False).load()
+
+
+def test_cifar100_labels_must_be_integers(tiny) -> None:
+    root, _ = tiny
+    path = root / "cifar-100-python" / "train"
+    entry = pickle.loads(path.read_bytes())
+    entry[b"fine_labels"][3] = float(entry[b"fine_labels"][3])
+    path.write_bytes(pickle.dumps(entry, protocol=2))
+    with pytest.raises(UserError, match=r"train: fine_labels\[3\] is [0-9]+\.0, not an integer label; use the official "
+                                        "CIFAR-100 python file$"):
         get_dataset("cifar100")(root, verify=False).load()
 
 
@@ -291,13 +307,24 @@ def test_cifar100n_coarse_task(tiny) -> None:
 
 def test_the_clean_labels_must_match_the_images(tiny, monkeypatch) -> None:
     root, written = tiny
-    for key, dataset, other in (("clean_label", "cifar100n", "cifar100n_coarse"),
-                                ("clean_coarse_label", "cifar100n_coarse", "cifar100n")):
-        save_human(root, {**written["human"], key: np.roll(written["human"][key], 1)})
+    fix = "; use the official cifar-100-python files, whose train file's order the label file follows$"
+    for key, dataset, other, image_key in (("clean_label", "cifar100n", "cifar100n_coarse", "fine_labels"),
+                                           ("clean_coarse_label", "cifar100n_coarse", "cifar100n", "coarse_labels")):
+        labels = written["human"][key].copy()
+        labels[[5, 40]] = (labels[[5, 40]] + 1) % 20
+        save_human(root, {**written["human"], key: labels})
         set_md5s(root, monkeypatch)
-        with pytest.raises(UserError, match=f"{dataset}: {key} in CIFAR-100N/CIFAR-100_human.pt disagrees"):
+        with pytest.raises(UserError, match=f"^{dataset}: {key} in CIFAR-100N/CIFAR-100_human.pt disagrees with the "
+                                            f"{image_key} of the CIFAR-100 train file at 2 of 60 images, first at "
+                                            f"image 5{fix}"):
             get_dataset(dataset)(root).load()
         assert get_dataset(other)(root).load().human_labels  # its own clean labels still agree
+    # A label file of another length: its labels cannot be the train file's images'.
+    save_human(root, {k: y[:50] for k, y in written["human"].items()})
+    set_md5s(root, monkeypatch)
+    with pytest.raises(UserError, match="^cifar100n: CIFAR-100N/CIFAR-100_human.pt has 50 labels for the 60 images "
+                                        f"of the CIFAR-100 train file{fix}"):
+        get_dataset("cifar100n")(root).load()
 
 
 def test_cifar100n_refuses_a_wrong_checksum_before_unpickling(tiny, monkeypatch) -> None:
@@ -313,10 +340,31 @@ def test_cifar100n_refuses_a_wrong_checksum_before_unpickling(tiny, monkeypatch)
     # The 2021 release is named as such, with where to get the current file.
     old = {file_md5(root / LABELS_FILE): cifar100n_mod.LABELS.superseded[cifar100n_mod.RELEASE_2021_MD5]}
     monkeypatch.setattr(cifar100n_mod, "LABELS", replace(cifar100n_mod.LABELS, superseded=old))
-    with pytest.raises(UserError, match="is the 2021 release whose coarse labels were revised in 2023; get the "
-                                        "current one from https://github.com/UCSC-REAL/.*CIFAR-100_human.pt$"):
+    with pytest.raises(UserError, match="is the 2021 release whose coarse labels were revised in 2023; delete it "
+                                        "and get the current one from https://github.com/UCSC-REAL/.*CIFAR-100_human.pt$"):
         get_dataset("cifar100n")(root).load()
     assert loads == []  # refused before anything was unpickled
+
+
+def test_the_files_check_names_the_2021_release(tiny, monkeypatch) -> None:
+    """The grid's pre-flight (and the check after --download) names the 2021 label file as the loader does."""
+    root, _ = tiny
+    monkeypatch.setattr(CIFAR100N, "files", {**CIFAR100N.files, LABELS_FILE: "0" * 32})
+    old = {file_md5(root / LABELS_FILE): cifar100n_mod.LABELS.superseded[cifar100n_mod.RELEASE_2021_MD5]}
+    monkeypatch.setattr(cifar100n_mod, "LABELS", replace(cifar100n_mod.LABELS, superseded=old))
+    for dataset in ("cifar100n", "cifar100n_coarse"):
+        named = (f"^{dataset}: {re.escape(str(root / LABELS_FILE))} is the 2021 release whose coarse labels were "
+                 "revised in 2023; delete it and get the current one from https://github.com/UCSC-REAL/.*"
+                 "CIFAR-100_human.pt$")
+        with pytest.raises(UserError, match=named):
+            check_data([dataset], root)
+        with pytest.raises(UserError, match=named):
+            get_dataset(dataset)(root).load()
+    # Any other md5 of the label file is "corrupt", as before.
+    monkeypatch.setattr(cifar100n_mod, "LABELS", replace(cifar100n_mod.LABELS, superseded={}))
+    with pytest.raises(UserError, match="cifar100n: .*CIFAR-100_human.pt is corrupt .md5 mismatch.; delete it and run "
+                                        "`bench datasets --download cifar100n`"):
+        check_data(["cifar100n"], root)
 
 
 def test_cifar100n_never_unpickles_unrestricted(tiny, tmp_path: Path, monkeypatch) -> None:
@@ -328,11 +376,21 @@ def test_cifar100n_never_unpickles_unrestricted(tiny, tmp_path: Path, monkeypatc
     real_load = torch.load
     monkeypatch.setattr(torch, "load", lambda *a, **k: calls.append(k) or real_load(*a, **k))
     ds = get_dataset("cifar100n")(root)
-    with pytest.raises(UserError, match="not a CIFAR-100N label file"):
+    # One line, naming the global torch's allow-list refused (a method's reduce pickles getattr), not torch's advice.
+    with pytest.raises(UserError, match=r"^cifar100n: .*CIFAR-100_human.pt is not the published CIFAR-100N label file "
+                                        r"\(its pickle names getattr, which the allow-list of numpy types refuses\); "
+                                        "delete it and get it again from https://github.com/UCSC-REAL/.*human.pt$"):
         ds.load()
     assert not marker.exists()
     assert calls and all(k.get("weights_only") is True for k in calls)  # no second, unrestricted try
-    assert any("not a CIFAR-100N label file" in line for line in ds.describe())
+    assert any("not the published CIFAR-100N label file (its pickle names getattr" in line for line in ds.describe())
+    # Anything else torch.load fails on gives the last line of its message, less torch's pointer to its docs.
+    (root / LABELS_FILE).write_bytes(b"not a torch file")
+    set_md5s(root, monkeypatch)
+    with pytest.raises(UserError) as failure:
+        ds.load()
+    assert "\n" not in str(failure.value) and "Check the documentation" not in str(failure.value)
+    assert "is not the published CIFAR-100N label file (" in str(failure.value)
 
 
 def test_cifar100n_describe_from_the_labels_alone(tiny, capsys) -> None:
@@ -386,11 +444,13 @@ def test_cifar100n_trial_on_human_labels(tiny, tmp_path: Path, monkeypatch) -> N
 
 @pytest.mark.realdata
 def test_real_cifar100n_labels(shared_data: Path) -> None:
-    labels = get_dataset("cifar100n")(shared_data).human_labels_file()
-    assert file_md5(shared_data / LABELS_FILE) == "a67b45c1d7992051865b5c755bd68bb1"
+    assert CIFAR100N.files[LABELS_FILE] == "a67b45c1d7992051865b5c755bd68bb1"  # the current (2023) release
+    labels = get_dataset("cifar100n")(shared_data).human_labels_file()  # refuses any file of another md5
     clean = labels["clean_label"]
     assert len(clean) == 50_000
     assert round(100 * np.mean(labels["noisy_label"] != clean), 2) == 40.20  # the published rate
+    # 26.40%: the coarse rate of this md5-fixed file (a67b45c1...), computed from it; the CIFAR-N paper's 25.60% is
+    # the 2021 file's, whose coarse labels were not CIFAR-100's superclasses.
     assert round(100 * np.mean(labels["noisy_coarse_label"] != labels["clean_coarse_label"]), 2) == 26.40
     np.testing.assert_array_equal(labels["clean_coarse_label"], SUPERCLASS_OF[clean])  # the same superclasses
     lines = get_dataset("cifar100n")(shared_data).describe()

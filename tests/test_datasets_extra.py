@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import pickle
+import re
 from pathlib import Path
 
 import numpy as np
@@ -197,6 +198,21 @@ def test_cifar10_unpickler_refuses_anything_but_numpy(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+@pytest.mark.parametrize(("labels", "message"), [
+    (["a", "b"], r"labels\[0\] is 'a', not an integer label"),
+    ([0, 2.0], r"labels\[1\] is 2.0, not an integer label"),  # a float is refused, not cast
+    (np.array([1.5, 0.0]), r"labels\[0\] is np.float64\(1.5\), not an integer label"),
+    ([0, True], r"labels\[1\] is True, not an integer label"),
+    ("01", "labels is a str, not a list of labels"),
+    ([0, 10], r"labels outside 0..9"),
+])
+def test_cifar10_batch_labels_must_be_integers(tmp_path: Path, labels: object, message: str) -> None:
+    path = tmp_path / "data_batch_1"
+    path.write_bytes(pickle.dumps({b"data": np.zeros((2, 3072), np.uint8), b"labels": labels}, protocol=2))
+    with pytest.raises(UserError, match=f"^{re.escape(str(path))}: {message}; use the official CIFAR-10 python batch$"):
+        read_batch(path)
+
+
 def test_crop_flip_matches_padding_and_slicing() -> None:
     torch.manual_seed(0)
     x = torch.randn(6, 3, 8, 10)
@@ -250,6 +266,18 @@ def test_cifar10n_human_labels_for_train_and_validation(tiny_cifar: Path) -> Non
     assert summary.noise_rate == pytest.approx(np.mean(train != splits.train.y))
 
 
+def test_cifar10n_clean_labels_must_match_the_batches(tiny_cifar: Path, monkeypatch) -> None:
+    stored = torch.load(tiny_cifar / LABELS_FILE, weights_only=False)  # the test's own file: trusted
+    stored["clean_label"][[3, 90]] = (stored["clean_label"][[3, 90]] + 1) % 10
+    torch.save(stored, tiny_cifar / LABELS_FILE)
+    monkeypatch.setattr(CIFAR10N, "files", {**CIFAR10N.files, LABELS_FILE: file_md5(tiny_cifar / LABELS_FILE)})
+    with pytest.raises(UserError, match="^cifar10n: clean_label in CIFAR-10N/CIFAR-10_human.pt disagrees with the "
+                                        "labels of the CIFAR-10 training batches at 2 of 100 images, first at image 3; "
+                                        "use the official cifar-10-batches-py files, whose training order "
+                                        r"\(data_batch_1 to 5\) the label file follows$"):
+        get_dataset("cifar10n")(tiny_cifar).load()
+
+
 def test_cifar10n_refuses_a_wrong_checksum(tiny_cifar: Path, monkeypatch) -> None:
     monkeypatch.setattr(CIFAR10N, "files", {**CIFAR10N.files, LABELS_FILE: "0" * 32})
     monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "0")  # does not switch off the check before unpickling
@@ -275,11 +303,13 @@ def test_cifar10n_never_unpickles_unrestricted(tmp_path: Path, monkeypatch) -> N
     real_load = torch.load
     monkeypatch.setattr(torch, "load", lambda *a, **k: calls.append(k) or real_load(*a, **k))
     ds = get_dataset("cifar10n")(tmp_path)
-    with pytest.raises(UserError, match="not a CIFAR-10N label file"):
+    with pytest.raises(UserError, match=r"^cifar10n: .*CIFAR-10_human.pt is not the published CIFAR-10N label file "
+                                        r"\(its pickle names getattr, which the allow-list of numpy types refuses\); "
+                                        "delete it and get it again from https://github.com/UCSC-REAL/.*human.pt$"):
         ds.human_labels_file()
     assert not marker.exists()
     assert calls and all(k.get("weights_only") is True for k in calls)  # no second, unrestricted try
-    assert any("not a CIFAR-10N label file" in line for line in ds.describe())
+    assert any("not the published CIFAR-10N label file" in line for line in ds.describe())
 
 
 def test_cifar10n_describe_from_the_labels_alone(tiny_cifar: Path, capsys) -> None:
