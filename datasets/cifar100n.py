@@ -31,8 +31,8 @@ from bench.datasets.cifar100 import CIFAR100
 LABELS_FILE = "CIFAR-100N/CIFAR-100_human.pt"
 LABELS_MD5 = "a67b45c1d7992051865b5c755bd68bb1"
 LABELS_URL = "https://github.com/UCSC-REAL/cifar-10-100n/raw/main/data/CIFAR-100_human.pt"
-# How to get images whose labels the file's clean labels equal, for messages.
-ORDER = "use the official cifar-100-python files, whose train file's order the label file follows"
+# How to get images whose labels the file's clean labels equal (the fix a mismatch message gives).
+MATCHING_IMAGES = "use the official cifar-100-python files, whose train file's order the label file follows"
 # The first release's md5 (data/CIFAR-100_human.pt at b5a80e6 and d112813, 2021-10-12, until 199b915): a user who
 # has it needs the current file, not a "corrupt file" message.
 RELEASE_2021_MD5 = "3957ab2a1b5fd13bfbd6ab956831f9b3"
@@ -74,7 +74,7 @@ class CIFAR100N(CIFAR100):
     def load(self) -> Splits:
         human = self.human_labels_file()  # checked before the images: the cheaper failure first
         return attach_human_labels(super().load(), human, self.clean_key, self.human_keys, (self.name, LABELS_FILE),
-                                   ("the CIFAR-100 train file", self.label_key), ORDER)
+                                   ("the CIFAR-100 train file", self.label_key), MATCHING_IMAGES)
 
     def describe(self) -> list[str]:
         return [*super().describe(), *rates_lines(self.root / LABELS_FILE, self.human_labels_file, self.human_keys,

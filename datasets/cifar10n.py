@@ -34,8 +34,9 @@ from bench.datasets.cifar10 import CIFAR10, RECONSTRUCT
 LABELS_FILE = "CIFAR-10N/CIFAR-10_human.pt"
 LABELS_MD5 = "96644db5574813cae939af5f7f2a0aec"
 LABELS_URL = "https://github.com/UCSC-REAL/cifar-10-100n/raw/main/data/CIFAR-10_human.pt"
-# How to get images whose labels the file's clean labels equal, for messages.
-ORDER = "use the official cifar-10-batches-py files, whose training order (data_batch_1 to 5) the label file follows"
+# How to get images whose labels the file's clean labels equal (the fix a mismatch message gives).
+MATCHING_IMAGES = ("use the official cifar-10-batches-py files, whose training order (data_batch_1 to 5) the label "
+                   "file follows")
 HUMAN_KEYS = {
     "aggre": "aggre_label",
     "worse": "worse_label",
@@ -179,7 +180,7 @@ class CIFAR10N(CIFAR10):
     def load(self) -> Splits:
         human = self.human_labels_file()  # checked before the images: the cheaper failure first
         return attach_human_labels(super().load(), human, "clean_label", HUMAN_KEYS, (self.name, LABELS_FILE),
-                                   ("the CIFAR-10 training batches", "labels"), ORDER)
+                                   ("the CIFAR-10 training batches", "labels"), MATCHING_IMAGES)
 
     def describe(self) -> list[str]:
         return super().describe() + rates_lines(self.root / LABELS_FILE, self.human_labels_file, HUMAN_KEYS,
