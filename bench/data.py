@@ -25,7 +25,7 @@ from typing import Any, ClassVar, TextIO
 import numpy as np
 import torch
 
-from bench import noise
+from bench import noise, protocol
 from bench.config import Schedule, UserError, discover, lookup
 
 
@@ -99,6 +99,9 @@ class Dataset:
     # Whether instance-dependent noise (`noise.INSTANCE_DEPENDENT`) can be drawn: it reads every training and
     # validation input (`noise_features`) and needs every clean label.
     instance_noise: ClassVar[bool] = True
+    # The choices of the paper's scripts on this dataset (`bench.protocol`): the `authors` protocol turns them all on,
+    # `bench+NAME` one alone. Each cites the script's file and line.
+    authors_protocol: ClassVar[tuple[protocol.Switch, ...]] = ()
 
     def __init__(self, data_root: str | Path, verify: bool | None = None) -> None:
         self.root = Path(data_root).expanduser() / self.folder
@@ -122,6 +125,18 @@ class Dataset:
             raise UserError(f"{cls.name} offers no instance-dependent noise ({pattern!r}): it needs every input in "
                             f"memory and every clean label; {choose}")
         raise UserError(f"unknown noise {pattern!r} for {cls.name}; {choose}")
+
+    @classmethod
+    def protocol(cls, spec: str) -> protocol.Protocol:
+        """The switches a protocol spec turns on here, or one line saying what is wrong."""
+        if spec == protocol.BENCH:
+            return protocol.Protocol()
+        return protocol.resolve(spec, cls.switches(), cls.name)
+
+    @classmethod
+    def switches(cls) -> dict[str, protocol.Switch]:
+        """The switches this dataset's own file declares (not inherited: CIFAR-10N's scripts are not CIFAR-10's)."""
+        return {s.name: s for s in cls.__dict__.get("authors_protocol", ())}
 
     @classmethod
     def has_transition(cls, pattern: str) -> bool:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import torch
 
-from bench.methods import Method, one_hot
+from bench.methods import Method, StageContext, one_hot
 
 DMI_EPS = 1e-8
 
@@ -67,6 +67,22 @@ def dmi_loss(logits: torch.Tensor, labels: torch.Tensor, num_classes: int) -> to
         return neg_log_abs_det(u)
 
 
+SCRIPT_EPS = 1e-3
+
+
+def script_dmi_loss(logits: torch.Tensor, labels: torch.Tensor, num_classes: int, form: str) -> torch.Tensor:
+    """L_DMI as the paper's scripts compute it (the `authors` protocol): -log(|det M| + 1e-3) in float32, with
+    M = onehot(labels)^T softmax(logits), summed over the batch (`form="sum"`: MR/main.py and CIFAR-10/DMI.py) or
+    averaged (`"mean"`: fashion/main.py). No guard: a batch missing a class gives -log(1e-3) and no gradient through
+    the determinant, as theirs. Leading dimensions (a pack's members) give one loss each."""
+    with torch.autocast(device_type=logits.device.type, enabled=False):
+        probs = torch.softmax(logits.float(), dim=-1)
+        m = one_hot(labels, num_classes, probs.dtype).transpose(-1, -2) @ probs
+        if form == "mean":
+            m = m / labels.shape[-1]
+        return -torch.log(torch.abs(torch.linalg.det(m)) + SCRIPT_EPS)
+
+
 class DMI(Method):
     """L_DMI, the paper's method: -log|det| of the empirical joint of predictions and noisy labels."""
 
@@ -88,5 +104,13 @@ class DMI(Method):
         "One optimiser for the whole stage — the scripts re-create SGD every epoch, which resets its momentum.",
     )
 
+    form = "exact"  # or the script's: "sum" / "mean" (`bench.protocol`'s dmi_script_form)
+
+    def setup(self, stage: StageContext) -> None:
+        if stage.protocol is not None:
+            self.form = stage.protocol.setting("dmi_script_form", "exact")
+
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return dmi_loss(logits, labels, self.num_classes)
+        if self.form == "exact":
+            return dmi_loss(logits, labels, self.num_classes)
+        return script_dmi_loss(logits, labels, self.num_classes, self.form)

@@ -58,6 +58,7 @@ import torch
 from torch import nn
 
 from bench.config import Schedule, UserError, discover, lookup
+from bench.protocol import Protocol
 from bench.schema import Interval
 
 if TYPE_CHECKING:
@@ -104,6 +105,8 @@ class StageContext:
     # The fraction of training labels the noise corrupts (`bench.noise.NoisyLabels.expected_rate`; NaN: unknown):
     # privileged, what Co-teaching's and JoCoR's authors call the noise rate and forget.
     noise_rate: float = math.nan
+    # The trial's protocol (`bench.protocol`): the switches of the authors' scripts it turns on (None: bench's).
+    protocol: Protocol | None = None
 
 
 @dataclass(frozen=True)

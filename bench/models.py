@@ -151,6 +151,53 @@ class WordCNN(Model):
         return self.classifier(self.dropout(torch.cat(pooled, dim=1)))
 
 
+class WordCNNAuthors(Model):
+    """The WordCNN as the paper's MR scripts build it (github.com/Newbeeer/L_DMI, MR/models/WordCNN, commit 7d5e4bc):
+    embeddings N(0, 1) (torch's default) with no padding index, so the padding vector is learnt like a word's; tanh
+    after each convolution; max over time; dropout 0.5; linear 300 -> C (their log-softmax on top changes no
+    prediction and no loss: softmax(log_softmax(z)) = softmax(z)). The `authors` protocol's `script_model` on MR.
+
+    Their loader pads each batch to its longest sentence (at least 5 tokens, `MR/dataloaders.py` `_collate_fn`), so a
+    filter never slides past that length. Here sentences are padded to one fixed length and the positions past the
+    longest sentence of the batch are masked out of the max: the same numbers, with fixed shapes (packs, no
+    recompilation). A training forward is one batch; in evaluation the scripts' loaders give batches of
+    `eval_group` = 128 in split order, and each consecutive 128 rows of the input count as one batch (`predict`'s
+    chunks are multiples of 128)."""
+
+    name = "word_cnn_authors"
+    packable = True
+    eval_group: ClassVar[int] = 128
+    min_length: ClassVar[int] = 5
+
+    def __init__(
+        self, num_classes: int, vocab_size: int, embed_dim: int = 128,
+        widths: tuple[int, ...] = (3, 4, 5), filters: int = 100,
+    ) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, embed_dim)
+        self.convs = nn.ModuleList(nn.Conv1d(embed_dim, filters, w) for w in widths)
+        self.dropout = Dropout(0.5)
+        self.classifier = nn.Linear(filters * len(widths), num_classes)
+
+    def batch_length(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Each row's padded length in the scripts' loader: the longest sentence of its batch, at least 5."""
+        n = tokens.shape[0]
+        lengths = (tokens != 0).sum(dim=1).clamp(min=self.min_length)
+        group = n if self.training else self.eval_group
+        padded = torch.nn.functional.pad(lengths, (0, (-n) % group))
+        return padded.view(-1, group).amax(dim=1, keepdim=True).expand(-1, group).reshape(-1)[:n]
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embedding(tokens).transpose(1, 2)
+        length = self.batch_length(tokens)
+        pooled = []
+        for conv in self.convs:
+            features = torch.tanh(conv(h))
+            valid = torch.arange(features.shape[-1], device=tokens.device) <= (length - conv.kernel_size[0])[:, None]
+            pooled.append(features.masked_fill(~valid[:, None, :], float("-inf")).amax(dim=2))
+        return self.classifier(self.dropout(torch.cat(pooled, dim=1)))
+
+
 class _BasicBlock(nn.Module):
     """ResNet's basic block: two 3x3 conv + BN, ReLU between and after the residual sum; a 1x1 conv + BN on the
     shortcut where the shape changes."""

@@ -231,6 +231,37 @@ def inject(
     return summarise(clean_train, noisy_train, noisy_val, t.shape[0], t)
 
 
+def inject_as_script(
+    seed: int,
+    clean_train: np.ndarray,
+    clean_val: np.ndarray,
+    t: np.ndarray,
+    validation: str = "reseed",
+    float32: bool = False,
+) -> NoisyLabels:
+    """Noisy labels drawn as the paper's scripts draw them (the `authors` protocol's `script_noise`): NumPy's legacy
+    generator seeded with `seed`, then for each example in list order `np.random.choice(C, 1, p=T[label])`, which
+    takes one `random_sample()` u and returns the first class whose normalised cumulative probability exceeds u.
+    The validation split's draws follow the training split's (`validation="continue"`: Fashion-MNIST's script seeds
+    once) or start again from `seed` ("reseed": MR's and CIFAR-10's build each split with `np.random.seed(seed)`).
+    `float32`: T's rows are float32 (CIFAR-10's script keeps T in a float32 torch tensor)."""
+    if validation not in ("reseed", "continue"):
+        raise ValueError(f"inject_as_script: validation is 'reseed' or 'continue', got {validation!r}")
+    rows = np.asarray(t, dtype=np.float32 if float32 else np.float64).astype(np.float64)
+    cdf = np.cumsum(rows, axis=1)
+    cdf /= cdf[:, -1:]  # np.random.choice's normalisation
+
+    def draw(clean: np.ndarray, rng: np.random.RandomState) -> np.ndarray:
+        u = rng.random_sample(len(clean))
+        # searchsorted(cdf[label], u, side="right"), for every example at once
+        return (cdf[np.asarray(clean)] <= u[:, None]).sum(axis=1).astype(np.int64)
+
+    rng = np.random.RandomState(seed % 2**32)
+    noisy_train = draw(clean_train, rng)
+    noisy_val = draw(clean_val, rng if validation == "continue" else np.random.RandomState(seed % 2**32))
+    return summarise(clean_train, noisy_train, noisy_val, t.shape[0], np.asarray(t, dtype=np.float64))
+
+
 # -- instance-dependent noise ------------------------------------------------------------------------------------------
 def truncated_normal(mean: float, std: float, n: int, rng: np.random.Generator) -> np.ndarray:
     """n draws of N(mean, std^2) conditioned on [0, 1] (the law of scipy's `truncnorm` on that interval), by

@@ -142,6 +142,7 @@ TRIAL_FLAGS = {
     "epochs_warmup": ("--epochs-warmup", EPOCHS),
     "train_subset": ("--train-subset", TRAIN_SUBSET),
     "device": ("--device", DEVICE),
+    "protocol": ("--protocol", TEXT),
 }
 
 # -- an experiment file (see bench/grid/experiment.py for an example) -------------------------------------------------
@@ -160,6 +161,8 @@ EXPERIMENT = {
     "max_concurrent": Key(Value(int, "[1, inf)")),
     "transition": Key(Value(list, words="a list of rows (a C x C matrix, rows = true class)")),
     "description": Key(Value(str, words="text"), default=""),
+    # `bench.protocol`: bench (the default), authors, bench+SWITCH..., authors-SWITCH... (a grid axis)
+    "protocol": Key(TEXT, axis=True, default=("bench",)),
 }
 # Per trial; a fractional GPU share lets trials share a device.
 RESOURCES = {"cpu": Key(Value(float, "(0, inf)"), default=1.0), "gpu": Key(Value(float, "[0, inf)"), default=0.0)}

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench import protocol
 from bench.config import Schedule, UserError
 from bench.data import get_dataset
 from bench.methods import get_method
@@ -39,25 +40,36 @@ class TrialConfig:
     device: str = "cpu"
     experiment: str = "adhoc"
     extra: tuple[tuple[str, Any], ...] = field(default=())
+    protocol: str = protocol.BENCH  # `bench.protocol`: bench, authors, or either with single switches changed
 
     @property
     def params(self) -> dict[str, Any]:
         return dict(self.method_params)
 
+    def resolved_protocol(self) -> protocol.Protocol:
+        """The switches this trial's protocol turns on, as its dataset declares them (`Dataset.authors_protocol`)."""
+        return get_dataset(self.dataset).protocol(self.protocol)
+
     def schedules(self) -> tuple[Schedule, Schedule]:
         """The (warm start, method stage) schedules this trial trains with: its dataset's paper warm start, and its
         method's own method stage on that dataset (else the dataset's), with this config's lr, batch size and epochs
-        where it sets them."""
-        ds = get_dataset(self.dataset)
-        return (ds.warmup.with_overrides(epochs=self.epochs_warmup),
-                ds.stage_schedule(self.method, lr=self.lr, batch_size=self.batch_size, epochs=self.epochs))
+        where it sets them; the protocol's switches last (the script's warm-start batch; CE's row as the warm start
+        alone: no CE method stage)."""
+        ds, proto = get_dataset(self.dataset), self.resolved_protocol()
+        warmup = ds.warmup.with_overrides(epochs=self.epochs_warmup,
+                                          batch_size=proto.setting("warmup_batch_size"))
+        stage = ds.stage_schedule(self.method, lr=self.lr, batch_size=self.batch_size, epochs=self.epochs)
+        if proto.on("ce_is_warm_start") and self.method == "ce":
+            stage = stage.with_overrides(epochs=0)
+        return warmup, stage
 
     def effective_params(self) -> dict[str, Any]:
         """The method's hyper-parameters as it runs them: its declared defaults, those its reference sets for this
         dataset (`Method.dataset_defaults`), then this config's, each as its declared type (a float parameter given
         as 1 is 1.0). A default the trial supplies (`FromTrial`) is named by its words."""
         method = get_method(self.method)
-        defaults = {**method.defaults, **method.dataset_defaults.get(self.dataset, {})}
+        defaults = {**method.defaults, **method.dataset_defaults.get(self.dataset, {}),
+                    **self.resolved_protocol().method_params(self.method)}
         return {key: _as_declared(defaults.get(key), value) for key, value in {**defaults, **self.params}.items()}
 
     def identity(self) -> dict[str, Any]:
@@ -77,12 +89,17 @@ class TrialConfig:
             params = self.effective_params()
         except UserError:
             given = sorted([list(p) for p in self.method_params])
+            given_protocol = {} if self.protocol == protocol.BENCH else dict(protocol=self.protocol)
             return d | dict(lr=self.lr, batch_size=self.batch_size, epochs=self.epochs,
-                            epochs_warmup=self.epochs_warmup, method_params=given)
+                            epochs_warmup=self.epochs_warmup, method_params=given) | given_protocol
         # A changed implementation is a new trial too: each plug-in's `version` counts its changes that alter numbers.
+        proto = self.resolved_protocol()
+        model = proto.setting("script_model", model)
+        switches = {} if not proto.switches else \
+            dict(switches={name: repr(switch.setting) for name, switch in sorted(proto.switches.items())})
         return d | dict(model=model, warmup=_canonical(warmup), method_stage=_canonical(stage),
                         method_params=sorted([key, value] for key, value in params.items()),
-                        versions=[dataset.version, method.version])
+                        versions=[dataset.version, method.version]) | switches
 
     @functools.cached_property
     def trial_id(self) -> str:

@@ -107,7 +107,7 @@ def autocast(device: torch.device) -> contextlib.AbstractContextManager:
 
 def solo_arm(p: Prepared, fast: bool) -> Callable[[], object]:
     """One epoch of a solo trial (`SoloStage`); `fast`: in channels-last, under bf16 autocast on CUDA."""
-    seed_everything(method_seed(p.config.seed))
+    seed_everything(method_seed(p))
     net = build_model(p)
     method = get_method(p.config.method)(p.dataset.num_classes)
     step_loss = method.train_loss
@@ -118,7 +118,7 @@ def solo_arm(p: Prepared, fast: bool) -> Callable[[], object]:
             with autocast(p.device):
                 return method.train_loss(nets, batch)
 
-    stage = SoloStage(p, [net], p.method_stage, method_seed(p.config.seed), step_loss, method.validation_loss,
+    stage = SoloStage(p, [net], p.method_stage, method_seed(p), step_loss, method.validation_loss,
                       method)
     return lambda: stage.train_steps(0)
 
@@ -127,12 +127,12 @@ def pack_arm(ps: list[Prepared], bf16: bool, compile: str | None = None) -> Call
     """One epoch of a pack (`PackedStage`), float32 or bf16 autocast, compiled with `compile` (a mode)."""
     nets, generators = [], []
     for p in ps:
-        seed_everything(method_seed(p.config.seed))
+        seed_everything(method_seed(p))
         nets.append(build_model(p))
-        generators.append(device_generator(p.device, method_seed(p.config.seed)))
+        generators.append(device_generator(p.device, method_seed(p)))
     methods = [get_method(p.config.method)(p.dataset.num_classes) for p in ps]
     stage = PackedStage(ps, nets, generators, ps[0].method_stage, [p.method_stage.lr for p in ps],
-                        [method_seed(p.config.seed) for p in ps], methods, precision="bf16" if bf16 else "fp32",
+                        [method_seed(p) for p in ps], methods, precision="bf16" if bf16 else "fp32",
                         compile=compile)
     return lambda: stage.train_steps(0)
 

@@ -64,18 +64,18 @@ def members(k: int, data: tuple, args: argparse.Namespace) -> list:
 def packed_stage(ps: list, precision: str = "fp32", compile: str | None = None) -> PackedStage:
     nets, generators = [], []
     for p in ps:
-        seed_everything(method_seed(p.config.seed))
+        seed_everything(method_seed(p))
         nets.append(build_model(p))
-        generators.append(device_generator(p.device, method_seed(p.config.seed)))
+        generators.append(device_generator(p.device, method_seed(p)))
     methods = [get_method(p.config.method)(2) for p in ps]
     return PackedStage(ps, nets, generators, ps[0].method_stage, [p.method_stage.lr for p in ps],
-                       [method_seed(p.config.seed) for p in ps], methods, precision=precision, compile=compile)
+                       [method_seed(p) for p in ps], methods, precision=precision, compile=compile)
 
 
 def solo_stage(p) -> SoloStage:
-    seed_everything(method_seed(p.config.seed))
+    seed_everything(method_seed(p))
     method = get_method(p.config.method)(2)
-    return SoloStage(p, [build_model(p)], p.method_stage, method_seed(p.config.seed), method.train_loss,
+    return SoloStage(p, [build_model(p)], p.method_stage, method_seed(p), method.train_loss,
                      method.validation_loss, method)
 
 

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from bench import noise
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits
+from bench.protocol import Selection, Switch
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 BATCHES = "cifar-10-batches-py"
@@ -206,6 +207,28 @@ class CIFAR10(Dataset):
         # DMI.py: lr 1e-6, 100 epochs.
         "dmi": Schedule("sgd", 1e-6, epochs=100, batch_size=256, momentum=0.9, weight_decay=1e-4),
     }
+    # How the paper's CIFAR-10 scripts ran it (github.com/Newbeeer/L_DMI at 7d5e4bc): the `authors` protocol. FW.py,
+    # GCE.py and LCCN.py select on the whole validation set by their loss, strict (bench's rule).
+    authors_protocol = (
+        Switch("warmup_by_accuracy", "Newbeeer/L_DMI, CIFAR-10/CE.py:52-72, commit 7d5e4bc",
+               "main_ce saves the model whenever noisy-validation accuracy >= the best so far (from 0)"),
+        Switch("first_batch_selection", "Newbeeer/L_DMI, CIFAR-10/DMI.py:79-100, 103-122, commit 7d5e4bc",
+               "validate_acc() stops after the first batch of 256 (i == 1: break); main_dmi keeps an epoch whose "
+               "accuracy there is > the best, the warm-started model first",
+               {"dmi": Selection("accuracy", first=256)}),
+        Switch("optimizer_per_epoch", "Newbeeer/L_DMI, CIFAR-10/CE.py:63, DMI.py:112, FW.py:122, GCE.py:117, "
+               "LCCN.py:106, commit 7d5e4bc",
+               "every script builds a new SGD (momentum 0.9) at the start of each epoch"),
+        Switch("script_noise", "Newbeeer/L_DMI, CIFAR-10/dataset.py:40-58, 126-130, commit 7d5e4bc",
+               "each split's CIFAR10_ re-seeds np.random with the seed and calls np.random.choice per label, T a "
+               "float32 tensor", {"validation": "reseed", "float32": True}),
+        Switch("ce_is_warm_start", "Newbeeer/L_DMI, CIFAR-10/CE.py:81-84, commit 7d5e4bc",
+               "the CE result is evaluate('./model_ce_...'): the warm start itself"),
+        Switch("dmi_script_form", "Newbeeer/L_DMI, CIFAR-10/DMI.py:12-19, commit 7d5e4bc",
+               "DMI_loss: -log(|det(onehot^T softmax)| + 0.001), the matrix summed over the batch, in float32", "sum"),
+        Switch("warmup_batch_size", "Newbeeer/L_DMI, CIFAR-10/dataset.py:38, commit 7d5e4bc",
+               "get_loader's batch_size = 256 for every loader, the CE warm start's too", 256),
+    )
     folder = ""
     files = FILES
     urls = {URL: ARCHIVE}

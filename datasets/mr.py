@@ -35,6 +35,7 @@ import torch
 from bench import noise
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits
+from bench.protocol import Selection, Switch
 
 PAD, UNKNOWN = 0, 1
 MIN_LENGTH = 5  # the widest filter: shorter sentences are padded up to it
@@ -117,6 +118,31 @@ class MovieReview(Dataset):
         "fw": Schedule("adam", 1e-4, epochs=50, batch_size=128),
         "lccn": Schedule("sgd", 1e-4, epochs=50, batch_size=128, momentum=0.9, weight_decay=1e-4),
     }
+    # How the paper's MR script ran it (github.com/Newbeeer/L_DMI at 7d5e4bc): the `authors` protocol.
+    authors_protocol = (
+        Switch("warmup_by_accuracy", "Newbeeer/L_DMI, MR/main.py:188-203, commit 7d5e4bc",
+               "main_ce saves the model whenever noisy-validation accuracy >= the best so far (from 0)"),
+        Switch("first_batch_selection", "Newbeeer/L_DMI, MR/main.py:143-164, 205-224, 341-403, commit 7d5e4bc",
+               "validate() stops after the first batch (i == 1: break) of the unshuffled validation loader: main_dmi, "
+               "main_gce and main_fw keep an epoch whose loss there is < the best, the warm-started model first; "
+               "train_lccn keeps one whose accuracy on the whole validation set is > the best",
+               {"*": Selection("loss", first=128), "lccn": Selection("accuracy")}),
+        Switch("optimizer_per_epoch", "Newbeeer/L_DMI, MR/main.py:194-195, 216-217, 357-358, commit 7d5e4bc",
+               "every main_* builds a new Adam (train_lccn a new SGD) at the start of each epoch"),
+        Switch("fixed_torch_seed", "Newbeeer/L_DMI, MR/main.py:20-22, commit 7d5e4bc",
+               "np.random.seed(0) and torch.manual_seed(0) at the top: every run has the same initial weights, data "
+               "order and dropout; --seed only reaches the noise", 0),
+        Switch("script_noise", "Newbeeer/L_DMI, MR/dataloaders.py:25-29 and MR/main.py:82-87, commit 7d5e4bc",
+               "TextDataset re-seeds np.random with the seed and calls np.random.choice per sentence, for training "
+               "and again for validation", {"validation": "reseed"}),
+        Switch("script_model", "Newbeeer/L_DMI, MR/models/WordCNN:19-65 and MR/dataloaders.py:55-66, commit 7d5e4bc",
+               "nn.Embedding with N(0, 1) rows and no padding index, tanh after each convolution, batches padded "
+               "to their longest sentence (at least 5 tokens)", "word_cnn_authors"),
+        Switch("ce_is_warm_start", "Newbeeer/L_DMI, MR/main.py:417, 422, commit 7d5e4bc",
+               "the CE result is evaluate('./model_ce_...'): the warm start itself"),
+        Switch("dmi_script_form", "Newbeeer/L_DMI, MR/main.py:99-107, commit 7d5e4bc",
+               "DMI_loss: -log(|det(onehot^T softmax)| + 0.001), the matrix summed over the batch, in float32", "sum"),
+    )
     folder = "MR"
     files = {
         "rt-polaritydata/rt-polarity.pos": "674ca95d7fa6547818f1cb30daa7eafe",

@@ -164,8 +164,9 @@ def test_a_packed_resnet_pair_equals_its_solo_trials(small_cifar: Path, tmp_path
                 assert_close(x, y)
 
         (key, warm_state), = solo_warm.states.items()
-        seed_everything(warm_seed(config.seed, 0))
-        initial = build_model(prepare(config, small_cifar, **QUIET)).state_dict()
+        prepared = prepare(config, small_cifar, **QUIET)
+        seed_everything(warm_seed(prepared, 0))
+        initial = build_model(prepared).state_dict()
         assert_close_states(warm.states[key], warm_state, initial, "warm start")
 
         k = members.index(i)

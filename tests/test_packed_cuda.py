@@ -56,9 +56,9 @@ def test_no_host_sync_inside_a_training_step(tiny_fashion: Path) -> None:
     ps = [prepare(c, tiny_fashion, log=lambda s: None) for c in configs]
     nets, generators, methods = [], [], []
     for p in ps:
-        seed_everything(method_seed(p.config.seed))
+        seed_everything(method_seed(p))
         nets.append(build_model(p))
-        generators.append(device_generator(p.device, method_seed(p.config.seed)))
+        generators.append(device_generator(p.device, method_seed(p)))
         methods.append(get_method(p.config.method)(2))
     pack = PackedStage(ps, nets, generators, ps[0].method_stage, [1e-3] * 3, [0, 1, 2], methods)
     solo = SoloStage(ps[1], [build_model(ps[1])], ps[1].method_stage, 0, methods[1].train_loss,

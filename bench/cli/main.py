@@ -63,7 +63,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
         dataset=args.dataset, method=args.method, noise=noise_name, r=args.r, seed=args.seed, lr=args.lr,
         batch_size=args.batch_size, epochs=args.epochs, epochs_warmup=args.epochs_warmup,
         method_params=freeze_params(_parse_params(args.method, args.param)), transition=transition,
-        train_subset=args.train_subset, device=args.device, experiment=args.experiment,
+        train_subset=args.train_subset, device=args.device, experiment=args.experiment, protocol=args.protocol,
     )
     check_trial(config)
     check_results(args.results)
@@ -71,7 +71,10 @@ def cmd_trial(args: argparse.Namespace) -> int:
     row = run_trial(config, _data_root(args), results=args.results, log=lambda s: print(s, flush=True))
     print()
     print(f"trial {row['trial_id']}  status {row['status']}")
-    print(f"  selected epoch {row['best_epoch']} (lowest noisy-validation {args.method} loss {row['val_loss']:.4f})")
+    rule = config.resolved_protocol().selection(config.method).words()
+    print(f"  selected epoch {row['best_epoch']} ({rule}; noisy-validation {args.method} loss {row['val_loss']:.4f})")
+    if row["switches"]:
+        print(f"  protocol {row['protocol']}: {row['switches']}")
     print(f"  clean test accuracy {row['test_acc']:.2f}%  (balanced {row['test_bal_acc']:.2f}%)  "
           f"last epoch {row['last_test_acc']:.2f}%  warm start {row['warmup_test_acc']:.2f}%")
     print(f"  realised noise rate {100 * row['noise_rate']:.2f}%  noise hash {row['noise_hash']}")
@@ -225,6 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a method hyper-parameter (repeatable), e.g. --param q=0.7")
     p.add_argument("--train-subset", type=int, default=None, help="use only the first N training examples")
+    p.add_argument("--protocol", default="bench",
+                   help="bench (default: the paper's protocol done right), authors (as the paper's scripts ran it), "
+                        "bench+SWITCH[+SWITCH...] or authors-SWITCH[-SWITCH...] (docs/fidelity.md lists each "
+                        "dataset's switches)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     p.add_argument("--results", default="results", help="results folder (default: ./results)")
     p.add_argument("--experiment", default="adhoc", help="experiment name recorded in the row")

@@ -26,6 +26,12 @@ class StackedOptimizer:
         self.epochs = 0
         self.state: dict[str, dict[str, torch.Tensor]] = {name: {} for name in params}
 
+    def reset(self) -> None:
+        """As a newly created optimiser (the `authors` protocol's optimiser per epoch): no moments, no momentum,
+        Adam's step count back to 0; the learning rates stay the schedule's."""
+        self.steps = 0
+        self.state = {name: {} for name in self.params}
+
     def scale_lr(self, factors: list[float]) -> None:
         """This epoch's learning rates: each member's scheduled one times its factor (`end_epoch` goes back to the
         schedule), as a solo trial scales its optimiser's for the epoch (`Method.lr_factor`)."""

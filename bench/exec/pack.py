@@ -42,7 +42,7 @@ def train_warm_starts(ps: list[Prepared], log: Log) -> tuple[list[dict[str, torc
     seconds of those spent on the per-epoch diagnostics)."""
     nets, generators, seeds = [], [], []
     for p in ps:
-        seed = warm_seed(p.config.seed, 0)
+        seed = warm_seed(p, 0)
         seed_everything(seed)
         nets.append(build_model(p))
         generators.append(device_generator(p.device, seed))
@@ -50,7 +50,8 @@ def train_warm_starts(ps: list[Prepared], log: Log) -> tuple[list[dict[str, torc
     schedule = ps[0].warmup
     stage = PackedStage(ps, nets, generators, schedule, [schedule.lr] * len(ps), seeds)
     log(f"packed warm start: {len(ps)} CE warm starts, {schedule.epochs} epochs")
-    result = run_stage(stage, "warmup", schedule.epochs, log, initial_is_candidate=False)
+    result = run_stage(stage, "warmup", schedule.epochs, log, initial_is_candidate=False,
+                       selection=ps[0].protocol.warmup_selection())
     return [stage.member_state(k) for k in range(len(ps))], result.epochs, result.seconds, result.diagnose_seconds
 
 
@@ -119,10 +120,10 @@ def _run_pack(
         net = build_model(p)
         net.load_state_dict(states[key])
         nets.append(net)
-        seed_everything(method_seed(p.config.seed))
-        generators.append(device_generator(p.device, method_seed(p.config.seed)))
+        seed_everything(method_seed(p))
+        generators.append(device_generator(p.device, method_seed(p)))
     stage = PackedStage(ps, nets, generators, ps[0].method_stage, [p.method_stage.lr for p in ps],
-                        [method_seed(p.config.seed) for p in ps], compile=compile_mode(ps[0].device))
+                        [method_seed(p) for p in ps], compile=compile_mode(ps[0].device))
     test_x, test_y = ps[0].test.x, ps[0].test.labels
     warm_logits = stage.predict(test_x)
     warm_test = [accuracy(warm_logits[m], test_y, ds.num_classes)[0] for m in range(k)]
@@ -141,7 +142,7 @@ def _run_pack(
             nets=[nets[m]], num_classes=ds.num_classes, noisy_train=p.train.labels,
             predict_train=lambda m=m: predict_train(m),
             true_transition=p.labels.transition if method_cls.uses_true_transition else None,
-            device=p.device, epochs=p.method_stage.epochs, noise_rate=p.labels.expected_rate,
+            device=p.device, epochs=p.method_stage.epochs, noise_rate=p.labels.expected_rate, protocol=p.protocol,
         ))
         methods.append(method)
     train_probs.clear()

@@ -255,6 +255,8 @@ class PackedStage:
         return self._losses(logits.float(), y, idx, x, epoch)
 
     def train_epoch(self, epoch: int) -> np.ndarray:
+        if self.p[0].protocol.on("optimizer_per_epoch"):  # a pack's members share their protocol (`pack_key`)
+            self.optimizer.reset()
         if self.methods:
             self.optimizer.scale_lr([method.lr_factor(epoch) for method in self.methods])
         total = self.train_steps(epoch)
@@ -275,6 +277,8 @@ class PackedStage:
         params, buffers = {n: state[n] for n in self.params}, {n: state[n] for n in self.buffers}
         self.base.eval()
         chunk = max(1, EVAL_IMAGES.get(self.device.type, 2048) // self.members)
+        group = getattr(type(self.base), "eval_group", 1)  # rows a model reads as one batch in evaluation
+        chunk = max(group, chunk // group * group)
         grouped, transform = self.grouped, self.p[0].dataset.eval_transform
         forward = vmap(self._forward_eval, in_dims=(0, 0, None)) if grouped is None else (
             lambda p, b, inputs: grouped(p, b, inputs.expand(self.members, *inputs.shape), []))
@@ -284,12 +288,14 @@ class PackedStage:
         self.base.train()
         return out
 
-    def validate(self) -> tuple[np.ndarray, np.ndarray]:
-        logits = self.predict(self.val_x)
+    def validate(self, first: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        logits, labels = self.predict(self.val_x), self.val_labels
+        if first is not None:  # the first validation examples in split order (`bench.protocol.Selection`)
+            logits, labels = logits[:, :first], labels[..., :first]
         with torch.no_grad():
-            losses = torch.cat([method.validation_loss(logits[sl], self.val_labels[sl]).double()
+            losses = torch.cat([method.validation_loss(logits[sl], labels[sl]).double()
                                 for sl, method in self.groups])
-            acc = 100.0 * (logits.argmax(-1) == self.val_labels).double().mean(-1)
+            acc = 100.0 * (logits.argmax(-1) == labels).double().mean(-1)
         return losses.cpu().numpy(), acc.cpu().numpy()
 
     def diagnose(self, epoch: int) -> list[dict[str, float | None]]:
@@ -356,8 +362,9 @@ def why_solo(c: TrialConfig) -> str | None:
     """Why this trial cannot train in a pack (None: it can)."""
 
     ds = get_dataset(c.dataset)
-    if not models.get_model(ds.model).packable:
-        return f"model {ds.model} (its members' state or random draws cannot be kept apart)"
+    model = c.resolved_protocol().setting("script_model", ds.model)
+    if not models.get_model(model).packable:
+        return f"model {model} (its members' state or random draws cannot be kept apart)"
     if "generator" not in inspect.signature(ds.train_transform).parameters:
         return f"{c.dataset} augments at random from torch's shared generator (its train_transform takes no generator)"
     if not get_method(c.method)(ds.num_classes, dataset=c.dataset, **c.params).packable():
@@ -370,10 +377,14 @@ def _shape(s: Schedule) -> tuple[Any, ...]:
 
 
 def pack_key(c: TrialConfig) -> tuple[Any, ...]:
-    """What members of one pack must share: data, model, device and the shape of both stages (not the lr)."""
+    """What members of one pack must share: data, model, device, the shape of both stages (not the lr) and the
+    protocol's switches (a stage's selection rule and optimiser life are the pack's)."""
 
     warmup, method_stage = c.schedules()
-    return (c.dataset, get_dataset(c.dataset).model, c.train_subset, c.device, _shape(warmup), _shape(method_stage))
+    proto = c.resolved_protocol()
+    model = proto.setting("script_model", get_dataset(c.dataset).model)
+    key = (c.dataset, model, c.train_subset, c.device, _shape(warmup), _shape(method_stage))
+    return key + (tuple(proto.names()),) if proto.switches else key
 
 
 def member_order(configs: list[TrialConfig]) -> list[int]:

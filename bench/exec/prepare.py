@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import Subset
 
-from bench import models, noise
+from bench import models, noise, protocol
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits, get_dataset
 from bench.exec import diagnostics
@@ -109,6 +109,8 @@ class Prepared:
     test: SplitLoader
     warmup: Schedule
     method_stage: Schedule
+    protocol: protocol.Protocol  # the switches of the authors' scripts this trial turns on (none: bench)
+    model: str  # the network: the dataset's, or the one its scripts built (`script_model`)
     # The per-epoch diagnostics' training examples (`diagnostics.train_sample`): indices into the training split on
     # the device, those examples (unaugmented, noisy labels) and their clean labels (< 0: unknown).
     diag_index: torch.Tensor
@@ -148,6 +150,7 @@ def prepare(
     if not 0.0 <= config.r <= 1.0:
         raise UserError(f"--r must lie in [0, 1], got {config.r}")
     device = resolve_device(config.device)
+    proto = config.resolved_protocol()
     warmup, method_stage = config.schedules()
     for label, value in (("--lr", method_stage.lr), ("--batch-size", method_stage.batch_size)):
         if value <= 0:
@@ -179,7 +182,8 @@ def prepare(
         train_eval=SplitLoader(train_split, noisy_train, dataset, device),
         val=SplitLoader(splits.val, labels.val, dataset, device),
         test=SplitLoader(splits.test, splits.test.y, dataset, device),
-        warmup=warmup, method_stage=method_stage,
+        warmup=warmup, method_stage=method_stage, protocol=proto,
+        model=proto.setting("script_model", dataset_cls.model),
         diag_index=torch.as_tensor(sample, device=device),
         diag_train=SplitLoader(diag_split, noisy_train[sample], dataset, device),
         diag_clean=torch.as_tensor(diag_split.y, dtype=torch.int64, device=device),
@@ -193,7 +197,8 @@ def draw_labels(config: TrialConfig, dataset: Dataset, splits: Splits) -> noise.
     or a dataset's human labels. `bench labels` exports exactly these (same hash as the result row). Drawn once per
     label cell of `splits`; each caller gets its own arrays, since loaders may share their memory."""
     transition = None if config.transition is None else tuple(map(tuple, np.asarray(config.transition).tolist()))
-    key = (config.noise, config.r, config.seed, transition)
+    script = config.resolved_protocol().setting("script_noise")
+    key = (config.noise, config.r, config.seed, transition) + ((tuple(sorted(script.items())),) if script else ())
     if key not in splits.noisy_labels:
         splits.noisy_labels[key] = _draw_labels(config, dataset, splits)
     drawn = splits.noisy_labels[key]
@@ -214,29 +219,32 @@ def _draw_labels(config: TrialConfig, dataset: Dataset, splits: Splits) -> noise
         return noise.summarise(splits.train.y, noisy_train, noisy_val, c, None)
     explicit = np.asarray(config.transition) if config.transition is not None else None
     t = dataset_cls.transition(config.noise, config.r, explicit)
+    script = config.resolved_protocol().setting("script_noise")
+    if script:
+        return noise.inject_as_script(config.seed, splits.train.y, splits.val.y, t, **script)
     return noise.inject(config.dataset, config.noise, config.r, config.seed, splits.train.y, splits.val.y, t)
 
 
 def warm_start_key(p: Prepared, net_index: int) -> str:
     """Identity of a CE warm start: shared by every method and hyper-parameter of its (data, noise, seed) cell."""
     c = p.config
-    blob = json.dumps(
-        [c.dataset, p.dataset.model, c.noise, round(c.r, 10), c.seed, c.transition, c.train_subset,
-         p.labels.noise_hash, repr(p.warmup), net_index, type(p.dataset).version],
-        default=str,
-    )
+    cell = [c.dataset, p.model, c.noise, round(c.r, 10), c.seed, c.transition, c.train_subset,
+            p.labels.noise_hash, repr(p.warmup), net_index, type(p.dataset).version]
+    switches = p.protocol.warm_start_switches()  # none under bench: its keys are those it always had
+    blob = json.dumps(cell + ([switches] if switches else []), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def warm_seed(seed: int, net_index: int) -> int:
-    """The seed of a warm start (initial weights, data order, dropout) of network `net_index`."""
-    return seed * 1000 + net_index
+def warm_seed(p: Prepared, net_index: int) -> int:
+    """The seed of a warm start (initial weights, data order, dropout) of network `net_index`: from the trial's
+    seed, or the scripts' fixed torch seed (`fixed_torch_seed`)."""
+    return p.protocol.torch_seed(p.config.seed) * 1000 + net_index
 
 
-def method_seed(seed: int) -> int:
+def method_seed(p: Prepared) -> int:
     """The method stage's own seed: a cached warm start must not change what follows it."""
-    return seed * 1000 + 999
+    return p.protocol.torch_seed(p.config.seed) * 1000 + 999
 
 
 def build_model(p: Prepared) -> nn.Module:
-    return models.create(p.dataset.model, p.dataset.num_classes, p.device, **p.splits.model_args)
+    return models.create(p.model, p.dataset.num_classes, p.device, **p.splits.model_args)

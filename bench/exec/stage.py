@@ -26,6 +26,7 @@ from bench.config import Schedule, UserError
 from bench.exec import diagnostics
 from bench.exec.prepare import Log, Prepared, SplitLoader
 from bench.methods import Batch, Method
+from bench.protocol import BENCH_SELECTION, Selection
 
 
 @torch.no_grad()
@@ -120,7 +121,8 @@ class Stage(Protocol):
 
     def train_epoch(self, epoch: int) -> np.ndarray: ...  # (K,) mean training loss; NaN where diverged
 
-    def validate(self) -> tuple[np.ndarray, np.ndarray]: ...  # (K,) selection losses, (K,) noisy-val accuracy %
+    # (K,) selection losses, (K,) noisy-val accuracy %, on the first `first` validation examples (None: all).
+    def validate(self, first: int | None = None) -> tuple[np.ndarray, np.ndarray]: ...
 
     def keep_best(self, improved: np.ndarray) -> None: ...  # members whose current state is their new best
 
@@ -154,24 +156,28 @@ def run_stage(
     initial_is_candidate: bool,
     checkpoints: Checkpoints | None = None,
     on_epoch: Callable[[dict[str, Any]], None] | None = None,
+    selection: Selection = BENCH_SELECTION,
 ) -> StageResult:
     """Train `epochs` epochs; after each, every member's selection loss on the whole noisy validation set, and
-    each member keeps the state with the lowest. With `initial_is_candidate`, the state before the first epoch
-    competes as epoch 0 (the method stage: the warm-started model, the paper's Algorithm 1). A member whose
-    training loss stops being finite is frozen and recorded as diverged, keeping its best state so far; the
-    others go on. With `checkpoints`, the whole loop state is saved after each epoch and resumed from."""
+    each member keeps the state with the lowest (or by another `selection` rule: the `authors` protocol's). With
+    `initial_is_candidate`, the state before the first epoch competes as epoch 0 (the method stage: the
+    warm-started model, the paper's Algorithm 1). A member whose training loss stops being finite is frozen and
+    recorded as diverged, keeping its best state so far; the others go on. With `checkpoints`, the whole loop
+    state is saved after each epoch and resumed from."""
     k = stage.members
     rows: list[list[dict[str, Any]]] = [[] for _ in range(k)]
     active = np.ones(k, dtype=bool)
     status, errors = ["ok"] * k, [""] * k
     best_epoch = np.zeros(k, dtype=np.int64)
     best_loss = np.full(k, np.inf)
+    best_score = np.full(k, np.inf)
     first = 1
     diagnose_seconds = 0.0
     resume = checkpoints.load() if checkpoints else None
     if resume is not None and resume.get("members") == k and "stage" in resume:
         stage.load_state_dict(resume["stage"])
         best_epoch, best_loss = np.asarray(resume["best_epoch"]), np.asarray(resume["best_loss"])
+        best_score = np.asarray(resume.get("best_score", resume["best_loss"]))
         active, status, errors = np.asarray(resume["active"]), list(resume["status"]), list(resume["errors"])
         rows = resume["epochs"]
         first = resume["epoch"] + 1
@@ -179,7 +185,8 @@ def run_stage(
     else:
         stage.keep_best(np.ones(k, dtype=bool))  # with no epoch trained (or none better), the initial state stands
         if initial_is_candidate:
-            best_loss, _ = stage.validate()
+            best_loss, initial_acc = stage.validate(selection.first)
+            best_score = selection.score(best_loss, initial_acc)
             t0 = time.perf_counter()
             diagnosed = stage.diagnose(0)
             diagnose_seconds += time.perf_counter() - t0
@@ -201,10 +208,12 @@ def run_stage(
             stage.freeze(diverged)
         if not active.any():
             break
-        val_loss, val_acc = stage.validate()
-        improved = active & (val_loss < best_loss)
+        val_loss, val_acc = stage.validate(selection.first)
+        score = selection.score(val_loss, val_acc)
+        improved = active & selection.improves(score, best_score)
         stage.keep_best(improved)
         best_loss = np.where(improved, val_loss, best_loss)
+        best_score = np.where(improved, score, best_score)
         best_epoch = np.where(improved, epoch, best_epoch)
         seconds = time.perf_counter() - t0
         diagnosed = stage.diagnose(epoch)
@@ -219,7 +228,8 @@ def run_stage(
             checkpoints.save(dict(
                 # Plain lists: checkpoints are read back with weights_only=True, which refuses numpy arrays.
                 members=k, epoch=epoch, stage=stage.state_dict(), best_epoch=best_epoch.tolist(),
-                best_loss=best_loss.tolist(), active=active.tolist(), status=status, errors=errors, epochs=rows,
+                best_loss=best_loss.tolist(), best_score=best_score.tolist(), active=active.tolist(), status=status,
+                errors=errors, epochs=rows,
             ))
         if k == 1:
             label = "epoch" if name == "method" else name
@@ -275,17 +285,21 @@ class SoloStage:
                 group["lr"] = lr
 
     def train_epoch(self, epoch: int) -> np.ndarray:
+        if self.p.protocol.on("optimizer_per_epoch"):
+            self.optimizer.state.clear()  # as a new optimiser: Adam's moments and step count, SGD's momentum gone
         loss = self.train_steps(epoch)
         self.scheduler.step()
         if self.method is not None:
             self.method.end_epoch(epoch)
         return np.array([float(loss)])
 
-    def validate(self) -> tuple[np.ndarray, np.ndarray]:
-        logits = predict(self.nets[0], self.p.val)
+    def validate(self, first: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        logits, labels = predict(self.nets[0], self.p.val), self.p.val.labels
+        if first is not None:  # in split order, as the scripts' unshuffled validation loader gives its first batch
+            logits, labels = logits[:first], labels[:first]
         with torch.no_grad():
-            loss = float(self.selection_loss(logits, self.p.val.labels))
-        acc, _, _ = accuracy(logits, self.p.val.labels, self.p.dataset.num_classes)
+            loss = float(self.selection_loss(logits, labels))
+        acc, _, _ = accuracy(logits, labels, self.p.dataset.num_classes)
         return np.array([loss]), np.array([acc])
 
     def keep_best(self, improved: np.ndarray) -> None:

@@ -66,12 +66,13 @@ def warm_start(p: Prepared, net_index: int, log: Log,
     """Train one network with CE on the noisy labels; return the state with the lowest noisy-validation CE and the
     stage's epoch rows (the cache keeps both, so that a trial's record does not depend on who trained its warm
     start). The seconds its diagnostics took go to `diagnose_seconds`."""
-    seed = warm_seed(p.config.seed, net_index)
+    seed = warm_seed(p, net_index)
     seed_everything(seed)
     net = build_model(p)
     stage = SoloStage(p, [net], p.warmup, seed, _ce_step, _ce)
     name = f"warmup{net_index}" if net_index else "warmup"
-    result = run_stage(stage, name, p.warmup.epochs, log, initial_is_candidate=False)
+    result = run_stage(stage, name, p.warmup.epochs, log, initial_is_candidate=False,
+                       selection=p.protocol.warmup_selection())
     if diagnose_seconds is not None:
         diagnose_seconds.append(result.diagnose_seconds)
     return stage.best_state, result.epochs[0]
@@ -133,7 +134,7 @@ def train(
     warmup_test_acc, _, _ = accuracy(predict(nets[0], p.test), p.test.labels, ds.num_classes)
     log(f"warm start done: clean test acc {warmup_test_acc:.2f}%  ({warmup_s:.1f}s)")
 
-    seed_everything(method_seed(c.seed))
+    seed_everything(method_seed(p))
     method.setup(StageContext(
         nets=nets, num_classes=ds.num_classes, noisy_train=p.train.labels,
         predict_train=lambda: torch.softmax(predict(nets[0], p.train_eval), dim=1),
@@ -141,11 +142,12 @@ def train(
         device=p.device, epochs=p.method_stage.epochs,
         predict_train_of=lambda i: torch.softmax(predict(nets[i], p.train_eval), dim=1),
         augment_train=augmenter(p), schedule=p.method_stage, noise_rate=p.labels.expected_rate,
+        protocol=p.protocol,
     ))
-    stage = SoloStage(p, nets, p.method_stage, method_seed(c.seed), method.train_loss, method.validation_loss,
+    stage = SoloStage(p, nets, p.method_stage, method_seed(p), method.train_loss, method.validation_loss,
                       method)
     result = run_stage(stage, "method", p.method_stage.epochs, log, initial_is_candidate=True,
-                       checkpoints=checkpoints, on_epoch=on_epoch)
+                       checkpoints=checkpoints, on_epoch=on_epoch, selection=p.protocol.selection(c.method))
     epochs.extend(result.epochs[0])
 
     last_acc, last_bal, _ = accuracy(predict(nets[0], p.test), p.test.labels, ds.num_classes)
@@ -171,7 +173,7 @@ def augmenter(p: Prepared) -> Callable[[torch.Tensor], torch.Tensor] | None:
 def row_args(p: Prepared) -> dict[str, Any]:
     """The half of a result row (`bench.store.rows.make_row`) that the prepared trial gives, solo or packed."""
     c = p.config
-    return dict(config=c, model=p.dataset.model, labels=p.labels, lr=p.method_stage.lr,
+    return dict(config=c, model=p.model, labels=p.labels, lr=p.method_stage.lr,
                 batch_size=p.method_stage.batch_size, epochs=p.method_stage.epochs, epochs_warmup=p.warmup.epochs,
                 privileged=get_method(c.method).uses_true_transition)
 

@@ -93,10 +93,11 @@ class Experiment:
     overrides: tuple[str, ...] = ()  # the flags that changed the file's grid, as typed
     base_name: str = ""  # the file's own name, where overrides renamed the grid
     text: str = ""  # the changed grid as an experiment file, where overrides changed it
+    protocol: tuple[str, ...] = ("bench",)  # `bench.protocol` specs (grid axis)
 
     def size(self) -> int:
         """The number of trials, counted without expanding the grid."""
-        cells = len(self.seeds) * len(self.noise) * len(self.r)
+        cells = len(self.seeds) * len(self.noise) * len(self.r) * len(self.protocol)
         return sum(math.prod(len(values) for _, values in m.axes) * cells for m in self.methods)
 
     def trials(self) -> list[TrialConfig]:
@@ -112,13 +113,14 @@ class Experiment:
                 params = {k: v for k, v in combo.items() if k not in METHOD_STAGE}
                 for seed in self.seeds:
                     for pattern in self.noise:
-                        for r in self.r:
+                        for r, spec in itertools.product(self.r, self.protocol):
                             trial = TrialConfig(
                                 dataset=self.dataset, method=method.name, noise=pattern, r=float(r), seed=seed,
                                 lr=stage.get("lr"), batch_size=stage.get("batch_size"),
                                 epochs=stage.get("epochs", self.epochs), epochs_warmup=self.epochs_warmup,
                                 method_params=freeze_params(params), transition=self.transition,
                                 train_subset=self.train_subset, device=self.device, experiment=self.name,
+                                protocol=spec,
                             )
                             if trial.trial_id not in seen:
                                 seen.add(trial.trial_id)
@@ -256,7 +258,7 @@ def parse_experiment(data: Any, source: str = "<config>") -> Experiment:
         name=v["name"], dataset=v["dataset"], noise=v["noise"], r=v["r"], seeds=v["seeds"], methods=methods,
         epochs=v["epochs"], epochs_warmup=v["epochs_warmup"], train_subset=v["train_subset"], device=v["device"],
         resources=resources, max_concurrent=v["max_concurrent"], transition=transition,
-        description=v["description"], source=source,
+        description=v["description"], source=source, protocol=v["protocol"],
     )
 
 
@@ -269,6 +271,11 @@ def check_names(exp: Experiment) -> None:
     if exp.dataset not in known:
         raise ck.unknown("dataset", exp.dataset, list(known), "dataset")
     dataset = known[exp.dataset]
+    for spec in exp.protocol:
+        try:
+            dataset.protocol(spec)
+        except UserError as e:
+            raise ck.fail("protocol", str(e)) from None
     for pattern in exp.noise:
         if pattern not in dataset.accepted_noise():
             raise ck.unknown("noise", pattern, list(dataset.accepted_noise()), f"noise for {exp.dataset}:")

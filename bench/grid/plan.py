@@ -91,7 +91,9 @@ class Plan:
 def warm_cell(c: TrialConfig) -> tuple[Any, ...]:
     """A trial's CE warm-start cell: what `bench.exec.prepare.warm_start_key` depends on that a config shows (the noise
     hash follows from these). The runner counts warm starts by it, and packs hold whole cells."""
-    return (c.dataset, c.noise, round(c.r, 10), c.seed, c.transition, c.train_subset, c.epochs_warmup)
+    switches = c.resolved_protocol().warm_start_switches()  # the authors' warm start is not bench's
+    return (c.dataset, c.noise, round(c.r, 10), c.seed, c.transition, c.train_subset, c.epochs_warmup) + \
+        ((tuple(switches),) if switches else ())
 
 
 def auto_pack_size(t: TrialConfig, data_root: str | os.PathLike[str] | None) -> tuple[int, str | None]:
@@ -253,7 +255,19 @@ def describe_trial(t: TrialConfig) -> str:
     params = "".join(f" {k}={v}" for k, v in t.method_params)
     lr = f" lr={t.lr:g}" if t.lr is not None else ""
     bs = f" bs={t.batch_size}" if t.batch_size is not None else ""
-    return f"{t.method}{lr}{bs}{params}  {t.noise} r={t.r:g} seed={t.seed}"
+    proto = "" if t.protocol == "bench" else f"  protocol {t.protocol}"
+    return f"{t.method}{lr}{bs}{params}  {t.noise} r={t.r:g} seed={t.seed}{proto}"
+
+
+def describe_protocols(trials: list[TrialConfig]) -> list[str]:
+    """Each protocol of a grid other than bench: the switches of the authors' scripts it turns on, each with what
+    it does there and where (`bench.protocol`, the dataset's `authors_protocol`)."""
+    lines = []
+    for spec in dict.fromkeys(t.protocol for t in trials if t.protocol != "bench"):
+        proto = next(t for t in trials if t.protocol == spec).resolved_protocol()
+        lines.append(f"protocol {spec}: {len(proto.switches)} switches of the authors' scripts")
+        lines += [f"  {name}: {switch.what} ({switch.cite})" for name, switch in sorted(proto.switches.items())]
+    return lines
 
 
 def describe_schedules(schedules: list[Schedule]) -> str:
@@ -303,7 +317,7 @@ def print_plan(plan: Plan, out: Callable[[str], None] = print, pack: str | int =
     per_method = Counter(t.method for t in plan.trials)
     out(f"grid: {total} trials = " + " + ".join(f"{n} {m}" for m, n in per_method.items())
         + f"; {len(plan.done)} already have a result row, {len(pending)} to run")
-    for line in describe_stages(plan.trials):
+    for line in describe_stages(plan.trials) + describe_protocols(plan.trials):
         out(line)
     w = plan.work(pending)
     saved = w["warm_epochs_unshared"] - w["warm_epochs"]

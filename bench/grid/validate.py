@@ -32,6 +32,7 @@ def check_trial(config: TrialConfig, transitions: dict[tuple[Any, ...], None] | 
     method = get_method(config.method)
     check_params(method, config.params)
     dataset.check_noise(config.noise)
+    dataset.protocol(config.protocol)  # an unknown spec or switch: one line
     refusal = method.refuses(dataset, config.noise)
     if refusal:
         raise UserError(f"method {config.method} cannot run on noise {config.noise!r} of {config.dataset}: {refusal}")

@@ -199,6 +199,9 @@ class Mirror:
         tags = {f"{TAG}kind": "trial", f"{TAG}trial_id": trial_id, f"{TAG}cell": cell,
                 f"{TAG}status": row["status"], MLFLOW_PARENT_RUN_ID: self._parent(exp_id, cell)}
         tags.update({k: str(row[k]) for k in ("dataset", "method", "noise", "r", "seed")})
+        # The protocol and its switches (`bench.protocol`); rows written before protocols existed were bench's.
+        tags.update({f"{TAG}protocol": str(row.get("protocol") or "bench"),
+                     f"{TAG}switches": str(row.get("switches") or "")})
         run = self.client.create_run(exp_id, run_name=run_name(row), tags=tags)
         run_id = run.info.run_id
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bench import protocol
 from bench.noise import NoisyLabels
 from bench.store.folder import Store
 from bench.trial import TrialConfig
@@ -80,6 +81,9 @@ def make_row(
         # Beyond the core columns:
         epochs=int(epochs), epochs_warmup=int(epochs_warmup),
         method_params=json.dumps(dict(config.method_params), sort_keys=True, default=str),
+        # The protocol (`bench.protocol`) as written and the switches of the authors' scripts it turned on.
+        protocol=protocol.canonical(config.protocol),
+        switches=",".join(config.resolved_protocol().names()),
         train_subset=config.train_subset,
         last_test_bal_acc=outcome.last_test_bal_acc if outcome else None,
         warmup_test_acc=outcome.warmup_test_acc if outcome else None,

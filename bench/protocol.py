@@ -1,0 +1,180 @@
+"""Two protocols: `bench` (the paper's protocol done right, the default) and `authors` (the paper as its authors'
+scripts ran it), and every choice that separates them as a named switch.
+
+Each dataset declares, in its own file (`Dataset.authors`), the switches its scripts make and where they make them
+(`Switch`: file and line); `authors` is all of them. A protocol is written as a spec:
+
+    bench                                    no switch (today's protocol)
+    authors                                  every switch the dataset declares
+    bench+first_batch_selection              bench with the named switches on (one or more, joined by '+')
+    authors-fixed_torch_seed                 authors with the named switches off (joined by '-')
+
+so that each choice can be measured alone (on top of `bench`) or left out (from `authors`). A trial's identity holds
+the switches it resolves to (none for `bench`: its trial ids are those it always had), and its row holds the spec and
+the switches. What each switch does is the training core's (`bench.exec`), what it means is `SWITCHES` below.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bench.config import UserError
+
+BENCH, AUTHORS = "bench", "authors"
+
+# Every switch a dataset may declare: name -> what it changes (the setting each dataset gives it is its own).
+SWITCHES = {
+    "warmup_by_accuracy": "the CE warm start keeps the epoch of the best accuracy on the whole noisy validation set, "
+                          "ties to the later epoch (>=); its first epoch always counts (bench: the lowest CE)",
+    "first_batch_selection": "the method stage keeps its epoch by the rule the method's script uses (`Selection` per "
+                             "method: the first validation batch in split order, loss or accuracy, strict); the "
+                             "warm-started model competes as epoch 0 (bench: the lowest method loss on the whole "
+                             "noisy validation set)",
+    "optimizer_per_epoch": "the optimiser is created anew at every epoch of every stage, its state (Adam's moments "
+                           "and step, SGD's momentum) lost (bench: one optimiser per stage)",
+    "fixed_torch_seed": "one torch seed (the setting) for initial weights, data order and dropout in every trial; "
+                        "`seed` draws only the noise (bench: the seed varies all of them)",
+    "script_noise": "noisy labels drawn as the scripts draw them: NumPy's legacy RandomState(seed), one uniform per "
+                    "example in list order, training then validation (bench: a generator keyed by the cell)",
+    "script_model": "the network as the scripts build it (the setting names the model; bench: the dataset's)",
+    "ce_is_warm_start": "the CE row is the warm start itself, no CE method stage (bench: warm start + a CE stage)",
+    "dmi_script_form": "L_DMI as the script computes it, -log(|det M| + 1e-3) in float32, M = onehot^T softmax summed "
+                       "('sum') or averaged ('mean') over the batch (bench: -log|det U| in float64)",
+    "warmup_batch_size": "the warm start's batch size as the script sets it (bench: the paper's stated 128)",
+}
+
+
+@dataclass(frozen=True)
+class Selection:
+    """How a stage keeps its epoch: by the method's `loss` (lowest) or by `accuracy` (highest) on the noisy
+    validation set, on its first `first` examples in split order (None: the whole set), ties to the later epoch or
+    not (`ties`). `bench`: the lowest loss on the whole set, strict."""
+
+    by: str = "loss"
+    first: int | None = None
+    ties: bool = False
+
+    def __post_init__(self) -> None:
+        if self.by not in ("loss", "accuracy"):
+            raise ValueError(f"Selection.by is 'loss' or 'accuracy', got {self.by!r}")
+
+    def score(self, loss: np.ndarray, acc: np.ndarray) -> np.ndarray:
+        """What the stage minimises: the loss, or minus the accuracy."""
+        return np.asarray(loss if self.by == "loss" else -np.asarray(acc, dtype=float), dtype=float)
+
+    def improves(self, score: np.ndarray, best: np.ndarray) -> np.ndarray:
+        return score <= best if self.ties else score < best
+
+    def words(self) -> str:
+        what = "lowest loss" if self.by == "loss" else "highest accuracy"
+        where = f"the first {self.first} validation examples" if self.first else "the whole validation set"
+        return f"{what} on {where}, {'ties to the later epoch' if self.ties else 'strict'}"
+
+
+BENCH_SELECTION = Selection()
+WARMUP_BY_ACCURACY = Selection(by="accuracy", ties=True)
+
+
+@dataclass(frozen=True)
+class Switch:
+    """One choice of the authors' scripts on one dataset: the switch's `name` (a key of `SWITCHES`), where the
+    scripts make it (`cite`: "Newbeeer/L_DMI, MR/main.py:190-203, commit 7d5e4bc"), what it does there (`what`), and
+    its setting there (a `Selection` per method for first_batch_selection, "*" for the others; a seed; a model name;
+    the L_DMI form; a (mean, std); a batch size)."""
+
+    name: str
+    cite: str
+    what: str
+    setting: Any = None
+
+    def __post_init__(self) -> None:
+        if self.name not in SWITCHES:
+            raise ValueError(f"unknown switch {self.name!r}; known: {', '.join(SWITCHES)}")
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A trial's protocol: the spec as written and the switches it resolves to on the trial's dataset."""
+
+    spec: str = BENCH
+    switches: dict[str, Switch] = field(default_factory=dict)
+
+    def on(self, name: str) -> bool:
+        return name in self.switches
+
+    def setting(self, name: str, default: Any = None) -> Any:
+        return self.switches[name].setting if name in self.switches else default
+
+    def selection(self, method: str) -> Selection:
+        """The method stage's selection rule for `method`."""
+        rules = self.setting("first_batch_selection")
+        if rules is None:
+            return BENCH_SELECTION
+        return rules.get(method, rules.get("*", BENCH_SELECTION))
+
+    def warmup_selection(self) -> Selection:
+        return WARMUP_BY_ACCURACY if self.on("warmup_by_accuracy") else BENCH_SELECTION
+
+    def torch_seed(self, seed: int) -> int:
+        """The seed of initial weights, data order and dropout: the trial's, or the script's fixed one."""
+        return int(self.setting("fixed_torch_seed", seed))
+
+    def method_params(self, method: str) -> dict[str, Any]:
+        """Hyper-parameters the switches set for `method` (below the trial's explicit ones): L_DMI's form."""
+        return {"form": self.setting("dmi_script_form")} if method == "dmi" and self.on("dmi_script_form") else {}
+
+    def names(self) -> list[str]:
+        return sorted(self.switches)
+
+    def warm_start_switches(self) -> list[str]:
+        """The switches that change the CE warm start (part of its cache key): all but the method stage's own."""
+        return [name for name in self.names() if name not in METHOD_STAGE_ONLY]
+
+
+# Switches that leave the warm start as bench trains it: a trial with only these shares bench's cached warm start.
+METHOD_STAGE_ONLY = ("first_batch_selection", "ce_is_warm_start", "dmi_script_form")
+
+
+_SPEC = re.compile(r"(bench|authors)((?:[+-][a-z_]+)*)")
+
+
+def resolve(spec: str, declared: dict[str, Switch], dataset: str) -> Protocol:
+    """The switches `spec` turns on for a dataset declaring `declared`, or one line saying what is wrong."""
+    spec = str(spec).strip()
+    match = _SPEC.fullmatch(spec)
+    if not match:
+        raise UserError(f"protocol {spec!r}: write bench, authors, bench+SWITCH[+SWITCH...] or "
+                        f"authors-SWITCH[-SWITCH...]; switches: {', '.join(SWITCHES)}")
+    base, rest = match.groups()
+    names = re.findall(r"([+-])([a-z_]+)", rest)
+    if base == AUTHORS and not declared:
+        raise UserError(f"protocol {spec!r}: {dataset} declares no switches of its authors' scripts; use bench")
+    chosen = dict(declared) if base == AUTHORS else {}
+    for sign, name in names:
+        if name not in SWITCHES:
+            raise UserError(f"protocol {spec!r}: unknown switch {name!r}; switches: {', '.join(SWITCHES)}")
+        if name not in declared:
+            have = ", ".join(declared) or "none"
+            raise UserError(f"protocol {spec!r}: {dataset}'s scripts make no {name!r} choice; its switches: {have}")
+        if (sign == "+") != (base == BENCH):
+            raise UserError(f"protocol {spec!r}: switches are added to bench with '+' and taken from authors with '-'")
+        if sign == "+":
+            chosen[name] = declared[name]
+        else:
+            chosen.pop(name, None)
+    return Protocol(spec=spec, switches=chosen)
+
+
+def canonical(spec: str) -> str:
+    """The spec with its switches sorted (`bench+b+a` is `bench+a+b`): one name for one protocol in reports."""
+    match = _SPEC.fullmatch(str(spec).strip())
+    if not match:
+        return str(spec)
+    base, rest = match.groups()
+    names = sorted(set(re.findall(r"[+-]([a-z_]+)", rest)))
+    sign = "+" if base == BENCH else "-"
+    return base + "".join(sign + n for n in names)
