@@ -17,7 +17,7 @@ negative entries of the label's row of T^-1 (-21.49 there). T is estimated once,
 the anchor-point estimator `fw` uses.
 
 Reference: giorgiop/loss-correction (the authors' Keras code), loss.py (`robust('backward', P)`, lines 13-21),
-models.py (`NoiseEstimator`, lines 413-465) and experiment.py (lines 58-62: `filter_outlier`, off on CIFAR-100 only),
+models.py (`NoiseEstimator`, lines 413-477) and experiment.py (lines 58-62: `filter_outlier`, off on CIFAR-100 only),
 commit 15a79de3c67c31907733392085c333547c2f2b16. `quantile` 0.97 is their filter; 1.0, the arg max, is their CIFAR-100
 choice, declared in CIFAR-100's file. Differences (`Backward.differences`):
 - T^-1 is the pseudo-inverse (theirs `np.linalg.inv`) — equal for an invertible T; a singular estimate gets the
@@ -71,7 +71,7 @@ class Backward(Method):
     paper = "Patrini, Rozza, Menon, Nock, Qu. Making Deep Neural Networks Robust to Label Noise: " \
         "a Loss Correction Approach. CVPR 2017"
     reference = "giorgiop/loss-correction, loss.py (robust 'backward', lines 13-21), models.py (NoiseEstimator, " \
-        "lines 413-465) and experiment.py (filter_outlier, lines 58-62), commit 15a79de3c6"
+        "lines 413-477) and experiment.py (filter_outlier, lines 58-62), commit 15a79de3c6"
     differences = (
         "T^-1 is the pseudo-inverse (theirs np.linalg.inv) — equal for an invertible T; a singular estimate gets "
         "the least-squares correction instead of stopping the trial",
