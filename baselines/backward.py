@@ -16,8 +16,10 @@ with the clip each -log p_k lies in [1e-7, 16.12], so the loss is bounded below 
 negative entries of the label's row of T^-1 (-21.49 there). T is estimated once, from the CE-warm-started model, by
 the anchor-point estimator `fw` uses.
 
-Reference: giorgiop/loss-correction (the authors' Keras code), loss.py (`robust('backward', P)`) and noise.py
-(`NoiseEstimator`), commit 15a79de3c6. Differences (`Backward.differences`):
+Reference: giorgiop/loss-correction (the authors' Keras code), loss.py (`robust('backward', P)`, lines 13-21),
+models.py (`NoiseEstimator`, lines 413-477) and experiment.py (lines 58-62: `filter_outlier`, off on CIFAR-100 only),
+commit 15a79de3c67c31907733392085c333547c2f2b16. `quantile` 0.97 is their filter; 1.0, the arg max, is their CIFAR-100
+choice, declared in CIFAR-100's file. Differences (`Backward.differences`):
 - T^-1 is the pseudo-inverse (theirs `np.linalg.inv`) — equal for an invertible T; a singular estimate gets the
   least-squares correction instead of stopping the trial.
 - T comes from `fw.anchor_transition`, the estimator `fw` uses — fw's record compares its anchor rank with their
@@ -68,8 +70,8 @@ class Backward(Method):
     title = "Backward correction"
     paper = "Patrini, Rozza, Menon, Nock, Qu. Making Deep Neural Networks Robust to Label Noise: " \
         "a Loss Correction Approach. CVPR 2017"
-    reference = "giorgiop/loss-correction, loss.py (robust 'backward') and noise.py (NoiseEstimator), " \
-        "commit 15a79de3c6"
+    reference = "giorgiop/loss-correction, loss.py (robust 'backward', lines 13-21), models.py (NoiseEstimator, " \
+        "lines 413-477) and experiment.py (filter_outlier, lines 58-62), commit 15a79de3c6"
     differences = (
         "T^-1 is the pseudo-inverse (theirs np.linalg.inv) — equal for an invertible T; a singular estimate gets "
         "the least-squares correction instead of stopping the trial",

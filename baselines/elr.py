@@ -12,16 +12,17 @@ and a target t_i per training example,
 
 The regulariser's gradient with respect to the logits pushes p_i toward t_i (their Lemma 4.3): it counters the
 CE gradient on examples whose label the early model disagrees with. The paper's CIFAR-10 values (symmetric noise):
-beta = 0.7, lambda = 3. The targets start at the warm-started model's predictions on the training set (the warm
+beta = 0.7, lambda = 3; CIFAR-100's config (ELR/config_cifar100.json lines 36-41): beta = 0.9, lambda = 7, declared in
+CIFAR-100's file. The targets start at the warm-started model's predictions on the training set (the warm
 start is the early-learning phase the targets are meant to remember). Selection uses CE: the validation set has no
 targets.
 
-Reference: shengliu66/ELR (the authors' code), ELR/model/loss.py (`elr_loss`) and ELR/config_cifar10.json, commit
-934af53434. Differences (`EarlyLearningRegularization.differences`):
+Reference: shengliu66/ELR (the authors' code), ELR/model/loss.py (`elr_loss`), ELR/config_cifar10.json and
+ELR/config_cifar100.json, commit 934af53434. Differences (`EarlyLearningRegularization.differences`):
 - The targets start at the warm-started model's (clamped, renormalised) predictions — theirs at zero, in a run from
   scratch, where the moving average has forgotten that start by the end of early learning.
-- beta and lambda are the symmetric-noise config's on every noise — their asymmetric config has beta = 0.9,
-  lambda = 1.
+- beta and lambda are the symmetric-noise config's on every noise (CIFAR-10's, CIFAR-100's on CIFAR-100) — their
+  CIFAR-10 asymmetric config has beta = 0.9, lambda = 1; one setting per dataset, as the grid's noise varies.
 - Optimiser and schedule are the stage's — theirs: SGD 0.02 (momentum 0.9, weight decay 1e-3), cosine annealing
   with warm restarts every 10 epochs, 150 epochs on CIFAR-10.
 - Selection by CE on the noisy validation set — their trainer monitors accuracy (`monitor: max val_my_metric`).
@@ -61,12 +62,14 @@ class EarlyLearningRegularization(Method):
     title = "ELR (early-learning regularisation)"
     paper = "Liu, Niles-Weed, Razavian, Fernandez-Granda. Early-Learning Regularization Prevents Memorization " \
         "of Noisy Labels. NeurIPS 2020"
-    reference = "shengliu66/ELR, ELR/model/loss.py (elr_loss) and ELR/config_cifar10.json, commit 934af53434"
+    reference = "shengliu66/ELR, ELR/model/loss.py (elr_loss), ELR/config_cifar10.json and " \
+        "ELR/config_cifar100.json (lines 36-41), commit 934af53434"
     differences = (
         "the targets start at the warm-started model's (clamped, renormalised) predictions — theirs at zero, in a "
         "run from scratch, where the moving average has forgotten that start by the end of early learning",
-        "beta and lambda are the symmetric-noise config's on every noise — their asymmetric config has beta = 0.9, "
-        "lambda = 1",
+        "beta and lambda are the symmetric-noise config's on every noise (CIFAR-10's, CIFAR-100's on CIFAR-100) — "
+        "their CIFAR-10 asymmetric config has beta = 0.9, lambda = 1; one setting per dataset, as the grid's noise "
+        "varies",
         "optimiser and schedule are the stage's — theirs: SGD 0.02 (momentum 0.9, weight decay 1e-3), cosine "
         "annealing with warm restarts every 10 epochs, 150 epochs on CIFAR-10",
         "selection by CE on the noisy validation set — their trainer monitors accuracy (monitor: max val_my_metric)",

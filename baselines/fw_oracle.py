@@ -6,7 +6,8 @@ CVPR 2017 (their "FW with known T" rows).
     l(h(x), y~) = -log sum_i softmax(h(x))_i T[i, y~]        with T the true noise transition
 
 It reads privileged information (`uses_true_transition`): a diagnostic upper reference for FW, flagged in the
-result row, never a competitor.
+result row, never a competitor. It trains on FW's method stage wherever the paper's code gives FW one (CIFAR-10,
+CIFAR-100, Dogs vs Cats, MR: their `method_stages`), so that the two differ in T alone.
 
 Reference: giorgiop/loss-correction, experiment.py and loss.py (commit 15a79de): the "forward" loss with the true
 P, which the L_DMI paper does not run.

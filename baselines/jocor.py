@@ -13,12 +13,12 @@ KL pulls them toward agreement. The KL is differentiated through both networks (
 and the default forget rate are Co-teaching's: the fraction of labels the trial's noise is expected to corrupt,
 which is their rule too (`forget_rate = noise_rate`, halved for their asymmetric noise, which flips half the
 classes). lambda = 0.9, the README's best for CIFAR-10 at 20% and 50% symmetric and 40% asymmetric noise (0.65 at
-80%; the script's default is 0.1). Selection (nets[0] alone): CE over its (1 - tau) small-loss fraction of the
-validation set, as for Co-teaching. Both networks see the same input (no augmentation of JoCoR's own), so the method
-runs unchanged on images and on text.
+80%; the script's default is 0.1); 0.85 on CIFAR-100, its best there (README.md line 31), declared in CIFAR-100's
+file. Selection (nets[0] alone): CE over its (1 - tau) small-loss fraction of the validation set, as for Co-teaching.
+Both networks see the same input (no augmentation of JoCoR's own), so the method runs unchanged on images and on text.
 
-Reference: hongxin001/JoCoR (the authors' code), algorithm/jocor.py (forget rate, `rate_schedule`) and
-algorithm/loss.py (`loss_jocor`), commit 86db3597ff. Differences (`JoCoR.differences`):
+Reference: hongxin001/JoCoR (the authors' code), algorithm/jocor.py (forget rate, `rate_schedule`), algorithm/loss.py
+(`loss_jocor`) and README.md (lambda, lines 20-33), commit 86db3597ff. Differences (`JoCoR.differences`):
 - The networks start from two CE warm starts, not from scratch — bench's protocol; the ramp starts with the method
   stage.
 - The optimiser is the stage's — theirs: Adam at lr 1e-3 over both networks, decayed linearly to 0 from epoch 80
@@ -60,8 +60,8 @@ class JoCoR(CoTeaching):
     title = "JoCoR"
     paper = "Wei, Feng, Chen, An. Combating Noisy Labels by Agreement: A Joint Training Method with " \
         "Co-Regularization. CVPR 2020"
-    reference = "hongxin001/JoCoR, algorithm/jocor.py (forget rate, rate_schedule) and algorithm/loss.py " \
-        "(loss_jocor), commit 86db3597ff"
+    reference = "hongxin001/JoCoR, algorithm/jocor.py (forget rate, rate_schedule), algorithm/loss.py " \
+        "(loss_jocor) and README.md (lambda, lines 20-33), commit 86db3597ff"
     differences = (
         "the networks start from two CE warm starts, not from scratch — bench's protocol; the ramp starts with the "
         "method stage",

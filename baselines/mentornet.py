@@ -32,6 +32,10 @@ Differences (`MentorNetPD.differences`):
   batch percentile after 5 steps).
 - Weight decay is the stage optimiser's — the reference scales its decay term by the fraction of the batch selected
   (sum(v) / B).
+- The student trains with the stage's optimiser and schedule, after the CE warm start — the reference trains its
+  ResNet from scratch with its own MomentumOptimizer (momentum 0.9) at lr 0.1, x 0.1 at steps 19,531, 25,000 and
+  30,000 of 39,000 (batch 128), weight decay 2e-4 (code/cifar_train_mentornet.py lines 164-173, 238-251); bench's
+  protocol: every method's stage is the dataset's (the paper's section 5.2).
 - Selection: CE over the p fraction of noisy-validation examples with the smallest loss — the reference evaluates
   its last checkpoint.
 """
@@ -62,8 +66,8 @@ class MentorNetPD(Method):
     defaults: dict[str, Any] = {"percentile": 0.7, "decay": 0.5}
     ranges = {"percentile": "(0, 1]", "decay": "[0, 1)"}  # decay 1 would freeze lambda at its first value
     member_state = ("threshold",)  # in a pack, each member's own lambda
-    reference = "google/mentornet, code/utils.py, code/cifar_train_mentornet.py and " \
-        "code/training_mentornet/models.py, commit 76d6be2"
+    reference = "google/mentornet, code/utils.py, code/cifar_train_mentornet.py (the student's optimiser, lines " \
+        "164-173 and 238-251) and code/training_mentornet/models.py, commit 76d6be2"
     differences = (
         "The mentor is the self-paced curriculum's closed form, v = 1[l <= lambda] — the reference runs a trained "
         "MentorNet network that approximates such a curriculum (its weights are a separate download); its "
@@ -75,6 +79,10 @@ class MentorNetPD(Method):
         "97% of the batch percentile after 5 steps).",
         "Weight decay is the stage optimiser's — the reference scales its decay term by the fraction of the batch "
         "selected (sum(v) / B).",
+        "The student trains with the stage's optimiser and schedule, after the CE warm start — the reference trains "
+        "its ResNet from scratch with its own MomentumOptimizer (momentum 0.9) at lr 0.1, x 0.1 at steps 19,531, "
+        "25,000 and 30,000 of 39,000 (batch 128), weight decay 2e-4 (code/cifar_train_mentornet.py lines 164-173, "
+        "238-251); bench's protocol: every method's stage is the dataset's (the paper's section 5.2).",
         "Selection: CE over the p fraction of noisy-validation examples with the smallest loss — the reference "
         "evaluates its last checkpoint.",
     )

@@ -10,11 +10,15 @@ With p = softmax(h(x)) and q = onehot(y~), whose zeros are clamped to 1e-4 befor
     l_rce = -sum_k p_k log q_k = -A sum_{k != y} p_k = -A (1 - p_y)                  (their Eq. 5)
     l_sce = alpha l_ce + beta l_rce                        (CIFAR-10: alpha = 0.1, beta = 1.0, their Sec. 4.1)
 
+CIFAR-100 takes alpha = 6.0, beta = 0.1, the released code's CIFAR-100 command (train_models.py lines 222-224),
+declared in CIFAR-100's file.
+
 `log_zero` is A: -4 gives the paper text's loss.
 
 Reference: YisenWang/symmetric_cross_entropy_for_noisy_labels (the authors' Keras code), loss.py
-(`symmetric_cross_entropy`), commit ec778df4a1; its PyTorch reimplementation, HanxunH/SCELoss-Reproduce, loss.py,
-commit c81fb33638, clamps the one-hot the same way. Differences (`SymmetricCrossEntropy.differences`):
+(`symmetric_cross_entropy`) and train_models.py (lines 213-225, CIFAR-10's and CIFAR-100's commands), commit
+ec778df4a1; its PyTorch reimplementation, HanxunH/SCELoss-Reproduce, loss.py, commit c81fb33638, clamps the one-hot
+the same way. Differences (`SymmetricCrossEntropy.differences`):
 - No gradient-norm clip: the Keras code has none (the PyTorch reimplementation clips at 5, as NCE+RCE's configs do).
 - Optimiser and schedule are the stage's — theirs: SGD 0.1 with momentum 0.9 and Keras' per-step decay, divided by 10
   at epochs 40 and 80 of 120 on CIFAR-10.
@@ -48,8 +52,8 @@ class SymmetricCrossEntropy(Method):
     title = "SCE (symmetric cross entropy)"
     paper = "Wang, Ma, Chen, Luo, Yi, Bailey. Symmetric Cross Entropy for Robust Learning with Noisy Labels. " \
         "ICCV 2019"
-    reference = "YisenWang/symmetric_cross_entropy_for_noisy_labels, loss.py (symmetric_cross_entropy), " \
-        "commit ec778df4a1"
+    reference = "YisenWang/symmetric_cross_entropy_for_noisy_labels, loss.py (symmetric_cross_entropy) and " \
+        "train_models.py (lines 213-225), commit ec778df4a1"
     differences = (
         "no gradient-norm clip — the Keras code has none (its PyTorch reimplementation HanxunH/SCELoss-Reproduce "
         "clips at 5, as NCE+RCE's configs do)",

@@ -83,6 +83,10 @@ class Dataset:
     # A method's own method-stage schedule on this dataset (method name -> schedule), where the paper's code trains
     # that method with one (e.g. its CIFAR-10/FW.py); `stage_schedule` picks it.
     method_stages: ClassVar[dict[str, Schedule]] = {}
+    # A method's hyper-parameters on this dataset where its reference sets them for it (method name -> parameter ->
+    # value), declared here when the dataset is ours to adapt (CIFAR-100): they replace the method's `defaults` and
+    # its own `dataset_defaults` for this dataset, an explicit value still wins (`bench.methods.defaults_on`).
+    method_defaults: ClassVar[dict[str, dict[str, Any]]] = {}
     # Bumped when a change to this file changes a trial's numbers (a split, a reading): part of trial identity.
     version: ClassVar[int] = 1
     # Published files, relative to `folder` under the data root: path -> md5 (None: not checked).

@@ -34,8 +34,11 @@ read it.
 
 Hyper-parameters are declared as data: `defaults` (the method's own paper's values; the type of each default is the
 parameter's type), `dataset_defaults` (where the method's reference sets a parameter per dataset, e.g. VAT's eps:
-dataset name -> the values that replace `defaults` there; an explicit value still wins), `ranges` (interval notation
-for numeric ones, e.g. "(0, 1]") and `choices` (the allowed values of categorical ones). They arrive as keyword
+dataset name -> the values that replace `defaults` there), `ranges` (interval notation for numeric ones, e.g.
+"(0, 1]") and `choices` (the allowed values of categorical ones). A dataset's file may declare a method's defaults on
+it too (`Dataset.method_defaults`: CIFAR-100, ours to adapt, gathers the references' CIFAR-100 settings there).
+`defaults_on` merges them, lowest first: `defaults`, the method's `dataset_defaults`, the dataset's
+`method_defaults`; an explicit value wins over all three. They arrive as keyword
 arguments and are checked against that declaration (unknown name, wrong type, out of range: one line naming the
 method, the parameter, the value and what is allowed), the same declaration `bench methods` prints. A `FromTrial`
 default is the trial's to supply, at `setup` (Co-teaching's forget rate: the trial's noise rate, unless one is given).
@@ -157,9 +160,9 @@ class Method:
     differences: ClassVar[tuple[str, ...]] = ()  # every remaining difference from `reference`: "what — why"
 
     def __init__(self, num_classes: int, dataset: str = "", **params: Any) -> None:
-        """`dataset`: the trial's dataset, whose `dataset_defaults` apply; `params`: the explicit values."""
+        """`dataset`: the trial's dataset, whose defaults apply (`defaults_on`); `params`: the explicit values."""
         self.num_classes = num_classes
-        self.params = {**self.defaults, **self.dataset_defaults.get(dataset, {}), **check_params(type(self), params)}
+        self.params = {**defaults_on(type(self), dataset), **check_params(type(self), params)}
         for key, value in self.params.items():
             setattr(self, key, value)
 
@@ -324,11 +327,30 @@ def check_params(cls: type[Method], params: dict[str, Any], from_text: bool = Fa
     return {key: _check_param(cls, key, value, from_text) for key, value in params.items()}
 
 
+def declared_by_dataset(cls: type[Method], dataset: str) -> dict[str, Any]:
+    """The defaults a registered dataset's file declares for this method (`Dataset.method_defaults`), checked like
+    explicit values; none for a name no dataset is registered under."""
+    from bench.data import registry as datasets
+
+    found = datasets().get(dataset) if dataset else None
+    return check_params(cls, found.method_defaults.get(cls.name, {})) if found is not None else {}
+
+
+def defaults_on(cls: type[Method], dataset: str) -> dict[str, Any]:
+    """The defaults a method runs with on a dataset, lowest first: its `defaults`, those its reference sets there
+    (`dataset_defaults`), those the dataset's file declares for it (`declared_by_dataset`). The one home of that
+    merge: `Method.__init__` and `TrialConfig.effective_params` both read it."""
+    return {**cls.defaults, **cls.dataset_defaults.get(dataset, {}), **declared_by_dataset(cls, dataset)}
+
+
 def describe_params(cls: type[Method]) -> list[str]:
     """One 'name=default (what it allows)' per parameter, as `bench methods` prints them, with the datasets that
-    set it otherwise."""
+    set it otherwise (the method's `dataset_defaults` and the datasets' `method_defaults`)."""
+    from bench.data import registry as datasets
+
     def per_dataset(key: str) -> str:
-        values = [f"{name}: {values[key]}" for name, values in cls.dataset_defaults.items() if key in values]
+        values = [f"{name}: {given[key]}" for name in datasets()
+                  if key in (given := {**cls.dataset_defaults.get(name, {}), **declared_by_dataset(cls, name)})]
         return f"; {', '.join(values)}" if values else ""
 
     return [f"{key}={cls.defaults[key]} ({_declaration(cls, key)}{per_dataset(key)})" for key in cls.defaults]

@@ -123,10 +123,6 @@ class Protocol:
         """The seed of initial weights, data order and dropout: the trial's, or the script's fixed one."""
         return int(self.setting("fixed_torch_seed", seed))
 
-    def method_params(self, method: str) -> dict[str, Any]:
-        """Hyper-parameters the switches set for `method` (below the trial's explicit ones): L_DMI's form."""
-        return {"form": self.setting("dmi_script_form")} if method == "dmi" and self.on("dmi_script_form") else {}
-
     def names(self) -> list[str]:
         return sorted(self.switches)
 

@@ -17,7 +17,7 @@ from typing import Any
 from bench import protocol
 from bench.config import Schedule, UserError
 from bench.data import get_dataset
-from bench.methods import get_method
+from bench.methods import defaults_on, get_method
 
 
 @dataclass(frozen=True)
@@ -64,13 +64,13 @@ class TrialConfig:
         return warmup, stage
 
     def effective_params(self) -> dict[str, Any]:
-        """The method's hyper-parameters as it runs them: its declared defaults, those its reference sets for this
-        dataset (`Method.dataset_defaults`), then this config's, each as its declared type (a float parameter given
-        as 1 is 1.0). A default the trial supplies (`FromTrial`) is named by its words."""
+        """The method's hyper-parameters as it runs them: its defaults on this dataset (`bench.methods.defaults_on`:
+        its own, its reference's for the dataset, the dataset file's for it), then this config's, each as its
+        declared type (a float parameter given as 1 is 1.0). A default the trial supplies (`FromTrial`) is named by
+        its words."""
         method = get_method(self.method)
-        defaults = {**method.defaults, **method.dataset_defaults.get(self.dataset, {}),
-                    **self.resolved_protocol().method_params(self.method)}
-        return {key: _as_declared(defaults.get(key), value) for key, value in {**defaults, **self.params}.items()}
+        params = {**defaults_on(method, self.dataset), **self.params}
+        return {key: _as_declared(method.defaults.get(key), value) for key, value in params.items()}
 
     def identity(self) -> dict[str, Any]:
         """What the trial's numbers depend on, in one canonical form: the effective configuration (`schedules`,

@@ -25,7 +25,7 @@ papers that reuse that code.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -109,6 +109,29 @@ class CIFAR100(CIFAR10):
     urls = {URL: ARCHIVE}
     archive_md5 = {ARCHIVE: ARCHIVE_MD5}
     source = "https://www.cs.toronto.edu/~kriz/cifar.html (CIFAR-100 python version, cifar-100-python.tar.gz)"
+    # The methods' defaults on CIFAR-100 where their released code sets its own (the rest keep their CIFAR-10 ones).
+    method_defaults: ClassVar[dict[str, dict[str, Any]]] = {
+        # xuefeng-li1/Provably-end-to-end-label-noise-learning-without-anchor-points main.py line 71 (06e4167):
+        # args.init = 4.5 for cifar100, the sig_t init (models.py line 150: 2 elsewhere).
+        "volminnet": {"init": 4.5},
+        # giorgiop/loss-correction experiment.py lines 59-62 (15a79de): filter_outlier = False for cifar100, anchors
+        # by the arg max (NoiseEstimator, models.py lines 439-440).
+        "backward": {"quantile": 1.0},
+        # xiaoboxia/T-Revision main.py line 78 (b598cf2): estimate_state = False for cifar100, passed to tools.fit as
+        # filter_outlier (line 212; tools.py lines 33-34: the arg max).
+        "trevision": {"quantile": 1.0},
+        # YisenWang/symmetric_cross_entropy_for_noisy_labels train_models.py lines 222-224 (ec778df4a1): CIFAR-100's
+        # command, -alpha 6.0 -beta 0.1.
+        "sce": {"alpha": 6.0, "beta": 0.1},
+        # shengliu66/ELR ELR/config_cifar100.json lines 36-41 (934af53434): elr_loss beta 0.9, lambda 7.
+        "elr": {"beta": 0.9, "lambda_": 7.0},
+        # hongxin001/JoCoR README.md line 31 (86db3597ff): "For Cifar100 ... the best lambda should be 0.85".
+        "jocor": {"co_lambda": 0.85},
+        # xingruiyu/coteaching_plus main.py line 94 (a68ed61288): init_epoch = 5 for cifar100.
+        "coteaching_plus": {"init_epoch": 5},
+        # weijiaheng/Multi-class-Peer-Loss-functions CIFAR-100/runner.py lines 99-106 (fba9eb6d2b): its sparse f_alpha.
+        "peer": {"alpha_schedule": "cifar100_sparse"},
+    }
     # The label list of the files this dataset classifies (the coarse task reads `coarse_labels`).
     label_key: ClassVar[str] = "fine_labels"
 

@@ -62,6 +62,10 @@ def decode_images(paths: list[Path], size: int = IMAGE_SIZE) -> torch.Tensor:
     return torch.from_numpy(out).permute(0, 3, 1, 2).contiguous()
 
 
+# FW's method stage in the paper's code, which fw_oracle (FW with the true T) shares.
+FW_STAGE = Schedule("sgd", 1e-4, epochs=50, batch_size=128, momentum=0.9, weight_decay=1e-4)
+
+
 class DogsVsCats(Dataset):
     """Dogs vs Cats, Kaggle train folder."""
 
@@ -81,7 +85,8 @@ class DogsVsCats(Dataset):
     # {FW,GCE,LCCN,DMI}.py at c6e3d6d2ff25e52fb287052eda1e66e64f97e161 (unchanged at 7d5e4bc): SGD, momentum 0.9,
     # weight decay 1e-4, one lr for 50 epochs, the batch size 128 of its dogcat.py. (Its CE.py is the warm start.)
     method_stages = {
-        "fw": Schedule("sgd", 1e-4, epochs=50, batch_size=128, momentum=0.9, weight_decay=1e-4),
+        "fw": FW_STAGE,
+        "fw_oracle": FW_STAGE,  # FW with the true T (not in the paper's code) trains as FW
         "gce": Schedule("sgd", 1e-3, epochs=50, batch_size=128, momentum=0.9, weight_decay=1e-4),
         "lccn": Schedule("sgd", 1e-4, epochs=50, batch_size=128, momentum=0.9, weight_decay=1e-4),
         "dmi": Schedule("sgd", 1e-5, epochs=50, batch_size=128, momentum=0.9, weight_decay=1e-4),

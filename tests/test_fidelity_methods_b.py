@@ -64,14 +64,26 @@ def test_markdown_alone_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_dataset_defaults_name_registered_datasets_and_allowed_values() -> None:
-    """A per-dataset default is checked like an explicit value, on a dataset that exists; an explicit value wins."""
+    """A per-dataset default is checked like an explicit value, on a dataset that exists; an explicit value wins.
+    A dataset's declared method defaults (`Dataset.method_defaults`) name registered methods, pass the same check,
+    and replace the method's own for that dataset."""
     from bench.data import registry as datasets
 
     for name, cls in registry().items():
         for dataset, values in cls.dataset_defaults.items():
             assert dataset in datasets(), (name, dataset)
             assert check_params(cls, values) == values, (name, dataset)
-            assert cls(2, dataset=dataset).params == {**cls.defaults, **values}
+            assert cls(2, dataset=dataset).params == \
+                {**cls.defaults, **values, **datasets()[dataset].method_defaults.get(name, {})}
+    for dataset, dataset_cls in datasets().items():
+        for name, values in dataset_cls.method_defaults.items():
+            assert name in registry(), (dataset, name)
+            cls = registry()[name]
+            assert check_params(cls, values) == values, (dataset, name)
+            assert cls(dataset_cls.num_classes, dataset=dataset).params == \
+                {**cls.defaults, **cls.dataset_defaults.get(dataset, {}), **values}
+            config = TrialConfig(dataset, name, dataset_cls.accepted_noise()[0], 0.2)
+            assert {k: v for k, v in config.effective_params().items() if k in values} == values
     vat = registry()["vat"]
     assert vat(2, dataset="cifar10").eps == 8.0 and vat(2, dataset="fashion_mnist").eps == 2.0
     assert vat(2, dataset="fashion_mnist", eps=3.0).eps == 3.0
