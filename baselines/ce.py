@@ -3,10 +3,9 @@
 Reference: Newbeeer/L_DMI, CIFAR-10/CE.py (and dogcat/CE.py, MR/main.py, fashion/main.py) (commit 7d5e4bc).
 
 Differences (`CrossEntropy.differences`):
-- The CE row is the warm start followed by a CE method stage, selected by the lowest noisy-validation CE — the
-  paper's CE is its warm-start run alone (CIFAR-10: SGD 0.1, 120 epochs), selected by noisy-validation accuracy;
-  continuing with CE at the stage's rate and selecting on the loss keeps CE's row the same protocol as every other
-  method's.
+- The CE row (bench) is the warm start followed by a CE method stage, selected by the lowest noisy-validation CE —
+  the paper's CE is its warm-start run alone, selected by noisy-validation accuracy; bench keeps CE's row the same
+  protocol as every other method's, and `--protocol authors` (ce_is_warm_start, warmup_by_accuracy) runs theirs.
 """
 
 from __future__ import annotations
@@ -24,10 +23,10 @@ class CrossEntropy(Method):
     paper = "Cross entropy (the standard loss; the paper's CE baseline)"
     reference = "Newbeeer/L_DMI, CIFAR-10/CE.py, commit 7d5e4bc"
     differences = (
-        "The CE row is the warm start followed by a CE method stage, selected by the lowest noisy-validation CE — "
-        "the paper's CE is its warm-start run alone (CIFAR-10: SGD 0.1, 120 epochs), selected by noisy-validation "
-        "accuracy; continuing with CE at the stage's rate and selecting on the loss keeps CE's row the same "
-        "protocol as every other method's.",
+        "The CE row (bench) is the warm start followed by a CE method stage, selected by the lowest noisy-validation "
+        "CE — the paper's CE is its warm-start run alone (CIFAR-10: SGD 0.1, 120 epochs), selected by "
+        "noisy-validation accuracy; bench keeps CE's row the same protocol as every other method's, and "
+        "--protocol authors (ce_is_warm_start, warmup_by_accuracy) runs theirs.",
     )
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -106,6 +106,8 @@ class Dataset:
     # The choices of the paper's scripts on this dataset (`bench.protocol`): the `authors` protocol turns them all on,
     # `bench+NAME` one alone. Each cites the script's file and line.
     authors_protocol: ClassVar[tuple[protocol.Switch, ...]] = ()
+    # What `authors` still does otherwise than the scripts, each "what — why" (docs/fidelity.md lists them).
+    authors_differences: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, data_root: str | Path, verify: bool | None = None) -> None:
         self.root = Path(data_root).expanduser() / self.folder
@@ -312,6 +314,26 @@ def deterministic_permutation(n: int, key: str) -> np.ndarray:
     """A fixed permutation for dataset splits: the same on every machine, independent of trial seeds."""
     seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
     return np.random.default_rng(seed).permutation(n)
+
+
+def protocol_record() -> list[str]:
+    """The Markdown section of docs/fidelity.md on the two protocols: each dataset's switches (what its scripts do,
+    file and line) and what `authors` still does otherwise, with the reason."""
+    lines = ["# Protocols: `bench` and `authors`", "",
+             "`bench` is the paper's protocol done right; `authors` runs a dataset as the paper's scripts ran it, "
+             "each of their choices a switch (`bench.protocol`; `--protocol authors`, `bench+SWITCH`, "
+             "`authors-SWITCH`). What each switch changes:", ""]
+    lines += [f"- `{name}`: {what}" for name, what in protocol.SWITCHES.items()]
+    for name, cls in registry().items():
+        switches = cls.switches()
+        if not switches:
+            continue
+        lines += ["", f"## `{name}` under `authors`", "", "| switch | what the script does | where |", "|---|---|---|"]
+        lines += [f"| `{s.name}` | {s.what.replace('|', chr(92) + '|')} | {s.cite} |" for s in switches.values()]
+        if cls.authors_differences:
+            lines += ["", "Remaining differences from the scripts:", ""]
+            lines += [f"- {difference}" for difference in cls.authors_differences]
+    return lines + [""]
 
 
 @functools.cache

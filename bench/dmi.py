@@ -30,9 +30,10 @@ Differences (`DMI.differences`):
   of float32's largest value).
 - A batch that misses a noisy class gets eps = 1e-8 / C on that column's diagonal, and the gradient of the reduced
   problem — in the scripts det = 0 there, the loss is -log 1e-3 and the gradient through |det| is 0.
-- Selection: the lowest L_DMI on the whole noisy validation set (the paper's stated protocol) — the CIFAR-10 script
-  keeps the epoch with the best accuracy on the first validation batch.
-- One optimiser for the whole stage — the scripts re-create SGD every epoch, which resets its momentum.
+- Selection (bench): the lowest L_DMI on the whole noisy validation set — the paper's Algorithm 1 and its scripts
+  select on one validation batch; `--protocol authors` (first_batch_selection) runs theirs.
+- One optimiser for the whole stage (bench) — the scripts re-create it every epoch; `--protocol authors`
+  (optimizer_per_epoch) runs theirs.
 """
 
 from __future__ import annotations
@@ -99,9 +100,11 @@ class DMI(Method):
         "within 1e5 of float32's largest value).",
         "A batch that misses a noisy class gets eps = 1e-8 / C on that column's diagonal, and the gradient of the "
         "reduced problem — in the scripts det = 0 there, the loss is -log 1e-3 and the gradient through |det| is 0.",
-        "Selection: the lowest L_DMI on the whole noisy validation set (the paper's stated protocol) — the "
-        "CIFAR-10 script keeps the epoch with the best accuracy on the first validation batch.",
-        "One optimiser for the whole stage — the scripts re-create SGD every epoch, which resets its momentum.",
+        "Selection (bench): the lowest L_DMI on the whole noisy validation set — the paper's Algorithm 1 and its "
+        "scripts select on one validation batch (MR, Fashion: the lowest L_DMI on the first batch; CIFAR-10: the best "
+        "accuracy on its first batch of 256); --protocol authors (first_batch_selection) runs theirs.",
+        "One optimiser for the whole stage (bench) — the scripts re-create it every epoch, which resets Adam's "
+        "moments and SGD's momentum; --protocol authors (optimizer_per_epoch) runs theirs.",
     )
 
     form = "exact"  # or the script's: "sum" / "mean" (`bench.protocol`'s dmi_script_form)

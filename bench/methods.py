@@ -61,6 +61,8 @@ import torch
 from torch import nn
 
 from bench.config import Schedule, UserError, discover, lookup
+from bench.data import protocol_record
+from bench.data import registry as dataset_registry
 from bench.protocol import Protocol
 from bench.schema import Interval
 
@@ -330,9 +332,7 @@ def check_params(cls: type[Method], params: dict[str, Any], from_text: bool = Fa
 def declared_by_dataset(cls: type[Method], dataset: str) -> dict[str, Any]:
     """The defaults a registered dataset's file declares for this method (`Dataset.method_defaults`), checked like
     explicit values; none for a name no dataset is registered under."""
-    from bench.data import registry as datasets
-
-    found = datasets().get(dataset) if dataset else None
+    found = dataset_registry().get(dataset) if dataset else None
     return check_params(cls, found.method_defaults.get(cls.name, {})) if found is not None else {}
 
 
@@ -346,10 +346,8 @@ def defaults_on(cls: type[Method], dataset: str) -> dict[str, Any]:
 def describe_params(cls: type[Method]) -> list[str]:
     """One 'name=default (what it allows)' per parameter, as `bench methods` prints them, with the datasets that
     set it otherwise (the method's `dataset_defaults` and the datasets' `method_defaults`)."""
-    from bench.data import registry as datasets
-
     def per_dataset(key: str) -> str:
-        values = [f"{name}: {given[key]}" for name in datasets()
+        values = [f"{name}: {given[key]}" for name in dataset_registry()
                   if key in (given := {**cls.dataset_defaults.get(name, {}), **declared_by_dataset(cls, name)})]
         return f"; {', '.join(values)}" if values else ""
 
@@ -367,8 +365,10 @@ def fidelity_record(markdown: bool = False) -> str:
         return "\n".join(lines) + "\n"
     lines = ["# Fidelity record", "",
              "Each method, the released code it was checked against, and every difference that remains, with its "
-             "reason.", "Generated from the methods' `reference` and `differences`: "
-             "`bench methods --references --markdown > docs/fidelity.md` (a test checks that it is current).", ""]
+             "reason, then the two protocols' switches per dataset, then what they measured.",
+             "Generated from the methods' `reference` and `differences` and the datasets' `authors_protocol`: "
+             "`bench methods --references --markdown` (a test checks that it is current), up to the marker before "
+             "the measured figures.", ""]
     for name, cls in registry().items():
         lines += [f"## `{name}`: {cls.title}", "", f"Paper: {cls.paper}", "",
                   f"Reference: {cls.reference or '(none)'}", ""]
@@ -376,7 +376,7 @@ def fidelity_record(markdown: bool = False) -> str:
         lines += [f"- {difference}" for difference in cls.differences] or ["No difference." if cls.reference
                                                                             else unchecked]
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + protocol_record())
 
 
 @functools.cache

@@ -241,6 +241,14 @@ class CIFAR10(Dataset):
         Switch("warmup_batch_size", "Newbeeer/L_DMI, CIFAR-10/dataset.py:38, commit 7d5e4bc",
                "get_loader's batch_size = 256 for every loader, the CE warm start's too", 256),
     )
+    authors_differences = (
+        "per-pixel normalisation, the crop's 4-pixel padding after it — the script normalises by ImageNet's mean and "
+        "std (dataset.py:51) after RandomCrop(32, 4) pads the raw image with zeros: not a switch yet",
+        "LCCN.py and GCE.py select by their loss of the softmax outputs on the whole validation set (LCCN.py:42-57: "
+        "CE of probabilities) — authors keeps bench's selection for FW, GCE and LCCN, whose rule is the scripts' "
+        "up to that double softmax",
+        "torch is seeded from the trial's seed — the scripts seed no torch generator (their runs were unseeded)",
+    )
     folder = ""
     files = FILES
     urls = {URL: ARCHIVE}

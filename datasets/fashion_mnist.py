@@ -86,6 +86,14 @@ class FashionMNIST(Dataset):
         Switch("dmi_script_form", "Newbeeer/L_DMI, fashion/main.py:15-23, commit 7d5e4bc",
                "DMI_loss: -log(|det(onehot^T softmax / N)| + 0.001), in float32", "mean"),
     )
+    authors_differences = (
+        "inputs in [0, 1], not Normalize((0.1307,), (0.3081,)) (fashion/fashion.py:187-192) — not a switch yet: an "
+        "affine change of the input that the first convolution can absorb, though not Adam's path to it",
+        "torch is seeded from the trial's seed — the script seeds no torch generator (its runs were unseeded), so "
+        "per-seed initialisation stands for its unseeded one",
+        "main_dmi saves no epoch-0 model (main.py:113): where no epoch beats the warm-started model's first-batch "
+        "loss the script evaluates a stale or missing file — authors keeps the warm-started model, as MR's script",
+    )
     folder = "FashionMNIST"
     files = FILES
     urls = {MIRROR + Path(rel).name: rel for rel in FILES}

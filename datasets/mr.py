@@ -148,6 +148,19 @@ class MovieReview(Dataset):
         Switch("dmi_script_form", "Newbeeer/L_DMI, MR/main.py:99-107, commit 7d5e4bc",
                "DMI_loss: -log(|det(onehot^T softmax)| + 0.001), the matrix summed over the batch, in float32", "sum"),
     )
+    authors_differences = (
+        "the method stage's torch draws restart from the fixed seed (0 x 1000 + 999) — the script runs main_ce, "
+        "main_dmi, main_gce, main_fw and main_lccn in one process, each continuing the stream the one before left "
+        "(main.py:417-421): the same law, other draws, and a trial must not depend on which methods ran before it",
+        "the vocabulary is numbered by frequency, not alphabetically (dictionaries.py:125) — the embedding rows are "
+        "i.i.d. N(0, 1), so the numbering decides which word gets which draw, not their law",
+        "CE is averaged over the batch — the script sums it (main.py:96, size_average=False): Adam's step is "
+        "invariant to a constant scale of the loss up to its eps of 1e-8",
+        "GCE, FW and LCCN are bench's (their records) — the script's GCE loops over examples (main.py:111-121) and "
+        "its FW and LCCN estimate from the shuffled training loader; the formulas are the same",
+        "float order: the script ran on CUDA with cuDNN's non-deterministic kernels — bench's numbers are exact on "
+        "one machine and within float order across machines (tests/tolerances.py)",
+    )
     folder = "MR"
     files = {
         "rt-polaritydata/rt-polarity.pos": "674ca95d7fa6547818f1cb30daa7eafe",

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+import polars as pl
+
 from bench.config import UserError
 from bench.grid.experiment import Experiment
 from bench.grid.plan import Plan, describe_trial
@@ -336,8 +338,6 @@ def make_callback(tally: Tally, results: str, trials: dict[str, TrialConfig], un
 
 
 def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: Callable[[str], None]) -> None:
-    import polars as pl
-
     elapsed = tally.elapsed()
     states = ", ".join(f"{n} {k}" for k, n in sorted(tally.statuses.items()))
     out("")
@@ -377,12 +377,21 @@ def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: C
     grid = table.filter(pl.col("trial_id").is_in(ids))
     if grid.is_empty() or not grid["usable"].any():
         return
-    # The one selection rule (bench.report.analysis.select_settings, behind `bench report` and `bench leaderboard`),
-    # and the one rounding (bench.report.analysis.fmt).
+    specs = sorted(grid["protocol"].unique().to_list())
+    for spec in specs:  # each protocol selects its own settings (`bench.protocol`)
+        _accuracy_table(grid.filter(pl.col("protocol") == spec), out, f" under protocol {spec}" if len(specs) > 1
+                        else "")
+
+
+def _accuracy_table(grid: pl.DataFrame, out: Callable[[str], None], which: str) -> None:
+    """Mean clean test accuracy per cell and method, by the one selection rule (bench.report.analysis.select_settings,
+    behind `bench report` and `bench leaderboard`) and the one rounding (bench.report.analysis.fmt)."""
     cells = analysis.aggregate(grid).filter(pl.col("acc_mean").is_not_null())
+    if cells.is_empty():
+        return
     wide = (cells.with_columns(pl.col("acc_mean").map_elements(analysis.fmt, return_dtype=pl.String))
             .pivot(on="method", index=["dataset", "noise", "r"], values="acc_mean").sort(["dataset", "noise", "r"]))
-    out("clean test accuracy (%), mean over seeds; per cell the hyper-parameters with the lowest mean "
+    out(f"clean test accuracy (%){which}, mean over seeds; per cell the hyper-parameters with the lowest mean "
         "noisy-validation loss:")
     # Wide enough for a column per method: polars otherwise wraps every cell to the terminal it guesses.
     with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True,

@@ -43,7 +43,8 @@ from bench.store import folder
 
 CELL = ["dataset", "noise", "r", "method"]
 # The columns that make a hyper-parameter setting (everything of a trial's config but the cell and the seed).
-SETTING_COLUMNS = ["model", "lr", "batch_size", "method_params", "epochs", "epochs_warmup", "train_subset"]
+# A setting includes its protocol (`bench.protocol`): two protocols' trials of one seed are two trainings.
+SETTING_COLUMNS = ["model", "lr", "batch_size", "method_params", "epochs", "epochs_warmup", "train_subset", "protocol"]
 PROVENANCE_COLUMNS = ["git_commit", "torch_version", "numpy_version", "python_version", "device", "noise_hash"]
 REQUIRED_COLUMNS = ["dataset", "method", "noise", "r", "seed", "status", "val_loss", "test_acc"]
 USABLE_STATUS = ("ok", "diverged")
@@ -95,6 +96,7 @@ def load_trials(results: str | Path) -> pl.DataFrame:
         pl.col("seed").cast(pl.Int64),
         pl.col("val_loss", "test_acc", "last_test_acc").cast(pl.Float64),
         pl.col("privileged").cast(pl.Boolean).fill_null(False),
+        pl.col("protocol").fill_null("bench"),  # rows written before protocols existed are bench's
     )
     settings = [
         hashlib.sha256(json.dumps(list(row), default=str).encode()).hexdigest()[:10]
@@ -146,6 +148,26 @@ def select_settings(df: pl.DataFrame) -> pl.DataFrame:
 def selected_trials(df: pl.DataFrame) -> pl.DataFrame:
     """The usable trials of each cell's selected setting (`select_settings`): the trials its statistics are over."""
     return df.join(select_settings(df), on=CELL + ["setting"], how="inner").filter(pl.col("usable"))
+
+
+def seed_accuracies(chosen: pl.DataFrame) -> dict[tuple[Any, ...], dict[int, float]]:
+    """Per cell, each seed's clean test accuracy among its trials in `chosen` (`selected_trials`: one trial per seed,
+    the selected setting's, the trials its mean is over)."""
+    seeds = chosen.group_by(CELL).agg("seed", "test_acc")
+    return {tuple(row[:4]): dict(zip(row[4], row[5], strict=True)) for row in seeds.iter_rows()}
+
+
+def paired_difference(a: dict[int, float], b: dict[int, float]) -> tuple[int, float | None, float | None]:
+    """(shared seeds, mean over them of b − a, half-width of that mean's 95% t-interval): a seed only one arm holds
+    has no partner and is left out. Under `MIN_CI_SEEDS` pairs no interval, as in the accuracy tables: with 2, t is
+    12.7 and any control passes."""
+    seeds = sorted(a.keys() & b.keys())
+    if not seeds:
+        return 0, None, None
+    diffs = np.array([b[s] - a[s] for s in seeds])
+    std = float(diffs.std(ddof=1)) if len(diffs) > 1 else None
+    half = t_half_width(std, len(seeds)) if len(seeds) >= MIN_CI_SEEDS else None
+    return len(seeds), float(diffs.mean()), half
 
 
 def fmt(x: float | None, digits: int = DIGITS) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 import polars as pl
 
 from bench.config import UserError
-from bench.report import analysis, diagnostics, leaderboard, noise_kinds
+from bench.report import analysis, diagnostics, leaderboard, noise_kinds, protocols
 from bench.report.analysis import REFERENCE, label
 from bench.report.render import stderr
 from bench.store.folder import is_local, local_path, read_table
@@ -22,13 +22,19 @@ from bench.store.folder import is_local, local_path, read_table
 Log = Callable[[str], None]
 
 
-def _summary(df: pl.DataFrame, grid: pl.DataFrame, results: str) -> str:
+def _summary(df: pl.DataFrame, grid: pl.DataFrame, results: str, every: pl.DataFrame | None = None) -> str:
+    """The report's first line; `every`: the rows of all protocols, where `df` holds the headline one's."""
     status = {s: int((df["status"] == s).sum()) for s in ("ok", "diverged", "failed")}
     measured = int((grid["n"] > 0).sum())
     commits = ", ".join(sorted({str(c) for c in df["git_commit"].to_list() if c is not None})) or "unknown"
-    return (f"{df.height} trials under {results}: {status['ok']} ok, {status['diverged']} diverged, "
+    text = (f"{df.height} trials under {results}: {status['ok']} ok, {status['diverged']} diverged, "
             f"{status['failed']} failed; {measured} of {grid.height} cells measured "
             f"({grid.height - measured} missing); commits {commits}.")
+    if every is not None and every.height > df.height:
+        counts = every.group_by("protocol").len().sort("protocol")
+        text += (" Protocols: " + ", ".join(f"{p} ({n} trials)" for p, n in counts.iter_rows())
+                 + f"; the tables show {df['protocol'][0]}'s, the protocol-effect panel compares them.")
+    return text
 
 
 def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str, Path]:
@@ -36,15 +42,17 @@ def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str,
     from bench.report import plots  # matplotlib takes a second to import: only a report draws figures
 
     log(f"reading result rows under {results} ...")
-    df = analysis.load_trials(results)
+    every = analysis.load_trials(results)
+    df = protocols.headline(every)  # the accuracy tables show one protocol; the protocol panel compares them
     grid = analysis.aggregate(df)
     paired = analysis.paired_comparison(df, grid)
     wtl = analysis.win_tie_loss(paired)
     comparison = analysis.paper_comparison(grid)
     estimates = analysis.transition_estimates(df)
     kinds = noise_kinds.compare(df, grid)
+    effect = protocols.compare(every)
     tabs = leaderboard.tables(grid, paired)
-    summary = _summary(df, grid, str(results))
+    summary = _summary(df, grid, str(results), every)
     log(summary)
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
@@ -71,16 +79,17 @@ def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str,
     log("writing tables ...")
     for name, frame in (("cells", grid), ("paired", paired), ("win_tie_loss", wtl),
                         ("paper_vs_measured", comparison), ("transition_estimates", estimates),
-                        ("noise_kinds", kinds)):
+                        ("noise_kinds", kinds), ("protocols", effect)):
         written[f"{name} csv"] = out / f"{name}.csv"
         frame.write_csv(written[f"{name} csv"])
     texts = {
         "leaderboard.md": leaderboard.to_markdown(tabs, wtl, comparison, summary, estimates)
-        + noise_kinds.to_markdown(kinds) + diagnostics.to_markdown(diag, labels),
+        + protocols.to_markdown(effect) + noise_kinds.to_markdown(kinds) + diagnostics.to_markdown(diag, labels),
         "leaderboard.tex": leaderboard.to_latex(tabs),
         "report.html": leaderboard.to_html(tabs, paired, wtl, comparison, df, figures, heat_png,
                                summary + f" Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.", estimates,
-                               noise_kinds.to_html(kinds) + diagnostics.to_html(diag, diag_figures, labels)),
+                               protocols.to_html(effect) + noise_kinds.to_html(kinds)
+                               + diagnostics.to_html(diag, diag_figures, labels)),
     }
     for name, text in texts.items():
         written[name] = out / name
@@ -100,7 +109,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_leaderboard(args: argparse.Namespace) -> int:
-    df = analysis.load_trials(str(args.results))
+    df = protocols.headline(analysis.load_trials(str(args.results)))
     grid = analysis.aggregate(df)
     paired = analysis.paired_comparison(df, grid, metric=analysis.METRICS[args.metric])
     print(leaderboard.to_terminal(leaderboard.tables(grid, paired, args.metric), _summary(df, grid, str(args.results)),

@@ -17,7 +17,6 @@ import html
 import json
 from typing import Any
 
-import numpy as np
 import polars as pl
 
 from bench.noise import INSTANCE_DEPENDENT, is_instance_dependent
@@ -77,26 +76,6 @@ def _realised_rates(chosen: pl.DataFrame) -> dict[tuple[Any, ...], float | None]
     return {tuple(row[:4]): row[4] for row in rates.iter_rows()}
 
 
-def _accuracies(chosen: pl.DataFrame) -> dict[tuple[Any, ...], dict[int, float]]:
-    """Per cell, each seed's clean test accuracy among its trials in `chosen` (`analysis.selected_trials`: one trial
-    per seed, the selected setting's, the trials its mean is over)."""
-    seeds = chosen.group_by(CELL).agg("seed", "test_acc")
-    return {tuple(row[:4]): dict(zip(row[4], row[5], strict=True)) for row in seeds.iter_rows()}
-
-
-def _paired(cc: dict[int, float], idn: dict[int, float]) -> tuple[int, float | None, float | None]:
-    """(shared seeds, mean over them of idn − cc, half-width of that mean's 95% t-interval): a seed only one arm
-    holds has no partner and is left out."""
-    seeds = sorted(cc.keys() & idn.keys())
-    if not seeds:
-        return 0, None, None
-    diffs = np.array([idn[s] - cc[s] for s in seeds])
-    std = float(diffs.std(ddof=1)) if len(diffs) > 1 else None
-    # Under MIN_CI_SEEDS pairs no interval, as in the accuracy tables: with 2, t is 12.7 and a control always passes.
-    half = analysis.t_half_width(std, len(seeds)) if len(seeds) >= analysis.MIN_CI_SEEDS else None
-    return len(seeds), float(diffs.mean()), half
-
-
 def _row(cc: dict[str, Any], idn: dict[str, Any], rates: dict[tuple[Any, ...], float | None],
          accuracies: dict[tuple[Any, ...], dict[int, float]]) -> dict[str, Any]:
     """One method's pair of cells (rows of the aggregate grid) at one (dataset, r)."""
@@ -106,7 +85,7 @@ def _row(cc: dict[str, Any], idn: dict[str, Any], rates: dict[tuple[Any, ...], f
         out |= {f"{side}_n": c["n"], f"{side}_mean": c["acc_mean"], f"{side}_std": c["acc_std"],
                 f"{side}_rate": rates.get(tuple(c[k] for k in CELL)), f"{side}_setting": c["setting"]}
     cc_accs, idn_accs = (accuracies.get(tuple(c[k] for k in CELL), {}) for c in (cc, idn))
-    out["paired_n"], out["diff"], out["diff_ci95"] = _paired(cc_accs, idn_accs)
+    out["paired_n"], out["diff"], out["diff_ci95"] = analysis.paired_difference(cc_accs, idn_accs)
     rated = out["cc_rate"] is not None and out["idn_rate"] is not None
     out["rate_gap"] = abs(out["idn_rate"] - out["cc_rate"]) if rated else None
     out["flag"] = out["rate_gap"] is not None and out["rate_gap"] > RATE_GAP
@@ -116,12 +95,12 @@ def _row(cc: dict[str, Any], idn: dict[str, Any], rates: dict[tuple[Any, ...], f
 def compare(df: pl.DataFrame, grid: pl.DataFrame) -> pl.DataFrame:
     """One row per (dataset, class-conditional pattern, r, method) where the dataset holds trials of that pattern and
     of an instance-dependent one at r: both cells' accuracy (the aggregate grid's selected setting), seeds, realised
-    noise rates, the difference idn − class-conditional paired by seed (`_paired`) and the flag. `df` as
-    `analysis.load_trials` gives it, `grid` `analysis.aggregate(df)`. Methods without a trial in either cell are
+    noise rates, the difference idn − class-conditional paired by seed (`analysis.paired_difference`) and the flag.
+    `df` as `analysis.load_trials` gives it, `grid` `analysis.aggregate(df)`. Methods without a trial in either cell are
     left out."""
     chosen = analysis.selected_trials(df)
     conditional, classes = _class_conditional(df), _classes(df)
-    rates, accuracies = _realised_rates(chosen), _accuracies(chosen)
+    rates, accuracies = _realised_rates(chosen), analysis.seed_accuracies(chosen)
     cells = {tuple(c[k] for k in CELL): c for c in grid.iter_rows(named=True)}
     order = {m: i for i, m in enumerate(analysis.method_order(grid["method"].unique().to_list()))}
     rows = []
