@@ -35,7 +35,8 @@ SWITCHES = {
                              "warm-started model competes as epoch 0 (bench: the lowest method loss on the whole "
                              "noisy validation set)",
     "optimizer_per_epoch": "the optimiser is created anew at every epoch of every stage, its state (Adam's moments "
-                           "and step, SGD's momentum) lost (bench: one optimiser per stage)",
+                           "and step, SGD's momentum) lost (bench: one optimiser per stage; a method's own "
+                           "optimiser, T-revision's, is kept)",
     "fixed_torch_seed": "one torch seed (the setting) for initial weights, data order and dropout in every trial; "
                         "`seed` draws only the noise (bench: the seed varies all of them)",
     "script_noise": "noisy labels drawn as the scripts draw them: NumPy's legacy RandomState(seed), one uniform per "
