@@ -272,7 +272,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cpus-per-trial", type=float, default=None, help="override resources.cpu")
     p.add_argument("--gpus-per-trial", type=float, default=None,
                    help="override resources.gpu (> 0 runs on cuda, 0 on the CPU); fractions share a GPU")
-    p.add_argument("--retries", type=int, default=None, help="retries of a crashed trial (default 2)")
+    p.add_argument("--retries", type=int, default=None,
+                   help="retries of a trial whose worker died (a lost node, an out-of-memory kill; default 2); an "
+                        "error in a trial's code is not retried: its row is failed, with the reason")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     p.add_argument("--pack", default="auto",
                    help="train trials that share data, model and schedule as one stacked model on one device: "

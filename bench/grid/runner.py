@@ -9,8 +9,11 @@
 Trial identity is `TrialConfig.trial_id`, a hash of the trial's effective configuration (schedules and method
 defaults filled in): a relaunch runs only the trials without
 a result row (rows with status "failed" run again), so a killed grid resumes and a grid can grow. Ray retries a
-crashed trial (`--retries`); the method stage checkpoints after every epoch, so a retried trial (or one re-run
-after the driver was killed) resumes from its last finished epoch, and its warm start comes from the cache.
+unit only for faults that a retry can cure (`--retries`): a worker that died (a lost node, an out-of-memory kill, a
+preempted worker), a fault of Ray's own (`retry_cures`); the method stage checkpoints after every epoch, so a retried
+trial (or one re-run after the driver was killed) resumes from its last finished epoch, and its warm start comes from
+the cache. Any other error in a worker is deterministic and would fail every retry alike: the unit ends at once, each
+of its trials with a row `failed` and the reason, its traceback in the unit's log.
 Locally Ray starts in-process (`ray.init(address="local")`, never attaching to another Ray on the machine), its
 services listening on 127.0.0.1 only; `--address` joins a cluster (`connect`: one line where nothing listens or the
 token is refused). Once connected, the driver counts the GPUs Ray has and splits the packs over them
@@ -37,6 +40,7 @@ import socket
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +48,7 @@ from typing import Any
 
 from bench.config import EXIT_USAGE, UserError
 from bench.exec.pack import run_pack
-from bench.exec.trainer import run_trial
+from bench.exec.trainer import failed_row, run_trial
 from bench.exec.warmstart import WarmStartCache
 from bench.grid.experiment import Experiment
 from bench.grid.files import Overrides, load_experiment
@@ -63,6 +67,7 @@ from bench.grid.validate import check_data, check_grid_size, check_results
 from bench.schema import GRID_LIMIT
 from bench.store import folder
 from bench.store.mirror import open_mirror
+from bench.store.rows import write_trial
 from bench.trial import TrialConfig
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -107,9 +112,46 @@ def ray_unit(config: dict[str, Any], units: dict[str, list[TrialConfig]], data_r
             log(f"bench: error: {e}")
             tune.report({"unit": unit, "status": "rejected", "error": str(e), **cache.stats(), **progress.final()})
             return
+        except Exception as e:
+            if retry_cures(e):
+                raise  # Ray retries the unit (--retries), from its last epoch checkpoint
+            # A deterministic error (a bug, a value the checks missed): it would fail the same way on every retry,
+            # so the unit ends here, its trials' rows `failed` with the reason, the traceback in its log.
+            error = one_line(e)
+            log_file.write(traceback.format_exc())
+            log(f"bench: trial failed: {error}")
+            write_failed_rows(trials, results, error)
+            tune.report({"unit": unit, "status": "failed", "error": error, **cache.stats(), **progress.final()})
+            return
         checkpoints.clear()
     tune.report({"unit": unit, "status": ",".join(sorted({r["status"] for r in rows})), **cache.stats(),
                  **progress.final()})
+
+
+def retry_cures(error: BaseException) -> bool:
+    """Whether retrying a unit may cure `error`: a fault of Ray's own (a lost node, actor or object), a GPU whose
+    memory other work took, a connection that dropped. A worker killed outright (a lost node, an out-of-memory
+    kill, a preempted worker) raises nothing here: Ray sees it die and retries it (`--retries`)."""
+    import ray.exceptions
+    import torch
+
+    return isinstance(error, (ray.exceptions.RayError, torch.OutOfMemoryError, ConnectionError))
+
+
+def one_line(error: BaseException, limit: int = 400) -> str:
+    """An exception as one line: its type and message, whitespace collapsed, at most `limit` characters."""
+    text = " ".join(f"{type(error).__name__}: {error}".split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def write_failed_rows(trials: list[TrialConfig], results: str, error: str) -> None:
+    """A row with status failed and `error` for each trial of a unit that stopped on a deterministic error,
+    unless it already has that row (a solo trial writes its own when training fails, `run_trial`)."""
+    store = folder.Store(results)
+    for t in trials:
+        row, _ = store.read_row(t.trial_id)
+        if row is None or row.get("status") != "failed" or row.get("error") != error:
+            write_trial(results, failed_row(t, error), [])
 
 
 def check_cuda(device: str) -> None:
