@@ -5,14 +5,21 @@ leaves loses no rows, and damaged CIFAR files are one line. Each test fails on t
 
 from __future__ import annotations
 
+import http.server
+import socket
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import yaml
 
 from bench import models
+from bench.cli.main import main
 from bench.data import registry as datasets
+from bench.grid import cluster
 from bench.grid.files import load_experiment
 from bench.grid.runner import Settings, run_experiment
 from bench.methods import registry as methods
@@ -95,3 +102,78 @@ def test_a_deterministic_error_in_a_worker_fails_its_trial_once_and_the_others_g
     assert "Ray retries" not in text and "Traceback" not in text
     assert f"      error: {reason}" in text.splitlines()
     assert "1 failed trials keep a row with status failed" in text
+
+
+# -- 2. --address to a port that is not Ray ----------------------------------------------------------------------------
+class Quiet(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+@contextmanager
+def not_ray(kind: str) -> Iterator[str]:
+    """A server on 127.0.0.1 that is not a Ray head: an HTTP server, a listener that never answers, an SSH banner;
+    its address."""
+    if kind == "http":
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            yield f"127.0.0.1:{server.server_address[1]}"
+        finally:
+            server.shutdown()
+            server.server_close()
+        return
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+    held: list[socket.socket] = []
+
+    def banner() -> None:  # an SSH server speaks first, then waits for the client's banner
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+            held.append(conn)  # open, waiting for the client's banner
+        for conn in held:
+            conn.close()
+
+    thread = threading.Thread(target=banner, daemon=True)
+    if kind == "ssh":
+        thread.start()
+    try:  # "silent": connections wait in the listen backlog, never answered
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        if thread.is_alive():
+            thread.join()
+        listener.close()
+
+
+@pytest.mark.parametrize("kind, said", [("http", "it answered '<!DOCTYPE'"), ("silent", "no answer to a Ray handshake"),
+                                        ("ssh", "it answered 'SSH-2.0-O'")])
+def test_an_address_that_is_not_ray_is_one_line_in_seconds_for_the_dry_run_and_the_run(
+        tmp_path, capsys, monkeypatch, kind, said):
+    monkeypatch.setattr(cluster, "HANDSHAKE_TIMEOUT", 2.0)
+    config = write_config(tmp_path)
+    results = tmp_path / "results"
+    with not_ray(kind) as address:
+        for extra in (["--dry-run"], ["--no-mlflow"]):
+            started = time.monotonic()
+            assert main(["run", str(config), "--address", address, "--results", str(results), *extra]) == 2
+            assert time.monotonic() - started < 15
+            line = one_error_line(capsys)
+            assert line.startswith(f"bench: error: nothing at {address} answers as a Ray cluster ({said}"), line
+            assert "ray start --head --port" in line
+            assert capsys.readouterr().out == ""
+    assert not results.exists()
+
+
+def test_a_real_ray_head_passes_the_handshake(plugin_ray):
+    """No false alarm: the GCS of a real Ray answers gRPC's handshake (and a port where nothing listens is still
+    refused at once, as before)."""
+    address = plugin_ray.get_runtime_context().gcs_address
+    started = time.monotonic()
+    cluster.probe(address, timeout=5)
+    assert time.monotonic() - started < 5

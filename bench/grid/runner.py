@@ -15,8 +15,9 @@ trial (or one re-run after the driver was killed) resumes from its last finished
 the cache. Any other error in a worker is deterministic and would fail every retry alike: the unit ends at once, each
 of its trials with a row `failed` and the reason, its traceback in the unit's log.
 Locally Ray starts in-process (`ray.init(address="local")`, never attaching to another Ray on the machine), its
-services listening on 127.0.0.1 only; `--address` joins a cluster (`connect`: one line where nothing listens or the
-token is refused). Once connected, the driver counts the GPUs Ray has and splits the packs over them
+services listening on 127.0.0.1 only; `--address` joins a cluster (`bench.grid.cluster.connect`: one line within
+seconds where nothing listens, what listens is not Ray, or the token is refused; checked before anything is written).
+Once connected, the driver counts the GPUs Ray has and splits the packs over them
 (`plan_on_cluster`); `--dry-run --address` connects too (`gpus_to_plan`).
 
 Before Ray starts, the driver checks every trial (`bench.grid.validate`), the data files and the results folder, and
@@ -31,17 +32,12 @@ every file in the results folder goes through `bench.store.folder`; the command'
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import logging
 import math
 import os
-import socket
 import sys
-import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +46,7 @@ from bench.config import EXIT_USAGE, UserError
 from bench.exec.pack import run_pack
 from bench.exec.trainer import failed_row, run_trial
 from bench.exec.warmstart import WarmStartCache
+from bench.grid.cluster import check_resources, cluster_gpus, probe, start_ray
 from bench.grid.experiment import Experiment
 from bench.grid.files import Overrides, load_experiment
 from bench.grid.plan import (
@@ -164,120 +161,6 @@ def check_cuda(device: str) -> None:
 
 
 # -- the driver -------------------------------------------------------------------------------------------------
-def start_ray(address: str | None, num_cpus: int | None) -> bool:
-    """Connect to (or start) Ray; return True if this call started it (so the caller shuts it down)."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-    # Ray Tune's own warnings on Ctrl-C suggest Tuner.restore; `bench run` resumes by trial identity instead.
-    logging.getLogger("ray.tune").setLevel(logging.ERROR)
-    kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    if address:
-        connect(address, kwargs)
-    else:
-        # Ray turns a node address of 127.0.0.1 into this machine's network address (so that other nodes could
-        # join) unless clusters are off, as on macOS; with them off for this call, a local run's GCS, raylet and
-        # workers listen on the loopback interface only, not on every interface without authentication.
-        from ray._private import ray_constants
-
-        clusters = ray_constants.ENABLE_RAY_CLUSTER
-        ray_constants.ENABLE_RAY_CLUSTER = False
-        try:
-            ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", **kwargs)
-        finally:
-            ray_constants.ENABLE_RAY_CLUSTER = clusters
-    return True
-
-
-AUTH_HINT = ("a cluster started with `ray start` expects RAY_AUTH_MODE=token and the cluster's token (RAY_AUTH_TOKEN "
-             "or ~/.ray/auth_token) on the client, unless it was started with RAY_AUTH_MODE=disabled "
-             "(docs/cluster.md, section 4)")
-
-
-def connect(address: str, kwargs: dict[str, Any]) -> None:
-    """Join the cluster at `address`, or fail in one line: at once where nothing listens (Ray would retry for
-    minutes, printing as it goes), and without Ray's own C++ log lines, which go to the process's stderr while it
-    connects (read back here to name the cause: a missing or wrong token shows only there)."""
-    import ray
-
-    probe(address)
-    with captured_stderr() as captured:
-        try:
-            ray.init(address=address, **kwargs)
-            failure = None
-        except Exception as e:  # noqa: BLE001 - every failure to connect becomes one line
-            failure = e
-    if failure is None:
-        sys.stderr.write(captured.read())
-        return
-    if "InvalidAuthToken" in captured.read() or "InvalidAuthToken" in str(failure):
-        mode = os.environ.get("RAY_AUTH_MODE", "unset")
-        raise UserError(f"the Ray cluster at {address} refused this client's token (InvalidAuthToken; RAY_AUTH_MODE "
-                        f"is {mode} here): {AUTH_HINT}")
-    text = " ".join(str(failure).split())
-    raise UserError(f"cannot connect to the Ray cluster at {address}: {type(failure).__name__}: {text[:300]}; check "
-                    f"the address and port, and token authentication: {AUTH_HINT}")
-
-
-def probe(address: str, timeout: float = 10.0) -> None:
-    """Raise a `UserError` when nothing accepts a TCP connection at HOST:PORT or ray://HOST:PORT (`auto` and
-    other forms pass)."""
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if not sep or not port.isdigit() or not host or "://" in host:
-        return
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-    except OSError as e:
-        reason = f"no answer in {timeout:g}s" if isinstance(e, TimeoutError) else e.strerror or type(e).__name__
-        raise UserError(f"cannot connect to the Ray cluster at {address}: nothing listens there ({reason}); give "
-                        "the head node's address and the port of its `ray start --head --port` (or start the "
-                        "cluster first)") from None
-
-
-@contextlib.contextmanager
-def captured_stderr() -> Iterator[io.StringIO]:
-    """Everything written to file descriptor 2 inside the block (Ray's C++ core logs there, below Python),
-    readable afterwards from the yielded buffer."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    buffer = io.StringIO()
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield buffer
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            buffer.write(tmp.read().decode("utf-8", "replace"))
-            buffer.seek(0)
-
-
-def check_resources(cpu: float, gpu: float) -> None:
-    """Fail at once when no node of the cluster can ever hold one trial (Ray would wait for ever)."""
-    import ray
-
-    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    if any(res.get("CPU", 0) >= cpu and res.get("GPU", 0) >= gpu for res in nodes):
-        return
-    have = ", ".join(f"{res.get('CPU', 0):g} CPU / {res.get('GPU', 0):g} GPU" for res in nodes) or "no nodes"
-    what = f"{cpu:g} CPU" + (f" and {gpu:g} GPU" if gpu else "")
-    fix = ("run on a cluster with GPUs, or set device: cpu and resources.gpu: 0 (--gpus-per-trial 0)"
-           if gpu and not any(res.get("GPU", 0) for res in nodes) else "lower resources.cpu (--cpus-per-trial)")
-    raise UserError(f"each trial asks for {what} but no node of this Ray cluster can ever provide it "
-                    f"(nodes: {have}); {fix}")
-
-
-def cluster_gpus() -> int:
-    """GPUs of the Ray cluster this driver is connected to, logical ones included: what Ray schedules by."""
-    import ray
-
-    return int(ray.cluster_resources().get("GPU", 0))
-
-
 def gpus_to_plan(address: str | None) -> int:
     """For `--dry-run`, the GPUs a grid would run on. With `address` the cluster's: the dry run connects as
     `bench run` does (failing with its error) and leaves. Else this machine's, as the local Ray of `bench run`
@@ -450,6 +333,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.num_cpus is not None and args.num_cpus < 1:
         raise UserError(f"--num-cpus must be >= 1, got {args.num_cpus}")
     check_results(folder.absolute(results))
+    if args.address:  # before anything is written: a wrong address is one line in seconds
+        probe(args.address)
     if args.dry_run:
         gpus = gpus_to_plan(args.address)
         if exp.size() > GRID_LIMIT:
