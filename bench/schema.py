@@ -98,7 +98,7 @@ class Value:
             if not (is_int or (self.kind is float and isinstance(value, float))):
                 return f"expected {self.allowed(high) if self.kind is int else 'a number'}, got {shown(value)}"
             inside = value in Interval.parse(self.range) and (high is None or value <= high)
-            if not inside or not math.isfinite(value):
+            if not inside or not (is_int or math.isfinite(value)):  # an int of any size: no float conversion
                 return f"must be {self.allowed(high)}, got {value!r}"
             return None
         if not isinstance(value, self.kind):
@@ -129,7 +129,12 @@ BATCH_SIZE = Value(int, "[1, inf)")
 EPOCHS = Value(int, "[0, inf)")  # the method stage's and the warm start's
 TRAIN_SUBSET = Value(int, "[1, inf)")
 DEVICE = Value(str, pattern=r"cpu|cuda(:\d+)?", words="allowed: cpu, cuda (or cuda:N)")
-NAME = Value(str, pattern=r"[A-Za-z0-9][A-Za-z0-9_.-]*", words="use letters, digits, '-', '_' and '.'")
+# A name becomes a file or folder name (of at most 255 bytes), with suffixes: an experiment's gets "-<8 hex>" where
+# the command line changes its grid, ".yaml", and Ray Tune's "-<date>-<time>".
+NAME = Value(str, pattern=r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}",
+             words="use letters, digits, '-', '_' and '.', at most 128 characters")
+EXPERIMENT_NAME = Value(str, pattern=r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}",
+                        words="use letters, digits, '-', '_' and '.', at most 100 characters (it names files)")
 TEXT = Value(str, pattern=r".+", words="expected a non-empty string")
 
 # `bench trial`: the TrialConfig field each flag sets, and what it allows.
@@ -146,11 +151,11 @@ TRIAL_FLAGS = {
 
 # -- an experiment file (see bench/grid/experiment.py for an example) -------------------------------------------------
 EXPERIMENT = {
-    "name": Key(NAME, required=True),  # names the MLflow experiment and the default results folder
+    "name": Key(EXPERIMENT_NAME, required=True),  # names the MLflow experiment and the default results folder
     "dataset": Key(TEXT, required=True),
     "noise": Key(TEXT, required=True, axis=True),
     "r": Key(PROBABILITY, required=True, axis=True),
-    "seeds": Key(SEED, required=True, axis=True),  # or N, for seeds 0..N-1
+    "seeds": Key(SEED, required=True, axis=True),  # or N, for seeds 0..N-1 (SEED_COUNT)
     "methods": Key(Value(dict, words="a non-empty mapping: method name -> settings (e.g. ce: {})"), required=True),
     "epochs": Key(EPOCHS),
     "epochs_warmup": Key(EPOCHS),
@@ -174,9 +179,11 @@ def check_name(what: str, value: str) -> str:
     """A name that becomes a path component: letters, digits, '-', '_', '.', no separators and no '..'."""
     if not isinstance(value, str) or NAME.problem(value) or ".." in value:
         raise UserError(f"{what} {value!r} is not a safe name: use letters, digits, '-', '_' and '.' "
-                        "(no path separators, no '..')")
+                        "(no path separators, no '..', at most 128 characters)")
     return value
 
 
-# A grid this large is most likely a typo (seeds: 1000000); running it needs --yes.
+# A grid this large is most likely a typo (seeds: [0, ..., 999999]); running it needs --yes.
 GRID_LIMIT = 100_000
+# `seeds: N` (seeds 0..N-1): checked before the list is built; more seeds than GRID_LIMIT trials is a typo.
+SEED_COUNT = Value(int, f"[1, {GRID_LIMIT}]")

@@ -20,9 +20,10 @@ from bench import models
 from bench.cli.main import main
 from bench.data import registry as datasets
 from bench.grid import cluster
-from bench.grid.files import load_experiment
+from bench.grid.files import Overrides, load_experiment
 from bench.grid.runner import Settings, run_experiment
 from bench.methods import registry as methods
+from bench.schema import check_name
 from bench.store.folder import read_table
 
 GRID = dict(name="last", dataset="synthetic", noise="case3", r=[0.2], seeds=[0], epochs=1, epochs_warmup=1,
@@ -177,3 +178,74 @@ def test_a_real_ray_head_passes_the_handshake(plugin_ray):
     started = time.monotonic()
     cluster.probe(address, timeout=5)
     assert time.monotonic() - started < 5
+
+
+# -- 1. values that slipped past the checks ----------------------------------------------------------------------------
+@pytest.mark.parametrize("where", ["set", "file"])
+@pytest.mark.parametrize("count", ["99999999999999999999", "30000000"])
+def test_a_seed_count_is_checked_before_its_list_is_built(tmp_path, capsys, where, count):
+    config = write_config(tmp_path)
+    if where == "file":
+        config.write_text(config.read_text().replace("seeds:\n- 0", f"seeds: {count}"))
+    sets = ["--set", f"seeds={count}"] if where == "set" else []
+    started = time.monotonic()
+    assert main(["run", str(config), "--dry-run", *sets]) == 2
+    assert time.monotonic() - started < 10
+    line = one_error_line(capsys)
+    assert "seeds: a count of seeds (0..N-1) must be an integer >= 1 and <= 100,000, got " in line, line
+    assert line.endswith("give a smaller count, or a list of seeds")
+
+
+def test_a_long_experiment_name_is_refused_before_ray_starts(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = write_config(tmp_path)
+    assert main(["run", str(config), "--set", "name=" + "a" * 250, "--no-mlflow"]) == 2
+    line = one_error_line(capsys)
+    assert "name: use letters, digits, '-', '_' and '.', at most 100 characters (it names files), got 'aaa" in line
+    assert not (tmp_path / "results").exists()
+    # The longest allowed name, renamed by a change of its grid, still names files and rows.
+    exp = load_experiment(write_config(tmp_path, name="b" * 100), overrides=Overrides(("r=[0.4]",)))
+    assert len(exp.name) == 109 and check_name("experiment", exp.trials()[0].experiment) == exp.name
+
+
+def test_a_set_for_a_method_that_methods_leaves_out_is_refused(tmp_path, capsys):
+    config = write_config(tmp_path, methods={"ce": {}, "dmi": {}})
+    assert main(["run", str(config), "--dry-run", "--methods", "dmi", "--set", "methods.ce.lr=2e-3"]) == 2
+    assert one_error_line(capsys) == ("bench: error: --set methods.ce.lr=2e-3: changes method ce, which --methods dmi "
+                                      "leaves out; add it to --methods, or drop this --set")
+    assert main(["run", str(config), "--dry-run", "--methods", "dmi,ce", "--set", "methods.ce.lr=2e-3"]) == 0
+
+
+@pytest.mark.parametrize("value", ["inf", "1e400", "nan"])
+def test_a_pack_memory_bound_that_is_not_a_finite_number_is_one_line_before_ray(tmp_path, capsys, monkeypatch, value):
+    monkeypatch.setenv("BENCH_PACK_MEMORY_GB", value)
+    config = write_config(tmp_path, device="cuda", resources={"cpu": 1, "gpu": 1}, methods={"ce": {}, "dmi": {}})
+    results = tmp_path / "results"
+    for extra in (["--dry-run"], ["--no-mlflow", "--pack", "2"]):
+        assert main(["run", str(config), "--results", str(results), *extra]) == 2
+        assert one_error_line(capsys) == (f"bench: error: BENCH_PACK_MEMORY_GB must be a positive number of GiB, got "
+                                          f"{value!r}: set it to the GiB a pack may take on a GPU (e.g. 20), or "
+                                          "unset it")
+    assert not results.exists()
+
+
+def test_a_pack_memory_bound_for_one_member_plans_solo_trials(monkeypatch, capsys, tmp_path):
+    """Where the bound holds one member but not two, `--pack auto` runs the trials solo (it planned packs of a
+    whole warm-start cell, 2 here, while saying "at most 1 a pack")."""
+    import dataclasses
+
+    from bench.exec.memory import GIB, pack_memory
+    from bench.exec.packed import EVAL_IMAGES
+    from bench.exec.prepare import prepare
+    from bench.grid.plan import plan_units
+    from bench.trial import TrialConfig
+
+    trials = [TrialConfig("synthetic", m, "case3", r, seed=0, device="cuda", epochs=1, epochs_warmup=1)
+              for m in ("ce", "dmi") for r in (0.2, 0.4)]
+    memory = pack_memory(prepare(TrialConfig("synthetic", "ce", "case3", 0.2, epochs=1, epochs_warmup=1), "unused",
+                                 log=lambda s: None))
+    memory = dataclasses.replace(memory, chunk=EVAL_IMAGES["cuda"])
+    monkeypatch.setenv("BENCH_PACK_MEMORY_GB", str((memory.bytes(1) + memory.bytes(2)) / 2 / GIB))
+    units = plan_units(trials, "auto", "unused")
+    assert [len(u) for u in units] == [1] * 4 and sorted(u[0].trial_id for u in units) == sorted(
+        t.trial_id for t in trials)

@@ -48,7 +48,17 @@ from bench.config import UserError
 from bench.data import registry as dataset_registry
 from bench.methods import check_params
 from bench.methods import registry as method_registry
-from bench.schema import EXPERIMENT, METHOD_STAGE, PROBABILITY, RESOURCES, TEXT, WHOLE_EXPERIMENT, Key, Value
+from bench.schema import (
+    EXPERIMENT,
+    METHOD_STAGE,
+    PROBABILITY,
+    RESOURCES,
+    SEED_COUNT,
+    TEXT,
+    WHOLE_EXPERIMENT,
+    Key,
+    Value,
+)
 from bench.trial import TrialConfig, freeze_params
 
 
@@ -246,7 +256,9 @@ def parse_experiment(data: Any, source: str = "<config>") -> Experiment:
     if missing:
         raise ck.fail(missing[0], f"missing required key; every experiment sets {', '.join(required)}")
     if isinstance(data["seeds"], int) and not isinstance(data["seeds"], bool):  # N: seeds 0..N-1
-        data = {**data, "seeds": list(range(ck.value("seeds", Value(int, "[1, inf)"), data["seeds"])))}
+        if problem := SEED_COUNT.problem(data["seeds"]):  # before the list is built
+            raise ck.fail("seeds", f"a count of seeds (0..N-1) {problem}; give a smaller count, or a list of seeds")
+        data = {**data, "seeds": list(range(data["seeds"]))}
     v = {key: ck.key(key, spec, data.get(key)) for key, spec in EXPERIMENT.items()}
 
     resources = _resources(ck, v)

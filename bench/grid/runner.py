@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.config import EXIT_USAGE, UserError
+from bench.exec.memory import memory_budget
 from bench.exec.pack import run_pack
 from bench.exec.trainer import failed_row, run_trial
 from bench.exec.warmstart import WarmStartCache
@@ -332,6 +333,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserError(f"--gpus-per-trial must be a finite number >= 0, got {args.gpus_per_trial}")
     if args.num_cpus is not None and args.num_cpus < 1:
         raise UserError(f"--num-cpus must be >= 1, got {args.num_cpus}")
+    memory_budget()  # a bad $BENCH_PACK_MEMORY_GB is one line here, before Ray, not an error in every pack
     check_results(folder.absolute(results))
     if args.address:  # before anything is written: a wrong address is one line in seconds
         probe(args.address)
