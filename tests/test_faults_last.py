@@ -256,3 +256,65 @@ def test_a_pack_memory_bound_for_one_member_plans_solo_trials(monkeypatch, capsy
     units = plan_units(trials, "auto", "unused")
     assert [len(u) for u in units] == [1] * 4 and sorted(u[0].trial_id for u in units) == sorted(
         t.trial_id for t in trials)
+
+
+# -- 1. outputs that cannot be written ---------------------------------------------------------------------------------
+@pytest.fixture
+def rows(tmp_path) -> Path:
+    """A results folder with one real row (CE on the synthetic set)."""
+    from bench.exec.trainer import run_trial
+    from bench.trial import TrialConfig
+
+    folder = tmp_path / "results"
+    run_trial(TrialConfig("synthetic", "ce", "case3", 0.2, epochs=1, epochs_warmup=1), "unused", results=folder,
+              log=lambda s: None)
+    return folder
+
+
+def test_outputs_blocked_by_a_file_are_one_line_and_nothing_is_written(rows, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("not a folder")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    cases = [
+        (["report", str(rows), "--out", str(tmp_path / "a_file")],
+         f"report folder {tmp_path / 'a_file'} is a file, not a folder; give another folder with --out"),
+        (["results", str(rows), "--out", str(tmp_path / "a_file" / "all.parquet")],
+         f"output file {tmp_path / 'a_file' / 'all.parquet'}: {tmp_path / 'a_file'} is a file, not a folder; give "
+         "another file to --out"),
+        (["sync-mlflow", str(rows), "--mlflow-uri", f"sqlite:///{tmp_path / 'a_file' / 'mlflow.db'}"],
+         f"MLflow store {tmp_path / 'a_file' / 'mlflow.db'}: {tmp_path / 'a_file'} is a file, not a folder; name a "
+         "store you can write with --mlflow-uri (e.g. sqlite:////tmp/mlflow.db)"),
+    ]
+    for args, message in cases:
+        started = time.monotonic()
+        assert main(args) == 2, args
+        assert one_error_line(capsys) == f"bench: error: {message}"
+        assert time.monotonic() - started < 10
+    (rows / "report").write_text("a file where the default report folder goes")
+    assert main(["report", str(rows)]) == 2
+    assert "report folder" in one_error_line(capsys)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == sorted(before + [Path("results/report")])
+    assert (tmp_path / "a_file").read_text() == "not a folder"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_read_only_folders_are_one_line_and_nothing_is_written(rows, tmp_path, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    cases = [(["report", str(rows)], "report folder"),
+             (["results", str(rows), "--out", str(locked / "all.csv")], "output file"),
+             (["labels", "--dataset", "synthetic", "--noise", "case3", "--r", "0.2", "--out",
+               str(locked / "labels.parquet")], "output file"),
+             (["sync-mlflow", str(rows)], "MLflow store")]
+    for path in (rows, locked):
+        path.chmod(0o555)
+    try:
+        for args, what in cases:
+            started = time.monotonic()
+            assert main(args) == 2, args
+            line = one_error_line(capsys)
+            assert line.startswith(f"bench: error: {what} ") and "cannot be written (Permission denied" in line
+            assert time.monotonic() - started < 10
+    finally:
+        for path in (rows, locked):
+            path.chmod(0o755)
+    assert not list(locked.iterdir()) and not (rows / "report").exists() and not (rows / "mlflow.db").exists()

@@ -18,7 +18,7 @@ from bench import __version__
 from bench.config import EXIT_USAGE, UserError, default_data_root
 from bench.schema import GRID_LIMIT
 from bench.store.columns import CORE_COLUMNS
-from bench.store.folder import read_table
+from bench.store.folder import check_output, read_table
 
 # What `bench run`, `report`, `results`, `sync-mlflow` and `ui` need beyond the training core; each command names
 # its own (`needs`), checked before it starts.
@@ -128,6 +128,8 @@ def cmd_results(args: argparse.Namespace) -> int:
     """`bench results`: the merged result table, printed or written to one file."""
     import polars as pl
 
+    if args.out:
+        check_output(args.out, "output file", "give another file to --out", kind="file")
     table = read_table(args.results)
     if table.is_empty():
         raise UserError(f"no result rows under {args.results}/trials")
