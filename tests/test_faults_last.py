@@ -318,3 +318,28 @@ def test_read_only_folders_are_one_line_and_nothing_is_written(rows, tmp_path, c
         for path in (rows, locked):
             path.chmod(0o755)
     assert not list(locked.iterdir()) and not (rows / "report").exists() and not (rows / "mlflow.db").exists()
+
+
+# -- 3. the reader leaves ----------------------------------------------------------------------------------------------
+def test_a_reader_that_leaves_loses_no_rows(tmp_path):
+    """`bench run GRID | head -1`: the grid goes on, its lines discarded, every row written; one warning on stderr
+    (it stopped at the next line, exit 0, no row)."""
+    import subprocess
+    import sys
+
+    config = write_config(tmp_path, r=[0.2, 0.4])
+    results = tmp_path / "results"
+    run = subprocess.Popen([str(Path(sys.executable).parent / "bench"), "run", str(config), "--results", str(results),
+                            "--no-mlflow", "--num-cpus", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONWARNINGS": "ignore"})
+    try:
+        first = run.stdout.readline()
+        run.stdout.close()  # as `head -1` does
+        err = run.stderr.read()
+        assert run.wait(timeout=240) == 0, err
+    finally:
+        run.kill()
+    assert first.startswith("last: running 2 of 2 trials")
+    assert err.splitlines() == ["bench: warning: the reader of this command's output left; the grid goes on without "
+                                "printing, writing every row (see them with `bench results`)"]
+    assert sorted(read_table(results)["status"]) == ["ok", "ok"]

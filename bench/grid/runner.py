@@ -32,6 +32,8 @@ every file in the results folder goes through `bench.store.folder`; the command'
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import math
 import os
 import sys
@@ -316,12 +318,37 @@ def default_results(exp: Experiment) -> str:
     return str(Path("results") / exp.name)
 
 
+class Lines:
+    """`bench run`'s lines on stdout. Where the reader leaves (`bench run GRID | head -1`), the grid goes on with its
+    lines discarded and its rows written, and one warning on stderr says so (it used to stop at the next line and
+    exit 0 without a row)."""
+
+    def __init__(self) -> None:
+        self.reader_left = False
+
+    def __call__(self, line: str) -> None:
+        if self.reader_left:
+            return
+        try:
+            print(line, flush=True)
+        except BrokenPipeError:
+            self.reader_left = True
+            try:  # everything still bound for stdout (Python's buffer, Ray's, the live status) goes nowhere
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError, io.UnsupportedOperation):
+                sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stdout from here on
+            with contextlib.suppress(OSError):
+                print("bench: warning: the reader of this command's output left; the grid goes on without printing, "
+                      "writing every row (see them with `bench results`)", file=sys.stderr, flush=True)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     overrides = Overrides(tuple(args.sets), args.methods, args.seeds)
     exp = load_experiment(args.config, overrides=overrides)
     results = args.results or default_results(exp)
+    out = Lines()
     if exp.overrides:
-        print(f"{' '.join(exp.overrides)} changed the grid of {exp.base_name}: it runs as experiment {exp.name}"
+        out(f"{' '.join(exp.overrides)} changed the grid of {exp.base_name}: it runs as experiment {exp.name}"
               f"{'' if overrides.names() else ' (--set name=NAME names it)'}, results in {results}, which keeps it "
               f"as {exp.name}.yaml")
     for flag, value in (("--max-concurrent", args.max_concurrent), ("--retries", args.retries)):
@@ -360,7 +387,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         num_cpus=args.num_cpus, pack=parse_pack(args.pack),
         live=sys.stdout.isatty() and os.environ.get("TERM") != "dumb",
     )
-    tally = run_experiment(exp, settings, out=lambda line: print(line, flush=True))
+    tally = run_experiment(exp, settings, out=out)
     if tally.rejected:
         return EXIT_USAGE
     return 0 if tally.done == tally.total and not tally.statuses.get("failed") else 1
