@@ -343,3 +343,51 @@ def test_a_reader_that_leaves_loses_no_rows(tmp_path):
     assert err.splitlines() == ["bench: warning: the reader of this command's output left; the grid goes on without "
                                 "printing, writing every row (see them with `bench results`)"]
     assert sorted(read_table(results)["status"]) == ["ok", "ok"]
+
+
+# -- 5. crafted or tiny CIFAR-100 files --------------------------------------------------------------------------------
+@pytest.fixture
+def cifar100_root(tmp_path, monkeypatch) -> Path:
+    """A data root with a 60 + 20 image CIFAR-100 in the published layout (checksums off: the files are ours)."""
+    from test_cifar100 import write_cifar100
+
+    write_cifar100(tmp_path / "data")
+    monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "0")
+    return tmp_path / "data"
+
+
+def cifar100_trial(root: Path, results: Path) -> list[str]:
+    return ["trial", "--dataset", "cifar100", "--method", "ce", "--noise", "symmetric", "--r", "0.2",
+            "--epochs-warmup", "0", "--epochs", "0", "--data-root", str(root), "--results", str(results)]
+
+
+def test_a_pickle_declaring_a_huge_size_is_one_line(cifar100_root, tmp_path, capsys):
+    import struct
+
+    train = cifar100_root / "cifar-100-python" / "train"
+    train.write_bytes(b"\x80\x04\x8e" + struct.pack("<Q", 2**60) + b"x" * 19)  # BINBYTES8 of 2**60 bytes: 30 bytes
+    assert main(cifar100_trial(cifar100_root, tmp_path / "results")) == 2
+    assert one_error_line(capsys) == (f"bench: error: {train} is not a CIFAR-100 python file (MemoryError); use the "
+                                      "official files")
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_train_file_too_small_for_a_validation_split_is_one_line(cifar100_root, tmp_path, capsys):
+    import pickle
+
+    import numpy as np
+
+    train = cifar100_root / "cifar-100-python" / "train"
+    entry = pickle.loads(train.read_bytes())
+    train.write_bytes(pickle.dumps({**entry, b"data": entry[b"data"][:4], b"fine_labels": entry[b"fine_labels"][:4],
+                                    b"coarse_labels": entry[b"coarse_labels"][:4]}, protocol=2))
+    assert np.asarray(pickle.loads(train.read_bytes())[b"data"]).shape == (4, 3072)
+    for command in (cifar100_trial(cifar100_root, tmp_path / "results"),
+                    ["labels", "--dataset", "cifar100", "--noise", "symmetric", "--r", "0.2", "--data-root",
+                     str(cifar100_root), "--out", str(tmp_path / "labels.parquet")]):
+        assert main(command) == 2
+        assert one_error_line(capsys) == (
+            f"bench: error: cifar100 under {cifar100_root}: the validation split is empty (training 4, validation 0, "
+            "test 20 examples; the paper's: 40000 / 10000 / 10000): its files hold too few examples; use the "
+            "official files")
+    assert not (tmp_path / "results").exists() and not (tmp_path / "labels.parquet").exists()

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from bench import noise
 from bench.config import UserError, default_data_root
-from bench.data import get_dataset
+from bench.data import check_splits, get_dataset
 from bench.exec.prepare import draw_labels
 from bench.grid.validate import check_data, check_trial
 from bench.noise import NoisyLabels, labels_hash
@@ -37,7 +37,7 @@ def export(config: TrialConfig, data_root: str | Path, out: Path) -> NoisyLabels
     """Draw the trial's noisy labels and write them to `out` (atomically); return what was drawn."""
 
     dataset = get_dataset(config.dataset)(data_root)
-    splits = dataset.load()
+    splits = check_splits(dataset, dataset.load())
     labels = draw_labels(config, dataset, splits)
     parts = [("train", splits.train.y, labels.train), ("val", splits.val.y, labels.val)]
     table = pa.table({
