@@ -52,9 +52,10 @@ AUTH_HINT = ("a cluster started with `ray start` expects RAY_AUTH_MODE=token and
 
 
 def connect(address: str, kwargs: dict[str, Any]) -> None:
-    """Join the cluster at `address`, or fail in one line: at once where nothing listens (Ray would retry for
-    minutes, printing as it goes), and without Ray's own C++ log lines, which go to the process's stderr while it
-    connects (read back here to name the cause: a missing or wrong token shows only there)."""
+    """Join the cluster at `address`, or fail in one line: within seconds where nothing listens or what listens is
+    not Ray (`probe`; Ray would retry for minutes, silently or printing as it goes), and without Ray's own C++ log
+    lines, which go to the process's stderr while it connects (read back here to name the cause: a missing or wrong
+    token shows only there)."""
     import ray
 
     probe(address)
@@ -115,7 +116,10 @@ def probe(address: str, timeout: float | None = None) -> None:
 def _handshake(sock: socket.socket, deadline: float) -> bytes | None:
     """Send the HTTP/2 preface; return the first 9 bytes of the answer (fewer where the peer closed, None where
     it said nothing before `deadline`)."""
-    sock.sendall(_H2_PREFACE)
+    try:
+        sock.sendall(_H2_PREFACE)
+    except OSError:  # it accepted, then closed or reset the connection
+        return b""
     answer = b""
     while len(answer) < 9:
         left = deadline - time.monotonic()

@@ -120,7 +120,7 @@ def ray_unit(config: dict[str, Any], units: dict[str, list[TrialConfig]], data_r
             error = one_line(e)
             log_file.write(traceback.format_exc())
             log(f"bench: trial failed: {error}")
-            write_failed_rows(trials, results, error)
+            write_failed_rows(trials, results, error, log)
             tune.report({"unit": unit, "status": "failed", "error": error, **cache.stats(), **progress.final()})
             return
         checkpoints.clear()
@@ -144,14 +144,18 @@ def one_line(error: BaseException, limit: int = 400) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def write_failed_rows(trials: list[TrialConfig], results: str, error: str) -> None:
+def write_failed_rows(trials: list[TrialConfig], results: str, error: str, log: Callable[[str], None]) -> None:
     """A row with status failed and `error` for each trial of a unit that stopped on a deterministic error,
-    unless it already has that row (a solo trial writes its own when training fails, `run_trial`)."""
+    unless it already has that row (a solo trial writes its own when training fails, `run_trial`). A row that
+    cannot be written is logged: the driver hears of the error all the same, and the trial runs again next time."""
     store = folder.Store(results)
     for t in trials:
-        row, _ = store.read_row(t.trial_id)
-        if row is None or row.get("status") != "failed" or row.get("error") != error:
-            write_trial(results, failed_row(t, error), [])
+        try:
+            row, _ = store.read_row(t.trial_id)
+            if row is None or row.get("status") != "failed" or row.get("error") != error:
+                write_trial(results, failed_row(t, error), [])
+        except Exception as e:  # noqa: BLE001 - nothing here may turn the error into one that Ray retries
+            log(f"bench: the failed row of trial {t.trial_id} could not be written ({one_line(e)})")
 
 
 def check_cuda(device: str) -> None:
