@@ -5,6 +5,7 @@ leaves loses no rows, and damaged CIFAR files are one line. Each test fails on t
 
 from __future__ import annotations
 
+import gzip
 import http.server
 import os
 import socket
@@ -391,3 +392,14 @@ def test_a_train_file_too_small_for_a_validation_split_is_one_line(cifar100_root
             "test 20 examples; the paper's: 40000 / 10000 / 10000): its files hold too few examples; use the "
             "official files")
     assert not (tmp_path / "results").exists() and not (tmp_path / "labels.parquet").exists()
+
+
+def test_an_idx_header_longer_than_its_file_is_one_line(tiny_fashion, tmp_path, capsys):
+    images = tiny_fashion / "FashionMNIST" / "raw" / "train-images-idx3-ubyte.gz"
+    images.write_bytes(gzip.compress(bytes([0, 0, 0x08, 200]) + b"\0" * 10))  # 200 dimensions, 10 bytes
+    assert main(["trial", "--dataset", "fashion_mnist", "--method", "ce", "--noise", "case3", "--r", "0.2",
+                 "--epochs-warmup", "0", "--epochs", "0", "--data-root", str(tiny_fashion), "--results",
+                 str(tmp_path / "results")]) == 2
+    assert one_error_line(capsys) == (f"bench: error: {images} is truncated: its header names 200 dimensions, and the "
+                                      "file ends before them")
+    assert not (tmp_path / "results").exists()
