@@ -63,6 +63,17 @@ class Splits:
     noisy_labels: dict[tuple[Any, ...], noise.NoisyLabels] = field(default_factory=dict, repr=False)
 
 
+def check_splits(dataset: Dataset, splits: Splits) -> Splits:
+    """Every split holds examples: a file too small (or crafted) leaves none to train on, select by or test on."""
+    sizes = {"training": len(splits.train), "validation": len(splits.val), "test": len(splits.test)}
+    if empty := [name for name, n in sizes.items() if n == 0]:
+        counts = ", ".join(f"{name} {n}" for name, n in sizes.items())
+        raise UserError(f"{dataset.name} under {dataset.root}: the {empty[0]} split is empty ({counts} examples; the "
+                        f"paper's: {' / '.join(map(str, dataset.split_sizes))}): its files hold too few examples; use "
+                        "the official files")
+    return splits
+
+
 class Dataset:
     """Base class of every dataset module."""
 

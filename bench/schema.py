@@ -98,7 +98,7 @@ class Value:
             if not (is_int or (self.kind is float and isinstance(value, float))):
                 return f"expected {self.allowed(high) if self.kind is int else 'a number'}, got {shown(value)}"
             inside = value in Interval.parse(self.range) and (high is None or value <= high)
-            if not inside or not math.isfinite(value):
+            if not inside or not (is_int or math.isfinite(value)):  # an int of any size: no float conversion
                 return f"must be {self.allowed(high)}, got {value!r}"
             return None
         if not isinstance(value, self.kind):
@@ -129,7 +129,12 @@ BATCH_SIZE = Value(int, "[1, inf)")
 EPOCHS = Value(int, "[0, inf)")  # the method stage's and the warm start's
 TRAIN_SUBSET = Value(int, "[1, inf)")
 DEVICE = Value(str, pattern=r"cpu|cuda(:\d+)?", words="allowed: cpu, cuda (or cuda:N)")
-NAME = Value(str, pattern=r"[A-Za-z0-9][A-Za-z0-9_.-]*", words="use letters, digits, '-', '_' and '.'")
+# A name becomes a file or folder name (of at most 255 bytes), with suffixes: an experiment's gets "-<8 hex>" where
+# the command line changes its grid, ".yaml", and Ray Tune's "-<date>-<time>".
+NAME = Value(str, pattern=r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}",
+             words="use letters, digits, '-', '_' and '.', at most 128 characters")
+EXPERIMENT_NAME = Value(str, pattern=r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}",
+                        words="use letters, digits, '-', '_' and '.', at most 100 characters (it names files)")
 TEXT = Value(str, pattern=r".+", words="expected a non-empty string")
 
 # `bench trial`: the TrialConfig field each flag sets, and what it allows.
@@ -147,7 +152,7 @@ TRIAL_FLAGS = {
 
 # -- an experiment file (see bench/grid/experiment.py for an example) -------------------------------------------------
 EXPERIMENT = {
-    "name": Key(NAME, required=True),  # names the MLflow experiment and the default results folder
+    "name": Key(EXPERIMENT_NAME, required=True),  # names the MLflow experiment and the default results folder
     "dataset": Key(TEXT, required=True),
     "noise": Key(TEXT, required=True, axis=True),
     "r": Key(PROBABILITY, required=True, axis=True),
@@ -177,7 +182,7 @@ def check_name(what: str, value: str) -> str:
     """A name that becomes a path component: letters, digits, '-', '_', '.', no separators and no '..'."""
     if not isinstance(value, str) or NAME.problem(value) or ".." in value:
         raise UserError(f"{what} {value!r} is not a safe name: use letters, digits, '-', '_' and '.' "
-                        "(no path separators, no '..')")
+                        "(no path separators, no '..', at most 128 characters)")
     return value
 
 

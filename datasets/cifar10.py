@@ -74,8 +74,12 @@ def read_pickle(path: Path, what: str = "CIFAR-10 python batch") -> dict[str, ob
     try:
         with open(path, "rb") as f:
             entry = NumpyUnpickler(f, encoding="latin1").load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as e:
-        raise UserError(f"{path} is not a {what} ({e})") from None
+    except OSError as e:
+        raise UserError(f"cannot read {path} ({e.strerror or e})") from None
+    except Exception as e:  # noqa: BLE001 - whatever damaged bytes make the unpickler raise (a MemoryError for a huge
+        # declared size, an OverflowError, a RecursionError, ...) means a damaged file
+        detail = " ".join(str(e).split()) or type(e).__name__
+        raise UserError(f"{path} is not a {what} ({detail}); use the official files") from None
     if not isinstance(entry, dict):
         raise UserError(f"{path} is not a {what} (holds a {type(entry).__name__}, not a dict)")
     return {k.decode("latin1") if isinstance(k, bytes) else str(k): v for k, v in entry.items()}

@@ -47,6 +47,8 @@ def read_idx(path: Path) -> np.ndarray:
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
         raise UserError(f"{path} is not an idx file of unsigned bytes")
     ndim = data[3]
+    if len(data) < 4 + 4 * ndim:
+        raise UserError(f"{path} is truncated: its header names {ndim} dimensions, and the file ends before them")
     dims = np.frombuffer(data, dtype=">u4", count=ndim, offset=4).astype(int)
     body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
     if body.size != int(np.prod(dims)):

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -124,12 +125,27 @@ def _has_job_server() -> bool:
 
 
 # -- nothing listens --------------------------------------------------------------------------------------------
-def test_the_probe_passes_a_listener_and_auto() -> None:
+def test_the_probe_passes_a_grpc_server_and_auto_and_refuses_a_silent_listener() -> None:
+    """A gRPC server (as Ray's GCS and client server are) answers the HTTP/2 preface with a SETTINGS frame; a
+    listener that never answers is refused once the handshake times out."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
+
+        def settings() -> None:
+            for _ in range(2):
+                conn, _ = s.accept()
+                with conn:
+                    conn.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))  # an empty SETTINGS frame
+                    conn.recv(64)
+
+        server = threading.Thread(target=settings, daemon=True)
+        server.start()
         probe(f"127.0.0.1:{s.getsockname()[1]}")
         probe(f"ray://127.0.0.1:{s.getsockname()[1]}")
+        server.join()
+        with pytest.raises(UserError, match="answers as a Ray cluster .no answer to a Ray handshake in 1s"):
+            probe(f"127.0.0.1:{s.getsockname()[1]}", timeout=1)
     probe("auto")
     probe("http://127.0.0.1:8265")  # not a GCS address: Ray names what is wrong with it
     with pytest.raises(UserError, match="nothing listens there"):

@@ -25,10 +25,11 @@ import pyarrow.parquet as pq
 
 from bench import noise
 from bench.config import UserError, default_data_root
-from bench.data import get_dataset
+from bench.data import check_splits, get_dataset
 from bench.exec.prepare import draw_labels
 from bench.grid.validate import check_data, check_trial
 from bench.noise import NoisyLabels, labels_hash
+from bench.store.folder import check_output
 from bench.trial import TrialConfig
 
 
@@ -36,7 +37,7 @@ def export(config: TrialConfig, data_root: str | Path, out: Path) -> NoisyLabels
     """Draw the trial's noisy labels and write them to `out` (atomically); return what was drawn."""
 
     dataset = get_dataset(config.dataset)(data_root)
-    splits = dataset.load()
+    splits = check_splits(dataset, dataset.load())
     labels = draw_labels(config, dataset, splits)
     parts = [("train", splits.train.y, labels.train), ("val", splits.val.y, labels.val)]
     table = pa.table({
@@ -79,6 +80,7 @@ def cmd_labels(args: argparse.Namespace) -> int:
         raise UserError(f"--out {args.out}: folder {out.parent} does not exist; create it first")
     if out.is_dir():
         raise UserError(f"--out {args.out} is a folder; name a .parquet file")
+    check_output(out, "output file", "give --out a file in a folder you can write", kind="file")
     root = args.data_root if args.data_root is not None else default_data_root()
     check_data([config.dataset], root)
     labels = export(config, root, out)

@@ -18,7 +18,7 @@ from bench import __version__
 from bench.config import EXIT_USAGE, UserError, default_data_root
 from bench.schema import GRID_LIMIT
 from bench.store.columns import CORE_COLUMNS
-from bench.store.folder import read_table
+from bench.store.folder import check_output, read_table
 
 # What `bench run`, `report`, `results`, `sync-mlflow` and `ui` need beyond the training core; each command names
 # its own (`needs`), checked before it starts.
@@ -131,6 +131,8 @@ def cmd_results(args: argparse.Namespace) -> int:
     """`bench results`: the merged result table, printed or written to one file."""
     import polars as pl
 
+    if args.out:
+        check_output(args.out, "output file", "give another file to --out", kind="file")
     table = read_table(args.results)
     if table.is_empty():
         raise UserError(f"no result rows under {args.results}/trials")
@@ -279,7 +281,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cpus-per-trial", type=float, default=None, help="override resources.cpu")
     p.add_argument("--gpus-per-trial", type=float, default=None,
                    help="override resources.gpu (> 0 runs on cuda, 0 on the CPU); fractions share a GPU")
-    p.add_argument("--retries", type=int, default=None, help="retries of a crashed trial (default 2)")
+    p.add_argument("--retries", type=int, default=None,
+                   help="retries of a trial whose worker died (a lost node, an out-of-memory kill; default 2); an "
+                        "error in a trial's code is not retried: its row is failed, with the reason")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     p.add_argument("--pack", default="auto",
                    help="train trials that share data, model and schedule as one stacked model on one device: "

@@ -48,8 +48,9 @@ def memory_budget() -> int | None:
         gib = float(value)
     except ValueError:
         gib = -1.0
-    if not gib > 0:
-        raise UserError(f"BENCH_PACK_MEMORY_GB must be a positive number of GiB, got {value!r}")
+    if not (gib > 0 and math.isfinite(gib)):
+        raise UserError(f"BENCH_PACK_MEMORY_GB must be a positive number of GiB, got {value!r}: set it to the GiB a "
+                        "pack may take on a GPU (e.g. 20), or unset it")
     return int(gib * GIB)
 
 

@@ -22,7 +22,7 @@ from torch.utils.data import Subset
 
 from bench import models, noise, protocol
 from bench.config import Schedule, UserError
-from bench.data import Dataset, Split, Splits, get_dataset
+from bench.data import Dataset, Split, Splits, check_splits, get_dataset
 from bench.exec import diagnostics
 from bench.methods import get_method
 from bench.trial import TrialConfig
@@ -129,7 +129,7 @@ def epoch_eval_enabled(dataset: type[Dataset]) -> bool:
 def load_data(config: TrialConfig, data_root: str | os.PathLike[str]) -> tuple[Dataset, Splits]:
     """The dataset's splits, with tensor inputs moved to the training device once (a pack's members share them)."""
     dataset = get_dataset(config.dataset)(data_root)
-    splits = dataset.load()
+    splits = check_splits(dataset, dataset.load())
     device = resolve_device(config.device)
     for split in (splits.train, splits.val, splits.test):
         if isinstance(split.x, torch.Tensor):

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.config import UserError
-from bench.data import Dataset
+from bench.data import Dataset, get_dataset
 from bench.exec.prepare import (
     Prepared,
     build_model,
@@ -211,3 +211,12 @@ def run_trial(
     if results is not None:
         write_trial(results, row, outcome.epochs)
     return row
+
+
+def failed_row(config: TrialConfig, error: str, wall_s: float = 0.0) -> dict[str, Any]:
+    """The row of a trial that stopped on `error` wherever it was (even before its data loaded): its configuration,
+    status failed and the error."""
+    warm, stage = config.schedules()
+    return make_row(config=config, model=get_dataset(config.dataset).model, labels=None, outcome=None,
+                    wall_s=wall_s, lr=stage.lr, batch_size=stage.batch_size, epochs=stage.epochs,
+                    epochs_warmup=warm.epochs, privileged=get_method(config.method).uses_true_transition, error=error)

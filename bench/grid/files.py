@@ -75,6 +75,7 @@ class Overrides:
         if not self.flags() or not isinstance(data, dict):
             return data
         data = json.loads(json.dumps(data, default=str))  # a deep copy of plain YAML values
+        names: list[str] = []
         if self.methods is not None:
             names = [m.strip() for m in self.methods.split(",")]
             if not all(names) or len(set(names)) != len(names):
@@ -90,6 +91,10 @@ class Overrides:
             if not sep or not all(parts):
                 raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. --set r=[0.2,0.4] or "
                                 "--set methods.dmi.lr=1e-5")
+            if self.methods is not None and parts[0] == "methods" and (len(parts) < 2 or parts[1] not in names):
+                what = f"method {parts[1]}" if len(parts) > 1 else "the methods"
+                raise UserError(f"--set {item}: changes {what}, which --methods {self.methods} leaves out; add it to "
+                                "--methods, or drop this --set")
             _set_path(data, parts, _yaml_value(f"--set {item}", text))
         return data
 

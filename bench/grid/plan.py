@@ -154,6 +154,9 @@ def plan_units(trials: list[TrialConfig], pack: str | int, data_root: str | os.P
     packs: list[list[TrialConfig]] = []
     for group, share in zip(cells, shares, strict=True):
         size = auto_pack_size(group[0][0], data_root)[0] if pack == "auto" else int(pack)
+        if pack == "auto" and size == 1:  # one member fits (or none): solo, not packs of whole cells
+            solo += [[t] for cell in group for t in cell]
+            continue
         packs += balanced_packs(group, size, share)
     return sorted(packs, key=_epochs, reverse=True) + solo
 

@@ -303,9 +303,12 @@ class RunProgress:
         wall = f"{row['wall_s']:.0f}s" if row is not None and size == 1 else ""
         width = len(str(self.tally.total))
         note = f"  see {self.store.log_path(unit)}" if status == "failed" and self.store.local else ""
+        # A trial that stopped on an error: its reason, one line (its row's, or the one its worker reported).
+        error = ((row or {}).get("error") or result.get("error") or "") if status == "failed" else ""
         self.board.line(f"[{self.tally.done:>{width}}/{self.tally.total}] {status:8s} "
                         f"{describe_trial(self.trials[trial_id])}  {acc} {wall}{warm}  "
-                        f"elapsed {fmt_seconds(self.tally.elapsed())}  ETA {_eta_text(self.tally)}{note}")
+                        f"elapsed {fmt_seconds(self.tally.elapsed())}  ETA {_eta_text(self.tally)}{note}"
+                        + (f"\n      error: {error}" if error else ""))
         if self.mirror is not None and row is not None and self.mirror.log_row(row, epochs):
             self.tally.mlflow_logged += 1
 

@@ -9,11 +9,15 @@
 Trial identity is `TrialConfig.trial_id`, a hash of the trial's effective configuration (schedules and method
 defaults filled in): a relaunch runs only the trials without
 a result row (rows with status "failed" run again), so a killed grid resumes and a grid can grow. Ray retries a
-crashed trial (`--retries`); the method stage checkpoints after every epoch, so a retried trial (or one re-run
-after the driver was killed) resumes from its last finished epoch, and its warm start comes from the cache.
+unit only for faults that a retry can cure (`--retries`): a worker that died (a lost node, an out-of-memory kill, a
+preempted worker), a fault of Ray's own (`retry_cures`); the method stage checkpoints after every epoch, so a retried
+trial (or one re-run after the driver was killed) resumes from its last finished epoch, and its warm start comes from
+the cache. Any other error in a worker is deterministic and would fail every retry alike: the unit ends at once, each
+of its trials with a row `failed` and the reason, its traceback in the unit's log.
 Locally Ray starts in-process (`ray.init(address="local")`, never attaching to another Ray on the machine), its
-services listening on 127.0.0.1 only; `--address` joins a cluster (`connect`: one line where nothing listens or the
-token is refused). Once connected, the driver counts the GPUs Ray has and splits the packs over them
+services listening on 127.0.0.1 only; `--address` joins a cluster (`bench.grid.cluster.connect`: one line within
+seconds where nothing listens, what listens is not Ray, or the token is refused; checked before anything is written).
+Once connected, the driver counts the GPUs Ray has and splits the packs over them
 (`plan_on_cluster`); `--dry-run --address` connects too (`gpus_to_plan`).
 
 Before Ray starts, the driver checks every trial (`bench.grid.validate`), the data files and the results folder, and
@@ -30,22 +34,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import logging
 import math
 import os
-import socket
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.config import EXIT_USAGE, UserError
+from bench.exec.memory import memory_budget
 from bench.exec.pack import run_pack
-from bench.exec.trainer import run_trial
+from bench.exec.trainer import failed_row, run_trial
 from bench.exec.warmstart import WarmStartCache
+from bench.grid.cluster import check_resources, cluster_gpus, probe, start_ray
 from bench.grid.experiment import Experiment
 from bench.grid.files import Overrides, load_experiment
 from bench.grid.plan import (
@@ -63,6 +67,7 @@ from bench.grid.validate import check_data, check_grid_size, check_results
 from bench.schema import GRID_LIMIT
 from bench.store import folder
 from bench.store.mirror import open_mirror
+from bench.store.rows import write_trial
 from bench.trial import TrialConfig
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -107,9 +112,50 @@ def ray_unit(config: dict[str, Any], units: dict[str, list[TrialConfig]], data_r
             log(f"bench: error: {e}")
             tune.report({"unit": unit, "status": "rejected", "error": str(e), **cache.stats(), **progress.final()})
             return
+        except Exception as e:
+            if retry_cures(e):
+                raise  # Ray retries the unit (--retries), from its last epoch checkpoint
+            # A deterministic error (a bug, a value the checks missed): it would fail the same way on every retry,
+            # so the unit ends here, its trials' rows `failed` with the reason, the traceback in its log.
+            error = one_line(e)
+            log_file.write(traceback.format_exc())
+            log(f"bench: trial failed: {error}")
+            write_failed_rows(trials, results, error, log)
+            tune.report({"unit": unit, "status": "failed", "error": error, **cache.stats(), **progress.final()})
+            return
         checkpoints.clear()
     tune.report({"unit": unit, "status": ",".join(sorted({r["status"] for r in rows})), **cache.stats(),
                  **progress.final()})
+
+
+def retry_cures(error: BaseException) -> bool:
+    """Whether retrying a unit may cure `error`: a fault of Ray's own (a lost node, actor or object), a GPU whose
+    memory other work took, a connection that dropped. A worker killed outright (a lost node, an out-of-memory
+    kill, a preempted worker) raises nothing here: Ray sees it die and retries it (`--retries`)."""
+    import ray.exceptions
+    import torch
+
+    return isinstance(error, (ray.exceptions.RayError, torch.OutOfMemoryError, ConnectionError))
+
+
+def one_line(error: BaseException, limit: int = 400) -> str:
+    """An exception as one line: its type and message, whitespace collapsed, at most `limit` characters."""
+    text = " ".join(f"{type(error).__name__}: {error}".split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def write_failed_rows(trials: list[TrialConfig], results: str, error: str, log: Callable[[str], None]) -> None:
+    """A row with status failed and `error` for each trial of a unit that stopped on a deterministic error,
+    unless it already has that row (a solo trial writes its own when training fails, `run_trial`). A row that
+    cannot be written is logged: the driver hears of the error all the same, and the trial runs again next time."""
+    store = folder.Store(results)
+    for t in trials:
+        try:
+            row, _ = store.read_row(t.trial_id)
+            if row is None or row.get("status") != "failed" or row.get("error") != error:
+                write_trial(results, failed_row(t, error), [])
+        except Exception as e:  # noqa: BLE001 - nothing here may turn the error into one that Ray retries
+            log(f"bench: the failed row of trial {t.trial_id} could not be written ({one_line(e)})")
 
 
 def check_cuda(device: str) -> None:
@@ -122,120 +168,6 @@ def check_cuda(device: str) -> None:
 
 
 # -- the driver -------------------------------------------------------------------------------------------------
-def start_ray(address: str | None, num_cpus: int | None) -> bool:
-    """Connect to (or start) Ray; return True if this call started it (so the caller shuts it down)."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-    # Ray Tune's own warnings on Ctrl-C suggest Tuner.restore; `bench run` resumes by trial identity instead.
-    logging.getLogger("ray.tune").setLevel(logging.ERROR)
-    kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    if address:
-        connect(address, kwargs)
-    else:
-        # Ray turns a node address of 127.0.0.1 into this machine's network address (so that other nodes could
-        # join) unless clusters are off, as on macOS; with them off for this call, a local run's GCS, raylet and
-        # workers listen on the loopback interface only, not on every interface without authentication.
-        from ray._private import ray_constants
-
-        clusters = ray_constants.ENABLE_RAY_CLUSTER
-        ray_constants.ENABLE_RAY_CLUSTER = False
-        try:
-            ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", **kwargs)
-        finally:
-            ray_constants.ENABLE_RAY_CLUSTER = clusters
-    return True
-
-
-AUTH_HINT = ("a cluster started with `ray start` expects RAY_AUTH_MODE=token and the cluster's token (RAY_AUTH_TOKEN "
-             "or ~/.ray/auth_token) on the client, unless it was started with RAY_AUTH_MODE=disabled "
-             "(docs/cluster.md, section 4)")
-
-
-def connect(address: str, kwargs: dict[str, Any]) -> None:
-    """Join the cluster at `address`, or fail in one line: at once where nothing listens (Ray would retry for
-    minutes, printing as it goes), and without Ray's own C++ log lines, which go to the process's stderr while it
-    connects (read back here to name the cause: a missing or wrong token shows only there)."""
-    import ray
-
-    probe(address)
-    with captured_stderr() as captured:
-        try:
-            ray.init(address=address, **kwargs)
-            failure = None
-        except Exception as e:  # noqa: BLE001 - every failure to connect becomes one line
-            failure = e
-    if failure is None:
-        sys.stderr.write(captured.read())
-        return
-    if "InvalidAuthToken" in captured.read() or "InvalidAuthToken" in str(failure):
-        mode = os.environ.get("RAY_AUTH_MODE", "unset")
-        raise UserError(f"the Ray cluster at {address} refused this client's token (InvalidAuthToken; RAY_AUTH_MODE "
-                        f"is {mode} here): {AUTH_HINT}")
-    text = " ".join(str(failure).split())
-    raise UserError(f"cannot connect to the Ray cluster at {address}: {type(failure).__name__}: {text[:300]}; check "
-                    f"the address and port, and token authentication: {AUTH_HINT}")
-
-
-def probe(address: str, timeout: float = 10.0) -> None:
-    """Raise a `UserError` when nothing accepts a TCP connection at HOST:PORT or ray://HOST:PORT (`auto` and
-    other forms pass)."""
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if not sep or not port.isdigit() or not host or "://" in host:
-        return
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-    except OSError as e:
-        reason = f"no answer in {timeout:g}s" if isinstance(e, TimeoutError) else e.strerror or type(e).__name__
-        raise UserError(f"cannot connect to the Ray cluster at {address}: nothing listens there ({reason}); give "
-                        "the head node's address and the port of its `ray start --head --port` (or start the "
-                        "cluster first)") from None
-
-
-@contextlib.contextmanager
-def captured_stderr() -> Iterator[io.StringIO]:
-    """Everything written to file descriptor 2 inside the block (Ray's C++ core logs there, below Python),
-    readable afterwards from the yielded buffer."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    buffer = io.StringIO()
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield buffer
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            buffer.write(tmp.read().decode("utf-8", "replace"))
-            buffer.seek(0)
-
-
-def check_resources(cpu: float, gpu: float) -> None:
-    """Fail at once when no node of the cluster can ever hold one trial (Ray would wait for ever)."""
-    import ray
-
-    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    if any(res.get("CPU", 0) >= cpu and res.get("GPU", 0) >= gpu for res in nodes):
-        return
-    have = ", ".join(f"{res.get('CPU', 0):g} CPU / {res.get('GPU', 0):g} GPU" for res in nodes) or "no nodes"
-    what = f"{cpu:g} CPU" + (f" and {gpu:g} GPU" if gpu else "")
-    fix = ("run on a cluster with GPUs, or set device: cpu and resources.gpu: 0 (--gpus-per-trial 0)"
-           if gpu and not any(res.get("GPU", 0) for res in nodes) else "lower resources.cpu (--cpus-per-trial)")
-    raise UserError(f"each trial asks for {what} but no node of this Ray cluster can ever provide it "
-                    f"(nodes: {have}); {fix}")
-
-
-def cluster_gpus() -> int:
-    """GPUs of the Ray cluster this driver is connected to, logical ones included: what Ray schedules by."""
-    import ray
-
-    return int(ray.cluster_resources().get("GPU", 0))
-
-
 def gpus_to_plan(address: str | None) -> int:
     """For `--dry-run`, the GPUs a grid would run on. With `address` the cluster's: the dry run connects as
     `bench run` does (failing with its error) and leaves. Else this machine's, as the local Ray of `bench run`
@@ -390,12 +322,37 @@ def default_results(exp: Experiment) -> str:
     return str(Path("results") / exp.name)
 
 
+class Lines:
+    """`bench run`'s lines on stdout. Where the reader leaves (`bench run GRID | head -1`), the grid goes on with its
+    lines discarded and its rows written, and one warning on stderr says so (it used to stop at the next line and
+    exit 0 without a row)."""
+
+    def __init__(self) -> None:
+        self.reader_left = False
+
+    def __call__(self, line: str) -> None:
+        if self.reader_left:
+            return
+        try:
+            print(line, flush=True)
+        except BrokenPipeError:
+            self.reader_left = True
+            try:  # everything still bound for stdout (Python's buffer, Ray's, the live status) goes nowhere
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError, io.UnsupportedOperation):
+                sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stdout from here on
+            with contextlib.suppress(OSError):
+                print("bench: warning: the reader of this command's output left; the grid goes on without printing, "
+                      "writing every row (see them with `bench results`)", file=sys.stderr, flush=True)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     overrides = Overrides(tuple(args.sets), args.methods, args.seeds)
     exp = load_experiment(args.config, overrides=overrides)
     results = args.results or default_results(exp)
+    out = Lines()
     if exp.overrides:
-        print(f"{' '.join(exp.overrides)} changed the grid of {exp.base_name}: it runs as experiment {exp.name}"
+        out(f"{' '.join(exp.overrides)} changed the grid of {exp.base_name}: it runs as experiment {exp.name}"
               f"{'' if overrides.names() else ' (--set name=NAME names it)'}, results in {results}, which keeps it "
               f"as {exp.name}.yaml")
     for flag, value in (("--max-concurrent", args.max_concurrent), ("--retries", args.retries)):
@@ -407,7 +364,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserError(f"--gpus-per-trial must be a finite number >= 0, got {args.gpus_per_trial}")
     if args.num_cpus is not None and args.num_cpus < 1:
         raise UserError(f"--num-cpus must be >= 1, got {args.num_cpus}")
+    memory_budget()  # a bad $BENCH_PACK_MEMORY_GB is one line here, before Ray, not an error in every pack
     check_results(folder.absolute(results))
+    if args.address:  # before anything is written: a wrong address is one line in seconds
+        probe(args.address)
     if args.dry_run:
         gpus = gpus_to_plan(args.address)
         if exp.size() > GRID_LIMIT:
@@ -431,7 +391,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         num_cpus=args.num_cpus, pack=parse_pack(args.pack),
         live=sys.stdout.isatty() and os.environ.get("TERM") != "dumb",
     )
-    tally = run_experiment(exp, settings, out=lambda line: print(line, flush=True))
+    tally = run_experiment(exp, settings, out=out)
     if tally.rejected:
         return EXIT_USAGE
     return 0 if tally.done == tally.total and not tally.statuses.get("failed") else 1

@@ -17,7 +17,7 @@ from bench.config import UserError
 from bench.report import analysis, diagnostics, leaderboard, noise_kinds, protocols
 from bench.report.analysis import REFERENCE, label
 from bench.report.render import stderr
-from bench.store.folder import is_local, local_path, read_table
+from bench.store.folder import check_output, is_local, local_path, read_table
 
 Log = Callable[[str], None]
 
@@ -102,6 +102,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.out is None and not is_local(results):
         raise UserError("--out DIR is needed when RESULTS is a remote URI")
     out = Path(args.out) if args.out is not None else local_path(results) / "report"
+    check_output(out, "report folder", "give another folder with --out")
     written = build_report(results, out)
     for name, path in written.items():
         print(f"{name:28s} {path}")

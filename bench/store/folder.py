@@ -71,6 +71,31 @@ def absolute(results: str | os.PathLike[str]) -> str:
     return str(local_path(results)) if is_local(results) else str(results)
 
 
+def check_output(path: str | os.PathLike[str], what: str, fix: str, kind: str = "folder") -> Path:
+    """Before anything is written: a local output (`kind` "folder" or "file") that this process can create or
+    replace, checked by writing a probe file where it would go (into its nearest existing folder); else a
+    `UserError` naming what is wrong, ending in `fix`. Returns the absolute path."""
+    path = Path(path).expanduser().absolute()
+    if kind == "folder" and path.exists() and not path.is_dir():
+        raise UserError(f"{what} {path} is a file, not a folder; {fix}")
+    if kind == "file" and path.is_dir():
+        raise UserError(f"{what} {path} is a folder, not a file; {fix}")
+    where = path if kind == "folder" else path.parent
+    while not where.exists() and where.parent != where:
+        where = where.parent
+    if not where.is_dir():
+        raise UserError(f"{what} {path}: {where} is a file, not a folder; {fix}")
+    probe = where / f".bench-probe-{uuid.uuid4().hex}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"{what} {path} cannot be written ({e.strerror or e} in {where}); {fix}") from None
+    if kind == "file" and path.exists() and not os.access(path, os.W_OK):
+        raise UserError(f"{what} {path} is read-only; {fix}")
+    return path
+
+
 class Store:
     """One results folder. `root` is the folder's path on its filesystem (`fs`, pyarrow's, opened when first used)."""
 

@@ -320,6 +320,10 @@ def cmd_sync_mlflow(args: argparse.Namespace) -> int:
     results = folder.absolute(args.results)
     if folder.read_table(results).is_empty():
         raise UserError(f"no result rows under {args.results}/trials")
+    uri = tracking_uri(results, args.mlflow_uri)
+    if uri is not None and uri.startswith("sqlite:///"):  # a store MLflow would retry for minutes to write
+        folder.check_output(Path(uri.removeprefix("sqlite:///")), "MLflow store", "name a store you can write with "
+                            "--mlflow-uri (e.g. sqlite:////tmp/mlflow.db)", kind="file")
     with folder.Store(results).hold():  # not while a `bench run` logs into the same store
         mirror = open_mirror(results, args.mlflow_uri)
         if mirror is None:

@@ -1,0 +1,180 @@
+"""Joining Ray for `bench run`: a local Ray on 127.0.0.1, or a cluster at `--address` (`connect`), with every
+failure to reach it one line within seconds: nothing listening, something that is not Ray (`probe`: gRPC's HTTP/2
+handshake within `HANDSHAKE_TIMEOUT`), a refused token; and what the cluster offers (`check_resources`,
+`cluster_gpus`). `bench.grid.runner` drives the grid on it."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from bench.config import UserError
+
+
+def start_ray(address: str | None, num_cpus: int | None) -> bool:
+    """Connect to (or start) Ray; return True if this call started it (so the caller shuts it down)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    # Ray Tune's own warnings on Ctrl-C suggest Tuner.restore; `bench run` resumes by trial identity instead.
+    logging.getLogger("ray.tune").setLevel(logging.ERROR)
+    kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    if address:
+        connect(address, kwargs)
+    else:
+        # Ray turns a node address of 127.0.0.1 into this machine's network address (so that other nodes could
+        # join) unless clusters are off, as on macOS; with them off for this call, a local run's GCS, raylet and
+        # workers listen on the loopback interface only, not on every interface without authentication.
+        from ray._private import ray_constants
+
+        clusters = ray_constants.ENABLE_RAY_CLUSTER
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        try:
+            ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", **kwargs)
+        finally:
+            ray_constants.ENABLE_RAY_CLUSTER = clusters
+    return True
+
+
+AUTH_HINT = ("a cluster started with `ray start` expects RAY_AUTH_MODE=token and the cluster's token (RAY_AUTH_TOKEN "
+             "or ~/.ray/auth_token) on the client, unless it was started with RAY_AUTH_MODE=disabled "
+             "(docs/cluster.md, section 4)")
+
+
+def connect(address: str, kwargs: dict[str, Any]) -> None:
+    """Join the cluster at `address`, or fail in one line: within seconds where nothing listens or what listens is
+    not Ray (`probe`; Ray would retry for minutes, silently or printing as it goes), and without Ray's own C++ log
+    lines, which go to the process's stderr while it connects (read back here to name the cause: a missing or wrong
+    token shows only there)."""
+    import ray
+
+    probe(address)
+    with captured_stderr() as captured:
+        try:
+            ray.init(address=address, **kwargs)
+            failure = None
+        except Exception as e:  # noqa: BLE001 - every failure to connect becomes one line
+            failure = e
+    if failure is None:
+        sys.stderr.write(captured.read())
+        return
+    if "InvalidAuthToken" in captured.read() or "InvalidAuthToken" in str(failure):
+        mode = os.environ.get("RAY_AUTH_MODE", "unset")
+        raise UserError(f"the Ray cluster at {address} refused this client's token (InvalidAuthToken; RAY_AUTH_MODE "
+                        f"is {mode} here): {AUTH_HINT}")
+    text = " ".join(str(failure).split())
+    raise UserError(f"cannot connect to the Ray cluster at {address}: {type(failure).__name__}: {text[:300]}; check "
+                    f"the address and port, and token authentication: {AUTH_HINT}")
+
+
+# Seconds a Ray head at --address has to answer: the TCP connect, then gRPC's HTTP/2 handshake (Ray itself would retry
+# its own for minutes, silently, against a port that is not Ray).
+HANDSHAKE_TIMEOUT = 10.0
+# The client's HTTP/2 connection preface and an empty SETTINGS frame: a gRPC server (Ray's GCS, its client server)
+# answers with a SETTINGS frame of its own (frame type 4 in the 4th byte of a 9-byte frame header).
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def probe(address: str, timeout: float | None = None) -> None:
+    """Raise a `UserError` within `timeout` seconds (default `HANDSHAKE_TIMEOUT`) when nothing accepts a TCP
+    connection at HOST:PORT or ray://HOST:PORT, or what does is not a gRPC server as a Ray head is (an HTTP server, a
+    silent listener, an SSH banner). `auto` and other forms pass, as does a cluster with TLS (RAY_USE_TLS)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host or "://" in host:
+        return
+    timeout = HANDSHAKE_TIMEOUT if timeout is None else timeout
+    deadline = time.monotonic() + timeout
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as sock:
+            if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+                return
+            answer = _handshake(sock, deadline)
+    except OSError as e:
+        reason = f"no answer in {timeout:g}s" if isinstance(e, TimeoutError) else e.strerror or type(e).__name__
+        raise UserError(f"cannot connect to the Ray cluster at {address}: nothing listens there ({reason}); give "
+                        "the head node's address and the port of its `ray start --head --port` (or start the "
+                        "cluster first)") from None
+    if answer is not None and len(answer) >= 9 and answer[3] == 4:
+        return
+    what = (f"no answer to a Ray handshake in {timeout:g}s" if answer is None else
+            "it closed the connection" if not answer else
+            f"it answered {answer[:24].decode('ascii', 'replace')!r}")
+    raise UserError(f"nothing at {address} answers as a Ray cluster ({what}); give the head node's address and the "
+                    "port of its `ray start --head --port` (default 6379; ray://HOST:10001 for Ray Client)")
+
+
+def _handshake(sock: socket.socket, deadline: float) -> bytes | None:
+    """Send the HTTP/2 preface; return the first 9 bytes of the answer (fewer where the peer closed, None where
+    it said nothing before `deadline`)."""
+    try:
+        sock.sendall(_H2_PREFACE)
+    except OSError:  # it accepted, then closed or reset the connection
+        return b""
+    answer = b""
+    while len(answer) < 9:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(9 - len(answer))
+        except TimeoutError:
+            return None
+        except OSError:  # reset by the peer
+            return answer
+        if not chunk:
+            return answer
+        answer += chunk
+    return answer
+
+
+@contextlib.contextmanager
+def captured_stderr() -> Iterator[io.StringIO]:
+    """Everything written to file descriptor 2 inside the block (Ray's C++ core logs there, below Python),
+    readable afterwards from the yielded buffer."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    buffer = io.StringIO()
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield buffer
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            buffer.write(tmp.read().decode("utf-8", "replace"))
+            buffer.seek(0)
+
+
+def check_resources(cpu: float, gpu: float) -> None:
+    """Fail at once when no node of the cluster can ever hold one trial (Ray would wait for ever)."""
+    import ray
+
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    if any(res.get("CPU", 0) >= cpu and res.get("GPU", 0) >= gpu for res in nodes):
+        return
+    have = ", ".join(f"{res.get('CPU', 0):g} CPU / {res.get('GPU', 0):g} GPU" for res in nodes) or "no nodes"
+    what = f"{cpu:g} CPU" + (f" and {gpu:g} GPU" if gpu else "")
+    fix = ("run on a cluster with GPUs, or set device: cpu and resources.gpu: 0 (--gpus-per-trial 0)"
+           if gpu and not any(res.get("GPU", 0) for res in nodes) else "lower resources.cpu (--cpus-per-trial)")
+    raise UserError(f"each trial asks for {what} but no node of this Ray cluster can ever provide it "
+                    f"(nodes: {have}); {fix}")
+
+
+def cluster_gpus() -> int:
+    """GPUs of the Ray cluster this driver is connected to, logical ones included: what Ray schedules by."""
+    import ray
+
+    return int(ray.cluster_resources().get("GPU", 0))
