@@ -92,7 +92,8 @@ def test_a_deterministic_error_in_a_worker_fails_its_trial_once_and_the_others_g
     started = time.monotonic()
     tally = run_experiment(load_experiment(config), Settings(results=str(results), data_root=tmp_path, mlflow=False,
                                                              retries=2), lines.append)
-    assert time.monotonic() - started < 60
+    # Seconds on an idle machine; the bound only catches minutes of retries (the log's count below is the proof).
+    assert time.monotonic() - started < 300
     assert tally.statuses == {"ok": 1, "failed": 1}
     rows = {row["method"]: row for row in read_table(results).iter_rows(named=True)}
     assert rows["ce"]["status"] == "ok" and rows["crashy"]["status"] == "failed"

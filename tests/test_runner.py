@@ -161,6 +161,9 @@ def test_shipped_configs_validate_against_the_registries():
                                                             "cifar10": "cifar10.yaml"}[exp.dataset])
             assert exp.noise == ("symmetric", "idn") and exp.r == (0.2, 0.4)
             assert (exp.methods, exp.seeds, exp.resources) == (base.methods, base.seeds, base.resources)
+        elif path.stem == "mr_protocols":  # one paper cell under both protocols (issue 31)
+            assert exp.protocol == ("bench", "authors") and exp.r == (0.4,) and exp.seeds == (0, 1)
+            assert {m.name for m in exp.methods} == {"ce", "dmi"} and len(exp.trials()) == 8
         elif path.stem != "demo" and exp.dataset not in ("clothing1m", "cifar10n", "cifar100n"):  # real noise: no r
             assert exp.r == tuple(round(0.1 * i, 1) for i in range(10))
             assert len(exp.seeds) == 5
