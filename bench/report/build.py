@@ -1,7 +1,8 @@
 """`bench report RESULTS [--out DIR]` and `bench leaderboard RESULTS`: read a results folder, run the analysis
 (`bench.report.analysis`) and write every rendering of it into one folder: the leaderboard's
 (`bench.report.leaderboard`, `bench.report.plots`), then every panel's (`bench.report.panel`: each a file of its
-own, found by the registry), framed by `bench.report.page`. This module names no panel.
+own, found by the registry), framed by `bench.report.page`. This module names no panel (it takes
+only the headline rule, `protocols.headline`, which `bench leaderboard` shares).
 """
 
 from __future__ import annotations
