@@ -165,8 +165,7 @@ def _run_pack(
             method_s=result.seconds / k, error=result.errors[m], pack_size=k,
             diagnostics_s=(warm_diagnose_s + result.diagnose_seconds) / k,  # an even share, as wall_s
         )
-        row = make_row(outcome=outcome, wall_s=wall / k, **row_args(p))
-        row["pack_wall_s"] = wall
+        row = make_row(outcome=outcome, wall_s=wall / k, pack_wall_s=wall, **row_args(p))
         if results is not None:
             write_trial(results, row, outcome.epochs)
         rows[order[m]] = row

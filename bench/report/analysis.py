@@ -40,6 +40,7 @@ from bench.data import paper_noise
 from bench.methods import registry
 from bench.noise import is_instance_dependent
 from bench.store import folder
+from bench.store.columns import conform
 
 CELL = ["dataset", "noise", "r", "method"]
 # The columns that make a hyper-parameter setting (everything of a trial's config but the cell and the seed).
@@ -88,15 +89,12 @@ def load_trials(results: str | Path) -> pl.DataFrame:
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
     if missing:
         raise UserError(f"the result rows under {results} lack the columns {', '.join(missing)}")
-    optional = {c: pl.String for c in SETTING_COLUMNS + PROVENANCE_COLUMNS + ["trial_id", "error"]}
-    optional |= {"last_test_acc": pl.Float64, "privileged": pl.Boolean}
-    df = df.with_columns(pl.lit(None, dtype=t).alias(c) for c, t in optional.items() if c not in df.columns)
+    df = conform(df)  # a column older rows lack: its default (protocol: bench), else null
     df = df.with_columns(
         pl.col("r").cast(pl.Float64).round(6),
         pl.col("seed").cast(pl.Int64),
         pl.col("val_loss", "test_acc", "last_test_acc").cast(pl.Float64),
-        pl.col("privileged").cast(pl.Boolean).fill_null(False),
-        pl.col("protocol").fill_null("bench"),  # rows written before protocols existed are bench's
+        pl.col("privileged").cast(pl.Boolean),
     )
     settings = [
         hashlib.sha256(json.dumps(list(row), default=str).encode()).hexdigest()[:10]
@@ -112,8 +110,6 @@ def load_trials(results: str | Path) -> pl.DataFrame:
 def _once_per_seed(df: pl.DataFrame) -> pl.DataFrame:
     """One row per (cell, setting, seed): rows of one training under two trial ids (made before ids hashed the
     effective configuration, or before a default changed) would count a seed twice. The newest usable row stays."""
-    if "finished_at" not in df.columns:
-        df = df.with_columns(pl.lit(None, dtype=pl.String).alias("finished_at"))
     key = CELL + ["setting", "seed"]
     once = (df.sort(["usable", "finished_at", "trial_id"], descending=[True, True, False], nulls_last=True)
             .unique(subset=key, keep="first", maintain_order=True))

@@ -1,6 +1,8 @@
 """`bench report RESULTS [--out DIR]` and `bench leaderboard RESULTS`: read a results folder, run the analysis
-(`bench.report.analysis`) and write every rendering of it (`bench.report.leaderboard`, `bench.report.noise_kinds`,
-`bench.report.diagnostics`, `bench.report.plots`) into one folder.
+(`bench.report.analysis`) and write every rendering of it into one folder: the leaderboard's
+(`bench.report.leaderboard`, `bench.report.plots`), then every panel's (`bench.report.panel`: each a file of its
+own, found by the registry), framed by `bench.report.page`. This module names no panel (it takes
+only the headline rule, `protocols.headline`, which `bench leaderboard` shares).
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from pathlib import Path
 import polars as pl
 
 from bench.config import UserError
-from bench.report import analysis, diagnostics, leaderboard, noise_kinds, protocols
+from bench.report import analysis, leaderboard, page, protocols
 from bench.report.analysis import REFERENCE, label
+from bench.report.panel import Context, Panel, panels
 from bench.report.render import stderr
-from bench.store.folder import check_output, is_local, local_path, read_table
+from bench.store.folder import check_output, is_local, local_path
 
 Log = Callable[[str], None]
 
@@ -37,20 +40,36 @@ def _summary(df: pl.DataFrame, grid: pl.DataFrame, results: str, every: pl.DataF
     return text
 
 
+def _render(panel: Panel, ctx: Context, written: dict[str, Path], tables: dict[str, pl.DataFrame],
+            markdown: list[str], html: list[str]) -> None:
+    """One panel: its analysis, figures (into `written`), tables (into `tables`, by CSV name) and sections."""
+    data = panel.analyse(ctx)
+    drawn = panel.figures(data, ctx)
+    written |= {f"plot {name}": path for name, path in drawn.items()}
+    own = panel.tables(data)
+    if clash := sorted(tables.keys() & own.keys()):
+        raise UserError(f"panel {panel.name!r} ({type(panel).__module__}) writes {', '.join(clash)}.csv, which the "
+                        "report already writes: rename its table")
+    tables |= own
+    markdown.append(panel.markdown(data, ctx))
+    html.append(panel.html(data, drawn, ctx))
+
+
 def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str, Path]:
-    """Write every output of `bench report` under `out`; return them by name."""
+    """Write every output of `bench report` under `out`; return them by name: the leaderboard's figures and tables,
+    then each panel's (`bench.report.panel.panels()`, in their order), then `leaderboard.md`, `.tex` and `report.html`
+    (`bench.report.page`)."""
     from bench.report import plots  # matplotlib takes a second to import: only a report draws figures
 
     log(f"reading result rows under {results} ...")
     every = analysis.load_trials(results)
     df = protocols.headline(every)  # the accuracy tables show one protocol; the protocol panel compares them
-    grid = analysis.aggregate(df)
+    ctx = Context(results=str(results), every=every, df=df, grid=analysis.aggregate(df), folder=out / "plots")
+    grid = ctx.grid
     paired = analysis.paired_comparison(df, grid)
     wtl = analysis.win_tie_loss(paired)
     comparison = analysis.paper_comparison(grid)
     estimates = analysis.transition_estimates(df)
-    kinds = noise_kinds.compare(df, grid)
-    effect = protocols.compare(every)
     tabs = leaderboard.tables(grid, paired)
     summary = _summary(df, grid, str(results), every)
     log(summary)
@@ -61,36 +80,27 @@ def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str,
         log(f"plot {i}/{len(tabs)}: {t.dataset} · {t.noise}")
         part = grid.filter(dataset=t.dataset, noise=t.noise)
         png, svg = plots.accuracy_vs_r(part, t.dataset, t.noise, t.methods, {m: label(m) for m in t.methods},
-                                       plots.file_stem(out / "plots", "accuracy_vs_r", t.dataset, t.noise), REFERENCE,
+                                       plots.file_stem(ctx.folder, "accuracy_vs_r", t.dataset, t.noise), REFERENCE,
                                        frozenset(t.privileged))
         figures[(t.dataset, t.noise)] = png
         written[f"plot {t.dataset} {t.noise}"], written[f"plot {t.dataset} {t.noise} svg"] = png, svg
     log("plot: difference to the paper")
-    heat_png, heat_svg = plots.paper_heatmap(comparison, out / "plots" / "paper_difference")
+    heat_png, heat_svg = plots.paper_heatmap(comparison, ctx.folder / "paper_difference")
     written["heatmap"], written["heatmap svg"] = heat_png, heat_svg
-    log("diagnostics: selection rules, memorisation, detection, cost ...")
-    diag = diagnostics.analyse(df, read_table(results, "epochs"), analysis.select_settings(df))
-    labels = {m: label(m) for m in df["method"].unique().to_list()}
-    diag_figures = diagnostics.plot(diag, out / "plots", labels)
-    written |= {f"plot {name}": path for name, path in diag_figures.items()}
-    for name, frame in diag.tables().items():
-        written[f"{name} csv"] = out / f"{name}.csv"
-        frame.write_csv(written[f"{name} csv"])
+    tables = {"cells": grid, "paired": paired, "win_tie_loss": wtl, "paper_vs_measured": comparison,
+              "transition_estimates": estimates}
+    markdown = [leaderboard.to_markdown(tabs, wtl, comparison, summary, estimates)]
+    html = [leaderboard.to_html(tabs, paired, wtl, comparison, figures, heat_png,
+                                summary + f" Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.", estimates)]
+    for panel in panels():
+        log(f"panel: {panel.name} ...")
+        _render(panel, ctx, written, tables, markdown, html)
     log("writing tables ...")
-    for name, frame in (("cells", grid), ("paired", paired), ("win_tie_loss", wtl),
-                        ("paper_vs_measured", comparison), ("transition_estimates", estimates),
-                        ("noise_kinds", kinds), ("protocols", effect)):
+    for name, frame in tables.items():
         written[f"{name} csv"] = out / f"{name}.csv"
         frame.write_csv(written[f"{name} csv"])
-    texts = {
-        "leaderboard.md": leaderboard.to_markdown(tabs, wtl, comparison, summary, estimates)
-        + protocols.to_markdown(effect) + noise_kinds.to_markdown(kinds) + diagnostics.to_markdown(diag, labels),
-        "leaderboard.tex": leaderboard.to_latex(tabs),
-        "report.html": leaderboard.to_html(tabs, paired, wtl, comparison, df, figures, heat_png,
-                               summary + f" Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.", estimates,
-                               protocols.to_html(effect) + noise_kinds.to_html(kinds)
-                               + diagnostics.to_html(diag, diag_figures, labels)),
-    }
+    texts = {"leaderboard.md": page.markdown(markdown), "leaderboard.tex": leaderboard.to_latex(tabs),
+             "report.html": page.html(html)}
     for name, text in texts.items():
         written[name] = out / name
         written[name].write_text(text, encoding="utf-8")

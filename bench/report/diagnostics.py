@@ -27,7 +27,7 @@ Cost: a trial's device-seconds are its wall time on its one device (its share of
 per-epoch diagnostics took; networks are those the method stage trains.
 
 The per-epoch numbers themselves are computed on the training device by `bench.exec.diagnostics`; this module reads
-them back from the epochs table.
+them back from the epochs table. The report's panel: `DiagnosticsPanel`.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from typing import Any
 import polars as pl
 
 from bench.report.analysis import CELL, fmt
+from bench.report.panel import Context, Panel
 from bench.report.render import fmt_r, html_table, md, png, td
 from bench.store.columns import DIAGNOSTIC_COLUMNS
 
@@ -367,3 +368,25 @@ def to_markdown(diag: Diagnostics, labels: dict[str, str]) -> str:
                   for c in diag.labels.iter_rows(named=True)]
         lines.append("")
     return "\n".join(lines)
+
+
+class DiagnosticsPanel(Panel):
+    """The headline rows' selection rules, curves, detection, cost and noisy labels (six CSV tables)."""
+
+    name = "diagnostics"
+    order = 30.0
+
+    def analyse(self, ctx: Context) -> Diagnostics:
+        return analyse(ctx.df, ctx.epochs, ctx.settings)
+
+    def tables(self, data: Diagnostics) -> dict[str, pl.DataFrame]:
+        return data.tables()
+
+    def figures(self, data: Diagnostics, ctx: Context) -> dict[str, Path]:
+        return plot(data, ctx.folder, ctx.labels)
+
+    def markdown(self, data: Diagnostics, ctx: Context) -> str:
+        return to_markdown(data, ctx.labels)
+
+    def html(self, data: Diagnostics, figures: dict[str, Path], ctx: Context) -> str:
+        return to_html(data, figures, ctx.labels)

@@ -1,6 +1,6 @@
 """The leaderboard's tables: one wide table per (dataset, noise) (`tables`, walked by every renderer through
-`Table.rows`), rendered as Markdown, LaTeX (the paper's layout), one self-contained HTML page (its CSS and JS are the
-package files `bench/report/report.css` and `report.js`) and aligned terminal text. The numbers come from
+`Table.rows`), rendered as Markdown, LaTeX (the paper's layout), the leading sections of the HTML page (the report's
+panels follow them, `bench.report.page` frames all) and aligned terminal text. The numbers come from
 `bench.report.analysis`; `bench.report.build` writes these renderings with the CSV tables and the figures
 (`bench report`, `bench leaderboard`). Nothing here reads MLflow.
 """
@@ -19,7 +19,7 @@ import polars as pl
 from bench.data import paper_datasets
 from bench.report import analysis
 from bench.report.analysis import MISSING, REFERENCE, fmt, label
-from bench.report.render import asset, fmt_r, html_table, md, pm, png, td, tex
+from bench.report.render import fmt_r, html_table, md, pm, png, td, tex
 
 # --------------------------------------------------------------------------------------------------- tables
 
@@ -234,9 +234,11 @@ def _estimates_html(estimates: pl.DataFrame) -> list[str]:
 
 
 def to_html(tabs: list[Table], paired: pl.DataFrame, wtl: pl.DataFrame, comparison: pl.DataFrame,
-            df: pl.DataFrame, plots: dict[tuple[str, str], Path], heatmap: Path, summary: str,
-            estimates: pl.DataFrame | None = None, extra: str = "") -> str:
-    """One self-contained page: inline CSS and JS, figures as base64 PNG, no external asset."""
+            plots: dict[tuple[str, str], Path], heatmap: Path, summary: str,
+            estimates: pl.DataFrame | None = None) -> str:
+    """The page's leading sections (the panels follow them; `bench.report.page` frames all): the title, legend and
+    summary, one accuracy table per (dataset, noise) with its figure and every cell's provenance, the win/tie/loss
+    table, the paper against ours, the transition-matrix estimates. Figures inline as base64 PNG."""
     p_of = {(p["dataset"], p["noise"], p["r"], p["method"]): p for p in paired.iter_rows(named=True)}
     body = [f"<h1>bench report</h1><p class=note>{html.escape(legend())}</p><p>{html.escape(summary)}</p>"]
     for t in tabs:
@@ -263,17 +265,7 @@ def to_html(tabs: list[Table], paired: pl.DataFrame, wtl: pl.DataFrame, comparis
     body.append(png(heatmap))
     if estimates is not None and not estimates.is_empty():
         body += _estimates_html(estimates)
-    body.append(extra)  # bench.report.diagnostics: selection rules, curves, detection, cost, noisy labels
-    broken = df.filter(pl.col("status") != "ok").sort("dataset", "noise", "r", "method", "seed")
-    body.append(f"<h2>Diverged and failed trials ({broken.height})</h2>")
-    if not broken.is_empty():
-        rows = ["<tr>" + "".join(td(b[k] if b[k] is not None else "", "l") for k in
-                                 ("trial_id", "dataset", "noise", "r", "method", "seed", "status", "error"))
-                + "</tr>" for b in broken.iter_rows(named=True)]
-        body.append(html_table(["trial", "dataset", "noise", "r", "method", "seed", "status", "error"], rows, 8))
-    return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>bench report</title>"
-            f"<style>{asset('report.css')}</style></head><body>{''.join(body)}<script>{asset('report.js')}</script>"
-            "</body></html>\n")
+    return "".join(body)
 
 
 def to_terminal(tabs: list[Table], summary: str, bold: bool = False) -> str:

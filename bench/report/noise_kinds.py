@@ -4,7 +4,7 @@ method's clean test accuracy under the one beside the other, their difference pa
 (the seed fixes data order and initialisation, so pairing removes that share of the seed-to-seed spread), and the
 realised noise rates that say whether the two compare the same overall rate. Computed from the aggregate grid
 (`bench.report.analysis.aggregate`: the setting the accuracy tables select) and its trials, rendered as a Markdown
-and an HTML section of `bench report` (and `noise_kinds.csv`).
+and an HTML section of `bench report` (and `noise_kinds.csv`): the panel `NoiseKinds`.
 
 A pattern is class-conditional where its rows record the T that generated their labels (`transition`, as every
 synthetic pattern's do: uniform, symmetric, an explicit matrix, a dataset's own builders); real (human) noise
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import json
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -22,6 +23,7 @@ import polars as pl
 from bench.noise import INSTANCE_DEPENDENT, is_instance_dependent
 from bench.report import analysis
 from bench.report.analysis import CELL, MISSING, fmt, label
+from bench.report.panel import Context, Panel
 from bench.report.render import fmt_r, html_table, md, pm, td
 
 RATE_GAP = 0.03  # realised noise rates further apart than this: the row does not compare the same overall rate
@@ -168,3 +170,20 @@ def to_html(panel: pl.DataFrame) -> str:
     return (f"<h2>{html.escape(TITLE)}</h2><p class=note>{html.escape(NOTE)}</p>" + html_table(
         ["dataset", "C", "class-conditional", "r", "method", "class-conditional acc", "n", "instance-dependent",
          "instance-dependent acc", "n", "idn − class-cond. (paired)", "class-cond. rate", "idn rate", "flag"], rows))
+
+
+class NoiseKinds(Panel):
+    name = "noise_kinds"
+    order = 20.0
+
+    def analyse(self, ctx: Context) -> pl.DataFrame:
+        return compare(ctx.df, ctx.grid)
+
+    def tables(self, data: pl.DataFrame) -> dict[str, pl.DataFrame]:
+        return {"noise_kinds": data}
+
+    def markdown(self, data: pl.DataFrame, ctx: Context) -> str:
+        return to_markdown(data)
+
+    def html(self, data: pl.DataFrame, figures: dict[str, Path], ctx: Context) -> str:
+        return to_html(data)

@@ -3,7 +3,7 @@ another (`authors`, or bench with single switches of the authors' scripts: `benc
 noise, r, method) the paper's published mean ± std, bench's, the other protocol's, and the difference other − bench
 paired by seed with its 95% t half-width. Each protocol selects its own setting per cell, as the accuracy tables do
 (`bench.report.analysis.aggregate` over that protocol's trials alone). Rendered as a Markdown and an HTML section of
-`bench report` (and `protocols.csv`).
+`bench report` (and `protocols.csv`): the panel `ProtocolEffect`.
 
 The accuracy tables themselves show one protocol: bench's where the folder holds it (`headline`).
 """
@@ -11,12 +11,14 @@ The accuracy tables themselves show one protocol: bench's where the folder holds
 from __future__ import annotations
 
 import html
+from pathlib import Path
 from typing import Any
 
 import polars as pl
 
 from bench.report import analysis
 from bench.report.analysis import CELL, MISSING, fmt, label
+from bench.report.panel import Context, Panel
 from bench.report.render import fmt_r, html_table, md, pm, td
 
 BENCH = "bench"
@@ -111,3 +113,22 @@ def to_html(panel: pl.DataFrame) -> str:
             text, [None, None, p["r"], None, p["paper_mean"], p["bench_mean"], p["bench_n"], None, p["other_mean"],
                    p["other_n"], p["diff"]], strict=True))) + "</tr>")
     return f"<h2>{html.escape(TITLE)}</h2><p class=note>{html.escape(NOTE)}</p>" + html_table(HEADER, rows)
+
+
+class ProtocolEffect(Panel):
+    """Compares every protocol's rows (`Context.every`), where the other panels see the headline's."""
+
+    name = "protocols"
+    order = 10.0
+
+    def analyse(self, ctx: Context) -> pl.DataFrame:
+        return compare(ctx.every)
+
+    def tables(self, data: pl.DataFrame) -> dict[str, pl.DataFrame]:
+        return {"protocols": data}
+
+    def markdown(self, data: pl.DataFrame, ctx: Context) -> str:
+        return to_markdown(data)
+
+    def html(self, data: pl.DataFrame, figures: dict[str, Path], ctx: Context) -> str:
+        return to_html(data)

@@ -43,7 +43,7 @@ from typing import Any
 
 from bench.config import UserError
 from bench.schema import NAME
-from bench.store.columns import EPOCH_COLUMNS
+from bench.store.columns import EPOCH_COLUMNS, row_schema
 
 TABLES = ("trials", "epochs")
 # Text columns of a row that name things (reports and MLflow build file names from them): each must be a NAME.
@@ -188,14 +188,16 @@ class Store:
 
     # -- result rows --------------------------------------------------------------------------------------------
     def write_trial(self, row: dict[str, Any], epochs: list[dict[str, Any]]) -> str:
-        """Write the trial's curves, then its row; return the row's path.
+        """Write the trial's curves, then its row (the declared types: `bench.store.columns`); return the row's path.
 
         If the folder refuses the write (full, read-only, gone), the finished trial is not lost: its row and curves
-        go to `unsaved_folder()` and the `UserError` says where, and how to move them back."""
+        go to `unsaved_folder()` and the `UserError` says where, and how to move them back. A row that does not fit
+        its declared columns is a `ValueError` (or an arrow error) before anything is written."""
         import pyarrow as pa
 
+        tables = _tables(row, epochs)
         try:
-            return self._write_trial(row, epochs)
+            return self._write_trial(*tables)
         except (OSError, pa.ArrowException) as e:
             problem = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
             trial_id = row["trial_id"]
@@ -205,7 +207,7 @@ class Store:
                 pass
             for keep in (unsaved_folder(), Path(tempfile.gettempdir()) / "bench-unsaved"):
                 try:
-                    Store(keep)._write_trial(row, epochs)
+                    Store(keep)._write_trial(*tables)
                 except (OSError, pa.ArrowException):
                     continue
                 raise UserError(f"could not write the row of trial {trial_id} to {self.location} ({problem}); kept "
@@ -214,15 +216,10 @@ class Store:
             raise UserError(f"could not write the row of trial {trial_id} to {self.location} ({problem}), nor to "
                             f"{unsaved_folder()}: the trial's result is lost") from None
 
-    def _write_trial(self, row: dict[str, Any], epochs: list[dict[str, Any]]) -> str:
-        import pyarrow as pa
-
-        trial_id = row["trial_id"]
-        schema = pa.schema([(name, pa.type_for_alias(kind)) for name, kind in EPOCH_COLUMNS.items()])
-        self._write_parquet(self.path("epochs", f"{trial_id}.parquet"),
-                            pa.Table.from_pylist([{"trial_id": trial_id, **e} for e in epochs], schema=schema))
+    def _write_trial(self, trial_id: str, row: Any, epochs: Any) -> str:
+        self._write_parquet(self.path("epochs", f"{trial_id}.parquet"), epochs)
         path = self.path("trials", f"{trial_id}.parquet")
-        self._write_parquet(path, pa.Table.from_pylist([row]))
+        self._write_parquet(path, row)
         return path
 
     def _write_parquet(self, path: str, table: Any) -> None:
@@ -341,6 +338,17 @@ class Store:
                 yield
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _tables(row: dict[str, Any], epochs: list[dict[str, Any]]) -> tuple[str, Any, Any]:
+    """A trial's id, its row and its curves as arrow tables of their declared types (`ROW_COLUMNS`: the columns the
+    row holds, in row order; `EPOCH_COLUMNS`)."""
+    import pyarrow as pa
+
+    trial_id = row["trial_id"]
+    curves = pa.schema([(name, pa.type_for_alias(kind)) for name, kind in EPOCH_COLUMNS.items()])
+    return (trial_id, pa.Table.from_pylist([row], schema=row_schema(row)),
+            pa.Table.from_pylist([{"trial_id": trial_id, **e} for e in epochs], schema=curves))
 
 
 _WARNED: set[str] = set()  # unreadable files already named in this process

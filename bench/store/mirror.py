@@ -35,7 +35,7 @@ import polars as pl
 from bench.config import UserError
 from bench.schema import check_name
 from bench.store import folder
-from bench.store.columns import DIAGNOSTIC_COLUMNS
+from bench.store.columns import DIAGNOSTIC_COLUMNS, MLFLOW_METRICS, MLFLOW_PARAMS, ROW
 from bench.store.folder import is_local, local_path
 
 # MLflow's HTTP client retries for minutes by default; a team server that is down must not stall a grid.
@@ -43,12 +43,6 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
 
 TAG = "bench."
-PARAM_COLUMNS = ("dataset", "model", "method", "noise", "r", "seed", "lr", "batch_size", "epochs", "epochs_warmup",
-                 "train_subset", "trial_id", "device", "git_commit")
-METRIC_COLUMNS = ("test_acc", "test_bal_acc", "last_test_acc", "last_test_bal_acc", "warmup_test_acc", "val_loss",
-                  "best_epoch", "noise_rate", "wall_s", "warmup_s", "method_s", "device_s", "epochs_trained",
-                  "networks")
-
 
 def _quiet_sqlalchemy() -> None:
     try:
@@ -200,15 +194,14 @@ class Mirror:
                 f"{TAG}status": row["status"], MLFLOW_PARENT_RUN_ID: self._parent(exp_id, cell)}
         tags.update({k: str(row[k]) for k in ("dataset", "method", "noise", "r", "seed")})
         # The protocol and its switches (`bench.protocol`); rows written before protocols existed were bench's.
-        tags.update({f"{TAG}protocol": str(row.get("protocol") or "bench"),
-                     f"{TAG}switches": str(row.get("switches") or "")})
+        tags.update({f"{TAG}{k}": str(row.get(k) or ROW[k].default) for k in ("protocol", "switches")})
         run = self.client.create_run(exp_id, run_name=run_name(row), tags=tags)
         run_id = run.info.run_id
 
-        params = {k: row.get(k) for k in PARAM_COLUMNS}
+        params = {k: row.get(k) for k in MLFLOW_PARAMS}
         params.update(json.loads(row.get("method_params") or "{}"))
         now = int(time.time() * 1000)
-        metrics = [Metric(k, float(row[k]), now, 0) for k in METRIC_COLUMNS if row.get(k) is not None]
+        metrics = [Metric(k, float(row[k]), now, 0) for k in MLFLOW_METRICS if row.get(k) is not None]
         if epochs is not None and epochs.height:
             for e in epochs.iter_rows(named=True):
                 prefix = "" if e["stage"] == "method" else f"{e['stage']}_"

@@ -1,6 +1,7 @@
 """Result rows: what one trial measured, with its configuration and provenance.
 
-A row is one dict (`make_row`) with the `CORE_COLUMNS` first; its per-epoch curves have the `EPOCH_COLUMNS`. Where
+A row is one dict (`make_row`) with every column of `bench.store.columns.ROW_COLUMNS`, in their order (the
+`CORE_COLUMNS` first); its per-epoch curves have the `EPOCH_COLUMNS`. Where
 and how rows are kept (parquet files, atomic writes, reading them back) is `bench.store.folder`'s. Making a row needs
 only numpy and torch: the training core makes rows on a bare GPU box.
 """
@@ -21,6 +22,7 @@ import torch
 
 from bench import protocol
 from bench.noise import NoisyLabels
+from bench.store.columns import ROW
 from bench.store.folder import Store
 from bench.trial import TrialConfig
 
@@ -50,6 +52,32 @@ def _matrix(m: np.ndarray | None) -> str | None:
     return None if m is None else json.dumps(np.round(np.asarray(m, dtype=float), 6).tolist())
 
 
+def _measured(outcome: Any | None, labels: NoisyLabels | None, wall_s: float) -> dict[str, Any]:
+    """The columns a trial measured (its outcome, its labels, its cost); those of a trial that failed before it ended
+    are null (its status "failed", its device-seconds its wall time)."""
+    o = outcome
+    return dict(
+        status=o.status if o else "failed", best_epoch=o.best_epoch if o else None,
+        val_loss=o.val_loss if o else None, test_acc=o.test_acc if o else None,
+        test_bal_acc=o.test_bal_acc if o else None, last_test_acc=o.last_test_acc if o else None,
+        noise_rate=labels.noise_rate if labels else None, noise_hash=labels.noise_hash if labels else None,
+        last_test_bal_acc=o.last_test_bal_acc if o else None, warmup_test_acc=o.warmup_test_acc if o else None,
+        warmup_s=o.warmup_s if o else None, method_s=o.method_s if o else None,
+        transition=_matrix(labels.transition) if labels else None,
+        empirical_transition=_matrix(labels.empirical) if labels else None,
+        estimated_transition=_matrix(o.estimated_transition) if o else None,
+        confusion=_matrix(o.confusion) if o else None,
+        pack_size=o.pack_size if o else None,  # trials trained together with this one (1: solo)
+        # Cost (bench.report.diagnostics): networks the method stage trains, epochs of its protocol (its warm start's
+        # too, whoever trained it: cached, packed or resumed, the count is the same), seconds on its device without
+        # the per-epoch diagnostics.
+        networks=o.networks if o else None,
+        epochs_trained=sum(e["train_loss"] is not None for e in o.epochs) if o else None,
+        device_s=max(0.0, float(wall_s) - o.diagnostics_s) if o else float(wall_s),
+        diagnostics_s=o.diagnostics_s if o else None,
+    )
+
+
 def make_row(
     config: TrialConfig,
     model: str,
@@ -62,54 +90,32 @@ def make_row(
     epochs_warmup: int,
     privileged: bool = False,
     error: str = "",
+    pack_wall_s: float | None = None,
 ) -> dict[str, Any]:
-    """One trial's row. `outcome` is the trainer's `Outcome`; None for a trial that failed before it ended."""
+    """One trial's row: every column of `ROW_COLUMNS`, in their order. `outcome` is the trainer's `Outcome`; None for
+    a trial that failed before it ended. `pack_wall_s`: the wall time of the whole pack a packed member trained in."""
     row: dict[str, Any] = dict(
         trial_id=config.trial_id, experiment=config.experiment, dataset=config.dataset, model=model,
         method=config.method, noise=config.noise, r=float(config.r), seed=int(config.seed),
         lr=float(lr), batch_size=int(batch_size),
-        status=outcome.status if outcome else "failed",
-        best_epoch=outcome.best_epoch if outcome else None,
-        val_loss=outcome.val_loss if outcome else None,
-        test_acc=outcome.test_acc if outcome else None,
-        test_bal_acc=outcome.test_bal_acc if outcome else None,
-        last_test_acc=outcome.last_test_acc if outcome else None,
-        noise_rate=labels.noise_rate if labels else None,
-        noise_hash=labels.noise_hash if labels else None,
         wall_s=float(wall_s), device=device_name(config.device), git_commit=git_commit(),
         torch_version=torch.__version__,
-        # Beyond the core columns:
         epochs=int(epochs), epochs_warmup=int(epochs_warmup),
         method_params=json.dumps(dict(config.method_params), sort_keys=True, default=str),
         # The protocol (`bench.protocol`) as written and the switches of the authors' scripts it turned on.
         protocol=protocol.canonical(config.protocol),
         switches=",".join(config.resolved_protocol().names()),
         train_subset=config.train_subset,
-        last_test_bal_acc=outcome.last_test_bal_acc if outcome else None,
-        warmup_test_acc=outcome.warmup_test_acc if outcome else None,
-        warmup_s=outcome.warmup_s if outcome else None,
-        method_s=outcome.method_s if outcome else None,
-        transition=_matrix(labels.transition) if labels else None,
-        empirical_transition=_matrix(labels.empirical) if labels else None,
-        estimated_transition=_matrix(outcome.estimated_transition) if outcome else None,
-        confusion=_matrix(outcome.confusion) if outcome else None,
         privileged=bool(privileged),
-        pack_size=outcome.pack_size if outcome else None,  # trials trained together with this one (1: solo)
-        # Cost (bench.report.diagnostics): networks the method stage trains, epochs of its protocol (its warm start's
-        # too, whoever trained it: cached, packed or resumed, the count is the same), seconds on its device without
-        # the per-epoch diagnostics.
-        networks=outcome.networks if outcome else None,
-        epochs_trained=sum(e["train_loss"] is not None for e in outcome.epochs) if outcome else None,
-        device_s=max(0.0, float(wall_s) - outcome.diagnostics_s) if outcome else float(wall_s),
-        diagnostics_s=outcome.diagnostics_s if outcome else None,
         error=(outcome.error if outcome and outcome.error else error),
         python_version=platform.python_version(),
         numpy_version=np.__version__,
         host=platform.node(),
         config_json=json.dumps(config.identity(), sort_keys=True, default=str),
         finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),  # the newest of two rows of a seed counts
-    )
-    return row
+        pack_wall_s=None if pack_wall_s is None else float(pack_wall_s),
+    ) | _measured(outcome, labels, wall_s)
+    return {name: row[name] for name in ROW}  # every declared column (a KeyError names one not made here)
 
 
 def write_trial(results: str | os.PathLike[str], row: dict[str, Any], epochs: list[dict[str, Any]]) -> str:

@@ -1,0 +1,105 @@
+"""The report's panel contract (bench.report.panel): the panels are found by the registry in their declared order, and a
+panel is one file: a plug-in file alone (no other file edited) puts its CSV table, figure, Markdown and HTML sections
+into `bench report`, where its `order` says, handed both every protocol's rows and the headline's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+from test_report import write
+from test_report_protocols import rows
+
+from bench.config import UserError
+from bench.report.build import build_report
+from bench.report.panel import Panel, panels
+
+PLUGIN = '''
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from bench.report.panel import Panel
+
+
+class Counts(Panel):
+    """Between the protocol panel (10) and the noise-kind panel (20)."""
+
+    name = "counts"
+    order = 15
+
+    def analyse(self, ctx):
+        return pl.DataFrame({"every": [ctx.every.height], "headline": [ctx.df.height], "cells": [ctx.grid.height],
+                             "epochs": [ctx.epochs.height], "settings": [ctx.settings.height],
+                             "protocols": [",".join(sorted(set(ctx.df["protocol"])))]})
+
+    def tables(self, data):
+        return {"counts": data}
+
+    def figures(self, data, ctx):
+        ctx.folder.mkdir(parents=True, exist_ok=True)
+        path = ctx.folder / "counts.png"
+        path.write_bytes(b"\\x89PNG\\r\\n\\x1a\\n")
+        return {"counts": path}
+
+    def markdown(self, data, ctx):
+        return f"## Counts\\n\\n{data['every'][0]} trials, {data['headline'][0]} shown\\n\\n"
+
+    def html(self, data, figures, ctx):
+        return f"<h2>Counts</h2><p>{sorted(figures)}</p>"
+
+
+class Coda(Panel):
+    """After every built-in panel, the failed trials (90) included."""
+
+    name = "coda"
+    order = 99
+
+    def analyse(self, ctx):
+        return None
+
+    def markdown(self, data, ctx):
+        return "## Coda\\n"
+
+    def html(self, data, figures, ctx):
+        return "<h2>Coda</h2>"
+'''
+
+
+def test_the_built_in_panels_come_in_their_declared_order() -> None:
+    found = panels()
+    assert [p.name for p in found] == ["protocols", "noise_kinds", "diagnostics", "failures"]
+    assert [p.order for p in found] == [10.0, 20.0, 30.0, 90.0]
+    assert all(isinstance(p, Panel) for p in found)
+
+
+def test_a_panel_is_one_plug_in_file(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "counts_panel.py").write_text(PLUGIN, encoding="utf-8")
+    monkeypatch.setenv("BENCH_PLUGINS", str(tmp_path / "plugins"))
+    assert [p.name for p in panels()] == ["protocols", "counts", "noise_kinds", "diagnostics", "failures", "coda"]
+    written = build_report(write(tmp_path / "r", rows()), tmp_path / "report", log=lambda s: None)
+    # 9 bench trials (the headline, 2 CE settings and 1 L_DMI: 3 settings, 2 cells) and 7 authors' trials, each with
+    # one epoch row.
+    counts = pl.read_csv(written["counts csv"])
+    assert counts.to_dicts() == [dict(every=16, headline=9, cells=2, epochs=16, settings=2, protocols="bench")]
+    assert written["plot counts"] == tmp_path / "report" / "plots" / "counts.png"
+    md = written["leaderboard.md"].read_text(encoding="utf-8")
+    assert md.index("## Protocol effect") < md.index("## Counts\n\n16 trials, 9 shown\n") < md.index("## Noisy labels")
+    assert md.endswith("## Coda\n")
+    page = written["report.html"].read_text(encoding="utf-8")
+    assert page.index("<h2>Protocol effect</h2>") < page.index("<h2>Counts</h2><p>['counts']</p>")
+    assert page.index("<h2>Counts</h2>") < page.index("<h2>Noisy labels</h2>")
+    assert page.index("<h2>Diverged and failed trials (0)</h2>") < page.index("<h2>Coda</h2>")
+    assert page.endswith("</script></body></html>\n")
+
+
+def test_a_panel_may_not_overwrite_another_table(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "clash.py").write_text(PLUGIN.replace('{"counts": data}', '{"cells": data}'),
+                                                   encoding="utf-8")
+    monkeypatch.setenv("BENCH_PLUGINS", str(tmp_path / "plugins"))
+    with pytest.raises(UserError, match=r"panel 'counts' \(.*clash\) writes cells.csv, which the report already"):
+        build_report(write(tmp_path / "r", rows()), tmp_path / "report", log=lambda s: None)

@@ -1,0 +1,98 @@
+"""The result row declared once (bench.store.columns): a solo, a packed and a failed trial's parquet files hold the
+same declared columns with the same arrow types; a row with a column nobody declared is refused before anything is
+written; rows written by older code (types inferred, columns missing) read back with every declared column, a missing
+one as its default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from test_report import make_row
+
+from bench.exec.pack import run_pack
+from bench.exec.trainer import failed_row, run_trial
+from bench.report import analysis
+from bench.store.columns import CORE_COLUMNS, GROUPS, MLFLOW_METRICS, MLFLOW_PARAMS, ROW, ROW_COLUMNS, group, row_schema
+from bench.store.rows import write_trial
+from bench.trial import TrialConfig
+
+QUIET = dict(log=lambda s: None)
+
+
+def test_the_declaration_groups_every_column_once() -> None:
+    assert len(ROW) == len(ROW_COLUMNS) == 49
+    assert sorted(sum((group(g) for g in GROUPS), [])) == sorted(ROW)
+    assert [c.name for c in ROW_COLUMNS[:len(CORE_COLUMNS)]] == CORE_COLUMNS
+    assert group("cost") == ["wall_s", "warmup_s", "method_s", "pack_size", "networks", "epochs_trained", "device_s",
+                             "diagnostics_s", "pack_wall_s"]
+    # What the MLflow mirror logged before the declaration, as params and as metrics.
+    assert set(MLFLOW_PARAMS) == {"dataset", "model", "method", "noise", "r", "seed", "lr", "batch_size", "epochs",
+                                  "epochs_warmup", "train_subset", "trial_id", "device", "git_commit"}
+    assert set(MLFLOW_METRICS) == {"test_acc", "test_bal_acc", "last_test_acc", "last_test_bal_acc", "warmup_test_acc",
+                                   "val_loss", "best_epoch", "noise_rate", "wall_s", "warmup_s", "method_s", "device_s",
+                                   "epochs_trained", "networks"}
+    # Every column the analysis names is declared.
+    assert set(analysis.SETTING_COLUMNS + analysis.PROVENANCE_COLUMNS + analysis.REQUIRED_COLUMNS) <= set(ROW)
+
+
+def test_solo_packed_and_failed_trials_write_one_declared_schema(tmp_path: Path) -> None:
+    """FW estimates T and L_DMI does not (its estimate is null); a solo trial has no pack wall time; a failed trial
+    has no measurement. Today's code wrote those nulls as arrow's null type and the pack's wall time only in a
+    pack's files."""
+    configs = [TrialConfig("synthetic", "fw", "case3", 0.3, seed=1, epochs=2, epochs_warmup=1),
+               TrialConfig("synthetic", "dmi", "case3", 0.3, seed=2, epochs=2, epochs_warmup=1)]
+    packed = run_pack(configs, "unused", results=tmp_path / "packed", **QUIET)
+    solo = [run_trial(c, "unused", results=tmp_path / "solo", **QUIET) for c in configs]
+    failed = failed_row(TrialConfig("synthetic", "ce", "case3", 0.3, seed=3), "RuntimeError: boom")
+    write_trial(tmp_path / "failed", failed, [])
+    files = sorted(tmp_path.glob("*/trials/*.parquet"))
+    assert len(files) == 5
+    declared = row_schema()
+    for path in files:
+        schema = pq.read_schema(path)
+        assert schema.names == [c.name for c in ROW_COLUMNS], path
+        assert schema.equals(declared), (path, schema)
+    assert declared.field("estimated_transition").type == pa.string()
+    assert declared.field("pack_wall_s").type == pa.float64() and declared.field("best_epoch").type == pa.int64()
+    assert [r["pack_size"] for r in packed] == [2, 2] and [r["pack_size"] for r in solo] == [1, 1]
+    assert packed[0]["pack_wall_s"] == packed[1]["pack_wall_s"] > 0
+    assert packed[0]["wall_s"] == pytest.approx(packed[0]["pack_wall_s"] / 2)
+    assert solo[0]["pack_wall_s"] is None and solo[1]["estimated_transition"] is None
+    back = pl.read_parquet(tmp_path / "solo" / "trials" / f"{configs[1].trial_id}.parquet")
+    assert back.schema["estimated_transition"] == pl.String and back["estimated_transition"].to_list() == [None]
+    assert back["test_acc"].item() == solo[1]["test_acc"] and back["best_epoch"].item() == solo[1]["best_epoch"]
+
+
+def test_a_row_that_does_not_fit_the_declaration_writes_nothing(tmp_path: Path) -> None:
+    row = make_row("ce", 0.2, 0, 0.5, 70.0)
+    with pytest.raises(ValueError, match="undeclared result-row columns shoe_size: declare each in"):
+        write_trial(tmp_path, row | {"shoe_size": 42}, [])
+    with pytest.raises(pa.ArrowException):  # an int64 column given text
+        write_trial(tmp_path, row | {"best_epoch": "three"}, [])
+    assert list(tmp_path.rglob("*.parquet")) == []
+
+
+def test_rows_written_by_older_code_read_with_every_declared_column(tmp_path: Path) -> None:
+    """Two rows as older code wrote them (`pa.Table.from_pylist` without a schema): one from before protocols and
+    packs (no protocol, switches, privileged, pack columns), one with a column of nulls (arrow's null type)."""
+    (tmp_path / "trials").mkdir()
+    old = make_row("ce", 0.2, 0, 0.5, 70.0)
+    for key in ("privileged", "train_subset"):
+        del old[key]
+    newer = make_row("ce", 0.2, 1, 0.6, 72.0) | dict(protocol="authors", switches="fixed_torch_seed", pack_size=2,
+                                                       pack_wall_s=3.0)
+    for row in (old, newer):
+        pq.write_table(pa.Table.from_pylist([row]), tmp_path / "trials" / f"{row['trial_id']}.parquet")
+    assert pq.read_schema(tmp_path / "trials" / f"{newer['trial_id']}.parquet").field("train_subset").type == pa.null()
+    df = analysis.load_trials(tmp_path).sort("seed")
+    types = {"string": pl.String, "int64": pl.Int64, "float64": pl.Float64, "bool": pl.Boolean}
+    assert {c.name: df.schema[c.name] for c in ROW_COLUMNS} == {c.name: types[c.type] for c in ROW_COLUMNS}
+    assert df["protocol"].to_list() == ["bench", "authors"]
+    assert df["switches"].to_list() == ["", "fixed_torch_seed"]
+    assert df["privileged"].to_list() == [False, False]
+    assert df["pack_size"].to_list() == [None, 2] and df["pack_wall_s"].to_list() == [None, 3.0]
+    assert df["train_subset"].to_list() == [None, None] and df["test_acc"].to_list() == [70.0, 72.0]
