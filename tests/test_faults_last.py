@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_faults import one_error_line
 
 from bench import models
 from bench.cli.main import main
@@ -51,13 +52,6 @@ def write_config(folder: Path, **changes) -> Path:
     path = folder / "grid.yaml"
     path.write_text(yaml.safe_dump({**GRID, **changes}, sort_keys=False))
     return path
-
-
-def one_error_line(capsys) -> str:
-    err = [line for line in capsys.readouterr().err.strip().splitlines() if line]
-    assert len(err) == 1, err
-    assert err[0].startswith("bench: error:"), err
-    return err[0]
 
 
 def _clear_registries() -> None:

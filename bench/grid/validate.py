@@ -9,7 +9,6 @@ anything is written, so that a bad value never reaches a Ray worker (where it wo
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from bench.config import UserError
 from bench.data import get_dataset
 from bench.methods import check_params, get_method
 from bench.schema import GRID_LIMIT, TRIAL_FLAGS, check_name
-from bench.store.folder import is_local
+from bench.store.folder import is_local, write_probe
 from bench.trial import TrialConfig
 
 
@@ -90,13 +89,9 @@ def check_results(results: str) -> None:
         folder = probe_in / sub if probe_in == path else probe_in
         if folder.exists() and not folder.is_dir():
             raise UserError(f"results folder {path}: {folder} is a file, not a folder; choose another --results")
-    probe = probe_in / f".bench-probe-{uuid.uuid4().hex}"
-    try:
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
+    if e := write_probe(probe_in):
         raise UserError(f"results folder {path} is not writable ({e.strerror or e} in {probe_in}); choose another "
-                        "--results") from None
+                        "--results")
 
 
 def check_grid_size(size: int, yes: bool) -> None:

@@ -71,6 +71,17 @@ def absolute(results: str | os.PathLike[str]) -> str:
     return str(local_path(results)) if is_local(results) else str(results)
 
 
+def write_probe(where: Path) -> OSError | None:
+    """Write and remove a probe file in the folder `where`: None where this process can write there, else why not."""
+    probe = where / f".bench-probe-{uuid.uuid4().hex}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        return e
+    return None
+
+
 def check_output(path: str | os.PathLike[str], what: str, fix: str, kind: str = "folder") -> Path:
     """Before anything is written: a local output (`kind` "folder" or "file") that this process can create or
     replace, checked by writing a probe file where it would go (into its nearest existing folder); else a
@@ -85,12 +96,8 @@ def check_output(path: str | os.PathLike[str], what: str, fix: str, kind: str = 
         where = where.parent
     if not where.is_dir():
         raise UserError(f"{what} {path}: {where} is a file, not a folder; {fix}")
-    probe = where / f".bench-probe-{uuid.uuid4().hex}"
-    try:
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise UserError(f"{what} {path} cannot be written ({e.strerror or e} in {where}); {fix}") from None
+    if e := write_probe(where):
+        raise UserError(f"{what} {path} cannot be written ({e.strerror or e} in {where}); {fix}")
     if kind == "file" and path.exists() and not os.access(path, os.W_OK):
         raise UserError(f"{what} {path} is read-only; {fix}")
     return path
