@@ -268,7 +268,8 @@ def describe_protocols(trials: list[TrialConfig]) -> list[str]:
     lines = []
     for spec in dict.fromkeys(t.protocol for t in trials if t.protocol != "bench"):
         proto = next(t for t in trials if t.protocol == spec).resolved_protocol()
-        lines.append(f"protocol {spec}: {len(proto.switches)} switches of the authors' scripts")
+        n = len(proto.switches)
+        lines.append(f"protocol {spec}: {n} switch{'es' if n != 1 else ''} of the authors' scripts")
         lines += [f"  {name}: {switch.what} ({switch.cite})" for name, switch in sorted(proto.switches.items())]
     return lines
 
