@@ -1,8 +1,8 @@
 """Two protocols: `bench` (the paper's protocol done right, the default) and `authors` (the paper as its authors'
 scripts ran it), and every choice that separates them as a named switch.
 
-Each dataset declares, in its own file (`Dataset.authors`), the switches its scripts make and where they make them
-(`Switch`: file and line); `authors` is all of them. A protocol is written as a spec:
+Each dataset declares, in its own file (`Dataset.authors_protocol`), the switches its scripts make and where they
+make them (`Switch`: file and line); `authors` is all of them. A protocol is written as a spec:
 
     bench                                    no switch (today's protocol)
     authors                                  every switch the dataset declares

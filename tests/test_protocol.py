@@ -223,6 +223,20 @@ def test_authors_pack_members_equal_their_solo_trials(tiny_fashion: Path) -> Non
         assert row["switches"] == ",".join(sorted(get_dataset("fashion_mnist").switches()))
 
 
+def test_a_pack_selects_by_its_members_rule(tiny_fashion: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first-batch rule shorter than the validation set: each packed member keeps the epoch, and the loss, its solo
+    trial keeps on the first 8 validation examples (a pack that selected on the whole set would not)."""
+    fashion = get_dataset("fashion_mnist")
+    rules = {s.name: s for s in fashion.authors_protocol}
+    first = Switch("first_batch_selection", rules["first_batch_selection"].cite, "test", {"*": Selection("loss", 8)})
+    monkeypatch.setattr(fashion, "authors_protocol", (first,))
+    configs = [TrialConfig("fashion_mnist", "dmi", "case3", r, seed=2, epochs=3, epochs_warmup=2,
+                           protocol="bench+first_batch_selection") for r in (0.2, 0.4)]
+    for c, row in zip(configs, run_pack(configs, tiny_fashion, **QUIET), strict=True):
+        solo = run_trial(c, tiny_fashion, **QUIET)
+        assert row["best_epoch"] == solo["best_epoch"] and trained_close(row["val_loss"], solo["val_loss"])
+
+
 # -- the scripts' forms -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("form", ["sum", "mean"])
 def test_script_dmi_loss_is_the_scripts_formula(form: str) -> None:

@@ -148,7 +148,7 @@ def _run_pack(
     train_probs.clear()
     stage.set_methods(methods)
     result = run_stage(stage, "method", ps[0].method_stage.epochs, log, initial_is_candidate=True,
-                       checkpoints=checkpoints)
+                       checkpoints=checkpoints, selection=ps[0].protocol.selection(ps[0].config.method))
 
     last = stage.predict(test_x)
     best = stage.predict(test_x, stage.best)

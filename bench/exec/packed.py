@@ -384,7 +384,8 @@ def pack_key(c: TrialConfig) -> tuple[Any, ...]:
     proto = c.resolved_protocol()
     model = proto.setting("script_model", get_dataset(c.dataset).model)
     key = (c.dataset, model, c.train_subset, c.device, _shape(warmup), _shape(method_stage))
-    return key + (tuple(proto.names()),) if proto.switches else key
+    # A pack's members share their protocol and their method stage's selection rule (it can differ by method).
+    return key + (tuple(proto.names()), proto.selection(c.method)) if proto.switches else key
 
 
 def member_order(configs: list[TrialConfig]) -> list[int]:
