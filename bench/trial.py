@@ -46,6 +46,14 @@ class TrialConfig:
     def params(self) -> dict[str, Any]:
         return dict(self.method_params)
 
+    def describe(self) -> str:
+        """The trial in words, as the dry run and the status lines name it: 'dmi lr=0.001  case3 r=0.4 seed=1'."""
+        params = "".join(f" {k}={v}" for k, v in self.method_params)
+        lr = f" lr={self.lr:g}" if self.lr is not None else ""
+        bs = f" bs={self.batch_size}" if self.batch_size is not None else ""
+        proto = "" if self.protocol == protocol.BENCH else f"  protocol {self.protocol}"
+        return f"{self.method}{lr}{bs}{params}  {self.noise} r={self.r:g} seed={self.seed}{proto}"
+
     def resolved_protocol(self) -> protocol.Protocol:
         """The switches this trial's protocol turns on, as its dataset declares them (`Dataset.authors_protocol`)."""
         return get_dataset(self.dataset).protocol(self.protocol)

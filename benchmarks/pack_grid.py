@@ -70,7 +70,7 @@ def main() -> None:
     print(f"{exp.name}: {len(trials)} trials in {len(units)} units (sizes {sizes[:8]}{more})"
           f" on {torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}", flush=True)
     # Packs first: they train their cells' warm starts, which the solo trials then find in the cache.
-    packs, solos = [u for u in units if len(u) > 1], [u[0] for u in units if len(u) == 1]
+    packs, solos = [list(u.trials) for u in units if u.kind == "pack"], [u.trials[0] for u in units if u.kind == "solo"]
     cache = None
     if args.results:
         from bench.exec.warmstart import WarmStartCache

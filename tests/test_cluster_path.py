@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from bench.config import UserError
-from bench.grid.runner import probe
+from bench.grid.cluster import probe
 from bench.store.folder import read_table
 
 BIN = Path(sys.executable).parent

@@ -23,12 +23,15 @@ import pytest
 import torch
 
 from bench.cli.main import main
+from bench.exec.executor import Unit
 from bench.exec.memory import GIB, pack_memory
 from bench.exec.packed import EVAL_IMAGES
 from bench.exec.prepare import prepare
+from bench.grid.cluster import start_ray
+from bench.grid.describe import describe_gpus
 from bench.grid.files import load_experiment
-from bench.grid.plan import PACK_MAX, describe_gpus, plan_units, share_gpus, warm_cell
-from bench.grid.runner import Settings, plan_on_cluster, start_ray
+from bench.grid.plan import PACK_MAX, plan_units, share_gpus, warm_cell
+from bench.grid.runner import Settings, plan_on_cluster
 from bench.trial import TrialConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,7 +45,7 @@ def dmi_trials(n: int, epochs: int = 2) -> list[TrialConfig]:
             for s in range(n)]
 
 
-def pack_sizes(units: list[list[TrialConfig]]) -> list[int]:
+def pack_sizes(units: list[Unit]) -> list[int]:
     return [len(u) for u in units]
 
 
@@ -82,7 +85,7 @@ def test_groups_share_the_gpus_by_their_work_and_the_solo_trials_come_last():
     solo = [dataclasses.replace(t, method="vat") for t in dmi_trials(3)]
     units = plan_units(short + solo + long, 64, gpus=8)
     # Largest work first: 4 x 6 epochs, 10 x 2, 3 x 6; then the solo trials.
-    assert [(len(u), u[0].epochs) for u in units] == [(4, 5), (4, 5), (10, 1), (10, 1), (3, 5), (3, 5), (3, 5),
+    assert [(len(u), u.trials[0].epochs) for u in units] == [(4, 5), (4, 5), (10, 1), (10, 1), (3, 5), (3, 5), (3, 5),
                                                       (3, 5), (1, 2), (1, 2), (1, 2)]
     assert describe_gpus(units[:8], 8) == ("GPUs: 8 seen; expected load per GPU: 3-10 trials, 18-24 epochs "
                                            "(8 packs, then 0 solo trials)")

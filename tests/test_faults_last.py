@@ -250,7 +250,7 @@ def test_a_pack_memory_bound_for_one_member_plans_solo_trials(monkeypatch, capsy
     memory = dataclasses.replace(memory, chunk=EVAL_IMAGES["cuda"])
     monkeypatch.setenv("BENCH_PACK_MEMORY_GB", str((memory.bytes(1) + memory.bytes(2)) / 2 / GIB))
     units = plan_units(trials, "auto", "unused")
-    assert [len(u) for u in units] == [1] * 4 and sorted(u[0].trial_id for u in units) == sorted(
+    assert [len(u) for u in units] == [1] * 4 and sorted(u.trials[0].trial_id for u in units) == sorted(
         t.trial_id for t in trials)
 
 

@@ -18,11 +18,11 @@ from conftest import crashing_checkpoints
 
 from bench.cli.main import main
 from bench.config import Schedule
+from bench.exec.executors.pack import pack_id
 from bench.exec.pack import run_pack
 from bench.exec.trainer import run_trial
 from bench.exec.warmstart import WarmStartCache
 from bench.grid.files import load_experiment
-from bench.grid.plan import pack_id
 from bench.grid.runner import Settings, run_experiment
 from bench.report import analysis
 from bench.store.folder import Checkpoints, Store, read_table
@@ -118,7 +118,7 @@ def test_bench_run_reruns_a_trial_whose_row_has_another_schema(ray_session, tmp_
 def test_a_local_run_starts_ray_listening_on_127_0_0_1_only(tmp_path):
     """Every listening socket of the processes a local `bench run` starts (GCS, raylet, workers, the driver)."""
     script = """
-from bench.grid.runner import start_ray
+from bench.grid.cluster import start_ray
 import ray
 from ray._private.utils import psutil
 

@@ -205,7 +205,7 @@ def test_dividemix_mixture_is_sklearns_gaussian_mixture() -> None:
 def test_augmenter_draws_fresh_views_only_where_the_dataset_augments_tensors() -> None:
     from bench.datasets.cifar10 import CIFAR10, PixelNormalisation
     from bench.datasets.synthetic import Synthetic
-    from bench.exec.trainer import augmenter
+    from bench.exec.member import augmenter
 
     images = torch.randint(0, 256, (16, 3, 32, 32), dtype=torch.uint8)
     cifar = CIFAR10("unused")

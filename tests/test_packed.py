@@ -19,11 +19,12 @@ from conftest import crashing_checkpoints
 from tolerances import same_accuracy, same_selection, trained_close
 
 from bench.config import Schedule, UserError
+from bench.exec.executors.pack import pack_id
 from bench.exec.optim import StackedOptimizer
 from bench.exec.pack import run_pack
 from bench.exec.packed import PackedStage, group_key, member_order, why_solo
 from bench.exec.trainer import run_trial
-from bench.grid.plan import pack_id, plan_units
+from bench.grid.plan import plan_units
 from bench.methods import Batch, Method, registry
 from bench.store.folder import read_table
 from bench.trial import TrialConfig, freeze_params
@@ -295,7 +296,8 @@ def test_auto_packs_hold_as_many_members_as_the_gpus_memory_holds(monkeypatch) -
     from bench.exec.memory import GIB, pack_memory
     from bench.exec.packed import EVAL_IMAGES
     from bench.exec.prepare import prepare
-    from bench.grid.plan import PACK_MAX, describe_units
+    from bench.grid.describe import describe_units
+    from bench.grid.plan import PACK_MAX
 
     trials = [TrialConfig("synthetic", m, "case3", r, seed=s, device="cuda", epochs=2, epochs_warmup=1)
               for m in ("ce", "dmi") for r in (0.2, 0.4) for s in range(5)]
@@ -364,19 +366,19 @@ def test_plan_packs_whole_warm_start_cells_and_leaves_the_rest_solo() -> None:
     trials = [TrialConfig("synthetic", m, "case3", r, seed=s, device="cuda", epochs=2, epochs_warmup=1)
               for m in ("ce", "dmi", "vat") for r in (0.2, 0.4) for s in (0, 1, 2)]
     units = plan_units(trials, 5)
-    packs = [u for u in units if len(u) > 1]
-    assert sorted(len(u) for u in units if len(u) == 1 and u[0].method == "vat") == [1] * 6
+    packs = [u for u in units if u.kind == "pack"]
+    assert sorted(len(u) for u in units if u.kind == "solo" and u.trials[0].method == "vat") == [1] * 6
     assert all(why_solo(t) is None for u in packs for t in u)
     # 6 cells of (ce, dmi); at most 5 members a pack, in whole cells: 3 packs of 2 cells.
     assert sum(len(u) for u in units) == len(trials) and [len(u) for u in packs] == [4, 4, 4]
     cells = [{(t.r, t.seed) for t in u} for u in packs]
     assert all(len(c) == 2 for c in cells) and len(set().union(*cells)) == 6  # no cell in two packs
-    assert plan_units(trials, "off") == [[t] for t in trials]
+    assert [(u.kind, u.trials) for u in plan_units(trials, "off")] == [("solo", (t,)) for t in trials]
     # Balanced: 7 cells of 2 at 10 a pack are 8 + 6 (two packs, as few as 10 allows), not 10 + 4.
     seven = [TrialConfig("synthetic", m, "case3", 0.2, seed=s, device="cuda") for s in range(7) for m in ("ce", "dmi")]
     assert [len(u) for u in plan_units(seven, 10)] == [8, 6]
     cpu = [TrialConfig("synthetic", "ce", "case3", 0.2, seed=s) for s in range(3)]
-    assert plan_units(cpu, "auto") == [[t] for t in cpu]  # auto packs on CUDA only
+    assert [(u.kind, u.trials) for u in plan_units(cpu, "auto")] == [("solo", (t,)) for t in cpu]  # on CUDA only
     assert why_solo(TrialConfig("synthetic", "coteaching", "case3", 0.2)) is not None
     assert why_solo(TrialConfig("cifar10", "ce", "pairs", 0.2)) is None  # BatchNorm and augmentation pack
     assert "augments at random" in why_solo(TrialConfig("clothing1m", "ce", "real", 0.0))

@@ -37,12 +37,12 @@ from tolerances import same_accuracy, same_selection
 from bench import models
 from bench.config import UserError
 from bench.datasets.cifar10 import CIFAR10
+from bench.exec.executors.pack import pack_id
 from bench.exec.grouped import Grouped
 from bench.exec.pack import run_pack
 from bench.exec.packed import PackedStage, device_generator, member_order, why_solo
 from bench.exec.prepare import build_model, prepare, seed_everything, warm_seed
 from bench.exec.trainer import run_trial
-from bench.grid.plan import pack_id
 from bench.store.folder import Checkpoints
 from bench.trial import TrialConfig
 

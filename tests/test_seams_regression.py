@@ -18,9 +18,9 @@ import pytest
 from conftest import crashing_checkpoints
 from tolerances import TRAINED_REL, same_accuracy, same_selection, trained_close, within
 
+from bench.exec.executors.pack import pack_id
 from bench.exec.pack import run_pack
 from bench.exec.trainer import run_trial
-from bench.grid.plan import pack_id
 from bench.store.folder import Checkpoints
 from bench.trial import TrialConfig
 

@@ -1,5 +1,5 @@
 """The `bench` command line: every command's arguments are defined here; each command's body lives with what
-it does (`cmd_run` in `bench.grid.runner`, `cmd_report` in `bench.report.build`, ...), imported only when that
+it does (`cmd_run` in `bench.cli.run`, `cmd_report` in `bench.report.build`, ...), imported only when that
 command runs, so that `bench --help`, `trial`, `datasets` and `methods` stay light and work on a bare GPU box
 (torch and numpy only).
 Bad input prints one line starting with "bench: error:" and exits with code 2, having written nothing."""
@@ -292,7 +292,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--yes", action="store_true",
                    help=f"run a grid of more than {GRID_LIMIT:,} trials (without it such a grid is refused)")
     _add_data_root(p)
-    p.set_defaults(func=_later("bench.grid.runner", "cmd_run"), needs=("ray", "pyarrow", "polars"))
+    p.set_defaults(func=_later("bench.cli.run", "cmd_run"), needs=("ray", "pyarrow", "polars"))
 
 
 def _add_labels(sub: argparse._SubParsersAction) -> None:

@@ -17,6 +17,7 @@ import torch
 
 from bench.config import UserError
 from bench.exec import memory, warmstart
+from bench.exec.member import finish, measure, new_method, set_up_method
 from bench.exec.packed import PackedStage, compile_mode, device_generator, member_order, pack_key, why_solo
 from bench.exec.prepare import (
     Prepared,
@@ -29,9 +30,7 @@ from bench.exec.prepare import (
     warm_start_key,
 )
 from bench.exec.stage import Checkpoints, Log, accuracy, run_stage
-from bench.exec.trainer import Outcome, row_args
-from bench.methods import StageContext, get_method
-from bench.store.rows import make_row, write_trial
+from bench.methods import Method
 from bench.trial import TrialConfig
 
 
@@ -81,52 +80,85 @@ def _run_pack(
     checkpoints: Checkpoints | None,
 ) -> list[dict[str, Any]]:
     started = time.perf_counter()
+    order, ps = prepare_pack(configs, data_root, log)
+    k = len(ps)
+    warm = PackWarmStarts(ps, log, warm_cache)
+    stage, methods, warm_test = method_stage(ps, warm)
+    result = run_stage(stage, "method", ps[0].method_stage.epochs, log, initial_is_candidate=True,
+                       checkpoints=checkpoints, selection=ps[0].protocol.selection(ps[0].config.method))
+
+    last = stage.predict(ps[0].test.x)
+    best = stage.predict(ps[0].test.x, stage.best)
+    wall = time.perf_counter() - started
+    rows: list[dict[str, Any]] = [{}] * k
+    for m, p in enumerate(ps):
+        outcome = measure(p, methods[m], result, m, best[m], last[m], warm_test[m],
+                          warm.epochs[warm.keys[m]] + result.epochs[m], warm.seconds_each, result.seconds / k,
+                          (warm.diagnose_s + result.diagnose_seconds) / k,  # an even share, as wall_s
+                          pack_size=k)
+        rows[order[m]] = finish(p, outcome, wall / k, results, pack_wall_s=wall)
+    log(f"pack of {k} done in {wall:.1f}s ({wall / k:.2f}s per trial)")
+    return rows
+
+
+def prepare_pack(configs: list[TrialConfig], data_root: str | os.PathLike[str], log: Log,
+                 ) -> tuple[list[int], list[Prepared]]:
+    """The members prepared on one copy of the data, those with the same method and hyper-parameters side by side
+    (their losses are computed together), after the checks that they may share a pack and that it fits its device:
+    (the members' order among `configs`, the prepared members)."""
     for c in configs:
         reason = why_solo(c)
         if reason:
             raise UserError(f"trial {c.trial_id} cannot be packed: {reason}")
     if len({pack_key(c) for c in configs}) != 1:
         raise UserError("a pack's trials must share dataset, model, device and stage shapes")
-    # Members with the same method and hyper-parameters side by side: their losses are computed together.
     order = member_order(configs)
     data = load_data(configs[0], data_root)
     ps = [prepare(configs[i], data_root, data=data, log=log) for i in order]
-    ds, k = ps[0].dataset, len(ps)
-    log(f"pack of {k} trials on {ps[0].device}: "
+    log(f"pack of {len(ps)} trials on {ps[0].device}: "
         + ", ".join(f"{n} {m}" for m, n in sorted(Counter(p.config.method for p in ps).items())))
-    memory.check(ps[0], k, log)
+    memory.check(ps[0], len(ps), log)
+    return order, ps
 
-    # Warm starts: from the cache where present, the missing cells trained together, then cached.
-    keys = [warm_start_key(p, 0) for p in ps]
-    states: dict[str, dict[str, torch.Tensor]] = {}
-    warm_epochs: dict[str, list[dict]] = {}
-    for key in dict.fromkeys(keys):
-        found = warm_cache.get(key) if warm_cache is not None else None
-        if found is not None:
-            states[key], warm_epochs[key] = found
-    missing = [key for key in dict.fromkeys(keys) if key not in states]
-    warmup_s = warm_diagnose_s = 0.0
-    if missing:
-        cells = [ps[keys.index(key)] for key in missing]
-        trained, rows, warmup_s, warm_diagnose_s = train_warm_starts(cells, log)
-        for key, state, member_rows in zip(missing, trained, rows, strict=True):
-            states[key], warm_epochs[key] = state, member_rows
-            if warm_cache is not None:
-                warm_cache.put(key, state, member_rows, warmup_s / len(missing))
 
-    # The method stage: each member's method set up on its own warm-started model, then the stack trained.
+class PackWarmStarts:
+    """The members' CE warm starts: from the cache where present, the missing cells trained together as one pack,
+    then cached. `states[key]` and `epochs[key]` per warm-start cell, `keys[m]` member m's cell."""
+
+    def __init__(self, ps: list[Prepared], log: Log, warm_cache: warmstart.WarmStartCache | None) -> None:
+        self.keys = [warm_start_key(p, 0) for p in ps]
+        self.states: dict[str, dict[str, torch.Tensor]] = {}
+        self.epochs: dict[str, list[dict]] = {}
+        for key in dict.fromkeys(self.keys):
+            found = warm_cache.get(key) if warm_cache is not None else None
+            if found is not None:
+                self.states[key], self.epochs[key] = found
+        missing = [key for key in dict.fromkeys(self.keys) if key not in self.states]
+        seconds = self.diagnose_s = 0.0
+        if missing:
+            cells = [ps[self.keys.index(key)] for key in missing]
+            trained, rows, seconds, self.diagnose_s = train_warm_starts(cells, log)
+            for key, state, member_rows in zip(missing, trained, rows, strict=True):
+                self.states[key], self.epochs[key] = state, member_rows
+                if warm_cache is not None:
+                    warm_cache.put(key, state, member_rows, seconds / len(missing))
+        self.seconds_each = seconds / max(len(missing), 1)  # each member's share: its cell's
+
+
+def method_stage(ps: list[Prepared], warm: PackWarmStarts) -> tuple[PackedStage, list[Method], list[float]]:
+    """The method stage of a pack: each member's network loaded with its warm start, its own generator and method
+    set up, stacked: (the stage, the members' methods, their warm-started models' clean test accuracy)."""
     nets, generators = [], []
-    for p, key in zip(ps, keys, strict=True):
+    for p, key in zip(ps, warm.keys, strict=True):
         net = build_model(p)
-        net.load_state_dict(states[key])
+        net.load_state_dict(warm.states[key])
         nets.append(net)
         seed_everything(method_seed(p))
         generators.append(device_generator(p.device, method_seed(p)))
     stage = PackedStage(ps, nets, generators, ps[0].method_stage, [p.method_stage.lr for p in ps],
                         [method_seed(p) for p in ps], compile=compile_mode(ps[0].device))
-    test_x, test_y = ps[0].test.x, ps[0].test.labels
-    warm_logits = stage.predict(test_x)
-    warm_test = [accuracy(warm_logits[m], test_y, ds.num_classes)[0] for m in range(k)]
+    warm_logits = stage.predict(ps[0].test.x)
+    warm_test = [accuracy(warm_logits[m], ps[0].test.labels, ps[0].dataset.num_classes)[0] for m in range(len(ps))]
     train_probs: list[torch.Tensor] = []
 
     def predict_train(m: int) -> torch.Tensor:
@@ -136,38 +168,9 @@ def _run_pack(
 
     methods = []
     for m, p in enumerate(ps):
-        method_cls = get_method(p.config.method)
-        method = method_cls(ds.num_classes, dataset=p.config.dataset, **p.config.params)
-        method.setup(StageContext(
-            nets=[nets[m]], num_classes=ds.num_classes, noisy_train=p.train.labels,
-            predict_train=lambda m=m: predict_train(m),
-            true_transition=p.labels.transition if method_cls.uses_true_transition else None,
-            device=p.device, epochs=p.method_stage.epochs, noise_rate=p.labels.expected_rate, protocol=p.protocol,
-        ))
+        method = new_method(p)
+        set_up_method(method, p, [nets[m]], lambda i, m=m: predict_train(m))
         methods.append(method)
     train_probs.clear()
     stage.set_methods(methods)
-    result = run_stage(stage, "method", ps[0].method_stage.epochs, log, initial_is_candidate=True,
-                       checkpoints=checkpoints, selection=ps[0].protocol.selection(ps[0].config.method))
-
-    last = stage.predict(test_x)
-    best = stage.predict(test_x, stage.best)
-    wall = time.perf_counter() - started
-    rows: list[dict[str, Any]] = [{}] * k
-    for m, p in enumerate(ps):
-        test_acc, test_bal, confusion = accuracy(best[m], test_y, ds.num_classes)
-        last_acc, last_bal, _ = accuracy(last[m], test_y, ds.num_classes)
-        outcome = Outcome(
-            status=result.status[m], best_epoch=int(result.best_epoch[m]), val_loss=float(result.best_loss[m]),
-            warmup_test_acc=float(warm_test[m]), test_acc=test_acc, test_bal_acc=test_bal, last_test_acc=last_acc,
-            last_test_bal_acc=last_bal, confusion=confusion, estimated_transition=methods[m].estimated_transition(),
-            epochs=warm_epochs.get(keys[m], []) + result.epochs[m], warmup_s=warmup_s / max(len(missing), 1),
-            method_s=result.seconds / k, error=result.errors[m], pack_size=k,
-            diagnostics_s=(warm_diagnose_s + result.diagnose_seconds) / k,  # an even share, as wall_s
-        )
-        row = make_row(outcome=outcome, wall_s=wall / k, pack_wall_s=wall, **row_args(p))
-        if results is not None:
-            write_trial(results, row, outcome.epochs)
-        rows[order[m]] = row
-    log(f"pack of {k} done in {wall:.1f}s ({wall / k:.2f}s per trial)")
-    return rows
+    return stage, methods, warm_test

@@ -16,16 +16,15 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from bench.config import UserError
-from bench.data import Dataset, get_dataset
+from bench.data import get_dataset
+from bench.exec.member import finish, measure, new_method, set_up_method
 from bench.exec.prepare import (
     Prepared,
     build_model,
@@ -44,8 +43,9 @@ from bench.exec.stage import (
     run_stage,
 )
 from bench.exec.warmstart import WarmStart
-from bench.methods import Batch, Method, StageContext, get_method
-from bench.store.rows import make_row, write_trial
+from bench.methods import Batch, get_method
+from bench.store.columns import Outcome
+from bench.store.rows import make_row
 from bench.trial import TrialConfig
 
 
@@ -78,29 +78,6 @@ def warm_start(p: Prepared, net_index: int, log: Log,
     return stage.best_state, result.epochs[0]
 
 
-@dataclass
-class Outcome:
-    """What a trial measured (the trainer's half of the result row)."""
-
-    status: str
-    best_epoch: int
-    val_loss: float
-    warmup_test_acc: float
-    test_acc: float
-    test_bal_acc: float
-    last_test_acc: float
-    last_test_bal_acc: float
-    confusion: np.ndarray
-    estimated_transition: np.ndarray | None
-    epochs: list[dict[str, Any]]
-    warmup_s: float
-    method_s: float
-    error: str = ""
-    pack_size: int = 1
-    networks: int = 1  # networks the method stage trains (Co-teaching, DivideMix: 2)
-    diagnostics_s: float = 0.0  # seconds spent on the per-epoch diagnostics (measuring, not the method's cost)
-
-
 def train(
     p: Prepared,
     log: Log = print,
@@ -113,15 +90,32 @@ def train(
     With `checkpoints`, the method stage saves its whole state after each epoch (networks, optimiser, scheduler
     position, method state, random generators, selection so far) and resumes from the last one it finds, with the
     same numbers as an uninterrupted run."""
-    c, ds = p.config, p.dataset
-    method_cls = get_method(c.method)
-    method: Method = method_cls(ds.num_classes, dataset=c.dataset, **c.params)
-    epochs: list[dict[str, Any]] = []
-    diagnose_seconds: list[float] = []
-
+    method = new_method(p)
     started = time.perf_counter()
-    nets = []
-    for i in range(method_cls.networks):
+    nets, epochs, warm_diagnose_s = warm_started_nets(p, type(method).networks, log, warm_cache)
+    warmup_s = time.perf_counter() - started
+    warmup_test_acc, _, _ = accuracy(predict(nets[0], p.test), p.test.labels, p.dataset.num_classes)
+    log(f"warm start done: clean test acc {warmup_test_acc:.2f}%  ({warmup_s:.1f}s)")
+
+    seed_everything(method_seed(p))
+    set_up_method(method, p, nets, lambda i: torch.softmax(predict(nets[i], p.train_eval), dim=1))
+    stage = SoloStage(p, nets, p.method_stage, method_seed(p), method.train_loss, method.validation_loss,
+                      method)
+    result = run_stage(stage, "method", p.method_stage.epochs, log, initial_is_candidate=True,
+                       checkpoints=checkpoints, on_epoch=on_epoch, selection=p.protocol.selection(p.config.method))
+    last_logits = predict(nets[0], p.test)
+    nets[0].load_state_dict(stage.best_state)
+    return measure(p, method, result, 0, predict(nets[0], p.test), last_logits, warmup_test_acc,
+                   epochs + result.epochs[0], warmup_s, result.seconds,
+                   warm_diagnose_s + result.diagnose_seconds)
+
+
+def warm_started_nets(p: Prepared, networks: int, log: Log, warm_cache: WarmStartCache | None,
+                      ) -> tuple[list[nn.Module], list[dict[str, Any]], float]:
+    """The method's networks, each loaded with its CE warm start (from the cache, or trained and cached): (the
+    networks, the warm starts' epoch rows, the seconds their diagnostics took where trained here)."""
+    nets, epochs, diagnose_seconds = [], [], []
+    for i in range(networks):
         def fresh(i: int = i) -> WarmStart:
             return warm_start(p, i, log, diagnose_seconds)
 
@@ -130,52 +124,7 @@ def train(
         net = build_model(p)
         net.load_state_dict(state)
         nets.append(net)
-    warmup_s = time.perf_counter() - started
-    warmup_test_acc, _, _ = accuracy(predict(nets[0], p.test), p.test.labels, ds.num_classes)
-    log(f"warm start done: clean test acc {warmup_test_acc:.2f}%  ({warmup_s:.1f}s)")
-
-    seed_everything(method_seed(p))
-    method.setup(StageContext(
-        nets=nets, num_classes=ds.num_classes, noisy_train=p.train.labels,
-        predict_train=lambda: torch.softmax(predict(nets[0], p.train_eval), dim=1),
-        true_transition=p.labels.transition if method_cls.uses_true_transition else None,
-        device=p.device, epochs=p.method_stage.epochs,
-        predict_train_of=lambda i: torch.softmax(predict(nets[i], p.train_eval), dim=1),
-        augment_train=augmenter(p), schedule=p.method_stage, noise_rate=p.labels.expected_rate,
-        protocol=p.protocol,
-    ))
-    stage = SoloStage(p, nets, p.method_stage, method_seed(p), method.train_loss, method.validation_loss,
-                      method)
-    result = run_stage(stage, "method", p.method_stage.epochs, log, initial_is_candidate=True,
-                       checkpoints=checkpoints, on_epoch=on_epoch, selection=p.protocol.selection(c.method))
-    epochs.extend(result.epochs[0])
-
-    last_acc, last_bal, _ = accuracy(predict(nets[0], p.test), p.test.labels, ds.num_classes)
-    nets[0].load_state_dict(stage.best_state)
-    test_acc, test_bal, confusion = accuracy(predict(nets[0], p.test), p.test.labels, ds.num_classes)
-    return Outcome(
-        status=result.status[0], best_epoch=int(result.best_epoch[0]), val_loss=float(result.best_loss[0]),
-        warmup_test_acc=warmup_test_acc, test_acc=test_acc, test_bal_acc=test_bal, last_test_acc=last_acc,
-        last_test_bal_acc=last_bal, confusion=confusion, estimated_transition=method.estimated_transition(),
-        epochs=epochs, warmup_s=warmup_s, method_s=result.seconds, error=result.errors[0],
-        networks=method_cls.networks, diagnostics_s=sum(diagnose_seconds) + result.diagnose_seconds,
-    )
-
-
-def augmenter(p: Prepared) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """A fresh augmented view of training examples by index (`StageContext.augment_train`), where the dataset
-    augments (overrides `train_transform`) and its training inputs are a tensor on the device."""
-    if not p.train.tensor or type(p.dataset).train_transform is Dataset.train_transform:
-        return None
-    return lambda index: p.dataset.train_transform(p.train.x[index])
-
-
-def row_args(p: Prepared) -> dict[str, Any]:
-    """The half of a result row (`bench.store.rows.make_row`) that the prepared trial gives, solo or packed."""
-    c = p.config
-    return dict(config=c, model=p.model, labels=p.labels, lr=p.method_stage.lr,
-                batch_size=p.method_stage.batch_size, epochs=p.method_stage.epochs, epochs_warmup=p.warmup.epochs,
-                privileged=get_method(c.method).uses_true_transition)
+    return nets, epochs, sum(diagnose_seconds)
 
 
 def run_trial(
@@ -194,7 +143,6 @@ def run_trial(
     """
     started = time.perf_counter()
     p = prepare(config, data_root, log=log)
-    args = row_args(p)
     log(f"trial {config.trial_id}: {config.dataset} / {config.method} / {config.noise} r={config.r} "
         f"seed={config.seed}  realised noise rate {100 * p.labels.noise_rate:.1f}%  on {p.device}")
     try:
@@ -202,15 +150,9 @@ def run_trial(
     except UserError:
         raise
     except Exception as e:
-        if results is not None:
-            row = make_row(outcome=None, wall_s=time.perf_counter() - started,
-                                       error=f"{type(e).__name__}: {e}", **args)
-            write_trial(results, row, [])
+        finish(p, None, time.perf_counter() - started, results, error=f"{type(e).__name__}: {e}")
         raise
-    row = make_row(outcome=outcome, wall_s=time.perf_counter() - started, **args)
-    if results is not None:
-        write_trial(results, row, outcome.epochs)
-    return row
+    return finish(p, outcome, time.perf_counter() - started, results)
 
 
 def failed_row(config: TrialConfig, error: str, wall_s: float = 0.0) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import io
 import logging
 import os
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -158,19 +159,25 @@ def captured_stderr() -> Iterator[io.StringIO]:
             buffer.seek(0)
 
 
-def check_resources(cpu: float, gpu: float) -> None:
-    """Fail at once when no node of the cluster can ever hold one trial (Ray would wait for ever)."""
+def check_resources(demands: dict[str, list[dict[str, float]]]) -> None:
+    """Fail at once when no node of the cluster can ever hold a unit (Ray would wait for ever). `demands`: what
+    each kind of unit asks (its Ray bundles), by the words that name it ("each trial", "a pack of 4 trials")."""
     import ray
 
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    if any(res.get("CPU", 0) >= cpu and res.get("GPU", 0) >= gpu for res in nodes):
-        return
-    have = ", ".join(f"{res.get('CPU', 0):g} CPU / {res.get('GPU', 0):g} GPU" for res in nodes) or "no nodes"
-    what = f"{cpu:g} CPU" + (f" and {gpu:g} GPU" if gpu else "")
-    fix = ("run on a cluster with GPUs, or set device: cpu and resources.gpu: 0 (--gpus-per-trial 0)"
-           if gpu and not any(res.get("GPU", 0) for res in nodes) else "lower resources.cpu (--cpus-per-trial)")
-    raise UserError(f"each trial asks for {what} but no node of this Ray cluster can ever provide it "
-                    f"(nodes: {have}); {fix}")
+    for who, bundles in demands.items():
+        for bundle in bundles:
+            cpu, gpu = bundle.get("CPU", 0), bundle.get("GPU", 0)
+            if any(res.get("CPU", 0) >= cpu and res.get("GPU", 0) >= gpu for res in nodes):
+                continue
+            have = ", ".join(f"{res.get('CPU', 0):g} CPU / {res.get('GPU', 0):g} GPU" for res in nodes) or "no nodes"
+            what = f"{cpu:g} CPU" + (f" and {gpu:g} GPU" if gpu else "")
+            fix = ("run on a cluster with GPUs, or set device: cpu and resources.gpu: 0 (--gpus-per-trial 0)"
+                   if gpu and not any(res.get("GPU", 0) for res in nodes) else
+                   "lower resources.cpu (--cpus-per-trial)" if cpu > max((r.get("CPU", 0) for r in nodes), default=0)
+                   else "lower resources.gpu (--gpus-per-trial) or add a node with that many GPUs")
+            raise UserError(f"{who} asks for {what} but no node of this Ray cluster can ever provide it "
+                            f"(nodes: {have}); {fix}")
 
 
 def cluster_gpus() -> int:
@@ -178,3 +185,43 @@ def cluster_gpus() -> int:
     import ray
 
     return int(ray.cluster_resources().get("GPU", 0))
+
+
+def gpus_to_plan(address: str | None) -> tuple[int, str | None]:
+    """For `--dry-run`, the GPUs a grid would run on and their kind (`gpu_kind`). With `address` the cluster's: the
+    dry run connects as `bench run` does (failing with its error) and leaves. Else this machine's, as the local Ray
+    of `bench run` counts them (torch counts them without creating a CUDA context; nvidia-smi names them)."""
+    if address is None:
+        import torch
+
+        count = torch.cuda.device_count()
+        return count, local_gpu_kind() if count else None
+    import ray
+
+    started = start_ray(address, None)
+    try:
+        return cluster_gpus(), cluster_gpu_kind()
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def cluster_gpu_kind() -> str | None:
+    """The kind of the connected cluster's GPUs as Ray names them ("H200"), or None where it has none, several
+    kinds, or Ray could not tell: the executor table then applies its rows for any GPU."""
+    import ray
+
+    kinds = {key.split(":", 1)[1] for key in ray.cluster_resources() if key.startswith("accelerator_type:")}
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def local_gpu_kind() -> str | None:
+    """This machine's GPU name from nvidia-smi ("NVIDIA H200"), which opens no CUDA context; None without it or
+    with several kinds."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    names = {line.strip() for line in out.stdout.splitlines() if line.strip()}
+    return names.pop() if out.returncode == 0 and len(names) == 1 else None

@@ -12,22 +12,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import heapq
 import math
 import os
-from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bench.config import Schedule, UserError
+from bench.config import UserError
 from bench.data import get_dataset
 from bench.exec import memory
-from bench.exec.packed import EVAL_IMAGES, pack_key, why_solo
+from bench.exec.executor import Unit, executors, get_executor
+from bench.exec.packed import EVAL_IMAGES
 from bench.exec.prepare import prepare
+from bench.grid import executor_table
 from bench.grid.validate import check_trials
 from bench.methods import get_method
-from bench.schema import GRID_LIMIT
 from bench.store.folder import Store
 from bench.trial import TrialConfig
 
@@ -128,37 +126,60 @@ def _auto_pack_size(t: TrialConfig, data_root: str, capacity: int) -> tuple[int,
 
 
 def plan_units(trials: list[TrialConfig], pack: str | int, data_root: str | os.PathLike[str] | None = None,
-               gpus: int | None = None) -> list[list[TrialConfig]]:
-    """Units of work for the runner: lists of trials trained together (a list of one is a solo trial), the packs
-    first, largest first, then the solo trials, so that these fill the GPUs the packs leave.
+               gpus: int | None = None, gpu_kind: str | None = None) -> list[Unit]:
+    """Units of work for the runner (`bench.exec.executor.Unit`): trials trained together (packs, or units of
+    another executor), largest first, then solo trials, so that these fill the GPUs the others leave.
 
-    `pack` is "off", "auto" (packs on CUDA, solo on a CPU, where packing measured slower; at most `PACK_MAX`
-    members, or as many as `auto_pack_size` fits) or a member count at most. Packs hold whole warm-start cells,
-    so no cell's warm start is trained by two packs. With `gpus` (the GPUs the trials run on, as Ray counts them)
-    the packable groups share the GPUs by their work (`share_gpus`) and each splits into at least its share of
-    packs, so that every GPU gets one: N trials on G GPUs are G packs of about N / G, more only where that many
-    would not fit (the size above). The packs of a group are balanced (300 trials at 256 a pack: 150 + 150, not
-    256 + 44), so that they finish together."""
+    `pack` is "off", a member count at most (packs of that many), or "auto": per trial, the executor and the trials
+    a unit holds that the executor table gives for its model on its device (`bench.grid.executor_table`, on GPUs
+    named `gpu_kind`: packs on CUDA, solo on a CPU, where packing measured slower), a pack no larger than
+    `auto_pack_size` fits. Units hold whole warm-start cells, so no cell's warm start is trained by two units. With
+    `gpus` (the GPUs the trials run on, as Ray counts them) the groups share the GPUs by their work (`share_gpus`)
+    and each splits into at least its share of units, so that every GPU gets one: N trials on G GPUs are G packs of
+    about N / G, more only where that many would not fit. The units of a group are balanced (300 trials at 256 a
+    pack: 150 + 150, not 256 + 44), so that they finish together."""
     if pack == "off" or pack == 1:
-        return [[t] for t in trials]
+        return [Unit("solo", (t,)) for t in trials]
     solo: list[list[TrialConfig]] = []
     groups: dict[tuple[Any, ...], dict[tuple[Any, ...], list[TrialConfig]]] = {}
     for t in trials:
-        if (pack == "auto" and not t.device.startswith("cuda")) or why_solo(t):
+        kind, most = unit_kind(t, pack, gpu_kind)
+        executor = get_executor(kind)
+        if kind == "solo" or executor.why_not(t):
             solo.append([t])
         else:
-            groups.setdefault(pack_key(t), {}).setdefault(warm_cell(t), []).append(t)
+            groups.setdefault((kind, most, executor.group_key(t)), {}).setdefault(warm_cell(t), []).append(t)
     cells = [list(group.values()) for group in groups.values()]
-    work = [_epochs([t for cell in group for t in cell]) for group in cells]
+    work = [unit_epochs([t for cell in group for t in cell]) for group in cells]
     shares = share_gpus(work, gpus) if gpus else [1] * len(cells)
-    packs: list[list[TrialConfig]] = []
-    for group, share in zip(cells, shares, strict=True):
-        size = auto_pack_size(group[0][0], data_root)[0] if pack == "auto" else int(pack)
-        if pack == "auto" and size == 1:  # one member fits (or none): solo, not packs of whole cells
+    together: list[tuple[str, list[TrialConfig]]] = []
+    for (kind, most, _), group, share in zip(groups, cells, shares, strict=True):
+        size = min(most, auto_pack_size(group[0][0], data_root)[0]) if pack == "auto" and kind == "pack" else most
+        if size == 1:  # one member fits (or none): solo, not units of whole cells
             solo += [[t] for cell in group for t in cell]
             continue
-        packs += balanced_packs(group, size, share)
-    return sorted(packs, key=_epochs, reverse=True) + solo
+        together += [(kind, unit) for unit in balanced_packs(group, size, share)]
+    together.sort(key=lambda ku: unit_epochs(ku[1]), reverse=True)
+    return [Unit(kind if len(u) > 1 else "solo", tuple(u)) for kind, u in together + [("solo", u) for u in solo]]
+
+
+def unit_kind(t: TrialConfig, pack: str | int, gpu_kind: str | None) -> tuple[str, int]:
+    """The executor that trains `t` with others, and how many trials its units hold at most: `--pack N`'s packs,
+    or under `--pack auto` the executor table's row for its model and device (none: solo)."""
+    if pack != "auto":
+        return "pack", int(pack)
+    choice = executor_table.choose(trial_model(t), t.device, gpu_kind)
+    if choice is None:
+        return "solo", 1
+    if choice.executor not in executors():
+        raise UserError(f"the executor table {executor_table.table_path()} names the executor {choice.executor!r} "
+                        f"for {choice.model} on {choice.device}; there are {', '.join(executors())}")
+    return choice.executor, choice.trials
+
+
+def trial_model(t: TrialConfig) -> str:
+    """The network `t` trains (its dataset's, or the authors' script's under that switch)."""
+    return t.resolved_protocol().setting("script_model", get_dataset(t.dataset).model)
 
 
 def share_gpus(work: list[int], gpus: int) -> list[int]:
@@ -172,7 +193,7 @@ def share_gpus(work: list[int], gpus: int) -> list[int]:
     return shares
 
 
-def _epochs(trials: list[TrialConfig]) -> int:
+def unit_epochs(trials: list[TrialConfig]) -> int:
     """The epochs `trials` train (method stages and their cells' warm starts): their work, as a GPU sees it."""
     w = Plan.work(trials)
     return w["method_epochs"] + w["warm_epochs"]
@@ -196,55 +217,6 @@ def balanced_packs(cells: list[list[TrialConfig]], size: int, count: int = 1) ->
         count += 1
 
 
-def pack_id(trials: list[TrialConfig]) -> str:
-    """Identity of a pack: its members' trial ids (a relaunch with other members is another pack)."""
-    import hashlib
-
-    return "pack-" + hashlib.sha256(" ".join(sorted(t.trial_id for t in trials)).encode()).hexdigest()[:16]
-
-
-def unit_id(unit: list[TrialConfig]) -> str:
-    """A solo trial is named by its trial id, a pack by its members' (`pack-<hash>`)."""
-    return pack_id(unit) if len(unit) > 1 else unit[0].trial_id
-
-
-def describe_units(units: list[list[TrialConfig]], pack: str | int,
-                   data_root: str | os.PathLike[str] | None = None) -> str | None:
-    """The packs a grid runs as, in one line, and under `--pack auto` how they were sized (None when every trial
-    runs solo)."""
-    packs = [u for u in units if len(u) > 1]
-    if not packs:
-        return None
-    line = (f"packs (--pack {pack}): {sum(map(len, packs))} trials in {len(packs)} packs of "
-            f"{', '.join(str(len(u)) for u in packs)}; {len(units) - len(packs)} trials solo")
-    if pack == "auto":
-        sizes = {pack_key(u[0]): auto_pack_size(u[0], data_root) for u in packs}
-        notes = [text for _, text in sizes.values() if text]
-        line += "".join(f"\n  memory: {text}" for text in dict.fromkeys(notes))
-        if len(notes) < len(sizes):
-            line += (f"\n  memory: not estimated here (the driver opens no GPU; BENCH_PACK_MEMORY_GB sizes packs "
-                     f"here): at most {PACK_MAX} a pack, each pack checks its GPU before it trains")
-    return line
-
-
-def describe_gpus(units: list[list[TrialConfig]], gpus: int) -> str:
-    """How many GPUs the plan saw, and the load each gets when the units start in plan order, each on the GPU
-    that has the least work so far (as Ray starts the next unit wherever one ends)."""
-    if not gpus:
-        return "GPUs: none seen here (with --address, the cluster's count): packs are not split by GPU"
-    loads = [(0, 0, g) for g in range(gpus)]  # (epochs, trials, which GPU): a heap, least work first
-    for unit in units:
-        epochs, trials, g = heapq.heappop(loads)
-        heapq.heappush(loads, (epochs + _epochs(unit), trials + len(unit), g))
-    packs = sum(len(u) > 1 for u in units)
-
-    def spread(values: list[int]) -> str:
-        return f"{min(values):,}" + (f"-{max(values):,}" if max(values) > min(values) else "")
-
-    return (f"GPUs: {gpus} seen; expected load per GPU: {spread([t for _, t, _ in loads])} trials, "
-            f"{spread([e for e, _, _ in loads])} epochs ({packs} packs, then {len(units) - packs} solo trials)")
-
-
 def parse_pack(value: str) -> str | int:
     """`--pack`: auto, off, or a number of members per pack."""
     if value in ("auto", "off"):
@@ -252,115 +224,3 @@ def parse_pack(value: str) -> str | int:
     if value.isdigit() and int(value) >= 1:
         return int(value)
     raise UserError(f"--pack must be auto, off or a number of trials per pack (>= 1), got {value!r}")
-
-
-def describe_trial(t: TrialConfig) -> str:
-    params = "".join(f" {k}={v}" for k, v in t.method_params)
-    lr = f" lr={t.lr:g}" if t.lr is not None else ""
-    bs = f" bs={t.batch_size}" if t.batch_size is not None else ""
-    proto = "" if t.protocol == "bench" else f"  protocol {t.protocol}"
-    return f"{t.method}{lr}{bs}{params}  {t.noise} r={t.r:g} seed={t.seed}{proto}"
-
-
-def describe_protocols(trials: list[TrialConfig]) -> list[str]:
-    """Each protocol of a grid other than bench: the switches of the authors' scripts it turns on, each with what
-    it does there and where (`bench.protocol`, the dataset's `authors_protocol`)."""
-    lines = []
-    for spec in dict.fromkeys(t.protocol for t in trials if t.protocol != "bench"):
-        proto = next(t for t in trials if t.protocol == spec).resolved_protocol()
-        n = len(proto.switches)
-        lines.append(f"protocol {spec}: {n} switch{'es' if n != 1 else ''} of the authors' scripts")
-        lines += [f"  {name}: {switch.what} ({switch.cite})" for name, switch in sorted(proto.switches.items())]
-    return lines
-
-
-def describe_schedules(schedules: list[Schedule]) -> str:
-    """Method-stage schedules in words, the values where they differ joined by | (a grid's lr, batch size)."""
-    def values(field: str, show: Callable[[Any], str] = "{:g}".format) -> str:
-        return " | ".join(map(show, dict.fromkeys(getattr(s, field) for s in schedules)))
-
-    text = f"{values('optimizer', str)} lr {values('lr')}"
-    if any(s.milestones for s in schedules):
-        at = "epochs" if any(len(s.milestones) > 1 for s in schedules) else "epoch"
-        text += f" (x{values('gamma')} at {at} {values('milestones', lambda m: ', '.join(map(str, m)))})"
-    text += f", {values('epochs', str)} epochs, batch {values('batch_size', str)}"
-    if any(s.optimizer == "sgd" for s in schedules):
-        text += f", momentum {values('momentum')}"
-    return text + f", weight decay {values('weight_decay')}"
-
-
-def describe_stages(trials: list[TrialConfig]) -> list[str]:
-    """One line per method: the method-stage schedule its trials train with and whose it is (the method's own on the
-    dataset, or the dataset's), with what the experiment sets itself."""
-    stages: dict[str, dict[Schedule, None]] = {}
-    given: dict[str, dict[str, None]] = {}
-    for t in trials:
-        stages.setdefault(t.method, {})[t.schedules()[1]] = None
-        explicit = {"lr": t.lr, "batch size": t.batch_size, "epochs": t.epochs}
-        given.setdefault(t.method, {}).update((k, None) for k, v in explicit.items() if v is not None)
-    lines = []
-    for method, schedules in stages.items():
-        dataset = get_dataset(next(t.dataset for t in trials if t.method == method))
-        whose = f"its own on {dataset.name}" if method in dataset.method_stages else f"{dataset.name}'s default"
-        if given[method]:
-            whose += f"; {', '.join(given[method])} from the experiment"
-        lines.append(f"method stage of {method}: {describe_schedules(list(schedules))} ({whose})")
-    return lines
-
-
-LIST_LIMIT = 1_000  # --dry-run lists the trials of a grid up to this size
-
-
-def print_plan(plan: Plan, out: Callable[[str], None] = print, pack: str | int = "auto",
-               data_root: str | os.PathLike[str] | None = None, gpus: int | None = None) -> None:
-    """The `--dry-run` listing; `gpus`: the GPUs the trials would run on (None: they ask for none)."""
-    exp, pending = plan.experiment, plan.pending
-    total = len(plan.trials)
-    out(f"experiment {exp.name} ({exp.source}): {exp.dataset}, noise {', '.join(exp.noise)}, "
-        f"r {', '.join(f'{r:g}' for r in exp.r)}, seeds {', '.join(map(str, exp.seeds))}")
-    per_method = Counter(t.method for t in plan.trials)
-    out(f"grid: {total} trials = " + " + ".join(f"{n} {m}" for m, n in per_method.items())
-        + f"; {len(plan.done)} already have a result row, {len(pending)} to run")
-    for line in describe_stages(plan.trials) + describe_protocols(plan.trials):
-        out(line)
-    w = plan.work(pending)
-    saved = w["warm_epochs_unshared"] - w["warm_epochs"]
-    out(f"work to run: {w['method_epochs']} method-stage epochs + {w['warm_epochs']} warm-start epochs "
-        f"({w['warm_starts']} CE warm starts shared by {len(pending)} trials; {saved} epochs saved by sharing, "
-        f"fewer if some are already cached)")
-    res = exp.resources
-    out(f"per trial: {res.cpu:g} CPU, {res.gpu:g} GPU, device {pending[0].device if pending else exp.device}; "
-        f"at most {exp.max_concurrent or 'as many as fit'} at once")
-    out(f"results: {plan.results}")
-    if note := plan.unmatched_note():
-        out(note)
-    units = plan_units(pending, pack, data_root, gpus)
-    if line := describe_units(units, pack, data_root):
-        out(line)
-    if pack != "off":
-        reasons = Counter(why_solo(u[0]) for u in units if len(u) == 1)
-        for reason, n in sorted(reasons.items(), key=lambda kv: str(kv[0])):
-            if reason:
-                out(f"  solo: {n} trials: {reason}")
-        if pack == "auto" and pending and not pending[0].device.startswith("cuda"):
-            out("  solo: --pack auto packs on CUDA only (on a CPU, packing measured slower than solo trials)")
-    if gpus is not None:
-        out(describe_gpus(units, gpus))
-    if total > LIST_LIMIT:
-        out(f"trials: {total:,} (not listed: more than {LIST_LIMIT:,})")
-        return
-    out("trials:")
-    width = len(str(total))
-    for i, t in enumerate(plan.trials, 1):
-        state = plan.done.get(t.trial_id, "pending")
-        out(f"  {i:>{width}}. {t.trial_id}  {state:8s} {describe_trial(t)}")
-
-
-def print_size(exp: Experiment, out: Callable[[str], None] = print) -> None:
-    """A grid too large to expand: its size by method, counted, not listed."""
-    cells = len(exp.seeds) * len(exp.noise) * len(exp.r)
-    parts = " + ".join(f"{cells * len(m.combinations()):,} {m.name}" for m in exp.methods)
-    out(f"experiment {exp.name} ({exp.source}): {exp.dataset}, noise {', '.join(exp.noise)}, {len(exp.r)} r values, "
-        f"{len(exp.seeds):,} seeds")
-    out(f"grid: {exp.size():,} trials = {parts}; more than {GRID_LIMIT:,}: not expanded, not listed "
-        "(running it needs --yes)")

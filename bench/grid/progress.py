@@ -30,7 +30,7 @@ import polars as pl
 
 from bench.config import UserError
 from bench.grid.experiment import Experiment
-from bench.grid.plan import Plan, describe_trial
+from bench.grid.plan import Plan
 from bench.report import analysis
 from bench.store.folder import Store
 from bench.trial import TrialConfig
@@ -171,7 +171,7 @@ def _eta_text(tally: Tally) -> str:
 
 def describe_unit(trials: list[TrialConfig]) -> str:
     if len(trials) == 1:
-        return describe_trial(trials[0])
+        return trials[0].describe()
     methods = Counter(t.method for t in trials)
     return f"pack of {len(trials)} ({', '.join(f'{n} {m}' for m, n in sorted(methods.items()))})"
 
@@ -306,7 +306,7 @@ class RunProgress:
         # A trial that stopped on an error: its reason, one line (its row's, or the one its worker reported).
         error = ((row or {}).get("error") or result.get("error") or "") if status == "failed" else ""
         self.board.line(f"[{self.tally.done:>{width}}/{self.tally.total}] {status:8s} "
-                        f"{describe_trial(self.trials[trial_id])}  {acc} {wall}{warm}  "
+                        f"{self.trials[trial_id].describe()}  {acc} {wall}{warm}  "
                         f"elapsed {fmt_seconds(self.tally.elapsed())}  ETA {_eta_text(self.tally)}{note}"
                         + (f"\n      error: {error}" if error else ""))
         if self.mirror is not None and row is not None and self.mirror.log_row(row, epochs):

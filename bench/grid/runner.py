@@ -31,12 +31,7 @@ every file in the results folder goes through `bench.store.folder`; the command'
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import io
-import math
 import os
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -44,27 +39,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.config import EXIT_USAGE, UserError
-from bench.exec.memory import memory_budget
-from bench.exec.pack import run_pack
-from bench.exec.trainer import failed_row, run_trial
+from bench.config import UserError
+from bench.exec.executor import Bundle, Unit, UnitContext, get_executor
+from bench.exec.trainer import failed_row
 from bench.exec.warmstart import WarmStartCache
-from bench.grid.cluster import check_resources, cluster_gpus, probe, start_ray
+from bench.grid.cluster import check_resources, cluster_gpu_kind, cluster_gpus, start_ray
+from bench.grid.describe import draw_units
 from bench.grid.experiment import Experiment
-from bench.grid.files import Overrides, load_experiment
-from bench.grid.plan import (
-    Plan,
-    describe_gpus,
-    describe_units,
-    parse_pack,
-    plan_units,
-    print_plan,
-    print_size,
-    unit_id,
-)
+from bench.grid.plan import Plan
 from bench.grid.progress import REPORT_EVERY, StatusBoard, Tally, UnitReporter, make_callback, print_summary
-from bench.grid.validate import check_data, check_grid_size, check_results
-from bench.schema import GRID_LIMIT
+from bench.grid.validate import check_data, check_results
 from bench.store import folder
 from bench.store.mirror import open_mirror
 from bench.store.rows import write_trial
@@ -75,16 +59,16 @@ os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no status ta
 
 
 # -- the trial, in a Ray worker ---------------------------------------------------------------------------------
-def ray_unit(config: dict[str, Any], units: dict[str, list[TrialConfig]], data_root: str, results: str,
+def ray_unit(config: dict[str, Any], units: dict[str, Unit], data_root: str, results: str,
              threads: int, report_every: float = REPORT_EVERY) -> None:
-    """Run one unit of the grid in a Ray worker: a solo trial, or a pack of trials trained as one stacked model
-    (`bench.exec.pack.run_pack`); report its status and warm-start cache use."""
+    """Run one unit of the grid in a Ray worker with its kind's executor (`bench.exec.executor`: a solo trial, a
+    pack of trials trained as one stacked model, ...); report its status and warm-start cache use."""
     import torch
     from ray import tune
 
     torch.set_num_threads(threads)
     unit = config["unit"]
-    trials = units[unit]
+    trials = list(units[unit].trials)
     log_path = folder.Store(results).log_path(unit)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     # Progress for the driver's live status, through Ray Tune's results (bench.grid.progress).
@@ -100,12 +84,8 @@ def ray_unit(config: dict[str, Any], units: dict[str, list[TrialConfig]], data_r
         checkpoints = folder.Checkpoints(results, unit, log)
         try:
             check_cuda(trials[0].device)
-            if len(trials) > 1:
-                rows = run_pack(trials, data_root, results=results, log=log, warm_cache=cache,
-                                checkpoints=checkpoints)
-            else:
-                rows = [run_trial(trials[0], data_root, results=results, log=log, warm_cache=cache,
-                                  checkpoints=checkpoints)]
+            rows = get_executor(units[unit].kind).run(trials, UnitContext(
+                data_root, results, log=log, warm_cache=cache, checkpoints=checkpoints))
         except UserError as e:
             # Bad input that only the worker could see (a data file damaged after the driver's check, a row that
             # could not be written): retrying cannot help, so report it once to the driver instead of raising.
@@ -168,35 +148,15 @@ def check_cuda(device: str) -> None:
 
 
 # -- the driver -------------------------------------------------------------------------------------------------
-def gpus_to_plan(address: str | None) -> int:
-    """For `--dry-run`, the GPUs a grid would run on. With `address` the cluster's: the dry run connects as
-    `bench run` does (failing with its error) and leaves. Else this machine's, as the local Ray of `bench run`
-    counts them (torch counts them without creating a CUDA context)."""
-    if address is None:
-        import torch
-
-        return torch.cuda.device_count()
-    import ray
-
-    started = start_ray(address, None)
-    try:
-        return cluster_gpus()
-    finally:
-        if started:
-            ray.shutdown()
-
-
 def plan_on_cluster(pending: list[TrialConfig], s: Settings, gpu: float,
-                    out: Callable[[str], None]) -> dict[str, list[TrialConfig]]:
+                    out: Callable[[str], None]) -> dict[str, Unit]:
     """The pending trials' units by unit id, split over the connected cluster's GPUs where trials ask for one;
-    the plan's lines printed."""
-    gpus = cluster_gpus() if gpu > 0 else None
-    units = plan_units(pending, s.pack, s.data_root, gpus)
-    if line := describe_units(units, s.pack, s.data_root):
+    the plan's lines printed; refused at once where no node can hold a unit (`check_resources`)."""
+    gpus, kind = (cluster_gpus(), cluster_gpu_kind()) if gpu > 0 else (None, None)
+    units, lines = draw_units(pending, s.pack, s.data_root, gpus, gpu, kind)
+    for line in lines:
         out(line)
-    if gpus is not None:
-        out(describe_gpus(units, gpus))
-    return {unit_id(u): u for u in units}
+    return {u.id: u for u in units}
 
 
 @dataclass
@@ -226,9 +186,19 @@ def run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None] = pr
         return _run_experiment(exp, s, out)
 
 
-def _tuner(exp: Experiment, s: Settings, units: dict[str, list[TrialConfig]], results: str, cpu: float,
+def describe_size(unit: Unit) -> str:
+    return "each trial" if unit.kind == "solo" else f"a {unit.kind} of {len(unit)} trials"
+
+
+def unit_bundles(unit: Unit, cpu: float, gpu: float) -> list[Bundle]:
+    """What a unit asks of Ray: its executor's bundles for its trials' CPU and GPU shares."""
+    return get_executor(unit.kind).resources(list(unit.trials), cpu, gpu)
+
+
+def _tuner(exp: Experiment, s: Settings, units: dict[str, Unit], results: str, cpu: float,
            gpu: float, callback: Any) -> Any:
-    """Ray Tune's grid over the units: one Ray trial per unit (a trial or a pack), reusing actors, no scheduler."""
+    """Ray Tune's grid over the units: one Ray trial per unit, with the resources its executor asks, reusing
+    actors, no scheduler."""
     from ray import tune
 
     trainable = tune.with_parameters(
@@ -236,9 +206,8 @@ def _tuner(exp: Experiment, s: Settings, units: dict[str, list[TrialConfig]], re
         data_root=str(Path(s.data_root).expanduser().resolve()), results=results,
         threads=max(1, int(cpu)), report_every=s.report_every,
     )
-    # A pack takes its members' GPU shares together, at most one whole GPU (it runs on one device).
     trainable = tune.with_resources(
-        trainable, lambda spec: {"cpu": cpu, "gpu": min(1.0, gpu * len(units[spec["unit"]])) if gpu else 0})
+        trainable, lambda spec: tune.PlacementGroupFactory(unit_bundles(units[spec["unit"]], cpu, gpu)))
     return tune.Tuner(
         trainable,
         param_space={"unit": tune.grid_search(list(units))},
@@ -299,12 +268,12 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) ->
     started_here = start_ray(s.address, s.num_cpus)
     board = StatusBoard(out, live=s.live, every=s.status_every)
     try:
-        check_resources(cpu, gpu)
+        units = plan_on_cluster(pending, s, gpu, out)
+        check_resources({describe_size(u): unit_bundles(u, cpu, gpu) for u in units.values()})
         if s.address is None:  # the trials run here (on a cluster each worker checks its own)
             check_cuda(pending[0].device)
-        units = plan_on_cluster(pending, s, gpu, out)
         tuner = _tuner(exp, s, units, results, cpu, gpu, make_callback(
-            tally, results, by_id, {k: [t.trial_id for t in u] for k, u in units.items()}, mirror, board))
+            tally, results, by_id, {k: [t.trial_id for t in u.trials] for k, u in units.items()}, mirror, board))
         tally.started = time.monotonic()  # progress and ETA count from the first trial, not Ray's start-up
         tuner.fit()
     finally:
@@ -315,83 +284,3 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) ->
             ray.shutdown()
     print_summary(exp, plan, tally, mirror, out)
     return tally
-
-
-# -- commands ---------------------------------------------------------------------------------------------------
-def default_results(exp: Experiment) -> str:
-    return str(Path("results") / exp.name)
-
-
-class Lines:
-    """`bench run`'s lines on stdout. Where the reader leaves (`bench run GRID | head -1`), the grid goes on with its
-    lines discarded and its rows written, and one warning on stderr says so (it used to stop at the next line and
-    exit 0 without a row)."""
-
-    def __init__(self) -> None:
-        self.reader_left = False
-
-    def __call__(self, line: str) -> None:
-        if self.reader_left:
-            return
-        try:
-            print(line, flush=True)
-        except BrokenPipeError:
-            self.reader_left = True
-            try:  # everything still bound for stdout (Python's buffer, Ray's, the live status) goes nowhere
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            except (OSError, ValueError, io.UnsupportedOperation):
-                sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stdout from here on
-            with contextlib.suppress(OSError):
-                print("bench: warning: the reader of this command's output left; the grid goes on without printing, "
-                      "writing every row (see them with `bench results`)", file=sys.stderr, flush=True)
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    overrides = Overrides(tuple(args.sets), args.methods, args.seeds)
-    exp = load_experiment(args.config, overrides=overrides)
-    results = args.results or default_results(exp)
-    out = Lines()
-    if exp.overrides:
-        out(f"{' '.join(exp.overrides)} changed the grid of {exp.base_name}: it runs as experiment {exp.name}"
-              f"{'' if overrides.names() else ' (--set name=NAME names it)'}, results in {results}, which keeps it "
-              f"as {exp.name}.yaml")
-    for flag, value in (("--max-concurrent", args.max_concurrent), ("--retries", args.retries)):
-        if value is not None and value < (1 if flag == "--max-concurrent" else 0):
-            raise UserError(f"{flag} must be {'>= 1' if flag == '--max-concurrent' else '>= 0'}, got {value}")
-    if args.cpus_per_trial is not None and not (math.isfinite(args.cpus_per_trial) and args.cpus_per_trial > 0):
-        raise UserError(f"--cpus-per-trial must be a finite number > 0, got {args.cpus_per_trial}")
-    if args.gpus_per_trial is not None and not (math.isfinite(args.gpus_per_trial) and args.gpus_per_trial >= 0):
-        raise UserError(f"--gpus-per-trial must be a finite number >= 0, got {args.gpus_per_trial}")
-    if args.num_cpus is not None and args.num_cpus < 1:
-        raise UserError(f"--num-cpus must be >= 1, got {args.num_cpus}")
-    memory_budget()  # a bad $BENCH_PACK_MEMORY_GB is one line here, before Ray, not an error in every pack
-    check_results(folder.absolute(results))
-    if args.address:  # before anything is written: a wrong address is one line in seconds
-        probe(args.address)
-    if args.dry_run:
-        gpus = gpus_to_plan(args.address)
-        if exp.size() > GRID_LIMIT:
-            print_size(exp)
-            return 0
-        gpu, device = trial_device(exp, args.gpus_per_trial)
-        print_plan(Plan.make(exp, folder.absolute(results), device=device), pack=parse_pack(args.pack),
-                   data_root=args.data_root, gpus=gpus if gpu > 0 else None)
-        if args.address is None:  # on a cluster the data lives on the nodes
-            try:
-                check_data([exp.dataset], args.data_root)
-                print(f"data: {exp.dataset} present and intact under {args.data_root}")
-            except UserError as e:
-                print(f"data: {e} (`bench run` stops here)")
-        return 0
-    check_grid_size(exp.size(), args.yes)
-    settings = Settings(
-        results=results, data_root=args.data_root, address=args.address, max_concurrent=args.max_concurrent,
-        mlflow_uri=args.mlflow_uri, mlflow=not args.no_mlflow, cpus_per_trial=args.cpus_per_trial,
-        gpus_per_trial=args.gpus_per_trial, retries=2 if args.retries is None else args.retries,
-        num_cpus=args.num_cpus, pack=parse_pack(args.pack),
-        live=sys.stdout.isatty() and os.environ.get("TERM") != "dumb",
-    )
-    tally = run_experiment(exp, settings, out=out)
-    if tally.rejected:
-        return EXIT_USAGE
-    return 0 if tally.done == tally.total and not tally.statuses.get("failed") else 1

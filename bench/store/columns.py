@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 DIAGNOSTIC_COLUMNS = ("test_acc", "train_clean_acc", "train_noisy_acc_flipped", "train_noisy_acc_kept",
                  "det_flagged", "det_precision", "det_recall", "det_auroc")
 
@@ -117,3 +119,27 @@ def conform(frame: Any) -> Any:
 EPOCH_COLUMNS = {"trial_id": "string", "stage": "string", "epoch": "int64", "train_loss": "float64",
                  "val_loss": "float64", "val_acc": "float64", "seconds": "float64",
                  **dict.fromkeys(DIAGNOSTIC_COLUMNS, "float64")}
+
+
+@dataclass
+class Outcome:
+    """What a trial measured, whichever executor trained it: the measurement and cost columns of its row before they
+    are formatted (`bench.store.rows.make_row`), and its epoch rows (the `EPOCH_COLUMNS`)."""
+
+    status: str
+    best_epoch: int
+    val_loss: float
+    warmup_test_acc: float
+    test_acc: float
+    test_bal_acc: float
+    last_test_acc: float
+    last_test_bal_acc: float
+    confusion: np.ndarray
+    estimated_transition: np.ndarray | None
+    epochs: list[dict[str, Any]]
+    warmup_s: float
+    method_s: float
+    error: str = ""
+    pack_size: int = 1
+    networks: int = 1  # networks the method stage trains (Co-teaching, DivideMix: 2)
+    diagnostics_s: float = 0.0  # seconds spent on the per-epoch diagnostics (measuring, not the method's cost)

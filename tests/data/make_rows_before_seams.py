@@ -10,11 +10,11 @@ import json
 import sys
 import tempfile
 
-import bench
 import numpy as np
 import polars as pl
 from conftest import crashing_checkpoints
 
+import bench
 from bench.exec.pack import run_pack
 from bench.exec.trainer import run_trial
 from bench.grid.plan import pack_id
@@ -56,8 +56,8 @@ with tempfile.TemporaryDirectory() as tmp:
                  checkpoints=crashing_checkpoints(2)(results, pack_id(RESUMED), quiet["log"]), **quiet)
     except RuntimeError:
         pass
-    rows = run_pack(RESUMED, "unused", results=results, checkpoints=Checkpoints(results, pack_id(RESUMED), quiet["log"]),
-                    **quiet)
+    rows = run_pack(RESUMED, "unused", results=results,
+                    checkpoints=Checkpoints(results, pack_id(RESUMED), quiet["log"]), **quiet)
     out["resumed"] = record(rows, results)
 
 

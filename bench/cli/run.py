@@ -1,0 +1,104 @@
+"""`bench run CONFIG`: the command's body. It checks the command line, then hands the grid to its layer: the dry run
+to the planner (`bench.grid.describe.print_plan`), the run to the runner (`bench.grid.runner.run_experiment`)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import math
+import os
+import sys
+from pathlib import Path
+
+from bench.config import EXIT_USAGE, UserError
+from bench.exec.memory import memory_budget
+from bench.grid.cluster import gpus_to_plan, probe
+from bench.grid.describe import print_plan, print_size
+from bench.grid.experiment import Experiment
+from bench.grid.files import Overrides, load_experiment
+from bench.grid.plan import Plan, parse_pack
+from bench.grid.runner import Settings, run_experiment, trial_device
+from bench.grid.validate import check_data, check_grid_size, check_results
+from bench.schema import GRID_LIMIT
+from bench.store import folder
+
+
+def default_results(exp: Experiment) -> str:
+    return str(Path("results") / exp.name)
+
+
+class Lines:
+    """`bench run`'s lines on stdout. Where the reader leaves (`bench run GRID | head -1`), the grid goes on with its
+    lines discarded and its rows written, and one warning on stderr says so (it used to stop at the next line and
+    exit 0 without a row)."""
+
+    def __init__(self) -> None:
+        self.reader_left = False
+
+    def __call__(self, line: str) -> None:
+        if self.reader_left:
+            return
+        try:
+            print(line, flush=True)
+        except BrokenPipeError:
+            self.reader_left = True
+            try:  # everything still bound for stdout (Python's buffer, Ray's, the live status) goes nowhere
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError, io.UnsupportedOperation):
+                sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stdout from here on
+            with contextlib.suppress(OSError):
+                print("bench: warning: the reader of this command's output left; the grid goes on without printing, "
+                      "writing every row (see them with `bench results`)", file=sys.stderr, flush=True)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    overrides = Overrides(tuple(args.sets), args.methods, args.seeds)
+    exp = load_experiment(args.config, overrides=overrides)
+    results = args.results or default_results(exp)
+    out = Lines()
+    if exp.overrides:
+        out(f"{' '.join(exp.overrides)} changed the grid of {exp.base_name}: it runs as experiment {exp.name}"
+              f"{'' if overrides.names() else ' (--set name=NAME names it)'}, results in {results}, which keeps it "
+              f"as {exp.name}.yaml")
+    for flag, value in (("--max-concurrent", args.max_concurrent), ("--retries", args.retries)):
+        if value is not None and value < (1 if flag == "--max-concurrent" else 0):
+            raise UserError(f"{flag} must be {'>= 1' if flag == '--max-concurrent' else '>= 0'}, got {value}")
+    if args.cpus_per_trial is not None and not (math.isfinite(args.cpus_per_trial) and args.cpus_per_trial > 0):
+        raise UserError(f"--cpus-per-trial must be a finite number > 0, got {args.cpus_per_trial}")
+    if args.gpus_per_trial is not None and not (math.isfinite(args.gpus_per_trial) and args.gpus_per_trial >= 0):
+        raise UserError(f"--gpus-per-trial must be a finite number >= 0, got {args.gpus_per_trial}")
+    if args.num_cpus is not None and args.num_cpus < 1:
+        raise UserError(f"--num-cpus must be >= 1, got {args.num_cpus}")
+    memory_budget()  # a bad $BENCH_PACK_MEMORY_GB is one line here, before Ray, not an error in every pack
+    check_results(folder.absolute(results))
+    if args.address:  # before anything is written: a wrong address is one line in seconds
+        probe(args.address)
+    if args.dry_run:
+        gpus, gpu_kind = gpus_to_plan(args.address)
+        if exp.size() > GRID_LIMIT:
+            print_size(exp)
+            return 0
+        gpu, device = trial_device(exp, args.gpus_per_trial)
+        print_plan(Plan.make(exp, folder.absolute(results), device=device), pack=parse_pack(args.pack),
+                   data_root=args.data_root, gpus=gpus if gpu > 0 else None, gpu=gpu,
+                   gpu_kind=gpu_kind)
+        if args.address is None:  # on a cluster the data lives on the nodes
+            try:
+                check_data([exp.dataset], args.data_root)
+                print(f"data: {exp.dataset} present and intact under {args.data_root}")
+            except UserError as e:
+                print(f"data: {e} (`bench run` stops here)")
+        return 0
+    check_grid_size(exp.size(), args.yes)
+    settings = Settings(
+        results=results, data_root=args.data_root, address=args.address, max_concurrent=args.max_concurrent,
+        mlflow_uri=args.mlflow_uri, mlflow=not args.no_mlflow, cpus_per_trial=args.cpus_per_trial,
+        gpus_per_trial=args.gpus_per_trial, retries=2 if args.retries is None else args.retries,
+        num_cpus=args.num_cpus, pack=parse_pack(args.pack),
+        live=sys.stdout.isatty() and os.environ.get("TERM") != "dumb",
+    )
+    tally = run_experiment(exp, settings, out=out)
+    if tally.rejected:
+        return EXIT_USAGE
+    return 0 if tally.done == tally.total and not tally.statuses.get("failed") else 1

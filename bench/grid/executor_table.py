@@ -1,0 +1,113 @@
+"""The planner's table: which executor trains the trials of a model on a kind of device, and how many trials at once
+(`bench/grid/executors.csv`, or the file `$BENCH_EXECUTOR_TABLE` names). Benchmarks write its rows from what they
+measured (`write_row`; `benchmarks/big_models.py --write-table`), each row citing its measurement; the planner reads
+them (`choose`) under `--pack auto` instead of deciding by a constant.
+
+A row matches a trial by its model (`*`: any) and its device: `cpu`, `cuda` (any GPU), or a GPU kind that the GPU's
+name contains (`H200` matches Ray's accelerator type `H200` and torch's `NVIDIA H200`). The most specific row wins:
+the model's on this GPU kind, the model's on any GPU, any model's on this kind, any model's on any GPU. Where no row
+matches, the trials run solo. Imports only the standard library, so that a benchmark on a bare GPU box writes it.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from bench.config import UserError
+
+DEFAULT = Path(__file__).resolve().parent / "executors.csv"
+ANY_MODEL, CPU, ANY_GPU = "*", "cpu", "cuda"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One row: trials of `model` on `device` train with `executor`, `trials` at most in a unit, because of the
+    measurement in `source` (`images_per_s` on `measured`)."""
+
+    model: str
+    device: str
+    executor: str
+    trials: int
+    images_per_s: str = ""
+    measured: str = ""
+    source: str = ""
+
+    def describe(self) -> str:
+        at_once = f", at most {self.trials} trials a unit" if self.executor != "solo" else ""
+        return f"{self.model} on {self.device}: {self.executor}{at_once} ({self.measured}: {self.source})"
+
+
+COLUMNS = [f.name for f in fields(Choice)]
+
+
+def table_path() -> Path:
+    return Path(os.environ.get("BENCH_EXECUTOR_TABLE") or DEFAULT).expanduser()
+
+
+def read_table(path: Path | None = None) -> tuple[Choice, ...]:
+    path = path or table_path()
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UserError(f"cannot read the executor table {path} ({e.strerror or e}); point $BENCH_EXECUTOR_TABLE at "
+                        f"a CSV file with the columns {', '.join(COLUMNS)}, or unset it") from None
+    return _parse(text, str(path))
+
+
+@functools.cache
+def _parse(text: str, where: str) -> tuple[Choice, ...]:
+    reader = csv.DictReader(io.StringIO(text))
+    if reader.fieldnames != COLUMNS:
+        raise UserError(f"the executor table {where} has the columns {', '.join(reader.fieldnames or [])}; it needs "
+                        f"{', '.join(COLUMNS)}")
+    rows = []
+    for line, row in enumerate(reader, start=2):
+        trials = row["trials"] or ""
+        if not trials.isdigit() or int(trials) < 1:
+            raise UserError(f"{where}, line {line}: trials must be a whole number >= 1, got {trials!r}")
+        if not row["model"] or not row["device"] or not row["executor"]:
+            raise UserError(f"{where}, line {line}: model, device and executor must each be given")
+        rows.append(Choice(**{**row, "trials": int(trials)}))
+    return tuple(rows)
+
+
+def choose(model: str, device: str, gpu_kind: str | None, table: tuple[Choice, ...] | None = None) -> Choice | None:
+    """The row for trials of `model` on `device` ("cpu" or "cuda..."), on GPUs named `gpu_kind` (None: unknown)."""
+    table = read_table() if table is None else table
+    if not device.startswith("cuda"):
+        wanted = [(model, CPU), (ANY_MODEL, CPU)]
+    else:
+        wanted = [(model, "kind"), (model, ANY_GPU), (ANY_MODEL, "kind"), (ANY_MODEL, ANY_GPU)]
+    for want_model, want_device in wanted:
+        for row in table:
+            if row.model != want_model:
+                continue
+            if want_device == "kind":
+                if gpu_kind and row.device not in (CPU, ANY_GPU) and row.device.lower() in gpu_kind.lower():
+                    return row
+            elif row.device == want_device:
+                return row
+    return None
+
+
+def write_row(choice: Choice, path: Path | None = None) -> None:
+    """Put `choice` into the table: in place of the row for its model and device, else at the end."""
+    path = path or table_path()
+    rows = list(read_table(path)) if path.exists() else []
+    at = next((i for i, r in enumerate(rows) if (r.model, r.device) == (choice.model, choice.device)), None)
+    if at is None:
+        rows.append(choice)
+    else:
+        rows[at] = choice
+    out = io.StringIO()
+    writer = csv.DictWriter(out, COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(asdict(r) for r in rows)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(out.getvalue())
+    tmp.replace(path)
