@@ -351,7 +351,7 @@ def test_report_escapes_names_from_the_data(grid, tmp_path, monkeypatch, capsys)
         frame.write_parquet(path)
     assert main(["report", str(results), "--out", str(tmp_path / "report")]) == 2  # no row of ours left
     assert "noise 'a_b&c<script>' is not a name" in capsys.readouterr().err
-    monkeypatch.setattr(store, "_problem", lambda *args: None)
+    monkeypatch.setattr(store, "not_ours", lambda *args: None)
     assert main(["report", str(results), "--out", str(tmp_path / "report")]) == 0
     tex = (tmp_path / "report" / "leaderboard.tex").read_text()
     md = (tmp_path / "report" / "leaderboard.md").read_text()

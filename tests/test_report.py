@@ -17,7 +17,7 @@ import pytest
 from scipy import stats
 
 from bench.cli import main as cli
-from bench.report import analysis
+from bench.report import analysis, statistics
 from bench.report import leaderboard as report
 from bench.report.build import build_report
 from bench.store.rows import write_trial
@@ -156,7 +156,7 @@ def test_paired_tests_match_scipy(tmp_path: Path) -> None:
         return "tie" if p >= 0.05 else "win" if diff > 0 else "loss"
 
     assert w["outcome"] == outcome(w["p"], w["mean_diff"]) and t["outcome"] == outcome(t["p"], t["mean_diff"])
-    assert w["marker"] == analysis.marker(w["p"])
+    assert w["marker"] == statistics.marker(w["p"])
     wtl = analysis.win_tie_loss(paired).filter(dataset="mr", method="ce").to_dicts()[0]
     counts = [w["outcome"], t["outcome"], "untested"]
     assert [wtl[k] for k in ("win", "tie", "loss", "untested", "missing")] == [
@@ -164,10 +164,10 @@ def test_paired_tests_match_scipy(tmp_path: Path) -> None:
 
 
 def test_paired_test_edge_cases() -> None:
-    assert analysis.paired_test(np.array([1.0]), np.array([0.0])) == ("none", None)
-    assert analysis.paired_test(np.array([1.0, 2.0]), np.array([1.0, 2.0])) == ("paired t", 1.0)
-    assert analysis.marker(0.0004) == "***" and analysis.marker(0.004) == "**" and analysis.marker(0.04) == "*"
-    assert analysis.marker(0.5) == "" and analysis.marker(None) == ""
+    assert statistics.paired_test(np.array([1.0]), np.array([0.0])) == ("none", None)
+    assert statistics.paired_test(np.array([1.0, 2.0]), np.array([1.0, 2.0])) == ("paired t", 1.0)
+    assert statistics.marker(0.0004) == "***" and statistics.marker(0.004) == "**" and statistics.marker(0.04) == "*"
+    assert statistics.marker(0.5) == "" and statistics.marker(None) == ""
 
 
 def test_packaged_paper_table_round_trips() -> None:

@@ -1,7 +1,8 @@
-"""The `bench` command line: every command's arguments are defined here; each command's body lives with what
-it does (`cmd_run` in `bench.cli.run`, `cmd_report` in `bench.report.build`, ...), imported only when that
-command runs, so that `bench --help`, `trial`, `datasets` and `methods` stay light and work on a bare GPU box
-(torch and numpy only).
+"""The `bench` command line: every command's arguments are defined here, with the bodies of `trial`, `datasets`,
+`methods` and `results`; the others' bodies are modules of their own in `bench.cli` (`run`; `report`: report and
+leaderboard; `mlflow`: sync-mlflow and ui; `labels`), each a thin call into its layer. Each is imported only when its
+command runs, so that `bench --help`, `trial`, `datasets` and `methods` stay light and work on a bare GPU box (torch
+and numpy only).
 Bad input prints one line starting with "bench: error:" and exits with code 2, having written nothing."""
 
 from __future__ import annotations
@@ -324,25 +325,25 @@ def _add_results_commands(sub: argparse._SubParsersAction) -> None:
         "diagnostics: three checkpoint rules, memorisation curves, detection quality, cost, label hashes")
     p.add_argument("results", help="results folder (holds trials/*.parquet)")
     p.add_argument("--out", default=None, help="output folder (default: RESULTS/report)")
-    p.set_defaults(func=_later("bench.report.build", "cmd_report"), needs=("polars", "scipy", "matplotlib"))
+    p.set_defaults(func=_later("bench.cli.report", "cmd_report"), needs=("polars", "scipy", "matplotlib"))
 
     p = sub.add_parser("leaderboard", help="print the leaderboard as an aligned terminal table")
     p.add_argument("results", help="results folder (holds trials/*.parquet)")
     p.add_argument("--metric", type=_metric, default="selected",  # the keys of bench.report.analysis.METRICS
                    help="accuracy at the checkpoint selected on the noisy validation set (selected, default) or "
                         "at the last epoch (last)")
-    p.set_defaults(func=_later("bench.report.build", "cmd_leaderboard"), needs=("polars", "scipy"))
+    p.set_defaults(func=_later("bench.cli.report", "cmd_leaderboard"), needs=("polars", "scipy"))
 
     p = sub.add_parser("sync-mlflow", help="log the result rows that MLflow lacks (idempotent)")
     p.add_argument("results", help="results folder")
     p.add_argument("--mlflow-uri", default=None, help="MLflow store (default as for `bench run`)")
-    p.set_defaults(func=_later("bench.store.mirror", "cmd_sync_mlflow"), needs=("mlflow", "polars"))
+    p.set_defaults(func=_later("bench.cli.mlflow", "cmd_sync_mlflow"), needs=("mlflow", "polars"))
 
     p = sub.add_parser("ui", help="serve the MLflow UI of a results folder on 127.0.0.1")
     p.add_argument("results", help="results folder")
     p.add_argument("--port", type=int, default=5000)
     p.add_argument("--mlflow-uri", default=None, help="MLflow store (default as for `bench run`)")
-    p.set_defaults(func=_later("bench.store.mirror", "cmd_ui"), needs=("mlflow",))
+    p.set_defaults(func=_later("bench.cli.mlflow", "cmd_ui"), needs=("mlflow",))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,8 +15,8 @@ counted; failed trials have no numbers and are only counted. A cell of the grid 
 and noise) without a usable trial is shown as missing, never dropped.
 
 Seeds share noisy labels across methods, so L_DMI is compared with each baseline per cell as paired samples
-matched on seed: Wilcoxon signed-rank from `WILCOXON_MIN_PAIRS` pairs (below that it cannot reach p < 0.05),
-else a paired t-test.
+matched on seed (`paired_comparison`). The intervals and tests themselves, over plain numbers, are
+`bench.report.statistics`'; the one rounding for display (`fmt`) is here.
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-from scipy import stats
 
 from bench.config import UserError
 from bench.data import paper_noise
 from bench.methods import registry
 from bench.noise import is_instance_dependent
+from bench.report.statistics import ALPHA, MIN_CI_SEEDS, accuracy_interval, marker, paired_test
 from bench.store import folder
 from bench.store.columns import conform
 
@@ -50,12 +50,9 @@ PROVENANCE_COLUMNS = ["git_commit", "torch_version", "numpy_version", "python_ve
 REQUIRED_COLUMNS = ["dataset", "method", "noise", "r", "seed", "status", "val_loss", "test_acc"]
 USABLE_STATUS = ("ok", "diverged")
 REFERENCE = "dmi"
-ALPHA = 0.05
-WILCOXON_MIN_PAIRS = 6  # with 5 pairs the smallest two-sided exact Wilcoxon p-value is 0.0625
 REFERENCE_CSV = "reference_results.csv"
 # `bench leaderboard --metric`: the checkpoint selected on the noisy validation set (the protocol), or the last one.
 METRICS = {"selected": "test_acc", "last": "last_test_acc"}
-MIN_CI_SEEDS = 3  # below this a t-interval says little (n = 2: t = 12.7 times the standard error); none is given
 DIGITS = 2  # accuracies are shown in percent with two decimals, as in the paper's tables
 MISSING = "—"
 # `transition_estimates`' truth for instance-dependent noise: no T generates it, its realised T stands in.
@@ -153,42 +150,12 @@ def seed_accuracies(chosen: pl.DataFrame) -> dict[tuple[Any, ...], dict[int, flo
     return {tuple(row[:4]): dict(zip(row[4], row[5], strict=True)) for row in seeds.iter_rows()}
 
 
-def paired_difference(a: dict[int, float], b: dict[int, float]) -> tuple[int, float | None, float | None]:
-    """(shared seeds, mean over them of b − a, half-width of that mean's 95% t-interval): a seed only one arm holds
-    has no partner and is left out. Under `MIN_CI_SEEDS` pairs no interval, as in the accuracy tables: with 2, t is
-    12.7 and any control passes."""
-    seeds = sorted(a.keys() & b.keys())
-    if not seeds:
-        return 0, None, None
-    diffs = np.array([b[s] - a[s] for s in seeds])
-    std = float(diffs.std(ddof=1)) if len(diffs) > 1 else None
-    half = t_half_width(std, len(seeds)) if len(seeds) >= MIN_CI_SEEDS else None
-    return len(seeds), float(diffs.mean()), half
-
-
 def fmt(x: float | None, digits: int = DIGITS) -> str:
     """The one rounding of a number for display: the run summary, `bench report` and `bench leaderboard` all call
     it, so they never differ in the last digit. Python's formatting rounds the stored binary value (a mean of
     98.455 is stored as 98.45499... and shows 98.45), where polars' `round` rounds the shortest decimal text
     (98.46)."""
     return MISSING if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
-
-
-def t_half_width(std: float | None, n: int) -> float | None:
-    """The half-width of the 95% Student-t interval of a mean over n samples of sample std `std`; None under 2
-    samples (no std) or without a std."""
-    if n < 2 or std is None or math.isnan(std):
-        return None
-    return float(stats.t.ppf(0.975, n - 1) * std / math.sqrt(n))
-
-
-def accuracy_interval(mean: float | None, std: float | None, n: int) -> tuple[float | None, float | None]:
-    """The 95% t-interval of a mean accuracy over n seeds, clipped to [0, 100]: the mean of an accuracy lies there,
-    so the clipped interval covers it whenever the t-interval does. (None, None) under `MIN_CI_SEEDS` seeds."""
-    half = t_half_width(std, n)
-    if n < MIN_CI_SEEDS or mean is None or half is None:
-        return None, None
-    return max(0.0, mean - half), min(100.0, mean + half)
 
 
 def interval_text(low: float | None, high: float | None, n: int) -> str:
@@ -253,28 +220,6 @@ def aggregate(df: pl.DataFrame, reference: str = REFERENCE) -> pl.DataFrame:
              "failed", "settings_tried", "setting"]
     frame = pl.DataFrame(rows, schema=schema).drop("method_rank")
     return frame.select(first + [c for c in frame.columns if c not in first])
-
-
-def paired_test(ours: np.ndarray, theirs: np.ndarray) -> tuple[str, float | None]:
-    """(test name, two-sided p-value) for paired samples; ("none", None) under two pairs."""
-    ours, theirs = np.asarray(ours, dtype=float), np.asarray(theirs, dtype=float)
-    diff = ours - theirs
-    if len(diff) < 2:
-        return "none", None
-    name = "wilcoxon" if len(diff) >= WILCOXON_MIN_PAIRS else "paired t"
-    if np.all(diff == 0):
-        return name, 1.0
-    if name == "wilcoxon":
-        return name, float(stats.wilcoxon(ours, theirs).pvalue)
-    if np.all(diff == diff[0]):  # a constant non-zero difference: zero variance, the t statistic is infinite
-        return name, 0.0
-    return name, float(stats.ttest_rel(ours, theirs).pvalue)
-
-
-def marker(p: float | None) -> str:
-    if p is None:
-        return ""
-    return "***" if p < 0.001 else "**" if p < 0.01 else "*" if p < ALPHA else ""
 
 
 def paired_comparison(df: pl.DataFrame, grid: pl.DataFrame, reference: str = REFERENCE,

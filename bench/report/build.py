@@ -1,14 +1,13 @@
-"""`bench report RESULTS [--out DIR]` and `bench leaderboard RESULTS`: read a results folder, run the analysis
-(`bench.report.analysis`) and write every rendering of it into one folder: the leaderboard's
-(`bench.report.leaderboard`, `bench.report.plots`), then every panel's (`bench.report.panel`: each a file of its
-own, found by the registry), framed by `bench.report.page`. This module names no panel (it takes
-only the headline rule, `protocols.headline`, which `bench leaderboard` shares).
+"""What `bench report` and `bench leaderboard` produce (their commands: `bench.cli.report`): read a results folder,
+run the analysis (`bench.report.analysis`) and write every rendering of it into one folder (`build_report`): the
+leaderboard's (`bench.report.leaderboard`, `bench.report.plots`), then every panel's (`bench.report.panel`: each a
+file of its own, found by the registry), framed by `bench.report.page`; or the leaderboard alone as terminal text
+(`terminal_leaderboard`). This module names no panel (it takes only the headline rule, `protocols.headline`, which
+`bench leaderboard` shares).
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,7 +19,6 @@ from bench.report import analysis, leaderboard, page, protocols
 from bench.report.analysis import REFERENCE, label
 from bench.report.panel import Context, Panel, panels
 from bench.report.render import stderr
-from bench.store.folder import check_output, is_local, local_path
 
 Log = Callable[[str], None]
 
@@ -107,22 +105,10 @@ def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str,
     return written
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    results = str(args.results)
-    if args.out is None and not is_local(results):
-        raise UserError("--out DIR is needed when RESULTS is a remote URI")
-    out = Path(args.out) if args.out is not None else local_path(results) / "report"
-    check_output(out, "report folder", "give another folder with --out")
-    written = build_report(results, out)
-    for name, path in written.items():
-        print(f"{name:28s} {path}")
-    return 0
-
-
-def cmd_leaderboard(args: argparse.Namespace) -> int:
-    df = protocols.headline(analysis.load_trials(str(args.results)))
+def terminal_leaderboard(results: str, metric: str = "selected", bold: bool = False) -> str:
+    """`bench leaderboard`'s text: the headline protocol's leaderboard as aligned terminal tables under the report's
+    first line; `metric` a key of `analysis.METRICS` (the selected checkpoint's accuracy, or the last epoch's)."""
+    df = protocols.headline(analysis.load_trials(results))
     grid = analysis.aggregate(df)
-    paired = analysis.paired_comparison(df, grid, metric=analysis.METRICS[args.metric])
-    print(leaderboard.to_terminal(leaderboard.tables(grid, paired, args.metric), _summary(df, grid, str(args.results)),
-                      bold=sys.stdout.isatty()))
-    return 0
+    paired = analysis.paired_comparison(df, grid, metric=analysis.METRICS[metric])
+    return leaderboard.to_terminal(leaderboard.tables(grid, paired, metric), _summary(df, grid, results), bold=bold)

@@ -21,7 +21,7 @@ from typing import Any
 import polars as pl
 
 from bench.noise import INSTANCE_DEPENDENT, is_instance_dependent
-from bench.report import analysis
+from bench.report import analysis, statistics
 from bench.report.analysis import CELL, MISSING, fmt, label
 from bench.report.panel import Context, Panel
 from bench.report.render import fmt_r, html_table, md, pm, td
@@ -34,7 +34,7 @@ NOTE = (
     f"noise ({', '.join(INSTANCE_DEPENDENT)}: Xia et al., NeurIPS 2020) at the same r: mean ± std over seeds at the "
     f"setting the accuracy tables select, n seeds each; the difference instance-dependent − class-conditional paired "
     f"by seed: the mean over the seeds both hold of each seed's difference ± the half-width of its 95% Student-t "
-    f"interval, the number of shared seeds in parentheses (no interval under {analysis.MIN_CI_SEEDS}); and the "
+    f"interval, the number of shared seeds in parentheses (no interval under {statistics.MIN_CI_SEEDS}); and the "
     f"realised noise rate of each (the fraction of flipped training labels, mean over the trials); "
     f"'{FLAG}' marks a row whose two realised rates differ by more than {RATE_GAP}: it does not compare the same "
     f"overall rate. † privileged (uses the true T). "
@@ -87,7 +87,7 @@ def _row(cc: dict[str, Any], idn: dict[str, Any], rates: dict[tuple[Any, ...], f
         out |= {f"{side}_n": c["n"], f"{side}_mean": c["acc_mean"], f"{side}_std": c["acc_std"],
                 f"{side}_rate": rates.get(tuple(c[k] for k in CELL)), f"{side}_setting": c["setting"]}
     cc_accs, idn_accs = (accuracies.get(tuple(c[k] for k in CELL), {}) for c in (cc, idn))
-    out["paired_n"], out["diff"], out["diff_ci95"] = analysis.paired_difference(cc_accs, idn_accs)
+    out["paired_n"], out["diff"], out["diff_ci95"] = statistics.paired_difference(cc_accs, idn_accs)
     rated = out["cc_rate"] is not None and out["idn_rate"] is not None
     out["rate_gap"] = abs(out["idn_rate"] - out["cc_rate"]) if rated else None
     out["flag"] = out["rate_gap"] is not None and out["rate_gap"] > RATE_GAP
@@ -97,7 +97,7 @@ def _row(cc: dict[str, Any], idn: dict[str, Any], rates: dict[tuple[Any, ...], f
 def compare(df: pl.DataFrame, grid: pl.DataFrame) -> pl.DataFrame:
     """One row per (dataset, class-conditional pattern, r, method) where the dataset holds trials of that pattern and
     of an instance-dependent one at r: both cells' accuracy (the aggregate grid's selected setting), seeds, realised
-    noise rates, the difference idn − class-conditional paired by seed (`analysis.paired_difference`) and the flag.
+    noise rates, the difference idn − class-conditional paired by seed (`statistics.paired_difference`) and the flag.
     `df` as `analysis.load_trials` gives it, `grid` `analysis.aggregate(df)`. Methods without a trial in either cell are
     left out."""
     chosen = analysis.selected_trials(df)

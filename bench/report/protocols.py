@@ -16,7 +16,7 @@ from typing import Any
 
 import polars as pl
 
-from bench.report import analysis
+from bench.report import analysis, statistics
 from bench.report.analysis import CELL, MISSING, fmt, label
 from bench.report.panel import Context, Panel
 from bench.report.render import fmt_r, html_table, md, pm, td
@@ -29,7 +29,7 @@ NOTE = (
     "(docs/fidelity.md lists each switch with its script and line). Paper: the published mean ± std. Each protocol's "
     "accuracy is the mean ± std over seeds at the setting it selects, n seeds; the difference protocol − bench is "
     "paired by seed (the mean over the seeds both hold ± the half-width of its 95% Student-t interval, the shared "
-    f"seeds in parentheses; no interval under {analysis.MIN_CI_SEEDS})."
+    f"seeds in parentheses; no interval under {statistics.MIN_CI_SEEDS})."
 )
 SCHEMA = {"dataset": pl.String, "noise": pl.String, "r": pl.Float64, "method": pl.String, "protocol": pl.String,
           "paper_mean": pl.Float64, "paper_std": pl.Float64, "bench_n": pl.Int64, "bench_mean": pl.Float64,
@@ -68,7 +68,7 @@ def compare(df: pl.DataFrame) -> pl.DataFrame:
         for key in sorted(cells.keys() & bench_cells.keys(), key=lambda k: (k[0], k[1], k[2], order[k[3]])):
             b, o = bench_cells[key], cells[key]
             ref = published.get((key[0], key[2], key[3])) if analysis.paper_noise(key[0]) == key[1] else None
-            n, diff, half = analysis.paired_difference(bench_accs.get(key, {}), accs.get(key, {}))
+            n, diff, half = statistics.paired_difference(bench_accs.get(key, {}), accs.get(key, {}))
             rows.append(dict(zip(CELL, key, strict=True), protocol=spec,
                              paper_mean=ref["paper_mean"] if ref else None, paper_std=ref["paper_std"] if ref else None,
                              bench_n=b["n"], bench_mean=b["acc_mean"], bench_std=b["acc_std"], other_n=o["n"],

@@ -1,17 +1,23 @@
 """Every column of the results folder, declared once: a trial row's columns (`ROW_COLUMNS`, each with its arrow type,
 its group and what the MLflow mirror logs it as), the epochs table's columns, and the per-epoch diagnostics'. The
-store writes rows with these types (`row_schema`: a solo and a packed trial's files alike), the MLflow mirror logs the
-columns they name, the analysis reads rows through `conform` (a column a row written by older code lacks reads as
-its default, else null).
+store writes rows with these types (`row_schema`, `arrow_tables`: a solo and a packed trial's files alike), the MLflow
+mirror logs the columns they name, the analysis reads rows through `conform` (a column a row written by older code
+lacks reads as its default, else null), and a file read back is one of ours only if it holds what is declared here
+(`not_ours`: each table's columns and their kinds, names that are NAMEs, the statuses we write). What a file holds is
+this module's; where files live, how they are written and what happens to one that is not ours is
+`bench.store.folder`'s.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from bench.schema import NAME
 
 DIAGNOSTIC_COLUMNS = ("test_acc", "train_clean_acc", "train_noisy_acc_flipped", "train_noisy_acc_kept",
                  "det_flagged", "det_precision", "det_recall", "det_auroc")
@@ -119,6 +125,60 @@ def conform(frame: Any) -> Any:
 EPOCH_COLUMNS = {"trial_id": "string", "stage": "string", "epoch": "int64", "train_loss": "float64",
                  "val_loss": "float64", "val_acc": "float64", "seconds": "float64",
                  **dict.fromkeys(DIAGNOSTIC_COLUMNS, "float64")}
+
+
+def arrow_tables(row: dict[str, Any], epochs: list[dict[str, Any]]) -> tuple[str, Any, Any]:
+    """A trial's id, its row and its curves as arrow tables of their declared types (`ROW_COLUMNS`: the columns the
+    row holds, in row order; `EPOCH_COLUMNS`)."""
+    import pyarrow as pa
+
+    trial_id = row["trial_id"]
+    curves = pa.schema([(name, pa.type_for_alias(kind)) for name, kind in EPOCH_COLUMNS.items()])
+    return (trial_id, pa.Table.from_pylist([row], schema=row_schema(row)),
+            pa.Table.from_pylist([{"trial_id": trial_id, **e} for e in epochs], schema=curves))
+
+
+# Text columns of a row that name things (reports and MLflow build file names from them): each must be a NAME.
+NAME_COLUMNS = ("trial_id", "experiment", "dataset", "model", "method", "noise")
+STATUSES = ("ok", "diverged", "failed")
+# Columns every file of a table has, and what each holds: "name" (a NAME), "text", "int" or "number" (nulls allowed).
+TABLE_COLUMNS = {
+    "trials": {"trial_id": "name", "dataset": "name", "method": "name", "noise": "name", "status": "text",
+               "r": "number", "seed": "int", "val_loss": "number", "test_acc": "number"},
+    "epochs": {"trial_id": "name", "stage": "text", "epoch": "int", "val_loss": "number"},
+}
+_NAME = re.compile(NAME.pattern)
+
+
+def not_ours(frame: Any, table: str, stem: str) -> str | None:
+    """What makes a polars frame read from `<table>/<stem>.parquet` not one of ours (None: nothing): a missing
+    column (`TABLE_COLUMNS`) or one of another type, a trial_id other than the file's name, a name field that is not
+    a NAME (it would reach a file name: "../x"), a status we do not write, or more than one row in a trial's file."""
+    import polars as pl
+
+    columns, one_row = TABLE_COLUMNS.get(table, {}), table == "trials"
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        return f"not a result file of this table: no column {', '.join(missing)}"
+    if one_row and frame.height != 1:
+        return f"{frame.height} rows where a trial has one"
+    for column in frame.columns:
+        kind = columns.get(column, "name" if column in NAME_COLUMNS else None)
+        dtype = frame.schema[column]
+        if kind is None or dtype == pl.Null:
+            continue
+        if kind in ("name", "text") and dtype != pl.String or kind == "int" and not dtype.is_integer() \
+                or kind == "number" and not dtype.is_numeric():
+            return f"column {column} holds {dtype}"
+        if kind == "name":
+            bad = [v for v in frame[column].drop_nulls().unique().to_list() if not _NAME.fullmatch(v)]
+            if bad:
+                return f"{column} {bad[0][:60]!r} is not a name ({NAME.words})"
+    if frame.height and set(frame["trial_id"].to_list()) != {stem}:
+        return "its trial_id is not its file name"
+    if "status" in columns and not set(frame["status"].to_list()) <= set(STATUSES):
+        return f"status {frame['status'][0]!r} is not one of {', '.join(STATUSES)}"
+    return None
 
 
 @dataclass

@@ -15,11 +15,12 @@ Whether a location is a local folder or an object store is decided here (`is_loc
 written to a temporary name and renamed, so a reader never sees half a file; parquet is the source of truth, MLflow
 mirrors it.
 
-Faults: a file that cannot be read (a disk error, a copy cut short), or that reads but is not one of ours (another
-schema, a trial_id that is not its file name, a name field that could not be a file name: results folders travel
-between people) is skipped with one warning naming it, never a lock-out of the folder; `bench run` moves it aside to
-`damaged/` and re-runs its trial. A row that cannot be written where it belongs is kept in `~/.cache/bench/unsaved`
-(a results folder of its own) and the error says so. A write that fails half-way leaves no temporary file behind.
+Faults: a file that cannot be read (a disk error, a copy cut short), or that reads but is not one of ours
+(`bench.store.columns.not_ours`: another schema, a trial_id that is not its file name, a name field that could not be
+a file name: results folders travel between people) is skipped with one warning naming it, never a lock-out of the
+folder; `bench run` moves it aside to `damaged/` and re-runs its trial. A row that cannot be written where it
+belongs is kept in `~/.cache/bench/unsaved` (a results folder of its own) and the error says so. A write that fails
+half-way leaves no temporary file behind.
 
 pyarrow, polars and torch are imported where files are read or written, not by importing this module: the training
 core writes its rows, checkpoints and warm starts through the store and must import on a bare GPU box.
@@ -30,7 +31,6 @@ from __future__ import annotations
 import fcntl
 import io
 import os
-import re
 import socket
 import sys
 import tempfile
@@ -42,19 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.config import UserError
-from bench.schema import NAME
-from bench.store.columns import EPOCH_COLUMNS, row_schema
+from bench.store.columns import arrow_tables, not_ours
 
 TABLES = ("trials", "epochs")
-# Text columns of a row that name things (reports and MLflow build file names from them): each must be a NAME.
-NAME_COLUMNS = ("trial_id", "experiment", "dataset", "model", "method", "noise")
-STATUSES = ("ok", "diverged", "failed")
-# Columns every file of a table has, and what each holds: "name" (a NAME), "text", "int" or "number" (nulls allowed).
-TABLE_COLUMNS = {
-    "trials": {"trial_id": "name", "dataset": "name", "method": "name", "noise": "name", "status": "text",
-               "r": "number", "seed": "int", "val_loss": "number", "test_acc": "number"},
-    "epochs": {"trial_id": "name", "stage": "text", "epoch": "int", "val_loss": "number"},
-}
 
 
 def is_local(results: str | os.PathLike[str]) -> bool:
@@ -202,7 +192,7 @@ class Store:
         its declared columns is a `ValueError` (or an arrow error) before anything is written."""
         import pyarrow as pa
 
-        tables = _tables(row, epochs)
+        tables = arrow_tables(row, epochs)
         try:
             return self._write_trial(*tables)
         except (OSError, pa.ArrowException) as e:
@@ -242,7 +232,7 @@ class Store:
 
     def _load(self, path: str) -> tuple[Any, str | None]:
         """One parquet file of a table as a polars frame, or None and what is wrong with it: unreadable, or not
-        one of ours (`TABLE_COLUMNS`, a trial_id other than its file name, a name that is not a NAME)."""
+        one of ours (`bench.store.columns.not_ours`)."""
         import polars as pl
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -251,9 +241,7 @@ class Store:
             frame = pl.from_arrow(pq.read_table(path, filesystem=self.fs))
         except (OSError, pa.ArrowException) as e:
             return None, f"unreadable: {type(e).__name__}: {' '.join(str(e).split())[:160]}"
-        table = path.rsplit("/", 2)[-2]
-        problem = _problem(frame, TABLE_COLUMNS.get(table, {}), path.rsplit("/", 1)[-1].removesuffix(".parquet"),
-                           table == "trials")
+        problem = not_ours(frame, path.rsplit("/", 2)[-2], path.rsplit("/", 1)[-1].removesuffix(".parquet"))
         return (None, problem) if problem else (frame, None)
 
     def _read(self, path: str) -> Any:
@@ -347,51 +335,7 @@ class Store:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _tables(row: dict[str, Any], epochs: list[dict[str, Any]]) -> tuple[str, Any, Any]:
-    """A trial's id, its row and its curves as arrow tables of their declared types (`ROW_COLUMNS`: the columns the
-    row holds, in row order; `EPOCH_COLUMNS`)."""
-    import pyarrow as pa
-
-    trial_id = row["trial_id"]
-    curves = pa.schema([(name, pa.type_for_alias(kind)) for name, kind in EPOCH_COLUMNS.items()])
-    return (trial_id, pa.Table.from_pylist([row], schema=row_schema(row)),
-            pa.Table.from_pylist([{"trial_id": trial_id, **e} for e in epochs], schema=curves))
-
-
 _WARNED: set[str] = set()  # unreadable files already named in this process
-_SAFE_NAME = re.compile(NAME.pattern)
-
-
-def _problem(frame: Any, columns: dict[str, str], stem: str, one_row: bool) -> str | None:
-    """What makes a frame read from `<table>/<stem>.parquet` not one of ours (None: nothing): a missing column or
-    one of another type, a trial_id other than the file's name, a name field that is not a NAME (it would reach a
-    file name: "../x"), a status we do not write, or more than one row in a trial's file."""
-    import polars as pl
-
-    missing = [c for c in columns if c not in frame.columns]
-    if missing:
-        return f"not a result file of this table: no column {', '.join(missing)}"
-    if one_row and frame.height != 1:
-        return f"{frame.height} rows where a trial has one"
-    for column in frame.columns:
-        kind = columns.get(column, "name" if column in NAME_COLUMNS else None)
-        dtype = frame.schema[column]
-        if kind is None or dtype == pl.Null:
-            continue
-        if kind in ("name", "text") and dtype != pl.String or kind == "int" and not dtype.is_integer() \
-                or kind == "number" and not dtype.is_numeric():
-            return f"column {column} holds {dtype}"
-        if kind == "name":
-            bad = [v for v in frame[column].drop_nulls().unique().to_list() if not _SAFE_NAME.fullmatch(v)]
-            if bad:
-                return f"{column} {bad[0][:60]!r} is not a name ({NAME.words})"
-    if frame.height and set(frame["trial_id"].to_list()) != {stem}:
-        return "its trial_id is not its file name"
-    if "status" in columns and not set(frame["status"].to_list()) <= set(STATUSES):
-        return f"status {frame['status'][0]!r} is not one of {', '.join(STATUSES)}"
-    return None
-
-
 class Checkpoints:
     """`checkpoints/<unit>.pt`: a trial's (or a pack's) method-stage state after its last finished epoch, so that a
     trial retried by Ray, or re-run after the driver was killed, resumes where it stopped. Cleared once the unit's

@@ -11,12 +11,12 @@ in `RESULTS/mlartifacts`). MLflow 3.17 refuses its file store without MLFLOW_ALL
 A grid cell is (dataset, noise, r): the runs of every method, hyper-parameter and seed at that noise level are
 nested under one parent run named after the cell, so the UI compares methods cell by cell.
 
-Commands: `bench sync-mlflow RESULTS` (backfill) and `bench ui RESULTS` (serve the MLflow UI on 127.0.0.1).
+`bench sync-mlflow RESULTS` backfills (`backfill`) and `bench ui RESULTS` serves the MLflow UI on 127.0.0.1 (`serve`);
+their commands are `bench.cli.mlflow`'s.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
@@ -308,39 +308,25 @@ def _not_a_database(path: Path) -> str | None:
     return None if verdict == "ok" else f"integrity check: {verdict[:120]}"
 
 
-# -- commands ---------------------------------------------------------------------------------------------------
-def cmd_sync_mlflow(args: argparse.Namespace) -> int:
-    results = folder.absolute(args.results)
-    if folder.read_table(results).is_empty():
-        raise UserError(f"no result rows under {args.results}/trials")
-    uri = tracking_uri(results, args.mlflow_uri)
-    if uri is not None and uri.startswith("sqlite:///"):  # a store MLflow would retry for minutes to write
-        folder.check_output(Path(uri.removeprefix("sqlite:///")), "MLflow store", "name a store you can write with "
-                            "--mlflow-uri (e.g. sqlite:////tmp/mlflow.db)", kind="file")
-    with folder.Store(results).hold():  # not while a `bench run` logs into the same store
-        mirror = open_mirror(results, args.mlflow_uri)
+# -- what `bench sync-mlflow` and `bench ui` do (their commands: `bench.cli.mlflow`) -----------------------------
+def backfill(results: str, uri: str | None) -> tuple[str, int] | None:
+    """Log every row under the local or remote folder `results` that the store lacks, holding the folder (not while
+    a `bench run` logs into the same store); (the store's URI, how many runs were logged), or None where the store
+    could not be opened or failed on the way (a warning has said so)."""
+    with folder.Store(results).hold():
+        mirror = open_mirror(results, uri)
         if mirror is None:
-            return 1
+            return None
         count = mirror.sync(results)
-    if not mirror.ok:
-        return 1
-    print(f"MLflow {mirror.uri}: logged {count} missing runs (the others were already there)")
-    return 0
+    return (mirror.uri, count) if mirror.ok else None
 
 
-def cmd_ui(args: argparse.Namespace) -> int:
-    uri = tracking_uri(folder.absolute(args.results), args.mlflow_uri)
-    if uri is None:
-        raise UserError(f"{args.results} is not a local folder: name the MLflow store with --mlflow-uri")
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
-        raise UserError(f"no MLflow store at {uri}; run `bench run` (or `bench sync-mlflow {args.results}`) first")
+def serve(uri: str, port: int) -> int:
+    """Run `mlflow server` on 127.0.0.1:`port` over the store `uri` until it exits (its exit code), or until Ctrl-C
+    or SIGTERM, which stop it too."""
     mlflow_bin = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or shutil.which("mlflow")
-    command = [mlflow_bin or "mlflow", "server", "--host", "127.0.0.1", "--port", str(args.port), "--workers", "1",
+    command = [mlflow_bin or "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
                "--backend-store-uri", uri]
-    address = f"http://127.0.0.1:{args.port}"
-    print(f"MLflow UI for {uri} on {address} (Ctrl-C stops it)", flush=True)
-    for line in runs_links(uri, address):
-        print(f"  {line}", flush=True)
     server: subprocess.Popen | None = None
     signalled: list[int] = []
 

@@ -1,0 +1,39 @@
+"""`bench sync-mlflow RESULTS` and `bench ui RESULTS`: which MLflow store a results folder uses and whether it can
+be written or read, one call into `bench.store.mirror` (`backfill`, `serve`), and what it did printed."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from bench.config import UserError
+from bench.store import folder, mirror
+
+
+def cmd_sync_mlflow(args: argparse.Namespace) -> int:
+    results = folder.absolute(args.results)
+    if folder.read_table(results).is_empty():
+        raise UserError(f"no result rows under {args.results}/trials")
+    uri = mirror.tracking_uri(results, args.mlflow_uri)
+    if uri is not None and uri.startswith("sqlite:///"):  # a store MLflow would retry for minutes to write
+        folder.check_output(Path(uri.removeprefix("sqlite:///")), "MLflow store", "name a store you can write with "
+                            "--mlflow-uri (e.g. sqlite:////tmp/mlflow.db)", kind="file")
+    synced = mirror.backfill(results, args.mlflow_uri)
+    if synced is None:
+        return 1
+    uri, count = synced
+    print(f"MLflow {uri}: logged {count} missing runs (the others were already there)")
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    uri = mirror.tracking_uri(folder.absolute(args.results), args.mlflow_uri)
+    if uri is None:
+        raise UserError(f"{args.results} is not a local folder: name the MLflow store with --mlflow-uri")
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        raise UserError(f"no MLflow store at {uri}; run `bench run` (or `bench sync-mlflow {args.results}`) first")
+    address = f"http://127.0.0.1:{args.port}"
+    print(f"MLflow UI for {uri} on {address} (Ctrl-C stops it)", flush=True)
+    for line in mirror.runs_links(uri, address):
+        print(f"  {line}", flush=True)
+    return mirror.serve(uri, args.port)

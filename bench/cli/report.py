@@ -1,0 +1,30 @@
+"""`bench report RESULTS [--out DIR]` and `bench leaderboard RESULTS [--metric M]`: where the output goes, one call
+into `bench.report.build`, and what was written (or the table) printed. The analysis and every rendering are the
+report layer's."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bench.config import UserError
+from bench.report.build import build_report, terminal_leaderboard
+from bench.store.folder import check_output, is_local, local_path
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    results = str(args.results)
+    if args.out is None and not is_local(results):
+        raise UserError("--out DIR is needed when RESULTS is a remote URI")
+    out = Path(args.out) if args.out is not None else local_path(results) / "report"
+    check_output(out, "report folder", "give another folder with --out")
+    written = build_report(results, out)
+    for name, path in written.items():
+        print(f"{name:28s} {path}")
+    return 0
+
+
+def cmd_leaderboard(args: argparse.Namespace) -> int:
+    print(terminal_leaderboard(str(args.results), args.metric, bold=sys.stdout.isatty()))
+    return 0
