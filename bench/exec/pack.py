@@ -17,6 +17,7 @@ import torch
 
 from bench.config import UserError
 from bench.exec import memory, warmstart
+from bench.exec.events import Events
 from bench.exec.packed import PackedStage, compile_mode, device_generator, member_order, pack_key, why_solo
 from bench.exec.prepare import (
     Prepared,
@@ -36,8 +37,8 @@ from bench.trial import TrialConfig
 
 
 # -- a whole pack: warm starts, the method stage, rows ----------------------------------------------------------
-def train_warm_starts(ps: list[Prepared], log: Log) -> tuple[list[dict[str, torch.Tensor]], list[dict], float,
-                                                             float]:
+def train_warm_starts(ps: list[Prepared], log: Log, events: Events | None = None
+                      ) -> tuple[list[dict[str, torch.Tensor]], list[dict], float, float]:
     """CE warm starts of several cells as one pack: (best state per member, epoch rows per member, seconds,
     seconds of those spent on the per-epoch diagnostics)."""
     nets, generators, seeds = [], [], []
@@ -50,7 +51,7 @@ def train_warm_starts(ps: list[Prepared], log: Log) -> tuple[list[dict[str, torc
     schedule = ps[0].warmup
     stage = PackedStage(ps, nets, generators, schedule, [schedule.lr] * len(ps), seeds)
     log(f"packed warm start: {len(ps)} CE warm starts, {schedule.epochs} epochs")
-    result = run_stage(stage, "warmup", schedule.epochs, log, initial_is_candidate=False,
+    result = run_stage(stage, "warmup", schedule.epochs, log, initial_is_candidate=False, events=events,
                        selection=ps[0].protocol.warmup_selection())
     return [stage.member_state(k) for k in range(len(ps))], result.epochs, result.seconds, result.diagnose_seconds
 
@@ -62,11 +63,12 @@ def run_pack(
     log: Log = print,
     warm_cache: warmstart.WarmStartCache | None = None,
     checkpoints: Checkpoints | None = None,
+    events: Events | None = None,
 ) -> list[dict[str, Any]]:
     """Train several trials as one pack; return their result rows (in the order given), and with `results`
     write each row where its solo trial would have written it."""
     try:
-        return _run_pack(configs, data_root, results, log, warm_cache, checkpoints)
+        return _run_pack(configs, data_root, results, log, warm_cache, checkpoints, events)
     except torch.OutOfMemoryError:
         raise UserError(f"a pack of {len(configs)} trials does not fit in the memory of {configs[0].device}: "
                         f"run with a smaller pack, e.g. --pack {max(1, len(configs) // 2)}") from None
@@ -79,6 +81,7 @@ def _run_pack(
     log: Log,
     warm_cache: warmstart.WarmStartCache | None,
     checkpoints: Checkpoints | None,
+    events: Events | None = None,
 ) -> list[dict[str, Any]]:
     started = time.perf_counter()
     for c in configs:
@@ -108,7 +111,7 @@ def _run_pack(
     warmup_s = warm_diagnose_s = 0.0
     if missing:
         cells = [ps[keys.index(key)] for key in missing]
-        trained, rows, warmup_s, warm_diagnose_s = train_warm_starts(cells, log)
+        trained, rows, warmup_s, warm_diagnose_s = train_warm_starts(cells, log, events)
         for key, state, member_rows in zip(missing, trained, rows, strict=True):
             states[key], warm_epochs[key] = state, member_rows
             if warm_cache is not None:
@@ -148,7 +151,7 @@ def _run_pack(
     train_probs.clear()
     stage.set_methods(methods)
     result = run_stage(stage, "method", ps[0].method_stage.epochs, log, initial_is_candidate=True,
-                       checkpoints=checkpoints, selection=ps[0].protocol.selection(ps[0].config.method))
+                       checkpoints=checkpoints, events=events, selection=ps[0].protocol.selection(ps[0].config.method))
 
     last = stage.predict(test_x)
     best = stage.predict(test_x, stage.best)

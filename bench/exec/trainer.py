@@ -26,6 +26,7 @@ from torch import nn
 
 from bench.config import UserError
 from bench.data import Dataset, get_dataset
+from bench.exec.events import Events
 from bench.exec.prepare import (
     Prepared,
     build_model,
@@ -62,7 +63,7 @@ def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def warm_start(p: Prepared, net_index: int, log: Log,
-               diagnose_seconds: list[float] | None = None) -> WarmStart:
+               diagnose_seconds: list[float] | None = None, events: Events | None = None) -> WarmStart:
     """Train one network with CE on the noisy labels; return the state with the lowest noisy-validation CE and the
     stage's epoch rows (the cache keeps both, so that a trial's record does not depend on who trained its warm
     start). The seconds its diagnostics took go to `diagnose_seconds`."""
@@ -71,7 +72,7 @@ def warm_start(p: Prepared, net_index: int, log: Log,
     net = build_model(p)
     stage = SoloStage(p, [net], p.warmup, seed, _ce_step, _ce)
     name = f"warmup{net_index}" if net_index else "warmup"
-    result = run_stage(stage, name, p.warmup.epochs, log, initial_is_candidate=False,
+    result = run_stage(stage, name, p.warmup.epochs, log, initial_is_candidate=False, events=events,
                        selection=p.protocol.warmup_selection())
     if diagnose_seconds is not None:
         diagnose_seconds.append(result.diagnose_seconds)
@@ -105,7 +106,7 @@ def train(
     p: Prepared,
     log: Log = print,
     warm_cache: WarmStartCache | None = None,
-    on_epoch: Callable[[dict[str, Any]], None] | None = None,
+    events: Events | None = None,
     checkpoints: Checkpoints | None = None,
 ) -> Outcome:
     """Warm start, method stage, selection on the noisy validation set, clean test accuracy.
@@ -123,7 +124,7 @@ def train(
     nets = []
     for i in range(method_cls.networks):
         def fresh(i: int = i) -> WarmStart:
-            return warm_start(p, i, log, diagnose_seconds)
+            return warm_start(p, i, log, diagnose_seconds, events)
 
         state, rows = warm_cache(warm_start_key(p, i), fresh) if warm_cache else fresh()
         epochs.extend(rows)
@@ -147,7 +148,7 @@ def train(
     stage = SoloStage(p, nets, p.method_stage, method_seed(p), method.train_loss, method.validation_loss,
                       method)
     result = run_stage(stage, "method", p.method_stage.epochs, log, initial_is_candidate=True,
-                       checkpoints=checkpoints, on_epoch=on_epoch, selection=p.protocol.selection(c.method))
+                       checkpoints=checkpoints, events=events, selection=p.protocol.selection(c.method))
     epochs.extend(result.epochs[0])
 
     last_acc, last_bal, _ = accuracy(predict(nets[0], p.test), p.test.labels, ds.num_classes)
@@ -184,7 +185,7 @@ def run_trial(
     results: str | os.PathLike[str] | None = None,
     log: Log = print,
     warm_cache: WarmStartCache | None = None,
-    on_epoch: Callable[[dict[str, Any]], None] | None = None,
+    events: Events | None = None,
     checkpoints: Checkpoints | None = None,
 ) -> dict[str, Any]:
     """Run one trial and return its result row; with `results`, also write it there.
@@ -198,7 +199,7 @@ def run_trial(
     log(f"trial {config.trial_id}: {config.dataset} / {config.method} / {config.noise} r={config.r} "
         f"seed={config.seed}  realised noise rate {100 * p.labels.noise_rate:.1f}%  on {p.device}")
     try:
-        outcome = train(p, log=log, warm_cache=warm_cache, on_epoch=on_epoch, checkpoints=checkpoints)
+        outcome = train(p, log=log, warm_cache=warm_cache, events=events, checkpoints=checkpoints)
     except UserError:
         raise
     except Exception as e:
