@@ -3,12 +3,12 @@ line per finished trial (n/N, its accuracy, elapsed time and ETA) from a Ray Tun
 result row to MLflow, and the closing summary with the grid's accuracy table.
 
 Live status: each unit (a solo trial or a pack) reports its stage, epoch and latest noisy-validation figures to the
-driver through Ray Tune's own results (`tune.report`, at most every `REPORT_EVERY` seconds), read from the lines the
-trainer logs (`UnitReporter`). The driver shows them (`StatusBoard`): on a terminal a compact table under the
-finished lines, redrawn every `REDRAW_EVERY` seconds; elsewhere (a pipe, a file, `ray job submit`'s log) one status
-line every `Settings.status_every` seconds. The ETA counts work in trial-epochs (`bench.grid.plan.Plan.work`:
-method-stage epochs, and warm-start epochs once per cached cell), so the units in flight count with the epochs they
-have done.
+driver through Ray Tune's own results (`tune.report`, at most every `REPORT_EVERY` seconds), taken from the events
+the training core emits (`bench.exec.events`, read by `UnitReporter`), not from its log. The driver shows them
+(`StatusBoard`): on a terminal a compact table under the finished lines, redrawn every `REDRAW_EVERY` seconds;
+elsewhere (a pipe, a file, `ray job submit`'s log) one status line every `Settings.status_every` seconds. The ETA
+counts work in trial-epochs (`bench.grid.plan.Plan.work`: method-stage epochs, and warm-start epochs once per cached
+cell), so the units in flight count with the epochs they have done.
 
 The summary's table applies the protocol of `bench report` (`bench.report.analysis`: per cell, the hyper-parameters
 with the lowest mean noisy-validation loss over seeds) and its rounding (`bench.report.analysis.fmt`), so the two never
@@ -17,7 +17,6 @@ disagree.
 
 from __future__ import annotations
 
-import re
 import shutil
 import sys
 import time
@@ -29,6 +28,7 @@ from typing import Any, TextIO
 import polars as pl
 
 from bench.config import UserError
+from bench.exec.events import EpochRecord, Event, Resumed, StageStart
 from bench.grid.experiment import Experiment
 from bench.grid.plan import Plan, describe_trial
 from bench.report import analysis
@@ -46,27 +46,16 @@ def fmt_seconds(s: float) -> str:
     return f"{s // 3600}h{s // 60 % 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-# -- in the worker: a unit's progress, from its log lines ------------------------------------------------------------
-# The trainer's per-epoch lines (bench.exec.stage.run_stage): "warmup 3/5  train ...  val 0.4123  noisy val acc 88.1%",
-# "epoch 2/8  ..." (a solo method stage), "method 2/8  12 of 12 members training, ... val loss min 0.21 max 0.40"
-# (a pack); tests/test_first_hour.py checks these patterns against the lines a real stage writes.
-_EPOCH = re.compile(r"^(?P<stage>warmup\d*|epoch|method) (?P<epoch>\d+)/(?P<epochs>\d+)\s")
-_SOLO_VAL = re.compile(r"\sval (?P<loss>\S+)\s+noisy val acc\s+(?P<acc>[\d.]+)%")
-_PACK_VAL = re.compile(r"val loss min (?P<loss>\S+)")
-_PACK = re.compile(r"^pack of (?P<k>\d+) trials on ")
-_PACK_WARM = re.compile(r"^packed warm start: (?P<n>\d+) CE warm starts")
-_RESUMED = re.compile(r"^resumed from the checkpoint of epoch (?P<epoch>\d+)")
-
-
+# -- in the worker: a unit's progress, from the training core's events ---------------------------------------------
 class UnitReporter:
-    """Turns a unit's log lines into progress records for the driver: stage, epoch, epochs, the latest
-    noisy-validation loss (and accuracy for a solo trial), and `work`, the trial-epochs done so far (an epoch of a
-    pack's method stage counts once per member, of a packed warm start once per cell it trains)."""
+    """Turns a unit's training events (`bench.exec.events`) into progress records for the driver: stage, epoch,
+    epochs, the latest noisy-validation loss (a solo stage's, with its accuracy; a pack's lowest) and `work`, the
+    trial-epochs done so far: an epoch counts once per member of its stage (a pack's method stage: its trials; a
+    packed warm start: the cells it trains), as `bench.grid.plan.Plan.work` counts them."""
 
     def __init__(self, report: Callable[[dict[str, Any]], None], every: float = REPORT_EVERY) -> None:
         self.report, self.every = report, every
-        self.pack = 1  # trials in the method stage
-        self.warm = 1  # warm starts trained side by side
+        self.members = 1  # trained side by side in the current stage
         self.state: dict[str, Any] = dict(progress=1, stage="loading data", epoch=None, epochs=None, val_loss=None,
                                           val_acc=None, work=0)
         self.last = -float("inf")
@@ -74,52 +63,32 @@ class UnitReporter:
     def start(self) -> None:
         self._send(force=True)
 
-    def line(self, text: str) -> None:
+    def event(self, event: Event) -> None:
         s = self.state
-        if m := _EPOCH.match(text):
-            stage = "method" if m["stage"] in ("epoch", "method") else m["stage"]
-            changed = stage != s["stage"]
-            s.update(stage=stage, epoch=int(m["epoch"]), epochs=int(m["epochs"]))
-            s["work"] += self.pack if stage == "method" else self.warm
-            val = _SOLO_VAL.search(text) or _PACK_VAL.search(text)
-            s["val_loss"] = _number(val["loss"]) if val else None
-            s["val_acc"] = _number(val["acc"]) if val and "acc" in val.groupdict() else None
-            self._send(force=changed)
-        elif m := _PACK.match(text):
-            self.pack = int(m["k"])
-            self._stage("warmup")
-        elif m := _PACK_WARM.match(text):
-            self.warm = int(m["n"])
-            self._stage("warmup", 0)
-        elif text.startswith("warm start done") or text.startswith("method: epoch 0 (initial state)"):
-            if s["stage"] != "method":
-                self._stage("method", 0)
-        elif m := _RESUMED.match(text):
-            s["work"] += int(m["epoch"]) * self.pack
-            self._stage("method", int(m["epoch"]))
-        elif text.startswith("trial ") and s["stage"] == "loading data":
-            self._stage("warmup")
+        if isinstance(event, StageStart):
+            self.members = event.members
+            s.update(stage=event.stage, epoch=0, epochs=event.epochs, val_loss=None, val_acc=None)
+            self._send(force=True)
+        elif isinstance(event, Resumed):
+            s["work"] += event.epoch * self.members
+            s.update(epoch=event.epoch)
+            self._send(force=True)
+        elif isinstance(event, EpochRecord):
+            s["work"] += self.members if event.epoch > 0 else 0
+            solo = event.members == 1
+            s.update(epoch=event.epoch, val_loss=event.val_loss[0] if solo else event.lowest_val_loss(),
+                     val_acc=event.val_acc[0] if solo else None)
+            self._send()
 
     def final(self) -> dict[str, Any]:
         """What the unit's closing report carries: its work done."""
         return {"work": self.state["work"]}
-
-    def _stage(self, stage: str, epoch: int | None = None) -> None:
-        self.state.update(stage=stage, epoch=epoch, epochs=None, val_loss=None, val_acc=None)
-        self._send(force=True)
 
     def _send(self, force: bool = False) -> None:
         now = time.monotonic()
         if force or now - self.last >= self.every:
             self.last = now
             self.report(dict(self.state))
-
-
-def _number(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
 
 
 # -- in the driver: the tally, the live status, the finished lines ---------------------------------------------------

@@ -4,7 +4,7 @@
     (basic variant generator, no scheduler, no early stopping, reuse_actors)
     --each trial--> bench.exec.trainer.run_trial (or a pack: bench.exec.pack.run_pack)
     (writes its own parquet row; CE warm start from the shared cache) --driver callback--> progress line + MLflow
-    (and, while it trains, its stage and epoch through Ray Tune's results --> the driver's live status)
+    (and, while it trains, its stage and epoch events through Ray Tune's results --> the driver's live status)
 
 Trial identity is `TrialConfig.trial_id`, a hash of the trial's effective configuration (schedules and method
 defaults filled in): a relaunch runs only the trials without
@@ -94,7 +94,6 @@ def ray_unit(config: dict[str, Any], units: dict[str, list[TrialConfig]], data_r
         def log(line: str) -> None:
             log_file.write(line + "\n")
             log_file.flush()
-            progress.line(line)
 
         cache = WarmStartCache(results, log=log)
         checkpoints = folder.Checkpoints(results, unit, log)
@@ -102,10 +101,10 @@ def ray_unit(config: dict[str, Any], units: dict[str, list[TrialConfig]], data_r
             check_cuda(trials[0].device)
             if len(trials) > 1:
                 rows = run_pack(trials, data_root, results=results, log=log, warm_cache=cache,
-                                checkpoints=checkpoints)
+                                checkpoints=checkpoints, events=progress.event)
             else:
                 rows = [run_trial(trials[0], data_root, results=results, log=log, warm_cache=cache,
-                                  checkpoints=checkpoints)]
+                                  checkpoints=checkpoints, events=progress.event)]
         except UserError as e:
             # Bad input that only the worker could see (a data file damaged after the driver's check, a row that
             # could not be written): retrying cannot help, so report it once to the driver instead of raising.
