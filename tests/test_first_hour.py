@@ -31,6 +31,7 @@ from bench.cli import main as cli
 from bench.config import UserError
 from bench.exec.events import EpochRecord, Resumed, StageEnd, StageStart, log_line
 from bench.grid.files import Overrides, load_experiment
+from bench.grid.mlflow_callback import make_mlflow_callback
 from bench.grid.plan import Plan
 from bench.grid.progress import (
     RunProgress,
@@ -270,12 +271,35 @@ def test_a_rejected_pack_is_one_line(tmp_path: Path) -> None:
     trials = {t: TrialConfig("synthetic", "ce", "case3", 0.1 * i, seed=0) for i, t in enumerate(ids)}
     tally = Tally(total=3)
     lines: list[str] = []
-    callback = make_callback(tally, str(tmp_path), trials, {"pack-1": ids}, None, StatusBoard(lines.append))
+    callback = make_callback(tally, str(tmp_path), trials, {"pack-1": ids}, StatusBoard(lines.append))
+    mirror = SimpleNamespace(logged=[], log_row=lambda row, epochs: mirror.logged.append(row["trial_id"]) or True)
+    mlflow = make_mlflow_callback(tally, str(tmp_path), {"pack-1": ids}, mirror)
     trial = _trial("pack-1", "TERMINATED")
     trial.last_result = {"unit": "pack-1", "status": "rejected", "error": "no CUDA"}
     callback.on_trial_complete(0, [trial], trial)
+    mlflow.on_trial_complete(0, [trial], trial)
     assert sum("bench: error: no CUDA" in line for line in lines) == 1
     assert "pack of 3" in lines[0] and tally.done == 3 and sorted(tally.rejected) == ids
+    assert mirror.logged == [] and tally.mlflow_logged == 0
+
+
+def test_the_mlflow_callback_mirrors_each_row_a_unit_wrote(tmp_path: Path) -> None:
+    """A pack of three ended; two of its members wrote rows (the third died first): two runs mirrored and counted
+    for the summary, with each trial's curves. Ray Tune's LoggerCallback calls it on completion and on error alike."""
+    rows = [make_row("dmi", 0.4, seed, 0.5, 70.0 + seed) for seed in (0, 1)]
+    write(tmp_path, rows)
+    ids = [r["trial_id"] for r in rows] + ["died"]
+    tally = Tally(total=3)
+    logged: list[tuple[str, int]] = []
+    mirror = SimpleNamespace(log_row=lambda row, epochs: logged.append((row["trial_id"], epochs.height)) or True)
+    mlflow = make_mlflow_callback(tally, str(tmp_path), {"pack-1": ids}, mirror)
+    trial = _trial("pack-1", "ERROR")
+    mlflow.on_trial_error(0, [trial], trial)
+    assert logged == [(ids[0], 1), (ids[1], 1)] and tally.mlflow_logged == 2
+    lines: list[str] = []
+    print_summary(SimpleNamespace(name="m"), Plan(experiment=None, trials=[], results=str(tmp_path)), tally,
+                  SimpleNamespace(uri="sqlite:///x.db", ok=True, embedded=True), lines.append)
+    assert "MLflow: 2 runs logged to sqlite:///x.db (experiment m)" in "\n".join(lines)
 
 
 # -- a grid on a local Ray with a GPU that torch cannot see ---------------------------------------------------------
@@ -385,7 +409,7 @@ def test_the_summary_states_only_the_rows_that_were_written(tmp_path: Path) -> N
     trials = {kept["trial_id"]: TrialConfig("synthetic", "dmi", "case3", 0.4, seed=0),
               "lost": TrialConfig("synthetic", "dmi", "case3", 0.4, seed=1)}
     tally, lines = Tally(total=2), []
-    progress = RunProgress(tally, str(tmp_path), trials, {"u1": [kept["trial_id"]], "u2": ["lost"]}, None,
+    progress = RunProgress(tally, str(tmp_path), trials, {"u1": [kept["trial_id"]], "u2": ["lost"]},
                            SimpleNamespace(line=lines.append))
     progress._finish_trial(kept["trial_id"], {}, errored=False, size=1, unit="u1")
     progress._finish_trial("lost", {}, errored=True, size=1, unit="u2")

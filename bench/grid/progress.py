@@ -1,6 +1,7 @@
 """What the driver of `bench run` prints while and after a grid runs: a live status of the units in flight, one
-line per finished trial (n/N, its accuracy, elapsed time and ETA) from a Ray Tune callback that also mirrors each new
-result row to MLflow, and the closing summary with the grid's accuracy table.
+line per finished trial (n/N, its accuracy, elapsed time and ETA) from a Ray Tune callback, and the closing summary
+with the grid's accuracy table. Mirroring the rows to MLflow is another callback's (`bench.grid.mlflow_callback`):
+one sink per callback: the lines need no MLflow, and the mirror prints nothing.
 
 Live status: each unit (a solo trial or a pack) reports its stage, epoch and latest noisy-validation figures to the
 driver through Ray Tune's own results (`tune.report`, at most every `REPORT_EVERY` seconds), taken from the events
@@ -224,12 +225,12 @@ class StatusBoard:
 
 class RunProgress:
     """The live status from each unit's progress reports; one line per finished trial (n/N, ETA), also for each
-    member of a finished pack, and one line for a unit that stopped on an error retrying cannot fix; mirrors each new
-    result row to MLflow. Ray Tune calls it as a `tune.Callback` (`make_callback`)."""
+    member of a finished pack, and one line for a unit that stopped on an error retrying cannot fix. Ray Tune calls
+    it as a `tune.Callback` (`make_callback`)."""
 
     def __init__(self, tally: Tally, results: str, trials: dict[str, TrialConfig], units: dict[str, list[str]],
-                 mirror: Any, board: StatusBoard) -> None:
-        self.tally, self.trials, self.units, self.mirror, self.board = tally, trials, units, mirror, board
+                 board: StatusBoard) -> None:
+        self.tally, self.trials, self.units, self.board = tally, trials, units, board
         self.store = Store(results)
         self.configs = {unit: [trials[t] for t in members] for unit, members in units.items()}
 
@@ -260,7 +261,7 @@ class RunProgress:
 
     def _finish_trial(self, trial_id: str, result: dict[str, Any], errored: bool, size: int, unit: str) -> None:
         self.tally.done += 1
-        row, epochs = self.store.read_row(trial_id)
+        row, _ = self.store.read_row(trial_id)
         status = "failed" if errored or row is None else row["status"]
         self.tally.rowless += row is None
         self.tally.statuses[status] += 1
@@ -278,8 +279,6 @@ class RunProgress:
                         f"{describe_trial(self.trials[trial_id])}  {acc} {wall}{warm}  "
                         f"elapsed {fmt_seconds(self.tally.elapsed())}  ETA {_eta_text(self.tally)}{note}"
                         + (f"\n      error: {error}" if error else ""))
-        if self.mirror is not None and row is not None and self.mirror.log_row(row, epochs):
-            self.tally.mlflow_logged += 1
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         if result.get("progress"):
@@ -300,13 +299,13 @@ class RunProgress:
 
 
 def make_callback(tally: Tally, results: str, trials: dict[str, TrialConfig], units: dict[str, list[str]],
-                  mirror: Any, board: StatusBoard) -> Any:
+                  board: StatusBoard) -> Any:
     from ray import tune  # Ray is the run's, not the module's: the summary and the status board work without it
 
     class Progress(RunProgress, tune.Callback):
         pass
 
-    return Progress(tally, results, trials, units, mirror, board)
+    return Progress(tally, results, trials, units, board)
 
 
 def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: Callable[[str], None]) -> None:

@@ -3,7 +3,7 @@
     experiment file --validate/expand--> TrialConfigs --skip those with a result row--> Ray Tune grid search
     (basic variant generator, no scheduler, no early stopping, reuse_actors)
     --each trial--> bench.exec.trainer.run_trial (or a pack: bench.exec.pack.run_pack)
-    (writes its own parquet row; CE warm start from the shared cache) --driver callback--> progress line + MLflow
+    (writes its own parquet row; CE warm start from the shared cache) --driver callbacks--> progress line; MLflow
     (and, while it trains, its stage and epoch events through Ray Tune's results --> the driver's live status)
 
 Trial identity is `TrialConfig.trial_id`, a hash of the trial's effective configuration (schedules and method
@@ -25,6 +25,7 @@ takes the folder's lock (one driver per folder). A `UserError` that only a worke
 not raised, so that Ray does not retry what retrying cannot fix.
 
 The plan and `--dry-run` are `bench.grid.plan`'s; the progress lines and the closing summary `bench.grid.progress`'s;
+the MLflow mirror's callback `bench.grid.mlflow_callback`'s;
 every file in the results folder goes through `bench.store.folder`; the command's arguments are defined in
 `bench.cli.main`.
 """
@@ -52,6 +53,7 @@ from bench.exec.warmstart import WarmStartCache
 from bench.grid.cluster import check_resources, cluster_gpus, probe, start_ray
 from bench.grid.experiment import Experiment
 from bench.grid.files import Overrides, load_experiment
+from bench.grid.mlflow_callback import make_mlflow_callback
 from bench.grid.plan import (
     Plan,
     describe_gpus,
@@ -226,7 +228,7 @@ def run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None] = pr
 
 
 def _tuner(exp: Experiment, s: Settings, units: dict[str, list[TrialConfig]], results: str, cpu: float,
-           gpu: float, callback: Any) -> Any:
+           gpu: float, callbacks: list[Any]) -> Any:
     """Ray Tune's grid over the units: one Ray trial per unit (a trial or a pack), reusing actors, no scheduler."""
     from ray import tune
 
@@ -248,7 +250,7 @@ def _tuner(exp: Experiment, s: Settings, units: dict[str, list[TrialConfig]], re
             name=f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}", storage_path=folder.Store(results).ray_storage(),
             verbose=0,
             failure_config=tune.FailureConfig(max_failures=s.retries),
-            callbacks=[callback],
+            callbacks=callbacks,
         ),
     )
 
@@ -302,8 +304,11 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) ->
         if s.address is None:  # the trials run here (on a cluster each worker checks its own)
             check_cuda(pending[0].device)
         units = plan_on_cluster(pending, s, gpu, out)
-        tuner = _tuner(exp, s, units, results, cpu, gpu, make_callback(
-            tally, results, by_id, {k: [t.trial_id for t in u] for k, u in units.items()}, mirror, board))
+        members = {k: [t.trial_id for t in u] for k, u in units.items()}
+        callbacks = [make_callback(tally, results, by_id, members, board)]
+        if mirror is not None:
+            callbacks.append(make_mlflow_callback(tally, results, members, mirror))
+        tuner = _tuner(exp, s, units, results, cpu, gpu, callbacks)
         tally.started = time.monotonic()  # progress and ETA count from the first trial, not Ray's start-up
         tuner.fit()
     finally:
