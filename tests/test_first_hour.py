@@ -29,7 +29,10 @@ from test_runner import write_config
 import bench
 from bench.cli import main as cli
 from bench.config import UserError
+from bench.exec.events import EpochRecord, Resumed, StageEnd, StageStart, log_line
+from bench.exec.executor import Unit
 from bench.grid.files import Overrides, load_experiment
+from bench.grid.mlflow_callback import make_mlflow_callback
 from bench.grid.plan import Plan
 from bench.grid.progress import (
     RunProgress,
@@ -47,61 +50,174 @@ from bench.trial import TrialConfig
 
 REPO = Path(__file__).resolve().parents[1]
 # -- live progress: what a unit reports -------------------------------------------------------------------------
-def _reported(lines: list[str]) -> tuple[list[dict], int]:
-    """The progress records of a unit that logged `lines`, and the work its closing report carries."""
+CURVE = ("stage", "epoch", "train_loss", "val_loss", "val_acc")
+
+
+def _curves(results: Path, trial_id: str) -> list[tuple]:
+    epochs = read_table(results, "epochs").filter(pl.col("trial_id") == trial_id)
+    return [tuple(e[c] for c in CURVE) for e in epochs.iter_rows(named=True)]
+
+
+def _recorded(events: list, member: int) -> list[tuple]:
+    """One member's epoch records as curve rows, as the stage writes them (a member that diverged has none)."""
+    return [tuple(r.member_row(member)[c] for c in CURVE) for r in events
+            if isinstance(r, EpochRecord) and r.active[member]]
+
+
+def test_a_solo_trial_emits_events_equal_to_its_rows(tmp_path: Path) -> None:
+    """A two-network trial (Co-teaching): two warm starts and a method stage of one member each; every epoch's event
+    carries the very values of the epochs table (epoch 0 too), and the stages start and end in order."""
+    from bench.exec.trainer import run_trial
+
+    config = TrialConfig("synthetic", "coteaching", "case3", 0.3, seed=1, epochs=3, epochs_warmup=2)
+    events: list = []
+    run_trial(config, tmp_path, results=tmp_path, log=lambda line: None, events=events.append)
+    assert _recorded(events, 0) == _curves(tmp_path, config.trial_id)
+    assert len(_recorded(events, 0)) == 2 + 2 + 4
+    assert [(e.stage, e.epochs, e.members) for e in events if isinstance(e, StageStart)] == [
+        ("warmup", 2, 1), ("warmup1", 2, 1), ("method", 3, 1)]
+    assert [(e.stage, e.epoch) for e in events if isinstance(e, StageEnd)] == [
+        ("warmup", 2), ("warmup1", 2), ("method", 3)]
+    assert [type(e).__name__ for e in events if e.stage == "method"] == [
+        "StageStart", "EpochRecord", "EpochRecord", "EpochRecord", "EpochRecord", "StageEnd"]
+
+
+def test_a_pack_emits_every_members_epochs_and_its_resume(tmp_path: Path) -> None:
+    """A pack of three trials of two cells, killed after its second method epoch and run again: the packed warm
+    start (two cells) and the method stage (three members) emit each member's values as its epochs table holds
+    them (the warm start's as both its cells' trials hold them), and the second run says where it resumed."""
+    from conftest import crashing_checkpoints
+
+    from bench.exec.executors.pack import pack_id
+    from bench.exec.pack import run_pack
+    from bench.exec.packed import member_order
+    from bench.store.folder import Checkpoints
+
+    configs = [TrialConfig("synthetic", m, "case3", 0.4, seed=s, epochs=4, epochs_warmup=2)
+               for m, s in (("ce", 0), ("dmi", 0), ("dmi", 1))]
+    first: list = []
+    with pytest.raises(RuntimeError, match="node lost"):
+        run_pack(configs, tmp_path, results=tmp_path, log=lambda line: None, events=first.append,
+                 checkpoints=crashing_checkpoints(2)(tmp_path, pack_id(configs), lambda line: None))
+    events: list = []
+    run_pack(configs, tmp_path, results=tmp_path, log=lambda line: None, events=events.append,
+             checkpoints=Checkpoints(tmp_path, pack_id(configs), lambda line: None))
+    assert [(e.stage, e.epochs, e.members) for e in events if isinstance(e, StageStart)] == [
+        ("warmup", 2, 2), ("method", 4, 3)]
+    assert [e for e in events if isinstance(e, Resumed)] == [Resumed(stage="method", epoch=2)]
+    # The method stage's epochs 0 and 1 come from the first run; epoch 2 was trained and checkpointed, and the crash
+    # came before its event (as before its log line): its row comes from the checkpoint.
+    assert [e.epoch for e in first if isinstance(e, EpochRecord) and e.stage == "method"] == [0, 1]
+    order = member_order(configs)  # member m of the stack is configs[order[m]]
+    warm = [e for e in events if isinstance(e, EpochRecord) and e.stage == "warmup"]
+    method = [e for e in first if isinstance(e, EpochRecord) and e.stage == "method"] + [
+        e for e in events if isinstance(e, EpochRecord) and e.stage == "method"]
+    cells = {(c.noise, c.r, c.seed) for c in configs}
+    assert len(cells) == 2 and all(e.members == 2 for e in warm)
+    for m in range(3):
+        curves = _curves(tmp_path, configs[order[m]].trial_id)
+        assert [c[1] for c in curves if c[0] == "method"] == [0, 1, 2, 3, 4]
+        assert _recorded(method, m) == [c for c in curves if c[0] == "method" and c[1] != 2]
+        assert [c for c in curves if c[0] == "warmup"] in [_recorded(warm, 0), _recorded(warm, 1)]
+    assert [e.epoch for e in method] == [0, 1, 3, 4]
+
+
+def test_the_log_line_of_an_event_is_the_text_users_read() -> None:
+    """The lines `run_stage` wrote before events existed, word for word, now formatted from the record."""
+    solo = EpochRecord(stage="method", epoch=3, epochs=8, train_loss=(0.51234,), val_loss=(0.41236,),
+                       val_acc=(88.14,), improved=(True,), active=(True,), seconds=1.23)
+    assert log_line(solo) == "epoch 3/8  train 0.5123  val 0.4124  noisy val acc  88.1%  *  1.2s"
+    warm = EpochRecord(stage="warmup1", epoch=2, epochs=5, train_loss=(0.6,), val_loss=(0.5,), val_acc=(71.0,),
+                       improved=(False,), active=(True,), seconds=10.0)
+    assert log_line(warm) == "warmup1 2/5  train 0.6000  val 0.5000  noisy val acc  71.0%  10.0s"
+    pack = EpochRecord(stage="method", epoch=2, epochs=8, train_loss=(1.0,) * 12,
+                       val_loss=(float("nan"), 0.2, 0.35, *[0.3] * 9), val_acc=(50.0,) * 12,
+                       improved=(True,) * 5 + (False,) * 7, active=(False,) + (True,) * 11, seconds=0.04)
+    assert log_line(pack) == ("method 2/8  11 of 12 members training, 5 improved; val loss min 0.2000 max 0.3500  "
+                              "0.0s")
+    initial = EpochRecord(stage="method", epoch=0, epochs=8, train_loss=(None,) * 9,
+                          val_loss=tuple(0.1 * i for i in range(9)), val_acc=(None,) * 9, improved=(True,) * 9,
+                          active=(True,) * 9, seconds=0.0)
+    assert log_line(initial) == ("method: epoch 0 (initial state) val loss 0.0000 0.1000 0.2000 0.3000 0.4000 "
+                                 "0.5000 0.6000 0.7000 ...")
+    assert log_line(Resumed(stage="method", epoch=4)) == "resumed from the checkpoint of epoch 4"
+    assert log_line(StageStart(stage="method", epochs=8, members=12)) is None
+    assert log_line(StageEnd(stage="method", epoch=8, seconds=3.0)) is None
+
+
+def _record(stage: str, epoch: int, val_loss: tuple, val_acc: tuple | None = None) -> EpochRecord:
+    k = len(val_loss)
+    return EpochRecord(stage=stage, epoch=epoch, epochs=3, train_loss=(1.0,) * k, val_loss=val_loss,
+                       val_acc=val_acc or (60.0,) * k, improved=(True,) * k, active=(True,) * k, seconds=0.1)
+
+
+def _reported(events: list) -> tuple[list[dict], int]:
+    """The progress records of a unit that emitted `events`, and the work its closing report carries."""
     records: list[dict] = []
     reporter = UnitReporter(records.append, every=0.0)
     reporter.start()
-    for line in lines:
-        reporter.line(line)
+    for event in events:
+        reporter.event(event)
     return records, reporter.final()["work"]
 
 
-def test_a_solo_trial_reports_each_stage_epoch_and_validation_loss(tmp_path: Path) -> None:
-    """The reporter reads the lines a real trial logs (bench.exec.stage.run_stage writes them): every epoch of the warm
-    start and the method stage with its noisy-validation loss as the epochs table records it, and the work done
-    in trial-epochs, which for the two trials of one warm-start cell adds up to what the plan counts."""
+def test_the_reporter_counts_an_epoch_once_per_member_of_its_stage() -> None:
+    """Solo: an epoch is one trial-epoch. A packed warm start of two cells and a method stage of three members:
+    two and three. A resumed stage counts the epochs its checkpoint holds, per member. Epoch 0 trains nothing."""
+    solo = [StageStart("warmup", 2, 1), _record("warmup", 1, (0.5,), (70.0,)), _record("warmup", 2, (0.4,), (71.0,)),
+            StageStart("method", 3, 1), _record("method", 0, (0.45,)), _record("method", 1, (0.3,), (80.0,))]
+    records, work = _reported(solo)
+    assert work == 3
+    assert records[0]["stage"] == "loading data" and records[-1]["work"] == 3
+    assert {k: records[-1][k] for k in ("stage", "epoch", "epochs", "val_loss", "val_acc")} == dict(
+        stage="method", epoch=1, epochs=3, val_loss=0.3, val_acc=80.0)
+
+    pack = [StageStart("warmup", 2, 2), _record("warmup", 1, (0.6, 0.5)), _record("warmup", 2, (0.5, 0.4)),
+            StageStart("method", 3, 3), _record("method", 0, (0.5, 0.4, 0.3)),
+            _record("method", 1, (float("nan"), 0.35, 0.25))]
+    records, work = _reported(pack)
+    assert work == 2 + 2 + 3
+    assert (records[-1]["val_loss"], records[-1]["val_acc"]) == (0.25, None)  # the members' lowest; no accuracy
+    assert [r["work"] for r in records] == [0, 0, 2, 4, 4, 4, 7]
+
+    resumed = [StageStart("method", 3, 3), Resumed("method", 2), _record("method", 3, (0.5, 0.4, 0.3))]
+    records, work = _reported(resumed)
+    assert work == 2 * 3 + 3
+    assert [(r["stage"], r["epoch"], r["work"]) for r in records[1:]] == [
+        ("method", 0, 0), ("method", 2, 6), ("method", 3, 9)]
+
+
+def test_a_real_solo_trial_and_a_pack_report_the_work_the_plan_counts(tmp_path: Path) -> None:
+    """The reporter fed by real stages (two trials of one warm-start cell solo, the second from the cache; then
+    the same two as a pack): the work each reports adds up to the plan's trial-epochs, and every trained epoch's
+    noisy-validation loss is reported as the epochs table records it."""
+    from bench.exec.pack import run_pack
     from bench.exec.trainer import run_trial
     from bench.exec.warmstart import WarmStartCache
 
     configs = [TrialConfig("synthetic", m, "case3", 0.4, seed=0, epochs=3, epochs_warmup=2) for m in ("ce", "dmi")]
-    cache = WarmStartCache(str(tmp_path))
-    work = 0
+    plan = Plan(experiment=None, trials=configs, results=str(tmp_path)).work(configs)
+    cache, work = WarmStartCache(str(tmp_path / "solo")), 0
     for config in configs:
-        lines: list[str] = []
-        run_trial(config, tmp_path, results=tmp_path, log=lines.append, warm_cache=cache)
-        records, done = _reported(lines)
-        epochs = read_table(tmp_path, "epochs").filter(pl.col("trial_id") == config.trial_id)
-        seen = [(r["stage"], r["epoch"], r["epochs"]) for r in records if r["epochs"]]
-        trained = [(e["stage"], e["epoch"], 2 if e["stage"] == "warmup" else 3)
-                   for e in epochs.filter(pl.col("epoch") > 0).iter_rows(named=True)]
+        events: list = []
+        run_trial(config, tmp_path, results=tmp_path / "solo", log=lambda line: None, warm_cache=cache,
+                  events=events.append)
+        records, done = _reported(events)
+        curves = [c for c in _curves(tmp_path / "solo", config.trial_id) if c[1] > 0]
         if config.method == "dmi":  # the cell's warm start came from the cache: its epochs are CE's
-            trained = [t for t in trained if t[0] == "method"]
-        assert seen == trained
-        by_epoch = {(r["stage"], r["epoch"]): r["val_loss"] for r in records if r["epochs"]}
-        for e in epochs.filter(pl.col("epoch") > 0).iter_rows(named=True):
-            if (e["stage"], e["epoch"]) in by_epoch:  # printed with 4 decimals
-                assert by_epoch[(e["stage"], e["epoch"])] == pytest.approx(e["val_loss"], abs=5e-5)
+            curves = [c for c in curves if c[0] == "method"]
+        assert [(r["stage"], r["epoch"], r["val_loss"]) for r in records if r["epoch"]] == [
+            (c[0], c[1], c[3]) for c in curves]
         work += done
-    w = Plan(experiment=None, trials=configs, results=str(tmp_path)).work(configs)
-    assert work == w["method_epochs"] + w["warm_epochs"] == 3 + 3 + 2
+    assert work == plan["method_epochs"] + plan["warm_epochs"] == 3 + 3 + 2
 
-
-def test_a_pack_reports_its_members_work(tmp_path: Path) -> None:
-    """A pack of two trials of one cell: one packed warm start, then two members for three epochs."""
-    from bench.exec.pack import run_pack
-
-    configs = [TrialConfig("synthetic", m, "case3", 0.4, seed=0, epochs=3, epochs_warmup=2) for m in ("ce", "dmi")]
-    lines: list[str] = []
-    run_pack(configs, tmp_path, log=lines.append)
-    records, done = _reported(lines)
-    assert [(r["stage"], r["epoch"]) for r in records if r["epochs"]] == [
+    events = []
+    run_pack(configs, tmp_path, log=lambda line: None, events=events.append)
+    records, done = _reported(events)
+    assert [(r["stage"], r["epoch"]) for r in records if r["epoch"]] == [
         ("warmup", 1), ("warmup", 2), ("method", 1), ("method", 2), ("method", 3)]
-    assert all(r["val_loss"] is not None for r in records if r["epochs"])
-    # The method stage's line gives the members' lowest validation loss (one warm start logs as a solo stage).
-    assert all(r["val_acc"] is None for r in records if r["epochs"] and r["stage"] == "method")
-    w = Plan(experiment=None, trials=configs, results=str(tmp_path)).work(configs)
-    assert done == w["method_epochs"] + w["warm_epochs"] == 2 * 3 + 2
+    assert all(r["val_acc"] is None for r in records if r["epoch"] and r["stage"] == "method")
+    assert done == plan["method_epochs"] + plan["warm_epochs"] == 2 * 3 + 2
 
 
 def test_the_eta_counts_the_work_of_trials_in_flight() -> None:
@@ -127,8 +243,8 @@ def _trial(unit: str, status: str = "RUNNING") -> SimpleNamespace:
 
 
 def test_the_status_shows_each_unit_in_flight_as_lines_or_a_live_table() -> None:
-    units = {"t1": [TrialConfig("synthetic", "dmi", "case3", 0.4, seed=1, lr=1e-3)],
-             "t2": [TrialConfig("synthetic", "ce", "case3", 0.0, seed=0)]}
+    units = {"t1": Unit("solo", (TrialConfig("synthetic", "dmi", "case3", 0.4, seed=1, lr=1e-3),)),
+             "t2": Unit("solo", (TrialConfig("synthetic", "ce", "case3", 0.0, seed=0),))}
     tally = Tally(total=2, work_total=10)
     tally.running = {"t1": dict(stage="warmup", epoch=3, epochs=5, val_loss=0.41234, val_acc=88.14, work=3)}
     lines: list[str] = []
@@ -152,16 +268,39 @@ def test_the_status_shows_each_unit_in_flight_as_lines_or_a_live_table() -> None
 
 def test_a_rejected_pack_is_one_line(tmp_path: Path) -> None:
     """A worker's check refuses a whole pack: one line for the pack, not one per member; its members count."""
-    ids = [f"t{i}" for i in range(3)]
-    trials = {t: TrialConfig("synthetic", "ce", "case3", 0.1 * i, seed=0) for i, t in enumerate(ids)}
+    pack = Unit("pack", tuple(TrialConfig("synthetic", "ce", "case3", 0.1 * i, seed=0) for i in range(3)))
+    ids = [t.trial_id for t in pack]
     tally = Tally(total=3)
     lines: list[str] = []
-    callback = make_callback(tally, str(tmp_path), trials, {"pack-1": ids}, None, StatusBoard(lines.append))
+    callback = make_callback(tally, str(tmp_path), {"pack-1": pack}, StatusBoard(lines.append))
+    mirror = SimpleNamespace(logged=[], log_row=lambda row, epochs: mirror.logged.append(row["trial_id"]) or True)
+    mlflow = make_mlflow_callback(tally, str(tmp_path), {"pack-1": ids}, mirror)
     trial = _trial("pack-1", "TERMINATED")
     trial.last_result = {"unit": "pack-1", "status": "rejected", "error": "no CUDA"}
     callback.on_trial_complete(0, [trial], trial)
+    mlflow.on_trial_complete(0, [trial], trial)
     assert sum("bench: error: no CUDA" in line for line in lines) == 1
-    assert "pack of 3" in lines[0] and tally.done == 3 and sorted(tally.rejected) == ids
+    assert "pack of 3 (3 ce)" in lines[0] and tally.done == 3 and sorted(tally.rejected) == sorted(ids)
+    assert mirror.logged == [] and tally.mlflow_logged == 0
+
+
+def test_the_mlflow_callback_mirrors_each_row_a_unit_wrote(tmp_path: Path) -> None:
+    """A pack of three ended; two of its members wrote rows (the third died first): two runs mirrored and counted
+    for the summary, with each trial's curves. Ray Tune's LoggerCallback calls it on completion and on error alike."""
+    rows = [make_row("dmi", 0.4, seed, 0.5, 70.0 + seed) for seed in (0, 1)]
+    write(tmp_path, rows)
+    ids = [r["trial_id"] for r in rows] + ["died"]
+    tally = Tally(total=3)
+    logged: list[tuple[str, int]] = []
+    mirror = SimpleNamespace(log_row=lambda row, epochs: logged.append((row["trial_id"], epochs.height)) or True)
+    mlflow = make_mlflow_callback(tally, str(tmp_path), {"pack-1": ids}, mirror)
+    trial = _trial("pack-1", "ERROR")
+    mlflow.on_trial_error(0, [trial], trial)
+    assert logged == [(ids[0], 1), (ids[1], 1)] and tally.mlflow_logged == 2
+    lines: list[str] = []
+    print_summary(SimpleNamespace(name="m"), Plan(experiment=None, trials=[], results=str(tmp_path)), tally,
+                  SimpleNamespace(uri="sqlite:///x.db", ok=True, embedded=True), lines.append)
+    assert "MLflow: 2 runs logged to sqlite:///x.db (experiment m)" in "\n".join(lines)
 
 
 # -- a grid on a local Ray with a GPU that torch cannot see ---------------------------------------------------------
@@ -266,17 +405,17 @@ def test_download_progress_is_a_bar_on_a_terminal_and_tenths_elsewhere() -> None
 def test_the_summary_states_only_the_rows_that_were_written(tmp_path: Path) -> None:
     """Two failed trials: one wrote its failure row, one died before writing any. The summary says one keeps a row
     and one wrote none (it said two rows were kept)."""
-    kept = {**make_row("dmi", 0.4, 0, 0.5, 70.0), "status": "failed", "error": "boom"}
+    trials = [TrialConfig("synthetic", "dmi", "case3", 0.4, seed=s) for s in (0, 1)]
+    kept = {**make_row("dmi", 0.4, 0, 0.5, 70.0), "trial_id": trials[0].trial_id, "status": "failed",
+            "error": "boom"}
     write(tmp_path, [kept])
-    trials = {kept["trial_id"]: TrialConfig("synthetic", "dmi", "case3", 0.4, seed=0),
-              "lost": TrialConfig("synthetic", "dmi", "case3", 0.4, seed=1)}
     tally, lines = Tally(total=2), []
-    progress = RunProgress(tally, str(tmp_path), trials, {"u1": [kept["trial_id"]], "u2": ["lost"]}, None,
+    progress = RunProgress(tally, str(tmp_path), {"u1": Unit("solo", (trials[0],)), "u2": Unit("solo", (trials[1],))},
                            SimpleNamespace(line=lines.append))
-    progress._finish_trial(kept["trial_id"], {}, errored=False, size=1, unit="u1")
-    progress._finish_trial("lost", {}, errored=True, size=1, unit="u2")
+    progress._finish_trial(trials[0].trial_id, {}, errored=False, size=1, unit="u1")
+    progress._finish_trial(trials[1].trial_id, {}, errored=True, size=1, unit="u2")
     exp = SimpleNamespace(name="lost")
-    print_summary(exp, Plan(experiment=exp, trials=list(trials.values()), results=str(tmp_path)), tally, None,
+    print_summary(exp, Plan(experiment=exp, trials=trials, results=str(tmp_path)), tally, None,
                   lines.append)
     summary = "\n".join(lines)
     assert tally.statuses["failed"] == 2

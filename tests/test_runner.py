@@ -193,6 +193,7 @@ def test_grid_writes_one_row_and_one_mlflow_run_per_trial(grid):
 
     runs = mlflow_trial_runs(results, "syn")
     assert len(runs) == 8
+    assert tally.mlflow_logged == 8 and any(line.startswith("MLflow: 8 runs logged to ") for line in lines)
     by_id = {r.data.tags["bench.trial_id"]: r for r in runs}
     for row in rows.iter_rows(named=True):
         run = by_id[row["trial_id"]]

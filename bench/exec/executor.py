@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from bench.config import discover, lookup
+from bench.exec.events import Events
 from bench.exec.stage import Checkpoints, Log
 from bench.exec.warmstart import WarmStartCache
 from bench.trial import TrialConfig
@@ -25,14 +26,15 @@ Bundle = dict[str, float]  # one Ray placement-group bundle: {"CPU": 2, "GPU": 0
 @dataclass
 class UnitContext:
     """What a unit runs with, whatever its kind: where the data and the results are, the unit's log, the shared
-    warm-start cache, its epoch checkpoints (a retried unit resumes from them), and who hears its progress."""
+    warm-start cache, its epoch checkpoints (a retried unit resumes from them), and who hears its progress (the
+    training core's events, `bench.exec.events`)."""
 
     data_root: str | os.PathLike[str]
     results: str | os.PathLike[str] | None = None
     log: Log = print
     warm_cache: WarmStartCache | None = None
     checkpoints: Checkpoints | None = None
-    on_epoch: Callable[[dict[str, Any]], None] | None = None
+    events: Events | None = None
 
 
 class Executor:
@@ -83,6 +85,9 @@ class Unit:
     @property
     def id(self) -> str:
         return get_executor(self.kind).unit_id(list(self.trials))
+
+    def describe(self) -> str:
+        return get_executor(self.kind).describe(list(self.trials))
 
     def __len__(self) -> int:
         return len(self.trials)

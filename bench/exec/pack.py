@@ -17,6 +17,7 @@ import torch
 
 from bench.config import UserError
 from bench.exec import memory, warmstart
+from bench.exec.events import Events
 from bench.exec.member import finish, measure, new_method, set_up_method
 from bench.exec.packed import PackedStage, compile_mode, device_generator, member_order, pack_key, why_solo
 from bench.exec.prepare import (
@@ -35,8 +36,8 @@ from bench.trial import TrialConfig
 
 
 # -- a whole pack: warm starts, the method stage, rows ----------------------------------------------------------
-def train_warm_starts(ps: list[Prepared], log: Log) -> tuple[list[dict[str, torch.Tensor]], list[dict], float,
-                                                             float]:
+def train_warm_starts(ps: list[Prepared], log: Log, events: Events | None = None
+                      ) -> tuple[list[dict[str, torch.Tensor]], list[dict], float, float]:
     """CE warm starts of several cells as one pack: (best state per member, epoch rows per member, seconds,
     seconds of those spent on the per-epoch diagnostics)."""
     nets, generators, seeds = [], [], []
@@ -49,7 +50,7 @@ def train_warm_starts(ps: list[Prepared], log: Log) -> tuple[list[dict[str, torc
     schedule = ps[0].warmup
     stage = PackedStage(ps, nets, generators, schedule, [schedule.lr] * len(ps), seeds)
     log(f"packed warm start: {len(ps)} CE warm starts, {schedule.epochs} epochs")
-    result = run_stage(stage, "warmup", schedule.epochs, log, initial_is_candidate=False,
+    result = run_stage(stage, "warmup", schedule.epochs, log, initial_is_candidate=False, events=events,
                        selection=ps[0].protocol.warmup_selection())
     return [stage.member_state(k) for k in range(len(ps))], result.epochs, result.seconds, result.diagnose_seconds
 
@@ -61,11 +62,12 @@ def run_pack(
     log: Log = print,
     warm_cache: warmstart.WarmStartCache | None = None,
     checkpoints: Checkpoints | None = None,
+    events: Events | None = None,
 ) -> list[dict[str, Any]]:
     """Train several trials as one pack; return their result rows (in the order given), and with `results`
     write each row where its solo trial would have written it."""
     try:
-        return _run_pack(configs, data_root, results, log, warm_cache, checkpoints)
+        return _run_pack(configs, data_root, results, log, warm_cache, checkpoints, events)
     except torch.OutOfMemoryError:
         raise UserError(f"a pack of {len(configs)} trials does not fit in the memory of {configs[0].device}: "
                         f"run with a smaller pack, e.g. --pack {max(1, len(configs) // 2)}") from None
@@ -78,14 +80,15 @@ def _run_pack(
     log: Log,
     warm_cache: warmstart.WarmStartCache | None,
     checkpoints: Checkpoints | None,
+    events: Events | None = None,
 ) -> list[dict[str, Any]]:
     started = time.perf_counter()
     order, ps = prepare_pack(configs, data_root, log)
     k = len(ps)
-    warm = PackWarmStarts(ps, log, warm_cache)
+    warm = PackWarmStarts(ps, log, warm_cache, events)
     stage, methods, warm_test = method_stage(ps, warm)
     result = run_stage(stage, "method", ps[0].method_stage.epochs, log, initial_is_candidate=True,
-                       checkpoints=checkpoints, selection=ps[0].protocol.selection(ps[0].config.method))
+                       checkpoints=checkpoints, events=events, selection=ps[0].protocol.selection(ps[0].config.method))
 
     last = stage.predict(ps[0].test.x)
     best = stage.predict(ps[0].test.x, stage.best)
@@ -125,7 +128,8 @@ class PackWarmStarts:
     """The members' CE warm starts: from the cache where present, the missing cells trained together as one pack,
     then cached. `states[key]` and `epochs[key]` per warm-start cell, `keys[m]` member m's cell."""
 
-    def __init__(self, ps: list[Prepared], log: Log, warm_cache: warmstart.WarmStartCache | None) -> None:
+    def __init__(self, ps: list[Prepared], log: Log, warm_cache: warmstart.WarmStartCache | None,
+                 events: Events | None = None) -> None:
         self.keys = [warm_start_key(p, 0) for p in ps]
         self.states: dict[str, dict[str, torch.Tensor]] = {}
         self.epochs: dict[str, list[dict]] = {}
@@ -137,7 +141,7 @@ class PackWarmStarts:
         seconds = self.diagnose_s = 0.0
         if missing:
             cells = [ps[self.keys.index(key)] for key in missing]
-            trained, rows, seconds, self.diagnose_s = train_warm_starts(cells, log)
+            trained, rows, seconds, self.diagnose_s = train_warm_starts(cells, log, events)
             for key, state, member_rows in zip(missing, trained, rows, strict=True):
                 self.states[key], self.epochs[key] = state, member_rows
                 if warm_cache is not None:

@@ -3,7 +3,8 @@ accuracy (the device and the loaders are `bench.exec.prepare`'s).
 
 `run_stage` trains K members side by side for one stage (the CE warm start or the method stage) and owns the
 protocol's per-epoch decisions: divergence, selection on the whole noisy validation set, checkpoints and the epoch
-table. A `Stage` owns the arithmetic: `SoloStage` here (one trial, K = 1), `bench.exec.packed.PackedStage` (K trials
+table; it tells its progress as events (`bench.exec.events`), for K = 1 as for a pack, so that no one reads the log
+back. A `Stage` owns the arithmetic: `SoloStage` here (one trial, K = 1), `bench.exec.packed.PackedStage` (K trials
 stacked into one model). `bench.exec.trainer` runs a trial through it.
 """
 
@@ -24,6 +25,7 @@ from torch import nn
 
 from bench.config import Schedule, UserError
 from bench.exec import diagnostics
+from bench.exec.events import EpochRecord, Event, Events, Resumed, StageEnd, StageStart, floats, log_line
 from bench.exec.prepare import Log, Prepared, SplitLoader
 from bench.methods import Batch, Method
 from bench.protocol import BENCH_SELECTION, Selection
@@ -148,6 +150,91 @@ class StageResult:
     diagnose_seconds: float = 0.0  # spent on the per-epoch diagnostics (measuring, not part of the method's cost)
 
 
+@dataclass
+class StageLoop:
+    """What the stage loop carries from one epoch to the next (and a checkpoint keeps): which members still train,
+    each member's best so far and its epoch table."""
+
+    rows: list[list[dict[str, Any]]]
+    active: np.ndarray
+    status: list[str]
+    errors: list[str]
+    best_epoch: np.ndarray
+    best_loss: np.ndarray
+    best_score: np.ndarray
+    epoch: int = 0  # the last epoch trained
+    diagnose_seconds: float = 0.0
+
+    @classmethod
+    def fresh(cls, k: int) -> StageLoop:
+        return cls(rows=[[] for _ in range(k)], active=np.ones(k, dtype=bool), status=["ok"] * k, errors=[""] * k,
+                   best_epoch=np.zeros(k, dtype=np.int64), best_loss=np.full(k, np.inf),
+                   best_score=np.full(k, np.inf))
+
+    @classmethod
+    def resumed(cls, saved: dict[str, Any]) -> StageLoop:
+        return cls(rows=saved["epochs"], active=np.asarray(saved["active"]), status=list(saved["status"]),
+                   errors=list(saved["errors"]), best_epoch=np.asarray(saved["best_epoch"]),
+                   best_loss=np.asarray(saved["best_loss"]),
+                   best_score=np.asarray(saved.get("best_score", saved["best_loss"])), epoch=saved["epoch"])
+
+    def checkpoint(self, stage: Stage) -> dict[str, Any]:
+        # Plain lists: checkpoints are read back with weights_only=True, which refuses numpy arrays.
+        return dict(members=stage.members, epoch=self.epoch, stage=stage.state_dict(),
+                    best_epoch=self.best_epoch.tolist(), best_loss=self.best_loss.tolist(),
+                    best_score=self.best_score.tolist(), active=self.active.tolist(), status=self.status,
+                    errors=self.errors, epochs=self.rows)
+
+    def initial(self, stage: Stage, name: str, epochs: int, selection: Selection) -> EpochRecord:
+        """The state before the first epoch as every member's best so far, recorded as epoch 0."""
+        k = stage.members
+        self.best_loss, initial_acc = stage.validate(selection.first)
+        self.best_score = selection.score(self.best_loss, initial_acc)
+        t0 = time.perf_counter()
+        diagnosed = stage.diagnose(0)
+        self.diagnose_seconds += time.perf_counter() - t0
+        record = EpochRecord(stage=name, epoch=0, epochs=epochs, train_loss=(None,) * k,
+                             val_loss=floats(self.best_loss), val_acc=(None,) * k, improved=(True,) * k,
+                             active=(True,) * k, seconds=0.0)
+        for m in range(k):
+            self.rows[m].append({**record.member_row(m), **diagnosed[m]})
+        return record
+
+    def train(self, stage: Stage, name: str, epoch: int, epochs: int, selection: Selection,
+              log: Log) -> EpochRecord | None:
+        """One epoch: train, freeze the members that diverged, validate, keep each member's best; None where no
+        member is left to train."""
+        t0 = time.perf_counter()
+        train_loss = stage.train_epoch(epoch - 1)
+        diverged = self.active & ~np.isfinite(train_loss)
+        for m in np.flatnonzero(diverged):
+            self.status[m], self.errors[m] = "diverged", f"training loss became {train_loss[m]} in epoch {epoch}"
+            log(f"{name} epoch {epoch}: member {m}: {self.errors[m]}; frozen, keeping its best checkpoint so far")
+        if diverged.any():
+            self.active &= ~diverged
+            stage.freeze(diverged)
+        if not self.active.any():
+            return None
+        val_loss, val_acc = stage.validate(selection.first)
+        score = selection.score(val_loss, val_acc)
+        improved = self.active & selection.improves(score, self.best_score)
+        stage.keep_best(improved)
+        self.best_loss = np.where(improved, val_loss, self.best_loss)
+        self.best_score = np.where(improved, score, self.best_score)
+        self.best_epoch = np.where(improved, epoch, self.best_epoch)
+        seconds = time.perf_counter() - t0
+        diagnosed = stage.diagnose(epoch)
+        self.diagnose_seconds += time.perf_counter() - t0 - seconds
+        self.epoch = epoch
+        record = EpochRecord(stage=name, epoch=epoch, epochs=epochs, train_loss=floats(train_loss),
+                             val_loss=floats(val_loss), val_acc=floats(val_acc),
+                             improved=tuple(bool(i) for i in improved), active=tuple(bool(a) for a in self.active),
+                             seconds=seconds)
+        for m in np.flatnonzero(self.active):
+            self.rows[m].append({**record.member_row(m), **diagnosed[m]})
+        return record
+
+
 def run_stage(
     stage: Stage,
     name: str,
@@ -155,7 +242,7 @@ def run_stage(
     log: Log,
     initial_is_candidate: bool,
     checkpoints: Checkpoints | None = None,
-    on_epoch: Callable[[dict[str, Any]], None] | None = None,
+    events: Events | None = None,
     selection: Selection = BENCH_SELECTION,
 ) -> StageResult:
     """Train `epochs` epochs; after each, every member's selection loss on the whole noisy validation set, and
@@ -163,83 +250,39 @@ def run_stage(
     `initial_is_candidate`, the state before the first epoch competes as epoch 0 (the method stage: the
     warm-started model, the paper's Algorithm 1). A member whose training loss stops being finite is frozen and
     recorded as diverged, keeping its best state so far; the others go on. With `checkpoints`, the whole loop
-    state is saved after each epoch and resumed from."""
+    state is saved after each epoch and resumed from. The stage's progress goes to `events`
+    (`bench.exec.events`), and each event's line to `log`."""
+
+    def emit(event: Event) -> None:
+        if (line := log_line(event)) is not None:
+            log(line)
+        if events is not None:
+            events(event)
+
     k = stage.members
-    rows: list[list[dict[str, Any]]] = [[] for _ in range(k)]
-    active = np.ones(k, dtype=bool)
-    status, errors = ["ok"] * k, [""] * k
-    best_epoch = np.zeros(k, dtype=np.int64)
-    best_loss = np.full(k, np.inf)
-    best_score = np.full(k, np.inf)
-    first = 1
-    diagnose_seconds = 0.0
-    resume = checkpoints.load() if checkpoints else None
-    if resume is not None and resume.get("members") == k and "stage" in resume:
-        stage.load_state_dict(resume["stage"])
-        best_epoch, best_loss = np.asarray(resume["best_epoch"]), np.asarray(resume["best_loss"])
-        best_score = np.asarray(resume.get("best_score", resume["best_loss"]))
-        active, status, errors = np.asarray(resume["active"]), list(resume["status"]), list(resume["errors"])
-        rows = resume["epochs"]
-        first = resume["epoch"] + 1
-        log(f"resumed from the checkpoint of epoch {resume['epoch']}")
+    emit(StageStart(stage=name, epochs=epochs, members=k))
+    saved = checkpoints.load() if checkpoints else None
+    if saved is not None and saved.get("members") == k and "stage" in saved:
+        stage.load_state_dict(saved["stage"])
+        loop = StageLoop.resumed(saved)
+        emit(Resumed(stage=name, epoch=loop.epoch))
     else:
+        loop = StageLoop.fresh(k)
         stage.keep_best(np.ones(k, dtype=bool))  # with no epoch trained (or none better), the initial state stands
         if initial_is_candidate:
-            best_loss, initial_acc = stage.validate(selection.first)
-            best_score = selection.score(best_loss, initial_acc)
-            t0 = time.perf_counter()
-            diagnosed = stage.diagnose(0)
-            diagnose_seconds += time.perf_counter() - t0
-            for m in range(k):
-                rows[m].append(dict(stage=name, epoch=0, train_loss=None, val_loss=float(best_loss[m]),
-                                    val_acc=None, seconds=0.0, **diagnosed[m]))
-            log(f"{name}: epoch 0 (initial state) val loss "
-                + " ".join(f"{v:.4f}" for v in best_loss[:8]) + (" ..." if k > 8 else ""))
+            emit(loop.initial(stage, name, epochs, selection))
     started = time.perf_counter()
-    for epoch in range(first, epochs + 1):
-        t0 = time.perf_counter()
-        train_loss = stage.train_epoch(epoch - 1)
-        diverged = active & ~np.isfinite(train_loss)
-        for m in np.flatnonzero(diverged):
-            status[m], errors[m] = "diverged", f"training loss became {train_loss[m]} in epoch {epoch}"
-            log(f"{name} epoch {epoch}: member {m}: {errors[m]}; frozen, keeping its best checkpoint so far")
-        if diverged.any():
-            active &= ~diverged
-            stage.freeze(diverged)
-        if not active.any():
+    for epoch in range(loop.epoch + 1, epochs + 1):
+        record = loop.train(stage, name, epoch, epochs, selection, log)
+        if record is None:
             break
-        val_loss, val_acc = stage.validate(selection.first)
-        score = selection.score(val_loss, val_acc)
-        improved = active & selection.improves(score, best_score)
-        stage.keep_best(improved)
-        best_loss = np.where(improved, val_loss, best_loss)
-        best_score = np.where(improved, score, best_score)
-        best_epoch = np.where(improved, epoch, best_epoch)
-        seconds = time.perf_counter() - t0
-        diagnosed = stage.diagnose(epoch)
-        diagnose_seconds += time.perf_counter() - t0 - seconds
-        for m in np.flatnonzero(active):
-            row = dict(stage=name, epoch=epoch, train_loss=float(train_loss[m]), val_loss=float(val_loss[m]),
-                       val_acc=float(val_acc[m]), seconds=seconds, **diagnosed[m])
-            rows[m].append(row)
-            if on_epoch and k == 1:
-                on_epoch(row)
         if checkpoints:
-            checkpoints.save(dict(
-                # Plain lists: checkpoints are read back with weights_only=True, which refuses numpy arrays.
-                members=k, epoch=epoch, stage=stage.state_dict(), best_epoch=best_epoch.tolist(),
-                best_loss=best_loss.tolist(), best_score=best_score.tolist(), active=active.tolist(), status=status,
-                errors=errors, epochs=rows,
-            ))
-        if k == 1:
-            label = "epoch" if name == "method" else name
-            log(f"{label} {epoch}/{epochs}  train {train_loss[0]:.4f}  val {val_loss[0]:.4f}  "
-                f"noisy val acc {val_acc[0]:5.1f}%{'  *' if improved[0] else ''}  {seconds:.1f}s")
-        else:
-            log(f"{name} {epoch}/{epochs}  {int(active.sum())} of {k} members training, {int(improved.sum())} "
-                f"improved; val loss min {np.nanmin(val_loss):.4f} max {np.nanmax(val_loss):.4f}  {seconds:.1f}s")
-    return StageResult(best_epoch=best_epoch, best_loss=best_loss, status=status, errors=errors, epochs=rows,
-                       seconds=time.perf_counter() - started, diagnose_seconds=diagnose_seconds)
+            checkpoints.save(loop.checkpoint(stage))
+        emit(record)
+    seconds = time.perf_counter() - started
+    emit(StageEnd(stage=name, epoch=loop.epoch, seconds=seconds))
+    return StageResult(best_epoch=loop.best_epoch, best_loss=loop.best_loss, status=loop.status, errors=loop.errors,
+                       epochs=loop.rows, seconds=seconds, diagnose_seconds=loop.diagnose_seconds)
 
 
 class SoloStage:

@@ -24,6 +24,7 @@ from torch import nn
 
 from bench.config import UserError
 from bench.data import get_dataset
+from bench.exec.events import Events
 from bench.exec.member import finish, measure, new_method, set_up_method
 from bench.exec.prepare import (
     Prepared,
@@ -62,7 +63,7 @@ def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def warm_start(p: Prepared, net_index: int, log: Log,
-               diagnose_seconds: list[float] | None = None) -> WarmStart:
+               diagnose_seconds: list[float] | None = None, events: Events | None = None) -> WarmStart:
     """Train one network with CE on the noisy labels; return the state with the lowest noisy-validation CE and the
     stage's epoch rows (the cache keeps both, so that a trial's record does not depend on who trained its warm
     start). The seconds its diagnostics took go to `diagnose_seconds`."""
@@ -71,7 +72,7 @@ def warm_start(p: Prepared, net_index: int, log: Log,
     net = build_model(p)
     stage = SoloStage(p, [net], p.warmup, seed, _ce_step, _ce)
     name = f"warmup{net_index}" if net_index else "warmup"
-    result = run_stage(stage, name, p.warmup.epochs, log, initial_is_candidate=False,
+    result = run_stage(stage, name, p.warmup.epochs, log, initial_is_candidate=False, events=events,
                        selection=p.protocol.warmup_selection())
     if diagnose_seconds is not None:
         diagnose_seconds.append(result.diagnose_seconds)
@@ -82,7 +83,7 @@ def train(
     p: Prepared,
     log: Log = print,
     warm_cache: WarmStartCache | None = None,
-    on_epoch: Callable[[dict[str, Any]], None] | None = None,
+    events: Events | None = None,
     checkpoints: Checkpoints | None = None,
 ) -> Outcome:
     """Warm start, method stage, selection on the noisy validation set, clean test accuracy.
@@ -92,7 +93,7 @@ def train(
     same numbers as an uninterrupted run."""
     method = new_method(p)
     started = time.perf_counter()
-    nets, epochs, warm_diagnose_s = warm_started_nets(p, type(method).networks, log, warm_cache)
+    nets, epochs, warm_diagnose_s = warm_started_nets(p, type(method).networks, log, warm_cache, events)
     warmup_s = time.perf_counter() - started
     warmup_test_acc, _, _ = accuracy(predict(nets[0], p.test), p.test.labels, p.dataset.num_classes)
     log(f"warm start done: clean test acc {warmup_test_acc:.2f}%  ({warmup_s:.1f}s)")
@@ -102,7 +103,7 @@ def train(
     stage = SoloStage(p, nets, p.method_stage, method_seed(p), method.train_loss, method.validation_loss,
                       method)
     result = run_stage(stage, "method", p.method_stage.epochs, log, initial_is_candidate=True,
-                       checkpoints=checkpoints, on_epoch=on_epoch, selection=p.protocol.selection(p.config.method))
+                       checkpoints=checkpoints, events=events, selection=p.protocol.selection(p.config.method))
     last_logits = predict(nets[0], p.test)
     nets[0].load_state_dict(stage.best_state)
     return measure(p, method, result, 0, predict(nets[0], p.test), last_logits, warmup_test_acc,
@@ -111,13 +112,13 @@ def train(
 
 
 def warm_started_nets(p: Prepared, networks: int, log: Log, warm_cache: WarmStartCache | None,
-                      ) -> tuple[list[nn.Module], list[dict[str, Any]], float]:
+                      events: Events | None = None) -> tuple[list[nn.Module], list[dict[str, Any]], float]:
     """The method's networks, each loaded with its CE warm start (from the cache, or trained and cached): (the
     networks, the warm starts' epoch rows, the seconds their diagnostics took where trained here)."""
     nets, epochs, diagnose_seconds = [], [], []
     for i in range(networks):
         def fresh(i: int = i) -> WarmStart:
-            return warm_start(p, i, log, diagnose_seconds)
+            return warm_start(p, i, log, diagnose_seconds, events)
 
         state, rows = warm_cache(warm_start_key(p, i), fresh) if warm_cache else fresh()
         epochs.extend(rows)
@@ -133,7 +134,7 @@ def run_trial(
     results: str | os.PathLike[str] | None = None,
     log: Log = print,
     warm_cache: WarmStartCache | None = None,
-    on_epoch: Callable[[dict[str, Any]], None] | None = None,
+    events: Events | None = None,
     checkpoints: Checkpoints | None = None,
 ) -> dict[str, Any]:
     """Run one trial and return its result row; with `results`, also write it there.
@@ -146,7 +147,7 @@ def run_trial(
     log(f"trial {config.trial_id}: {config.dataset} / {config.method} / {config.noise} r={config.r} "
         f"seed={config.seed}  realised noise rate {100 * p.labels.noise_rate:.1f}%  on {p.device}")
     try:
-        outcome = train(p, log=log, warm_cache=warm_cache, on_epoch=on_epoch, checkpoints=checkpoints)
+        outcome = train(p, log=log, warm_cache=warm_cache, events=events, checkpoints=checkpoints)
     except UserError:
         raise
     except Exception as e:

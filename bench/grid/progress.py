@@ -1,14 +1,15 @@
 """What the driver of `bench run` prints while and after a grid runs: a live status of the units in flight, one
-line per finished trial (n/N, its accuracy, elapsed time and ETA) from a Ray Tune callback that also mirrors each new
-result row to MLflow, and the closing summary with the grid's accuracy table.
+line per finished trial (n/N, its accuracy, elapsed time and ETA) from a Ray Tune callback, and the closing summary
+with the grid's accuracy table. Mirroring the rows to MLflow is another callback's (`bench.grid.mlflow_callback`):
+one sink per callback: the lines need no MLflow, and the mirror prints nothing.
 
 Live status: each unit (a solo trial or a pack) reports its stage, epoch and latest noisy-validation figures to the
-driver through Ray Tune's own results (`tune.report`, at most every `REPORT_EVERY` seconds), read from the lines the
-trainer logs (`UnitReporter`). The driver shows them (`StatusBoard`): on a terminal a compact table under the
-finished lines, redrawn every `REDRAW_EVERY` seconds; elsewhere (a pipe, a file, `ray job submit`'s log) one status
-line every `Settings.status_every` seconds. The ETA counts work in trial-epochs (`bench.grid.plan.Plan.work`:
-method-stage epochs, and warm-start epochs once per cached cell), so the units in flight count with the epochs they
-have done.
+driver through Ray Tune's own results (`tune.report`, at most every `REPORT_EVERY` seconds), taken from the events
+the training core emits (`bench.exec.events`, read by `UnitReporter`), not from its log. The driver shows them
+(`StatusBoard`): on a terminal a compact table under the finished lines, redrawn every `REDRAW_EVERY` seconds;
+elsewhere (a pipe, a file, `ray job submit`'s log) one status line every `Settings.status_every` seconds. The ETA
+counts work in trial-epochs (`bench.grid.plan.Plan.work`: method-stage epochs, and warm-start epochs once per cached
+cell), so the units in flight count with the epochs they have done.
 
 The summary's table applies the protocol of `bench report` (`bench.report.analysis`: per cell, the hyper-parameters
 with the lowest mean noisy-validation loss over seeds) and its rounding (`bench.report.analysis.fmt`), so the two never
@@ -17,7 +18,6 @@ disagree.
 
 from __future__ import annotations
 
-import re
 import shutil
 import sys
 import time
@@ -29,11 +29,12 @@ from typing import Any, TextIO
 import polars as pl
 
 from bench.config import UserError
+from bench.exec.events import EpochRecord, Event, Resumed, StageStart
+from bench.exec.executor import Unit
 from bench.grid.experiment import Experiment
 from bench.grid.plan import Plan
 from bench.report import analysis
 from bench.store.folder import Store
-from bench.trial import TrialConfig
 
 REPORT_EVERY = 2.0  # seconds between a unit's progress reports (each is a round trip to the driver)
 REDRAW_EVERY = 1.0  # seconds between redraws of the live table on a terminal
@@ -46,27 +47,16 @@ def fmt_seconds(s: float) -> str:
     return f"{s // 3600}h{s // 60 % 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-# -- in the worker: a unit's progress, from its log lines ------------------------------------------------------------
-# The trainer's per-epoch lines (bench.exec.stage.run_stage): "warmup 3/5  train ...  val 0.4123  noisy val acc 88.1%",
-# "epoch 2/8  ..." (a solo method stage), "method 2/8  12 of 12 members training, ... val loss min 0.21 max 0.40"
-# (a pack); tests/test_first_hour.py checks these patterns against the lines a real stage writes.
-_EPOCH = re.compile(r"^(?P<stage>warmup\d*|epoch|method) (?P<epoch>\d+)/(?P<epochs>\d+)\s")
-_SOLO_VAL = re.compile(r"\sval (?P<loss>\S+)\s+noisy val acc\s+(?P<acc>[\d.]+)%")
-_PACK_VAL = re.compile(r"val loss min (?P<loss>\S+)")
-_PACK = re.compile(r"^pack of (?P<k>\d+) trials on ")
-_PACK_WARM = re.compile(r"^packed warm start: (?P<n>\d+) CE warm starts")
-_RESUMED = re.compile(r"^resumed from the checkpoint of epoch (?P<epoch>\d+)")
-
-
+# -- in the worker: a unit's progress, from the training core's events ---------------------------------------------
 class UnitReporter:
-    """Turns a unit's log lines into progress records for the driver: stage, epoch, epochs, the latest
-    noisy-validation loss (and accuracy for a solo trial), and `work`, the trial-epochs done so far (an epoch of a
-    pack's method stage counts once per member, of a packed warm start once per cell it trains)."""
+    """Turns a unit's training events (`bench.exec.events`) into progress records for the driver: stage, epoch,
+    epochs, the latest noisy-validation loss (a solo stage's, with its accuracy; a pack's lowest) and `work`, the
+    trial-epochs done so far: an epoch counts once per member of its stage (a pack's method stage: its trials; a
+    packed warm start: the cells it trains), as `bench.grid.plan.Plan.work` counts them."""
 
     def __init__(self, report: Callable[[dict[str, Any]], None], every: float = REPORT_EVERY) -> None:
         self.report, self.every = report, every
-        self.pack = 1  # trials in the method stage
-        self.warm = 1  # warm starts trained side by side
+        self.members = 1  # trained side by side in the current stage
         self.state: dict[str, Any] = dict(progress=1, stage="loading data", epoch=None, epochs=None, val_loss=None,
                                           val_acc=None, work=0)
         self.last = -float("inf")
@@ -74,52 +64,32 @@ class UnitReporter:
     def start(self) -> None:
         self._send(force=True)
 
-    def line(self, text: str) -> None:
+    def event(self, event: Event) -> None:
         s = self.state
-        if m := _EPOCH.match(text):
-            stage = "method" if m["stage"] in ("epoch", "method") else m["stage"]
-            changed = stage != s["stage"]
-            s.update(stage=stage, epoch=int(m["epoch"]), epochs=int(m["epochs"]))
-            s["work"] += self.pack if stage == "method" else self.warm
-            val = _SOLO_VAL.search(text) or _PACK_VAL.search(text)
-            s["val_loss"] = _number(val["loss"]) if val else None
-            s["val_acc"] = _number(val["acc"]) if val and "acc" in val.groupdict() else None
-            self._send(force=changed)
-        elif m := _PACK.match(text):
-            self.pack = int(m["k"])
-            self._stage("warmup")
-        elif m := _PACK_WARM.match(text):
-            self.warm = int(m["n"])
-            self._stage("warmup", 0)
-        elif text.startswith("warm start done") or text.startswith("method: epoch 0 (initial state)"):
-            if s["stage"] != "method":
-                self._stage("method", 0)
-        elif m := _RESUMED.match(text):
-            s["work"] += int(m["epoch"]) * self.pack
-            self._stage("method", int(m["epoch"]))
-        elif text.startswith("trial ") and s["stage"] == "loading data":
-            self._stage("warmup")
+        if isinstance(event, StageStart):
+            self.members = event.members
+            s.update(stage=event.stage, epoch=0, epochs=event.epochs, val_loss=None, val_acc=None)
+            self._send(force=True)
+        elif isinstance(event, Resumed):
+            s["work"] += event.epoch * self.members
+            s.update(epoch=event.epoch)
+            self._send(force=True)
+        elif isinstance(event, EpochRecord):
+            s["work"] += self.members if event.epoch > 0 else 0
+            solo = event.members == 1
+            s.update(epoch=event.epoch, val_loss=event.val_loss[0] if solo else event.lowest_val_loss(),
+                     val_acc=event.val_acc[0] if solo else None)
+            self._send()
 
     def final(self) -> dict[str, Any]:
         """What the unit's closing report carries: its work done."""
         return {"work": self.state["work"]}
-
-    def _stage(self, stage: str, epoch: int | None = None) -> None:
-        self.state.update(stage=stage, epoch=epoch, epochs=None, val_loss=None, val_acc=None)
-        self._send(force=True)
 
     def _send(self, force: bool = False) -> None:
         now = time.monotonic()
         if force or now - self.last >= self.every:
             self.last = now
             self.report(dict(self.state))
-
-
-def _number(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
 
 
 # -- in the driver: the tally, the live status, the finished lines ---------------------------------------------------
@@ -169,13 +139,6 @@ def _eta_text(tally: Tally) -> str:
     return "--" if eta is None else fmt_seconds(eta)
 
 
-def describe_unit(trials: list[TrialConfig]) -> str:
-    if len(trials) == 1:
-        return trials[0].describe()
-    methods = Counter(t.method for t in trials)
-    return f"pack of {len(trials)} ({', '.join(f'{n} {m}' for m, n in sorted(methods.items()))})"
-
-
 def describe_progress(p: dict[str, Any] | None) -> str:
     """A unit's latest progress in words: 'warmup 3/5  val loss 0.4123 (acc 88.1%)' (a solo trial), 'method 2/8
     best val loss 0.2000' (a pack: its members' lowest), 'method 0', 'loading data', 'starting' (none yet)."""
@@ -212,7 +175,7 @@ class StatusBoard:
         self.stream.flush()
         self.last = 0.0  # redraw the table at the next tick
 
-    def tick(self, tally: Tally, units: dict[str, list[TrialConfig]], trials: list[Any]) -> None:
+    def tick(self, tally: Tally, units: dict[str, Unit], trials: list[Any]) -> None:
         now = time.monotonic()
         if now - self.last < (REDRAW_EVERY if self.live else self.every):
             return
@@ -223,7 +186,7 @@ class StatusBoard:
         head = (f"{tally.done}/{tally.total} trials done, {in_flight} running, "
                 f"{max(tally.total - tally.done - in_flight, 0)} waiting; elapsed {fmt_seconds(tally.elapsed())}, "
                 f"ETA {_eta_text(tally)}")
-        rows = [(describe_unit(units[u]), describe_progress(tally.running.get(u))) for u in running]
+        rows = [(units[u].describe(), describe_progress(tally.running.get(u))) for u in running]
         if self.live:
             width = max(20, shutil.get_terminal_size().columns - 1)
             left = max((len(a) for a, _ in rows), default=0)
@@ -255,14 +218,14 @@ class StatusBoard:
 
 class RunProgress:
     """The live status from each unit's progress reports; one line per finished trial (n/N, ETA), also for each
-    member of a finished pack, and one line for a unit that stopped on an error retrying cannot fix; mirrors each new
-    result row to MLflow. Ray Tune calls it as a `tune.Callback` (`make_callback`)."""
+    member of a finished pack, and one line for a unit that stopped on an error retrying cannot fix. Ray Tune calls
+    it as a `tune.Callback` (`make_callback`)."""
 
-    def __init__(self, tally: Tally, results: str, trials: dict[str, TrialConfig], units: dict[str, list[str]],
-                 mirror: Any, board: StatusBoard) -> None:
-        self.tally, self.trials, self.units, self.mirror, self.board = tally, trials, units, mirror, board
-        self.store = Store(results)
-        self.configs = {unit: [trials[t] for t in members] for unit, members in units.items()}
+    def __init__(self, tally: Tally, results: str, units: dict[str, Unit], board: StatusBoard) -> None:
+        self.tally, self.board, self.store = tally, board, Store(results)
+        self.configs = units
+        self.units = {unit: [t.trial_id for t in u.trials] for unit, u in units.items()}
+        self.trials = {t.trial_id: t for u in units.values() for t in u.trials}
 
     def _finish(self, trial: Any, errored: bool) -> None:
         unit = trial.config["unit"]
@@ -287,11 +250,11 @@ class RunProgress:
             self.tally.rejected[trial_id] = error
         width = len(str(self.tally.total))
         self.board.line(f"[{self.tally.done:>{width}}/{self.tally.total}] rejected "
-                        f"{describe_unit(self.configs[unit])}\n      bench: error: {error}")
+                        f"{self.configs[unit].describe()}\n      bench: error: {error}")
 
     def _finish_trial(self, trial_id: str, result: dict[str, Any], errored: bool, size: int, unit: str) -> None:
         self.tally.done += 1
-        row, epochs = self.store.read_row(trial_id)
+        row, _ = self.store.read_row(trial_id)
         status = "failed" if errored or row is None else row["status"]
         self.tally.rowless += row is None
         self.tally.statuses[status] += 1
@@ -309,8 +272,6 @@ class RunProgress:
                         f"{self.trials[trial_id].describe()}  {acc} {wall}{warm}  "
                         f"elapsed {fmt_seconds(self.tally.elapsed())}  ETA {_eta_text(self.tally)}{note}"
                         + (f"\n      error: {error}" if error else ""))
-        if self.mirror is not None and row is not None and self.mirror.log_row(row, epochs):
-            self.tally.mlflow_logged += 1
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         if result.get("progress"):
@@ -330,14 +291,13 @@ class RunProgress:
         self.board.line(f"      {trial.config['unit']} crashed; Ray retries it from its last epoch checkpoint")
 
 
-def make_callback(tally: Tally, results: str, trials: dict[str, TrialConfig], units: dict[str, list[str]],
-                  mirror: Any, board: StatusBoard) -> Any:
+def make_callback(tally: Tally, results: str, units: dict[str, Unit], board: StatusBoard) -> Any:
     from ray import tune  # Ray is the run's, not the module's: the summary and the status board work without it
 
     class Progress(RunProgress, tune.Callback):
         pass
 
-    return Progress(tally, results, trials, units, mirror, board)
+    return Progress(tally, results, units, board)
 
 
 def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: Callable[[str], None]) -> None:

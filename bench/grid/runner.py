@@ -2,9 +2,9 @@
 
     experiment file --validate/expand--> TrialConfigs --skip those with a result row--> Ray Tune grid search
     (basic variant generator, no scheduler, no early stopping, reuse_actors)
-    --each trial--> bench.exec.trainer.run_trial (or a pack: bench.exec.pack.run_pack)
-    (writes its own parquet row; CE warm start from the shared cache) --driver callback--> progress line + MLflow
-    (and, while it trains, its stage and epoch through Ray Tune's results --> the driver's live status)
+    --each unit--> its kind's executor (bench.exec.executor: a solo trial, a pack, ...)
+    (writes its own parquet rows; CE warm starts from the shared cache) --driver callbacks--> progress line; MLflow
+    (and, while it trains, its stage and epoch events through Ray Tune's results --> the driver's live status)
 
 Trial identity is `TrialConfig.trial_id`, a hash of the trial's effective configuration (schedules and method
 defaults filled in): a relaunch runs only the trials without
@@ -24,7 +24,9 @@ Before Ray starts, the driver checks every trial (`bench.grid.validate`), the da
 takes the folder's lock (one driver per folder). A `UserError` that only a worker meets is reported to the driver once,
 not raised, so that Ray does not retry what retrying cannot fix.
 
-The plan and `--dry-run` are `bench.grid.plan`'s; the progress lines and the closing summary `bench.grid.progress`'s;
+The plan is `bench.grid.plan`'s, in words `bench.grid.describe`'s; the progress lines and the closing summary
+`bench.grid.progress`'s; the MLflow mirror's callback `bench.grid.mlflow_callback`'s; Ray's connection and checks
+`bench.grid.cluster`'s;
 every file in the results folder goes through `bench.store.folder`; the command's arguments are defined in
 `bench.cli.main`.
 """
@@ -46,6 +48,7 @@ from bench.exec.warmstart import WarmStartCache
 from bench.grid.cluster import check_resources, cluster_gpu_kind, cluster_gpus, start_ray
 from bench.grid.describe import draw_units
 from bench.grid.experiment import Experiment
+from bench.grid.mlflow_callback import make_mlflow_callback
 from bench.grid.plan import Plan
 from bench.grid.progress import REPORT_EVERY, StatusBoard, Tally, UnitReporter, make_callback, print_summary
 from bench.grid.validate import check_data, check_results
@@ -78,14 +81,13 @@ def ray_unit(config: dict[str, Any], units: dict[str, Unit], data_root: str, res
         def log(line: str) -> None:
             log_file.write(line + "\n")
             log_file.flush()
-            progress.line(line)
 
         cache = WarmStartCache(results, log=log)
         checkpoints = folder.Checkpoints(results, unit, log)
         try:
             check_cuda(trials[0].device)
             rows = get_executor(units[unit].kind).run(trials, UnitContext(
-                data_root, results, log=log, warm_cache=cache, checkpoints=checkpoints))
+                data_root, results, log=log, warm_cache=cache, checkpoints=checkpoints, events=progress.event))
         except UserError as e:
             # Bad input that only the worker could see (a data file damaged after the driver's check, a row that
             # could not be written): retrying cannot help, so report it once to the driver instead of raising.
@@ -196,7 +198,7 @@ def unit_bundles(unit: Unit, cpu: float, gpu: float) -> list[Bundle]:
 
 
 def _tuner(exp: Experiment, s: Settings, units: dict[str, Unit], results: str, cpu: float,
-           gpu: float, callback: Any) -> Any:
+           gpu: float, callbacks: list[Any]) -> Any:
     """Ray Tune's grid over the units: one Ray trial per unit, with the resources its executor asks, reusing
     actors, no scheduler."""
     from ray import tune
@@ -218,7 +220,7 @@ def _tuner(exp: Experiment, s: Settings, units: dict[str, Unit], results: str, c
             name=f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}", storage_path=folder.Store(results).ray_storage(),
             verbose=0,
             failure_config=tune.FailureConfig(max_failures=s.retries),
-            callbacks=[callback],
+            callbacks=callbacks,
         ),
     )
 
@@ -242,7 +244,6 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) ->
     if note := plan.unmatched_note():
         out(note)
     pending = plan.pending
-    by_id = {t.trial_id: t for t in plan.trials}
 
     mirror = open_mirror(results, s.mlflow_uri) if s.mlflow else None
     if mirror is not None and plan.done:
@@ -272,8 +273,11 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) ->
         check_resources({describe_size(u): unit_bundles(u, cpu, gpu) for u in units.values()})
         if s.address is None:  # the trials run here (on a cluster each worker checks its own)
             check_cuda(pending[0].device)
-        tuner = _tuner(exp, s, units, results, cpu, gpu, make_callback(
-            tally, results, by_id, {k: [t.trial_id for t in u.trials] for k, u in units.items()}, mirror, board))
+        members = {k: [t.trial_id for t in u.trials] for k, u in units.items()}
+        callbacks = [make_callback(tally, results, units, board)]
+        if mirror is not None:
+            callbacks.append(make_mlflow_callback(tally, results, members, mirror))
+        tuner = _tuner(exp, s, units, results, cpu, gpu, callbacks)
         tally.started = time.monotonic()  # progress and ETA count from the first trial, not Ray's start-up
         tuner.fit()
     finally:

@@ -18,7 +18,7 @@ class Pack(Executor):
 
     def run(self, trials: list[TrialConfig], ctx: UnitContext) -> list[dict[str, Any]]:
         return run_pack(trials, ctx.data_root, results=ctx.results, log=ctx.log, warm_cache=ctx.warm_cache,
-                        checkpoints=ctx.checkpoints)
+                        checkpoints=ctx.checkpoints, events=ctx.events)
 
     def resources(self, trials: list[TrialConfig], cpu: float, gpu: float) -> list[Bundle]:
         """One trial's CPUs, and its members' GPU shares together, at most one whole GPU: a pack runs on one

@@ -15,7 +15,7 @@ class Solo(Executor):
     def run(self, trials: list[TrialConfig], ctx: UnitContext) -> list[dict[str, Any]]:
         (trial,) = trials
         return [run_trial(trial, ctx.data_root, results=ctx.results, log=ctx.log, warm_cache=ctx.warm_cache,
-                          on_epoch=ctx.on_epoch, checkpoints=ctx.checkpoints)]
+                          events=ctx.events, checkpoints=ctx.checkpoints)]
 
     def resources(self, trials: list[TrialConfig], cpu: float, gpu: float) -> list[Bundle]:
         """The trial's CPUs and GPUs as written: a trial asking for 2 GPUs is given 2 (or refused by

@@ -1,0 +1,41 @@
+"""The grid's MLflow mirror as a Ray Tune callback of its own: each finished trial's result row and curves go to
+MLflow (`bench.store.mirror.Mirror`) when its unit ends. Parquet is the record and MLflow a view of it, so this sink
+stands apart from the driver's lines (`bench.grid.progress`): a store that is down costs the mirror only, and
+`bench sync-mlflow` backfills it from the rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.grid.progress import Tally
+from bench.store.folder import Store
+from bench.store.mirror import Mirror
+
+
+class MlflowMirroring:
+    """Mirrors the rows of each finished unit's trials (a pack: each member's), counting them in
+    `Tally.mlflow_logged` for the closing summary. Shaped as Ray Tune's `LoggerCallback` (`log_trial_end`);
+    `make_mlflow_callback` makes it one."""
+
+    def __init__(self, tally: Tally, results: str, units: dict[str, list[str]], mirror: Mirror) -> None:
+        self.tally, self.units, self.mirror = tally, units, mirror
+        self.store = Store(results)
+
+    def log_trial_end(self, trial: Any, failed: bool = False) -> None:
+        result = trial.last_result or {}
+        if result.get("status") == "rejected" and not failed:
+            return  # a worker's check refused the unit: it wrote no row
+        for trial_id in self.units[trial.config["unit"]]:
+            row, epochs = self.store.read_row(trial_id)
+            if row is not None and self.mirror.log_row(row, epochs):
+                self.tally.mlflow_logged += 1
+
+
+def make_mlflow_callback(tally: Tally, results: str, units: dict[str, list[str]], mirror: Mirror) -> Any:
+    from ray.tune.logger import LoggerCallback  # Ray is the run's, not the module's (as `progress.make_callback`)
+
+    class MirrorToMlflow(MlflowMirroring, LoggerCallback):
+        pass
+
+    return MirrorToMlflow(tally, results, units, mirror)
