@@ -17,7 +17,7 @@ from typing import Any
 from bench.config import discover, lookup
 from bench.exec.events import Events
 from bench.exec.stage import Checkpoints, Log
-from bench.exec.warmstart import WarmStartCache
+from bench.exec.warmstart import WarmStarts
 from bench.trial import TrialConfig
 
 Bundle = dict[str, float]  # one Ray placement-group bundle: {"CPU": 2, "GPU": 0.5}
@@ -32,7 +32,7 @@ class UnitContext:
     data_root: str | os.PathLike[str]
     results: str | os.PathLike[str] | None = None
     log: Log = print
-    warm_cache: WarmStartCache | None = None
+    warm_cache: WarmStarts | None = None
     checkpoints: Checkpoints | None = None
     events: Events | None = None
 

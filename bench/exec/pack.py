@@ -60,7 +60,7 @@ def run_pack(
     data_root: str | os.PathLike[str],
     results: str | os.PathLike[str] | None = None,
     log: Log = print,
-    warm_cache: warmstart.WarmStartCache | None = None,
+    warm_cache: warmstart.WarmStarts | None = None,
     checkpoints: Checkpoints | None = None,
     events: Events | None = None,
 ) -> list[dict[str, Any]]:
@@ -78,7 +78,7 @@ def _run_pack(
     data_root: str | os.PathLike[str],
     results: str | os.PathLike[str] | None,
     log: Log,
-    warm_cache: warmstart.WarmStartCache | None,
+    warm_cache: warmstart.WarmStarts | None,
     checkpoints: Checkpoints | None,
     events: Events | None = None,
 ) -> list[dict[str, Any]]:
@@ -128,7 +128,7 @@ class PackWarmStarts:
     """The members' CE warm starts: from the cache where present, the missing cells trained together as one pack,
     then cached. `states[key]` and `epochs[key]` per warm-start cell, `keys[m]` member m's cell."""
 
-    def __init__(self, ps: list[Prepared], log: Log, warm_cache: warmstart.WarmStartCache | None,
+    def __init__(self, ps: list[Prepared], log: Log, warm_cache: warmstart.WarmStarts | None,
                  events: Events | None = None) -> None:
         self.keys = [warm_start_key(p, 0) for p in ps]
         self.states: dict[str, dict[str, torch.Tensor]] = {}

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -43,7 +42,7 @@ from bench.exec.stage import (
     predict,
     run_stage,
 )
-from bench.exec.warmstart import WarmStart
+from bench.exec.warmstart import WarmStart, WarmStarts
 from bench.methods import Batch, get_method
 from bench.store.columns import Outcome
 from bench.store.rows import make_row
@@ -54,8 +53,6 @@ def _ce_step(nets: list[nn.Module], batch: Batch) -> torch.Tensor:
     return F.cross_entropy(nets[0](batch.x), batch.y)
 
 
-# What a trial needs of a warm-start cache (`bench.exec.warmstart.WarmStartCache` is one): (key, train it) -> one.
-WarmStartCache = Callable[[str, Callable[[], WarmStart]], WarmStart]
 
 
 def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -82,7 +79,7 @@ def warm_start(p: Prepared, net_index: int, log: Log,
 def train(
     p: Prepared,
     log: Log = print,
-    warm_cache: WarmStartCache | None = None,
+    warm_cache: WarmStarts | None = None,
     events: Events | None = None,
     checkpoints: Checkpoints | None = None,
 ) -> Outcome:
@@ -111,7 +108,7 @@ def train(
                    warm_diagnose_s + result.diagnose_seconds)
 
 
-def warm_started_nets(p: Prepared, networks: int, log: Log, warm_cache: WarmStartCache | None,
+def warm_started_nets(p: Prepared, networks: int, log: Log, warm_cache: WarmStarts | None,
                       events: Events | None = None) -> tuple[list[nn.Module], list[dict[str, Any]], float]:
     """The method's networks, each loaded with its CE warm start (from the cache, or trained and cached): (the
     networks, the warm starts' epoch rows, the seconds their diagnostics took where trained here)."""
@@ -133,7 +130,7 @@ def run_trial(
     data_root: str | os.PathLike[str],
     results: str | os.PathLike[str] | None = None,
     log: Log = print,
-    warm_cache: WarmStartCache | None = None,
+    warm_cache: WarmStarts | None = None,
     events: Events | None = None,
     checkpoints: Checkpoints | None = None,
 ) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -31,8 +31,21 @@ State = dict[str, torch.Tensor]
 WarmStart = tuple[State, list[dict[str, Any]]]  # the state and its stage's epoch rows
 
 
+class WarmStarts(Protocol):
+    """What an executor needs of a warm-start cache (`WarmStartCache` is one): a solo trial calls it with (key, a
+    function that trains it) and gets the warm start, trained once; a pack looks its cells up (`get`), trains the
+    missing ones together and stores them (`put`)."""
+
+    def __call__(self, key: str, train_fn: Callable[[], WarmStart]) -> WarmStart: ...
+
+    def get(self, key: str) -> WarmStart | None: ...
+
+    def put(self, key: str, state: State, epochs: list[dict[str, Any]], seconds: float) -> None: ...
+
+
 class WarmStartCache:
-    """A `bench.exec.trainer.WarmStartCache`: call it with (key, train_fn) to get the warm start (state, epoch rows)."""
+    """The results folder's warm starts (`WarmStarts`): call it with (key, train_fn) to get the warm start (state,
+    epoch rows)."""
 
     def __init__(self, results: str | os.PathLike[str], log: Callable[[str], None] = print) -> None:
         self.store = Store(results)

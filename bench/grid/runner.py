@@ -188,8 +188,11 @@ def run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None] = pr
         return _run_experiment(exp, s, out)
 
 
-def describe_size(unit: Unit) -> str:
-    return "each trial" if unit.kind == "solo" else f"a {unit.kind} of {len(unit)} trials"
+def describe_size(unit: Unit, gpu: float) -> str:
+    """Who asks for a unit's resources, in words: 'each trial', 'a pack of 8 trials (each 0.5 GPU)'."""
+    if unit.kind == "solo":
+        return "each trial"
+    return f"a {unit.kind} of {len(unit)} trials" + (f" (each {gpu:g} GPU)" if gpu else "")
 
 
 def unit_bundles(unit: Unit, cpu: float, gpu: float) -> list[Bundle]:
@@ -270,7 +273,7 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) ->
     board = StatusBoard(out, live=s.live, every=s.status_every)
     try:
         units = plan_on_cluster(pending, s, gpu, out)
-        check_resources({describe_size(u): unit_bundles(u, cpu, gpu) for u in units.values()})
+        check_resources({describe_size(u, gpu): unit_bundles(u, cpu, gpu) for u in units.values()})
         if s.address is None:  # the trials run here (on a cluster each worker checks its own)
             check_cuda(pending[0].device)
         members = {k: [t.trial_id for t in u.trials] for k, u in units.items()}
