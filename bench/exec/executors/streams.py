@@ -17,7 +17,8 @@ same thread count; tests/test_streams.py). Each member starts from the generator
 
 Checkpoints, per member (`bench.store.folder.Checkpoints` under the member's trial id, the name its solo trial's
 would have), where the unit has checkpoints and a results folder: a retried unit resumes each member from its own
-last epoch; a member's checkpoint is cleared once its row is written. Warm starts: a member that needs a warm start
+last epoch (and takes the row of a member that finished in an earlier attempt); a member's checkpoint is cleared
+once its row is written. Warm starts: a member that needs a warm start
 another member is training passes its turns until that one has stored it, then reads it from the cache
 (`bench.exec.warmstart.WarmStartCache`, whose file lock would block the baton's holder); without a cache, each
 member trains its own. Failures: a member's deterministic error ends that member (its failed row, as `run_trial`
@@ -156,59 +157,77 @@ class Baton:
         finally:
             lock.release()
 
+    def run(self, jobs: list[Callable[[], Any]]) -> list[Any]:
+        """Call each job in a thread of its own, on a CUDA stream of its own, in turns; return what each returned,
+        or the exception it raised (None: it was stopped). `cure` then holds an error a retry may cure, if any."""
+        outcomes: list[Any] = [None] * len(jobs)
+        threads = [threading.Thread(target=self._member, args=(m, job, outcomes), name=f"streams-m{m}")
+                   for m, job in enumerate(jobs)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return outcomes
+
+    def _member(self, m: int, job: Callable[[], Any], outcomes: list[Any]) -> None:
+        cure = None
+        try:
+            self.enter(m)
+            after_step.turn = functools.partial(self.turn, m)
+            with own_stream(self.device):
+                outcomes[m] = job()
+        except Stopped:
+            pass
+        except BaseException as e:  # noqa: BLE001 - handed to the caller: the member's failed row, or the unit's end
+            if retry_may_cure(e):
+                cure = e
+            else:
+                outcomes[m] = e
+        finally:
+            after_step.turn = None
+            self.leave(m, cure)
+
 
 class Streams(Executor):
     name = "streams"
 
     def run(self, trials: list[TrialConfig], ctx: UnitContext) -> list[dict[str, Any]]:
         baton = Baton(len(trials), torch.device(trials[0].device))
-        outcomes: list[Any] = [None] * len(trials)
-        threads = [threading.Thread(target=self._member, args=(m, t, ctx, baton, outcomes), name=f"streams-m{m}")
-                   for m, t in enumerate(trials)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        outcomes = baton.run([functools.partial(self.member, m, t, ctx, baton) for m, t in enumerate(trials)])
         if baton.cure is not None:
             raise baton.cure
         rejected = [o for o in outcomes if isinstance(o, UserError)]
         if rejected:
-            raise rejected[0]
-        return outcomes
+            raise rejected[0]  # bad input: the runner reports it once, as for a solo trial
+        return [written_row(t, ctx, o) if isinstance(o, BaseException) else o
+                for t, o in zip(trials, outcomes, strict=True)]
 
-    def _member(self, m: int, trial: TrialConfig, ctx: UnitContext, baton: Baton, outcomes: list[Any]) -> None:
-        """Member m's thread: its solo trial on its own stream, in its turns; its row (or UserError) to
-        `outcomes[m]`."""
+    def member(self, m: int, trial: TrialConfig, ctx: UnitContext, baton: Baton) -> dict[str, Any]:
+        """Member m's solo trial (in its thread, in its turns): its row. A retried unit (with checkpoints) takes the
+        row a member wrote in an earlier attempt instead of training it again."""
         def log(line: str) -> None:
             ctx.log(f"[m{m}] {line}")
 
-        checkpoints = (Checkpoints(ctx.results, trial.trial_id, log)
-                       if ctx.checkpoints is not None and ctx.results is not None else None)
-        cure = None
+        checkpoints = None
+        if ctx.checkpoints is not None and ctx.results is not None:
+            row, _ = Store(ctx.results).read_row(trial.trial_id)
+            if row is not None and row.get("status") == "ok":
+                log(f"trial {trial.trial_id}: its row was written by an earlier attempt of this unit")
+                return row
+            checkpoints = Checkpoints(ctx.results, trial.trial_id, log)
         try:
-            baton.enter(m)
-            after_step.turn = functools.partial(baton.turn, m)
-            with own_stream(baton.device):
-                outcomes[m] = run_trial(trial, ctx.data_root, results=ctx.results, log=log,
-                                        warm_cache=shared_cache(ctx.warm_cache, baton, m), events=ctx.events,
-                                        checkpoints=checkpoints)
-            if checkpoints is not None:
-                checkpoints.clear()
-        except Stopped:
-            pass
-        except UserError as e:
-            outcomes[m] = e
-        except BaseException as e:  # noqa: BLE001 - a member's error is its own row, or ends the unit (below)
+            row = run_trial(trial, ctx.data_root, results=ctx.results, log=log,
+                            warm_cache=shared_cache(ctx.warm_cache, baton, m), events=ctx.events,
+                            checkpoints=checkpoints)
+        except Exception as e:
             if retry_may_cure(e):
-                cure = e
                 log(f"stopping the unit for a retry: {type(e).__name__}: {e}")
-            else:
-                outcomes[m] = written_row(trial, ctx, e)
-                if checkpoints is not None:
-                    checkpoints.clear()
-        finally:
-            after_step.turn = None
-            baton.leave(m, cure)
+            elif checkpoints is not None and not isinstance(e, UserError):
+                checkpoints.clear()  # its failed row is written: a new launch trains it from the start
+            raise
+        if checkpoints is not None:
+            checkpoints.clear()
+        return row
 
     def resources(self, trials: list[TrialConfig], cpu: float, gpu: float) -> list[Bundle]:
         """One trial's CPUs (one member launches at a time), the members' GPU shares together, at most one GPU."""
