@@ -2,7 +2,7 @@
 synthetic files in the CIFAR-10 format, and the GPU-hours of the paper's CIFAR-10 table at those rates.
 
     python benchmarks/big_models.py --device cuda [--members 2,4,8,16 --steps 20 --rounds 3 --batch 128]
-                                    [--compile default] [--write-table [PATH]]
+                                    [--compile default] [--write-table [PATH]] [--trace DIR]
     python benchmarks/big_models.py --device cpu --tiny --members 2 --steps 2 --rounds 1   (runs anywhere)
 
 Data: CIFAR-10 python batches of random images written to a temporary folder (or `--data-root`), read by the
@@ -221,6 +221,23 @@ def projection(rates: dict[str, float], out: Callable[[str], None] = print) -> d
     return hours
 
 
+def trace(network: str, run: Callable[[], object], folder: Path, device: torch.device) -> Path:
+    """A `torch.profiler` Chrome trace of one epoch of `run`: on CUDA each stream's kernels on a row of their own
+    (CUPTI records the whole process), so Perfetto shows whether the members' kernels overlap. The members' CPU
+    operators are not in it: the profiler records the thread that started it."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profile:
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{network}-streams.json"
+    profile.export_chrome_trace(str(path))
+    return path
+
+
 def best_row(network: str, rates: dict[str, float], device: torch.device, argv: list[str]) -> executor_table.Choice:
     """The executor table's row for `network` on this device kind: its fastest arm that a grid runs as timed."""
     as_run = {name: rate for name, rate in rates.items()
@@ -257,6 +274,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--write-table", nargs="?", const=str(executor_table.DEFAULT), metavar="PATH",
                         help="write each network's fastest arm as its row of the executor table (default: the "
                              "shipped bench/grid/executors.csv)")
+    parser.add_argument("--trace", metavar="DIR", help="write a profiler trace of one epoch of each network's "
+                                                       "largest streams arm to DIR")
     args = parser.parse_args(argv)
     device = resolve_device(args.device)
     precisions = (False, True) if device.type == "cuda" else (False,)  # bf16 autocast: CUDA only here
@@ -289,6 +308,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
             if network == "resnet34_cifar":
                 print("\nprojection" + (" (tiny networks: not ResNet-34's rates)" if args.tiny else "") + ":")
                 projection(rates)
+            if args.trace:
+                largest = f"streams {max(ks)}"
+                print(f"trace of one epoch of {largest}: {trace(network, arms[largest][1], Path(args.trace), device)}")
             if args.write_table:
                 row = best_row(network, rates, device, sys.argv[1:] if argv is None else argv)
                 executor_table.write_row(row, Path(args.write_table))

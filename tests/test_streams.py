@@ -13,7 +13,9 @@ from typing import Any
 
 import polars as pl
 import pytest
+import torch
 from conftest import crashing_checkpoints
+from tolerances import trained_close
 
 import bench.exec.executors.streams as streams
 from bench.config import UserError
@@ -220,3 +222,30 @@ def test_the_planner_picks_streams_where_the_table_says(tmp_path: Path, monkeypa
     # Units hold whole warm-start cells: every method of a seed trains in one unit.
     methods = len({t.method for t in trials})
     assert all(len({t.seed for t in u}) * methods == len(u) for u in units)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_each_member_trains_on_a_stream_of_its_own_as_its_solo_trial(monkeypatch) -> None:
+    """Each member's steps are launched on its own stream, none on the default one; its row is its solo trial's
+    within the rounding of a training (TF32 off; the kernels may differ per stream)."""
+    monkeypatch.setenv("BENCH_TF32", "0")
+    trials = [TrialConfig("synthetic", m, "case3", 0.3, seed=s, epochs=2, epochs_warmup=1, device="cuda")
+              for m, s in (("ce", 0), ("fdiv", 1), ("coteaching", 0))]
+    seen: set[tuple[int, int]] = set()
+    turn = streams.Baton.turn
+
+    def turn_seen(self: streams.Baton, m: int) -> None:
+        seen.add((m, torch.cuda.current_stream().cuda_stream))
+        turn(self, m)
+
+    monkeypatch.setattr(streams.Baton, "turn", turn_seen)
+    try:
+        solo = [run_trial(t, "unused", **QUIET) for t in trials]
+        rows = unit(trials)
+    finally:
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+    assert {m for m, _ in seen} == {0, 1, 2} and len(seen) == 3
+    assert all(stream != torch.cuda.default_stream().cuda_stream for _, stream in seen)
+    for got, want in zip(rows, solo, strict=True):
+        assert got["status"] == want["status"] == "ok"
+        assert got["noise_hash"] == want["noise_hash"] and trained_close(got["val_loss"], want["val_loss"])

@@ -18,14 +18,13 @@ same thread count; tests/test_streams.py). Each member starts from the generator
 Checkpoints, per member (`bench.store.folder.Checkpoints` under the member's trial id, the name its solo trial's
 would have), where the unit has checkpoints and a results folder: a retried unit resumes each member from its own
 last epoch (and takes the row of a member that finished in an earlier attempt); a member's checkpoint is cleared
-once its row is written. Warm starts: a member that needs a warm start
-another member is training passes its turns until that one has stored it, then reads it from the cache
-(`bench.exec.warmstart.WarmStartCache`, whose file lock would block the baton's holder); without a cache, each
-member trains its own. Failures: a member's deterministic error ends that member (its failed row, as `run_trial`
-writes it) and the others go on; an error a retry may cure stops the others at their next turn and is raised after
-they stopped, so that Ray retries the unit and it resumes from the members' checkpoints; a `UserError` (bad input)
-is raised after the others finished. Each member's log lines carry its index ("[m2] "); its events go to the unit's
-`events` as they are.
+once its row is written. Warm starts: a member that needs a warm start another member is training passes its turns
+until that one has stored it, then reads it from the cache (`bench.exec.warmstart.WarmStartCache`, whose file lock
+would block the baton's holder); without a cache, each member trains its own. Failures: a member's deterministic
+error ends that member (its failed row, as `run_trial` writes it) and the others go on; an error a retry may cure
+stops the others at their next turn and is raised after they stopped, so that Ray retries the unit and it resumes
+from the members' checkpoints; a `UserError` (bad input) is raised after the others finished. Each member's log
+lines carry its index ("[m2] "); its events go to the unit's `events` as they are.
 
 Nothing here has run on a GPU yet. What a GPU session must measure (benchmarks/README.md has the commands):
 1. The `streams K` arm of `benchmarks/big_models.py --device cuda` for K = 2, 4, 8 against `solo fp32` and the packs,
@@ -34,16 +33,22 @@ Nothing here has run on a GPU yet. What a GPU session must measure (benchmarks/R
 2. Whether the kernels overlap: a `torch.profiler` (or `nsys`) trace of the arm, kernels of two streams running at
    once. If they do not, the members' launches are the bottleneck (one Python thread at a time): the CPU time of one
    member's step against its GPU time says how many members one launching thread can keep busy.
-3. Memory: every member holds its own copy of the data and its own caching-allocator pool per stream
+3. The hand-over's cost: 0.2-0.3 ms on a loaded 2-core CPU, most of it copying numpy's and Python's generator
+   states (`streams 1` skips it: a lone member exchanges nothing). Against a ResNet-34 step of ~10 ms it is a few
+   percent of the launching thread's time; where launches bound the arm, exchange only torch's generators for
+   methods that draw nothing from numpy or Python during training.
+4. Memory: every member holds its own copy of the data and its own caching-allocator pool per stream
    (`torch.cuda.max_memory_allocated` per K); and a whole trial through `bench run` with the table row set, its rows
-   within the rounding of a training of its solo trial's (cuDNN picks kernels per stream, so not bit-equal).
+   within the rounding of a training of its solo trial's (bit-equality is not claimed on a GPU: cuDNN's choice of
+   algorithm and atomic sums may differ between runs).
 The route to CUDA graphs, once launches are shown to bound the arm: capture each member's whole step (forward, loss,
 backward, optimiser step; `torch.cuda.graphs.make_graphed_callables` or a `torch.cuda.CUDAGraph` per member on its
 own stream, static input and label buffers the loader copies into, `capturable=True` Adam) after the untimed
-warm-up steps, and replay it in place of the step, one launch per member and step. Methods whose step changes shape
-or branches on the host (co-teaching's per-epoch selection rate, L_DMI's determinant checks, `.item()` calls) stay
-uncaptured; the baton and the random-state exchange stay as they are (a graph's dropout draws from the CUDA
-generator's captured offsets: register each member's generator with its graph).
+warm-up steps, and replay it in place of the step, one launch per member and step. A method whose step reads a
+value back to the host or changes shape (`.item()`, boolean indexing) stays uncaptured: check each method's step
+under capture first, on the GPU. The baton stays (one replay per turn); random draws inside a graph advance the CUDA
+generator by captured offsets, so each member's generator state must be registered with its graph
+(`CUDAGraph.register_generator_state` in recent torch) for the exchange to keep each member's draws its own.
 """
 
 from __future__ import annotations
@@ -73,7 +78,7 @@ RngStates = tuple[torch.Tensor, torch.Tensor | None, Any, Any]  # torch CPU, tor
 
 def rng_states(device: torch.device) -> RngStates:
     cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return torch.get_rng_state(), cuda, np.random.get_state(), random.getstate()
+    return torch.get_rng_state(), cuda, np.random.get_state(legacy=False), random.getstate()  # a dict: faster
 
 
 def set_rng_states(states: RngStates, device: torch.device) -> None:
