@@ -7,6 +7,9 @@ from its own checkpoint; the planner picks the kind where the executor table nam
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,7 @@ from typing import Any
 import polars as pl
 import pytest
 import torch
+import yaml
 from conftest import crashing_checkpoints
 from tolerances import trained_close
 
@@ -249,3 +253,29 @@ def test_on_cuda_each_member_trains_on_a_stream_of_its_own_as_its_solo_trial(mon
     for got, want in zip(rows, solo, strict=True):
         assert got["status"] == want["status"] == "ok"
         assert got["noise_hash"] == want["noise_hash"] and trained_close(got["val_loss"], want["val_loss"])
+
+
+def test_a_grid_runs_streams_units_through_ray(tmp_path: Path) -> None:
+    """`bench run` on a local Ray with a table row naming streams: one unit of the cell's three trials, in one
+    worker, its members' progress reported from their threads; each row its solo trial's (the worker's thread count
+    may differ: within the rounding of a training)."""
+    (tmp_path / "table.csv").write_text("model,device,executor,trials,images_per_s,measured,source\n"
+                                        "*,cpu,streams,3,,today,a test\n")
+    grid = dict(name="streams", dataset="synthetic", noise="case3", r=[0.2], seeds=[0], epochs=2, epochs_warmup=1,
+                resources={"cpu": 1}, methods={"ce": {}, "dmi": {}, "fdiv": {}})
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump(grid))
+    env = {**os.environ, "BENCH_EXECUTOR_TABLE": str(tmp_path / "table.csv"), "RAY_USAGE_STATS_ENABLED": "0",
+           "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([str(Path(sys.executable).parent / "bench"), "run", str(tmp_path / "grid.yaml"), "--results",
+                           str(tmp_path / "r"), "--no-mlflow", "--num-cpus", "2", "--data-root", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "streams units: 3 trials in 1 units of 3" in done.stdout
+    rows = pl.read_parquet(tmp_path / "r" / "trials" / "*.parquet").to_dicts()
+    assert sorted(r["status"] for r in rows) == ["ok"] * 3
+    log = next((tmp_path / "r").rglob("streams-*.log")).read_text()
+    assert {f"[m{m}] warm start done" in log for m in range(3)} == {True}
+    for row in rows:
+        solo = run_trial(TrialConfig("synthetic", row["method"], "case3", 0.2, seed=0, epochs=2, epochs_warmup=1),
+                         "unused", **QUIET)
+        assert solo["trial_id"] == row["trial_id"] and trained_close(solo["val_loss"], row["val_loss"])
