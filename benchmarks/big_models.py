@@ -2,7 +2,7 @@
 synthetic files in the CIFAR-10 format, and the GPU-hours of the paper's CIFAR-10 table at those rates.
 
     python benchmarks/big_models.py --device cuda [--members 2,4,8,16 --steps 20 --rounds 3 --batch 128]
-                                    [--compile default]
+                                    [--compile default] [--write-table [PATH]] [--trace DIR]
     python benchmarks/big_models.py --device cpu --tiny --members 2 --steps 2 --rounds 1   (runs anywhere)
 
 Data: CIFAR-10 python batches of random images written to a temporary folder (or `--data-root`), read by the
@@ -15,6 +15,9 @@ images scaled 2x to Dogs vs Cats' 64 x 64 with its augmentation. Arms, through t
   pack K fp32      K trials fused into one network (`bench.exec.grouped`, HFTA's layout; channels-last on CUDA)
   pack K bf16      the same under bf16 autocast (`BENCH_PACK_PRECISION=bf16` in a grid)
   pack K bf16 + compile   with --compile MODE on CUDA: the fused pass compiled (`BENCH_PACK_COMPILE=MODE`)
+  streams K        K solo fp32 trials in threads of one process, each on its own CUDA stream, taking turns after
+                   each optimiser step (`bench.exec.executors.streams.Baton`, the `streams` executor's mechanism);
+                   `streams 1` (one trial in its thread and stream) against `solo fp32` is the mechanism's own cost
 
 bf16 autocast is CUDA-only here: on a CPU the solo arm runs channels-last in float32 and the bf16 packs are left
 out. Each arm trains one untimed
@@ -26,14 +29,21 @@ The projection applies the issue's arithmetic: the CIFAR-10 table (`tune_configs
 noise x 10 rates x 5 seeds, 12 trials a cell, 100 method-stage epochs each and one 120-epoch CE warm start a cell, over
 40,000 training images) in training image-steps, divided by a measured rate; the trials that cannot pack
 (`bench.exec.packed.why_solo`: LCCN, VAT) at the solo rate. Training passes only (no evaluation; VAT's extra passes
-counted as one), as the issue counts. Imports only torch and numpy (and bench's core): it runs on a bare GPU box.
+counted as one), as the issue counts; a streams unit runs any trial, so its projection puts every trial at its rate.
+Imports only torch and numpy (and bench's core): it runs on a bare GPU box.
+
+`--write-table` writes each network's fastest arm that a grid runs as it was timed (solo fp32, pack K fp32, streams
+K) as that network's row of the executor table (`bench.grid.executor_table.write_row`; default the shipped
+`bench/grid/executors.csv`), for this device kind: the planner then picks it under `--pack auto`.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import pickle
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -44,9 +54,11 @@ import torch
 
 from bench.data import Split, Splits, get_dataset
 from bench.datasets.cifar10 import BATCHES, CLASSES, PixelNormalisation
+from bench.exec.executors.streams import Baton
 from bench.exec.packed import PackedStage, device_generator, why_solo
 from bench.exec.prepare import Prepared, build_model, method_seed, prepare, resolve_device, seed_everything
 from bench.exec.stage import SoloStage
+from bench.grid import executor_table
 from bench.methods import Batch, get_method
 from bench.trial import TrialConfig
 
@@ -137,6 +149,19 @@ def pack_arm(ps: list[Prepared], bf16: bool, compile: str | None = None) -> Call
     return lambda: stage.train_steps(0)
 
 
+def streams_arm(ps: list[Prepared]) -> Callable[[], object]:
+    """One epoch of each of K solo fp32 trials, in turns on their own streams (`Baton`, as a streams unit)."""
+    epochs = [solo_arm(p, False) for p in ps]
+
+    def epoch() -> None:
+        baton = Baton(len(epochs), ps[0].device)
+        failed = [o for o in baton.run(epochs) if isinstance(o, BaseException)]
+        if baton.cure is not None or failed:
+            raise baton.cure or failed[0]
+
+    return epoch
+
+
 def timed(arms: dict[str, tuple[int, Callable[[], object]]], args: argparse.Namespace,
           device: torch.device) -> dict[str, float]:
     """images/s of each arm: one untimed epoch, then the best of --rounds interleaved epochs."""
@@ -175,8 +200,8 @@ def table_image_steps() -> tuple[float, float]:
 
 
 def projection(rates: dict[str, float], out: Callable[[str], None] = print) -> dict[str, float]:
-    """The CIFAR-10 table's GPU-hours at ResNet-34's measured rates: all solo fp32 (today), and packed (the best
-    pack of each precision) with the trials that cannot pack solo."""
+    """The CIFAR-10 table's GPU-hours at ResNet-34's measured rates: all solo fp32 (today), packed (the best pack
+    of each precision) with the trials that cannot pack solo, and every trial in the best streams unit."""
     packed, solo = table_image_steps()
     solo_rate = rates["solo fp32"]
     hours = {"today: every trial solo fp32": (packed + solo) / solo_rate / 3600}
@@ -185,11 +210,54 @@ def projection(rates: dict[str, float], out: Callable[[str], None] = print) -> d
         if packs:
             best = max(packs, key=packs.get)
             hours[f"{best}, LCCN and VAT solo fp32"] = (packed / packs[best] + solo / solo_rate) / 3600
+    units = {name: r for name, r in rates.items() if name.startswith("streams")}
+    if units:  # any trial runs in a streams unit, LCCN and VAT too
+        best = max(units, key=units.get)
+        hours[f"{best}, every trial"] = (packed + solo) / units[best] / 3600
     out(f"CIFAR-10 table: {packed + solo:.3g} training image-steps ({packed:.3g} in packable trials and warm starts, "
         f"{solo:.3g} solo)")
     for name, h in hours.items():
         out(f"  {name}: {h:,.1f} device-hours")
     return hours
+
+
+def trace(network: str, run: Callable[[], object], folder: Path, device: torch.device) -> Path:
+    """A `torch.profiler` Chrome trace of one epoch of `run`: on CUDA each stream's kernels on a row of their own
+    (CUPTI records the whole process), so Perfetto shows whether the members' kernels overlap. The members' CPU
+    operators are not in it: the profiler records the thread that started it."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profile:
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{network}-streams.json"
+    profile.export_chrome_trace(str(path))
+    return path
+
+
+def best_row(network: str, rates: dict[str, float], device: torch.device, argv: list[str]) -> executor_table.Choice:
+    """The executor table's row for `network` on this device kind: its fastest arm that a grid runs as timed."""
+    as_run = {name: rate for name, rate in rates.items()
+              if name == "solo fp32" or (name.startswith("pack") and name.endswith(" fp32")) or
+              (name.startswith("streams") and name != "streams 1")}
+    best = max(as_run, key=as_run.get)
+    executor, trials = ("solo", 1) if best.startswith("solo") else (best.split()[0], int(best.split()[1]))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return executor_table.Choice(
+        network, device_kind(name), executor, trials, f"{as_run[best]:.0f}",
+        f"{datetime.date.today().isoformat()} {name}",
+        f"benchmarks/big_models.py {' '.join(argv)}: {best} {as_run[best]:,.0f} images/s, solo fp32 "
+        f"{rates['solo fp32']:,.0f}")
+
+
+def device_kind(name: str) -> str:
+    """The table's device for a GPU named `name` ("NVIDIA H100 80GB HBM3" -> "H100", as Ray names its type): its
+    first word with a digit, up to a dash; "cpu" stays."""
+    words = [w.split("-")[0] for w in name.split() if any(c.isdigit() for c in w)]
+    return words[0] if words else name
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
@@ -203,6 +271,11 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--data-root", help="CIFAR-10 python batches (default: random ones in a temporary folder)")
     parser.add_argument("--tiny", action="store_true", help="shrunk networks, for a CPU check")
     parser.add_argument("--compile", help="also time bf16 packs compiled with torch.compile in this mode (CUDA)")
+    parser.add_argument("--write-table", nargs="?", const=str(executor_table.DEFAULT), metavar="PATH",
+                        help="write each network's fastest arm as its row of the executor table (default: the "
+                             "shipped bench/grid/executors.csv)")
+    parser.add_argument("--trace", metavar="DIR", help="write a profiler trace of one epoch of each network's "
+                                                       "largest streams arm to DIR")
     args = parser.parse_args(argv)
     device = resolve_device(args.device)
     precisions = (False, True) if device.type == "cuda" else (False,)  # bf16 autocast: CUDA only here
@@ -226,6 +299,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                     arms[f"pack {k} {'bf16' if bf16 else 'fp32'}"] = (k, pack_arm(mix, bf16))
                 if args.compile and device.type == "cuda":
                     arms[f"pack {k} bf16 + compile"] = (k, pack_arm(mix, True, args.compile))
+                arms[f"streams {k}"] = (k, streams_arm(mix))
+            arms["streams 1"] = (1, streams_arm(ps[:1]))  # the mechanism's own cost: against solo fp32
             results[network] = rates = timed(arms, args, device)
             print(f"\n{network}: arm | images/s | vs solo fp32")
             for name, rate in rates.items():
@@ -233,6 +308,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
             if network == "resnet34_cifar":
                 print("\nprojection" + (" (tiny networks: not ResNet-34's rates)" if args.tiny else "") + ":")
                 projection(rates)
+            if args.trace:
+                largest = f"streams {max(ks)}"
+                print(f"trace of one epoch of {largest}: {trace(network, arms[largest][1], Path(args.trace), device)}")
+            if args.write_table:
+                row = best_row(network, rates, device, sys.argv[1:] if argv is None else argv)
+                executor_table.write_row(row, Path(args.write_table))
+                print(f"executor table {args.write_table}: {row.describe()}")
     return results
 
 

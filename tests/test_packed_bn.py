@@ -43,6 +43,7 @@ from bench.exec.pack import run_pack
 from bench.exec.packed import PackedStage, device_generator, member_order, why_solo
 from bench.exec.prepare import build_model, prepare, seed_everything, warm_seed
 from bench.exec.trainer import run_trial
+from bench.grid import executor_table
 from bench.store.folder import Checkpoints
 from bench.trial import TrialConfig
 
@@ -376,25 +377,38 @@ def test_the_projection_counts_the_cifar10_table_of_the_experiment_file() -> Non
 
 def test_the_big_models_benchmark_runs_on_a_bare_box(tmp_path: Path) -> None:
     """It imports only torch and numpy with bench's core (Ray, MLflow, YAML, SciPy, matplotlib refused in a fresh
-    interpreter) and runs every arm on the CPU with tiny networks: positive rates for the solo and packed arms of
-    both networks, and the projection."""
+    interpreter) and runs every arm on the CPU with tiny networks: positive rates for the solo, packed and streams
+    arms of both networks, the projection, and with --write-table each network's fastest arm as grids run it as its
+    row of the executor table."""
     script = f"""
 import sys
 for name in ("ray", "mlflow", "polars", "pyarrow", "pandas", "scipy", "matplotlib", "yaml"):
     sys.modules[name] = None
 import runpy
 sys.argv = ["big_models", "--device", "cpu", "--tiny", "--members", "2", "--steps", "2", "--rounds", "1",
-            "--batch", "16"]
+            "--batch", "16", "--write-table", "{tmp_path / 'table.csv'}"]
 runpy.run_path("{REPO / 'benchmarks' / 'big_models.py'}", run_name="__main__")
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
+    table = {row.model: row for row in executor_table.read_table(tmp_path / "table.csv")}
+    assert set(table) == {"resnet34_cifar", "vgg16_bn"}
     for network in ("resnet34_cifar", "vgg16_bn"):
         block = out.stdout.split(f"{network}: arm")[1].split("\n\n")[0]
         rates = {line.split(" | ")[0].strip(): float(line.split(" | ")[1].replace(",", ""))
                  for line in block.splitlines()[1:] if line.count(" | ") == 2}
-        assert set(rates) == {"solo fp32", "solo fp32 + CL", "pack 2 fp32"} and min(rates.values()) > 0, rates
+        assert set(rates) == {"solo fp32", "solo fp32 + CL", "pack 2 fp32", "streams 2", "streams 1"}, rates
+        assert min(rates.values()) > 0, rates
+        as_run = {"solo fp32": ("solo", 1), "pack 2 fp32": ("pack", 2), "streams 2": ("streams", 2)}
+        best = max(as_run, key=rates.get)
+        row = table[network]
+        assert (row.device, row.executor, row.trials) == ("cpu", *as_run[best])
+        assert row.images_per_s == f"{rates[best]:.0f}" and row.source.startswith("benchmarks/big_models.py --device")
     assert "today: every trial solo fp32" in out.stdout and "pack 2 fp32, LCCN and VAT solo fp32" in out.stdout
+    assert "streams 2, every trial" in out.stdout
+    big_models = _big_models()
+    assert [big_models.device_kind(n) for n in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA A100-SXM4-80GB",
+                                                 "cpu")] == ["H100", "H200", "A100", "cpu"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -73,6 +73,11 @@ def make_optimizer(params: list[nn.Parameter], schedule: Schedule) -> torch.opti
     raise UserError(f"unknown optimizer {schedule.optimizer!r}; use adam or sgd")
 
 
+# Per thread: its `turn`, where an executor set one (`bench.exec.executors.streams`, several trials in threads of one
+# process), is called after each optimiser step, so that the next trial launches its step while this one's runs.
+after_step = threading.local()
+
+
 def train_epoch(
     nets: list[nn.Module],
     step_loss: Callable[[list[nn.Module], Batch], torch.Tensor],
@@ -100,6 +105,8 @@ def train_epoch(
         optimizer.step()
         total += loss.detach()
         steps += 1
+        if (turn := getattr(after_step, "turn", None)) is not None:
+            turn()
     return total / max(steps, 1)
 
 
