@@ -69,7 +69,8 @@ from bench.config import UserError
 from bench.data import get_dataset
 from bench.exec.executor import Bundle, Executor, UnitContext
 from bench.exec.stage import after_step
-from bench.exec.trainer import WarmStartCache, failed_row, run_trial
+from bench.exec.trainer import failed_row, run_trial
+from bench.exec.warmstart import WarmStart, WarmStarts
 from bench.store.folder import Checkpoints, Store
 from bench.trial import TrialConfig
 
@@ -260,13 +261,14 @@ def own_stream(device: torch.device) -> contextlib.AbstractContextManager:
     return torch.cuda.stream(torch.cuda.Stream(device)) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def shared_cache(cache: WarmStartCache | None, baton: Baton, m: int) -> WarmStartCache | None:
+def shared_cache(cache: WarmStarts | None, baton: Baton, m: int,
+                 ) -> Callable[[str, Callable[[], WarmStart]], WarmStart] | None:
     """The unit's warm-start cache as member m uses it: one member at a time per warm start, so the second reads
     what the first stored (None: no cache, each member trains its own)."""
     if cache is None:
         return None
 
-    def warm_start(key: str, train: Callable[[], Any]) -> Any:
+    def warm_start(key: str, train: Callable[[], WarmStart]) -> WarmStart:
         with baton.alone_with(key, m):
             return cache(key, train)
 
