@@ -416,14 +416,13 @@ def test_a_compiled_resnet_pack_trains_as_the_eager_pack(small_cifar: Path, monk
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_bf16_pack_runs_its_convolutions_in_bf16_channels_last(small_cifar: Path, monkeypatch) -> None:
-    """BENCH_PACK_PRECISION=bf16: every fused convolution of a training step gets bf16 NHWC tensors (autocast and
+def test_a_bf16_pack_runs_its_convolutions_in_bf16_channels_last(small_cifar: Path) -> None:
+    """Members of precision bf16: every fused convolution of a training step gets bf16 NHWC tensors (autocast and
     the channels-last layout together), and the losses stay finite."""
-    monkeypatch.setenv("BENCH_PACK_PRECISION", "bf16")
     ps, nets, generators = [], [], []
     for s in (0, 1):
-        p = prepare(TrialConfig("cifar10", "ce", "pairs", 0.2, seed=s, batch_size=32, device="cuda"), small_cifar,
-                    **QUIET)
+        p = prepare(TrialConfig("cifar10", "ce", "pairs", 0.2, seed=s, batch_size=32, device="cuda",
+                                precision="bf16"), small_cifar, **QUIET)
         ps.append(p)
         nets.append(build_model(p))
         generators.append(device_generator(p.device, s))
