@@ -4,6 +4,7 @@ and its losses from float32 logits. Bounds from tests/tolerances.py (bf16: `bf16
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ from bench.exec.stage import make_optimizer, predict, train_epoch
 from bench.exec.trainer import run_trial
 from bench.grid.experiment import parse_experiment
 from bench.grid.files import Overrides
-from bench.grid.plan import warm_cell
+from bench.grid.plan import describe_trial, warm_cell
 from bench.methods import get_method
 from bench.trial import TrialConfig
 
@@ -165,7 +166,7 @@ def test_the_row_and_its_file_hold_the_precision(tmp_path: Path, capsys) -> None
     back = pl.read_parquet(next((tmp_path / "trials").glob("*.parquet")))
     assert back["precision"].to_list() == ["bf16"]
     assert '"precision": "bf16"' in back["config_json"].item()
-    capsys.readouterr()
+    assert re.search(r"^  wall .* at bf16$", capsys.readouterr().out, re.M)
 
 
 def test_a_bad_precision_is_one_line_naming_the_choices(tmp_path: Path, capsys, monkeypatch) -> None:
@@ -192,3 +193,4 @@ def test_precision_is_an_experiment_key_and_a_grid_axis() -> None:
     trials = both.trials()
     assert both.size() == len(trials) == 4 and sorted(t.precision for t in trials) == ["bf16", "bf16", "fp32", "fp32"]
     assert len({t.trial_id for t in trials}) == 4
+    assert sorted(describe_trial(t).endswith("  bf16") for t in trials) == [False, False, True, True]  # --dry-run

@@ -81,7 +81,8 @@ def cmd_trial(args: argparse.Namespace) -> int:
     print(f"  realised noise rate {100 * row['noise_rate']:.2f}%  noise hash {row['noise_hash']}")
     if row["estimated_transition"]:
         print(f"  estimated T {row['estimated_transition']}")
-    print(f"  wall {row['wall_s']:.1f}s on {row['device']}")
+    print(f"  wall {row['wall_s']:.1f}s on {row['device']}" + (f" at {row['precision']}" if row["precision"] != "fp32"
+                                                                  else ""))
     print(f"  result row: {Path(args.results) / 'trials' / (row['trial_id'] + '.parquet')}")
     return 0
 

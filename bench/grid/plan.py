@@ -259,7 +259,8 @@ def describe_trial(t: TrialConfig) -> str:
     lr = f" lr={t.lr:g}" if t.lr is not None else ""
     bs = f" bs={t.batch_size}" if t.batch_size is not None else ""
     proto = "" if t.protocol == "bench" else f"  protocol {t.protocol}"
-    return f"{t.method}{lr}{bs}{params}  {t.noise} r={t.r:g} seed={t.seed}{proto}"
+    precision = "" if t.precision == FP32 else f"  {t.precision}"
+    return f"{t.method}{lr}{bs}{params}  {t.noise} r={t.r:g} seed={t.seed}{proto}{precision}"
 
 
 def describe_protocols(trials: list[TrialConfig]) -> list[str]:
