@@ -1,9 +1,9 @@
 """The one schema: every key of an experiment file and every value of a trial, with its type, its default and what
 it allows, and the check that turns a bad value into one line naming where it came from and what is allowed.
 
-A trial's values (r, seed, lr, batch size, epochs, training subset, device) are declared once below and checked by
-the same code whether they come from an experiment file (`bench run`: "grid.yaml: r: must be ...") or from a flag
-(`bench trial`: "--r must be ..."). Numeric ranges use the interval notation of method hyper-parameters ("(0, 1]",
+A trial's values (r, seed, lr, batch size, epochs, training subset, device, precision) are declared once below and
+checked by the same code whether they come from an experiment file (`bench run`: "grid.yaml: r: must be ...") or from a
+flag (`bench trial`: "--r must be ..."). Numeric ranges use the interval notation of method hyper-parameters ("(0, 1]",
 "[0, inf)"), parsed by `Interval`.
 
 Hand-written rather than pydantic (which Ray Tune installs): `bench trial` and benchmarks/pack_grid.py check trials
@@ -136,6 +136,8 @@ NAME = Value(str, pattern=r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}",
 EXPERIMENT_NAME = Value(str, pattern=r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}",
                         words="use letters, digits, '-', '_' and '.', at most 100 characters (it names files)")
 TEXT = Value(str, pattern=r".+", words="expected a non-empty string")
+# The arithmetic of a trial's forward passes (`bench.trial.PRECISIONS`).
+PRECISION = Value(str, pattern=r"fp32|bf16", words="must be fp32 or bf16")
 
 # `bench trial`: the TrialConfig field each flag sets, and what it allows.
 TRIAL_FLAGS = {
@@ -148,6 +150,7 @@ TRIAL_FLAGS = {
     "train_subset": ("--train-subset", TRAIN_SUBSET),
     "device": ("--device", DEVICE),
     "protocol": ("--protocol", TEXT),
+    "precision": ("--precision", PRECISION),
 }
 
 # -- an experiment file (see bench/grid/experiment.py for an example) -------------------------------------------------
@@ -168,6 +171,8 @@ EXPERIMENT = {
     "description": Key(Value(str, words="text"), default=""),
     # `bench.protocol`: bench (the default), authors, bench+SWITCH..., authors-SWITCH... (a grid axis)
     "protocol": Key(TEXT, axis=True, default=("bench",)),
+    # fp32 (the default; TF32 matrix units on CUDA) or bf16 (forward passes under bf16 autocast); a grid axis
+    "precision": Key(PRECISION, axis=True, default=("fp32",)),
 }
 # Per trial; a fractional GPU share lets trials share a device.
 RESOURCES = {"cpu": Key(Value(float, "(0, inf)"), default=1.0), "gpu": Key(Value(float, "[0, inf)"), default=0.0)}

@@ -4,6 +4,9 @@ A trial is a pure function of its resolved `TrialConfig`. `trial_id` hashes its 
 dataset's schedules and the method's defaults filled in, each number as its declared type), so relaunching a grid
 recognises finished trials, a grid can grow without re-running anything, writing a default out (or 1e-4 as 0.0001)
 is the same trial, and a changed default is a new one.
+
+A trial's precision (`PRECISIONS`) is part of its identity only where it is not the default fp32, so that every trial
+id from before precisions existed stays what it was.
 """
 
 from __future__ import annotations
@@ -18,6 +21,12 @@ from bench import protocol
 from bench.config import Schedule, UserError
 from bench.data import get_dataset
 from bench.methods import defaults_on, get_method
+
+# The arithmetic of a trial's forward passes (training and evaluation; `bench.exec.prepare.Prepared.autocast`):
+# fp32, float32 (on CUDA with TF32 matrix units, `bench.exec.prepare.resolve_device`), or bf16, under bf16 autocast
+# with the losses and the selection computed from float32 logits.
+FP32 = "fp32"
+PRECISIONS = (FP32, "bf16")
 
 
 @dataclass(frozen=True)
@@ -41,6 +50,7 @@ class TrialConfig:
     experiment: str = "adhoc"
     extra: tuple[tuple[str, Any], ...] = field(default=())
     protocol: str = protocol.BENCH  # `bench.protocol`: bench, authors, or either with single switches changed
+    precision: str = FP32  # `PRECISIONS`
 
     @property
     def params(self) -> dict[str, Any]:
@@ -52,7 +62,8 @@ class TrialConfig:
         lr = f" lr={self.lr:g}" if self.lr is not None else ""
         bs = f" bs={self.batch_size}" if self.batch_size is not None else ""
         proto = "" if self.protocol == protocol.BENCH else f"  protocol {self.protocol}"
-        return f"{self.method}{lr}{bs}{params}  {self.noise} r={self.r:g} seed={self.seed}{proto}"
+        precision = "" if self.precision == FP32 else f"  {self.precision}"
+        return f"{self.method}{lr}{bs}{params}  {self.noise} r={self.r:g} seed={self.seed}{proto}{precision}"
 
     def resolved_protocol(self) -> protocol.Protocol:
         """The switches this trial's protocol turns on, as its dataset declares them (`Dataset.authors_protocol`)."""
@@ -82,14 +93,14 @@ class TrialConfig:
 
     def identity(self) -> dict[str, Any]:
         """What the trial's numbers depend on, in one canonical form: the effective configuration (`schedules`,
-        `effective_params`, the dataset's model). A config naming an unknown dataset or method (refused before
-        anything runs) is identified by its fields as given."""
+        `effective_params`, the dataset's model), and its precision where it is not fp32. A config naming an unknown
+        dataset or method (refused before anything runs) is identified by its fields as given."""
         d: dict[str, Any] = dict(
             dataset=self.dataset, method=self.method, noise=self.noise, r=round(float(self.r), 10),
             seed=int(self.seed), train_subset=None if self.train_subset is None else int(self.train_subset),
             transition=[[float(x) for x in row] for row in self.transition] if self.transition else None,
             extra=sorted([list(p) for p in self.extra]),
-        )
+        ) | ({} if self.precision == FP32 else dict(precision=self.precision))
         try:
             dataset, method = get_dataset(self.dataset), get_method(self.method)
             model = dataset.model

@@ -13,7 +13,7 @@ images scaled 2x to Dogs vs Cats' 64 x 64 with its augmentation. Arms, through t
   solo fp32        one trial as `bench trial` trains it (on CUDA: TF32 and channels-last, `bench.models.create`)
   solo bf16 + CL   the same under bf16 autocast, in channels-last
   pack K fp32      K trials fused into one network (`bench.exec.grouped`, HFTA's layout; channels-last on CUDA)
-  pack K bf16      the same under bf16 autocast (`BENCH_PACK_PRECISION=bf16` in a grid)
+  pack K bf16      the same under bf16 autocast (`precision: bf16` in a grid)
   pack K bf16 + compile   with --compile MODE on CUDA: the fused pass compiled (`BENCH_PACK_COMPILE=MODE`)
   streams K        K solo fp32 trials in threads of one process, each on its own CUDA stream, taking turns after
                    each optimiser step (`bench.exec.executors.streams.Baton`, the `streams` executor's mechanism);

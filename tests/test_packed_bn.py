@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -405,7 +406,7 @@ runpy.run_path("{REPO / 'benchmarks' / 'big_models.py'}", run_name="__main__")
         assert (row.device, row.executor, row.trials) == ("cpu", *as_run[best])
         assert row.images_per_s == f"{rates[best]:.0f}" and row.source.startswith("benchmarks/big_models.py --device")
     assert "today: every trial solo fp32" in out.stdout and "pack 2 fp32, LCCN and VAT solo fp32" in out.stdout
-    assert "streams 2, every trial" in out.stdout
+    assert re.search(r"streams [12], every trial", out.stdout)  # the faster of the two, whichever it was here
     big_models = _big_models()
     assert [big_models.device_kind(n) for n in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA A100-SXM4-80GB",
                                                  "cpu")] == ["H100", "H200", "A100", "cpu"]
@@ -430,14 +431,13 @@ def test_a_compiled_resnet_pack_trains_as_the_eager_pack(small_cifar: Path, monk
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_bf16_pack_runs_its_convolutions_in_bf16_channels_last(small_cifar: Path, monkeypatch) -> None:
-    """BENCH_PACK_PRECISION=bf16: every fused convolution of a training step gets bf16 NHWC tensors (autocast and
+def test_a_bf16_pack_runs_its_convolutions_in_bf16_channels_last(small_cifar: Path) -> None:
+    """Members of precision bf16: every fused convolution of a training step gets bf16 NHWC tensors (autocast and
     the channels-last layout together), and the losses stay finite."""
-    monkeypatch.setenv("BENCH_PACK_PRECISION", "bf16")
     ps, nets, generators = [], [], []
     for s in (0, 1):
-        p = prepare(TrialConfig("cifar10", "ce", "pairs", 0.2, seed=s, batch_size=32, device="cuda"), small_cifar,
-                    **QUIET)
+        p = prepare(TrialConfig("cifar10", "ce", "pairs", 0.2, seed=s, batch_size=32, device="cuda",
+                                precision="bf16"), small_cifar, **QUIET)
         ps.append(p)
         nets.append(build_model(p))
         generators.append(device_generator(p.device, s))

@@ -24,14 +24,14 @@ QUIET = dict(log=lambda s: None)
 
 
 def test_the_declaration_groups_every_column_once() -> None:
-    assert len(ROW) == len(ROW_COLUMNS) == 49
+    assert len(ROW) == len(ROW_COLUMNS) == 50
     assert sorted(sum((group(g) for g in GROUPS), [])) == sorted(ROW)
     assert [c.name for c in ROW_COLUMNS[:len(CORE_COLUMNS)]] == CORE_COLUMNS
     assert group("cost") == ["wall_s", "warmup_s", "method_s", "pack_size", "networks", "epochs_trained", "device_s",
                              "diagnostics_s", "pack_wall_s"]
-    # What the MLflow mirror logged before the declaration, as params and as metrics.
+    # What the MLflow mirror logged before the declaration, as params and as metrics (and the precision since).
     assert set(MLFLOW_PARAMS) == {"dataset", "model", "method", "noise", "r", "seed", "lr", "batch_size", "epochs",
-                                  "epochs_warmup", "train_subset", "trial_id", "device", "git_commit"}
+                                  "epochs_warmup", "train_subset", "trial_id", "device", "git_commit", "precision"}
     assert set(MLFLOW_METRICS) == {"test_acc", "test_bal_acc", "last_test_acc", "last_test_bal_acc", "warmup_test_acc",
                                    "val_loss", "best_epoch", "noise_rate", "wall_s", "warmup_s", "method_s", "device_s",
                                    "epochs_trained", "networks"}
@@ -93,6 +93,7 @@ def test_rows_written_by_older_code_read_with_every_declared_column(tmp_path: Pa
     assert {c.name: df.schema[c.name] for c in ROW_COLUMNS} == {c.name: types[c.type] for c in ROW_COLUMNS}
     assert df["protocol"].to_list() == ["bench", "authors"]
     assert df["switches"].to_list() == ["", "fixed_torch_seed"]
+    assert df["precision"].to_list() == ["fp32", "fp32"]  # neither row has the column: the default
     assert df["privileged"].to_list() == [False, False]
     assert df["pack_size"].to_list() == [None, 2] and df["pack_wall_s"].to_list() == [None, 3.0]
     assert df["train_subset"].to_list() == [None, None] and df["test_acc"].to_list() == [70.0, 72.0]

@@ -85,6 +85,8 @@ def grid(ray_session, tmp_path_factory):
     ({"dataset": "mnist"}, "dataset", "unknown dataset 'mnist'"),
     ({"noise": "pairs"}, "noise", "unknown noise for synthetic: 'pairs'"),
     ({"device": "tpu"}, "device", "allowed: cpu, cuda"),
+    ({"precision": "fp16"}, "precision", "must be fp32 or bf16, got 'fp16'"),
+    ({"precision": ["fp32", "fp32"]}, "precision", "repeats a value"),
     ({"epochs_warmup": 1.5}, "epochs_warmup", "expected an integer >= 0, got 1.5 (float)"),
     ({"max_concurrent": 0}, "max_concurrent", "must be an integer >= 1, got 0"),
     ({"seeds": 0}, "seeds", "must be an integer >= 1, got 0"),  # N seeds
@@ -116,10 +118,11 @@ def test_config_errors_name_file_and_key(tmp_path, capsys, change, key, allowed)
     ("epochs", -1, "--epochs", "an integer >= 0"),
     ("lr", -1.0, "--lr", "positive (a finite number > 0.0)"),
     ("batch_size", 0, "--batch-size", "an integer >= 1"),
+    ("precision", "fp16", "--precision", "fp32 or bf16"),
 ])
 def test_a_file_key_and_its_trial_flag_allow_the_same(tmp_path, capsys, key, value, flag, allowed):
     """One declaration (bench.schema) for a value, whether an experiment file or `bench trial` sets it."""
-    change = {key: value} if key in ("r", "seeds", "epochs") else {"methods": {"ce": {key: value}}}
+    change = {key: value} if key in ("r", "seeds", "epochs", "precision") else {"methods": {"ce": {key: value}}}
     path = write_config(tmp_path, **change)
     assert main(["run", str(path), "--dry-run", "--results", str(tmp_path / "r")]) == 2
     from_file = capsys.readouterr().err

@@ -31,6 +31,23 @@ An accuracy moves only where an example's margin lies within that distance of ze
 test examples here, whose margins spread over units, one example at most (`ACCURACY_EXAMPLES`). A selection (the
 epoch of least validation loss) is the same unless two epochs' losses lie within TRAINED_REL of each other
 (`same_selection`).
+
+bf16 (precision bf16: forward passes under autocast, `bench.exec.prepare.autocast`). A product of bf16 inputs is
+accumulated in float32 and rounded to bf16, of unit roundoff U_BF16 = 2**-8 (8 bits of significand). One forward
+pass against its exact value: `bf16_linear` bounds a linear layer whose inputs, weights and output are rounded to
+bf16. Two float orders of one bf16 training (a packed member and its solo trial) round the same float32
+accumulations to bf16: their results are equal except where the two accumulations, about sqrt(n) U32 apart (n <= 128
+here: 7e-7 relative), lie on either side of a bf16 rounding boundary, which happens to a value with probability
+sqrt(n) U32 / (2 U_BF16) = 1.4e-4, and then differ by one bf16 step, 2 U_BF16 = 7.8e-3 of the value. These tests' MLP
+(B = 128, 10 -> 32 -> 2) rounds per step about B x 34 x 2 = 8,700 activations and their gradients, and 400 weight
+gradients: 1.2 and 0.06 such flips a step, 290 and 14 over the 240 steps of 8 epochs. An activation's flip moves one
+example's share (1/B) of one step by 7.8e-3, and a step moves a loss by at most 1% at B = 128: 6e-7 a flip; a weight
+gradient's flip moves one parameter's step by 7.8e-3 of itself (Adam's step is scale-free), at most 1% x 7.8e-3 =
+7.8e-5 of the loss. At twice those counts (a Poisson count of 14 exceeds 28 with probability 5e-4), 2 x (290 x 6e-7 +
+14 x 7.8e-5) = 2.5e-3, on top of float32's own part and the kinks (TRAINED_REL: accumulation and the master weights
+stay float32): BF16_TRAINED_REL = 7.5e-3 (seen: 3.5e-4 at 1, 2 and 4 threads). An accuracy is not bounded the same
+way: a logit rounded to bf16 moves by up to U_BF16 of itself (0.02 at the logits of 5 here), and the synthetic set's
+noisy-label models put 5 to 10 of 1,000 test examples' margins that close to zero.
 """
 
 from __future__ import annotations
@@ -42,7 +59,9 @@ import numpy as np
 
 U32 = 2.0**-24
 U64 = 2.0**-53
+U_BF16 = 2.0**-8
 TRAINED_REL = 5e-3
+BF16_TRAINED_REL = 7.5e-3
 ACCURACY_EXAMPLES = 1
 
 
@@ -62,6 +81,26 @@ def within(got: object, want: object, rel: float = 0.0, atol: float = 0.0) -> bo
 def trained_close(a: float, b: float) -> bool:
     """Two float orders of one training agree on a trained loss (see the module's docstring)."""
     return math.isclose(a, b, rel_tol=TRAINED_REL)
+
+
+def bf16_trained_close(a: float, b: float) -> bool:
+    """Two float orders of one bf16 training agree on a trained loss (see the module's docstring)."""
+    return math.isclose(a, b, rel_tol=BF16_TRAINED_REL)
+
+
+def bf16_linear(x: np.ndarray, w: np.ndarray, b: np.ndarray, x_error: np.ndarray) -> np.ndarray:
+    """Absolute bound on each output of a linear layer x @ w.T + b under bf16 autocast, against its exact value on the
+    exact inputs x (float64 arrays). `x_error` bounds each input's distance, as the layer reads it in bf16, from x:
+    U_BF16 |x| for a float32 input, an earlier layer's bound for its bf16 output. The weights and the bias are rounded
+    to bf16 (U_BF16 each), the products of bf16 numbers are exact in float32, their float32 sum with the bias is off
+    by at most f32(n + 1) of the terms' magnitudes, and the sum is rounded to bf16 (U_BF16 of itself):
+    |s - y| <= (1 + U_BF16) |w| x_error + U_BF16 (|w| |x| + |b|) before the float32 sum, and the last rounding adds
+    U_BF16 (|y| + the error so far)."""
+    aw = np.abs(w).T
+    magnitudes = np.abs(x) @ aw + np.abs(b)  # >= |y|
+    error = (1 + U_BF16) * (x_error @ aw) + U_BF16 * magnitudes
+    error += f32(x.shape[-1] + 1) * (1 + U_BF16) * ((np.abs(x) + x_error) @ aw + np.abs(b))
+    return error * (1 + U_BF16) + U_BF16 * magnitudes
 
 
 def same_accuracy(a: float, b: float, examples: int) -> bool:

@@ -65,6 +65,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, epochs=args.epochs, epochs_warmup=args.epochs_warmup,
         method_params=freeze_params(_parse_params(args.method, args.param)), transition=transition,
         train_subset=args.train_subset, device=args.device, experiment=args.experiment, protocol=args.protocol,
+        precision=args.precision,
     )
     check_trial(config)
     check_results(args.results)
@@ -81,7 +82,8 @@ def cmd_trial(args: argparse.Namespace) -> int:
     print(f"  realised noise rate {100 * row['noise_rate']:.2f}%  noise hash {row['noise_hash']}")
     if row["estimated_transition"]:
         print(f"  estimated T {row['estimated_transition']}")
-    print(f"  wall {row['wall_s']:.1f}s on {row['device']}")
+    print(f"  wall {row['wall_s']:.1f}s on {row['device']}" + (f" at {row['precision']}" if row["precision"] != "fp32"
+                                                                  else ""))
     print(f"  result row: {Path(args.results) / 'trials' / (row['trial_id'] + '.parquet')}")
     return 0
 
@@ -236,6 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "bench+SWITCH[+SWITCH...] or authors-SWITCH[-SWITCH...] (docs/fidelity.md lists each "
                         "dataset's switches)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    p.add_argument("--precision", default="fp32",
+                   help="fp32 (default; TF32 matrix units on CUDA) or bf16 (forward passes under bf16 autocast)")
     p.add_argument("--results", default="results", help="results folder (default: ./results)")
     p.add_argument("--experiment", default="adhoc", help="experiment name recorded in the row")
     _add_data_root(p)

@@ -14,8 +14,8 @@ dropout masks, random augmentation and random draws from its own device generato
 seeds torch), its own noisy labels and learning rate (a stacked Adam or SGD step), its own selection on the whole
 noisy validation set with its best state kept on the device, its own result row. A member's numbers therefore
 equal its solo trial's up to the order of floating-point sums (a grouped convolution adds in another order than a
-single one), whoever its pack-mates are. A member whose training loss stops being finite is frozen and recorded as
-diverged.
+single one), whoever its pack-mates are (at precision bf16, shared by a pack's members, up to the bf16 roundings
+that order moves). A member whose training loss stops being finite is frozen and recorded as diverged.
 The loop itself is `bench.exec.stage.run_stage`, the same one a solo trial runs (K = 1).
 
 Only torch and numpy are imported here, so a bare GPU box runs packs.
@@ -41,10 +41,10 @@ from bench.data import Dataset, get_dataset
 from bench.exec import diagnostics
 from bench.exec.grouped import Grouped
 from bench.exec.optim import StackedOptimizer, clip_member_grads
-from bench.exec.prepare import Prepared, to_device
+from bench.exec.prepare import Prepared, autocast, to_device
 from bench.exec.stage import import_dynamo_apart
 from bench.methods import Batch, Method, get_method
-from bench.trial import TrialConfig
+from bench.trial import FP32, TrialConfig
 
 # Member-images per evaluation chunk (K members x chunk rows): large on a GPU, cache-sized on a CPU.
 EVAL_IMAGES = {"cuda": 65536, "cpu": 2048}
@@ -58,14 +58,12 @@ def compile_mode(device: torch.device) -> str | None:
     return mode if mode and device.type == "cuda" else None
 
 
-def pack_precision(device: torch.device) -> str:
-    """A pack's precision on CUDA: "fp32" (TF32 matrix units), or "bf16" autocast, opt-in with
-    `BENCH_PACK_PRECISION=bf16` (benchmarks/big_models.py measures both): its members then differ from their solo
-    trials by more than the order of float sums."""
-    value = os.environ.get("BENCH_PACK_PRECISION", "fp32")
-    if value not in ("fp32", "bf16"):
-        raise UserError(f"BENCH_PACK_PRECISION must be fp32 or bf16, got {value!r}")
-    return value if device.type == "cuda" else "fp32"
+def check_no_pack_precision() -> None:
+    """BENCH_PACK_PRECISION, which once turned bf16 on for packs alone, is refused rather than ignored: a trial's
+    precision is declared now, so that its row and its id say which it trained at."""
+    if os.environ.get("BENCH_PACK_PRECISION"):
+        raise UserError("BENCH_PACK_PRECISION is gone: declare a trial's precision instead (precision: bf16 in the "
+                        "experiment file, --set precision=bf16, or bench trial --precision bf16)")
 
 
 # -- the packed stage -------------------------------------------------------------------------------------------
@@ -113,10 +111,9 @@ class PackedStage:
         compile: str | None = None,
     ) -> None:
         self.members, self.p, self.schedule = len(members), members, schedule
-        # "bf16": the forward pass under bf16 autocast on CUDA (losses from float32 logits; L_DMI in float64);
-        # None: `pack_precision`, what BENCH_PACK_PRECISION asks for.
-        precision = precision or pack_precision(members[0].device)
-        self.autocast = precision == "bf16" and members[0].device.type == "cuda"
+        # The members' precision (one a pack) or the benchmarks': bf16 autocasts the forward passes, not the losses.
+        check_no_pack_precision()
+        self.precision = precision or members[0].precision
         self.device = members[0].device
         self.train_x, self.val_x = members[0].train.x, members[0].val.x
         params, self.buffers = stack_module_state(nets)
@@ -250,7 +247,7 @@ class PackedStage:
         loss (float64, with the graph for the backward pass)."""
         x = self.member_inputs(idx)
         y = self.train_labels.gather(1, idx)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
+        with autocast(self.device, self.precision):
             logits = self._train_forward(self.params, self.buffers, x, self._masks(x[0]))
         return self._losses(logits.float(), y, idx, x, epoch)
 
@@ -282,7 +279,7 @@ class PackedStage:
         grouped, transform = self.grouped, self.p[0].dataset.eval_transform
         forward = vmap(self._forward_eval, in_dims=(0, 0, None)) if grouped is None else (
             lambda p, b, inputs: grouped(p, b, inputs.expand(self.members, *inputs.shape), []))
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
+        with autocast(self.device, self.precision):
             out = torch.cat([forward(params, buffers, transform(x[s : s + chunk])).float()
                              for s in range(0, x.shape[0], chunk)], 1)
         self.base.train()
@@ -377,15 +374,18 @@ def _shape(s: Schedule) -> tuple[Any, ...]:
 
 
 def pack_key(c: TrialConfig) -> tuple[Any, ...]:
-    """What members of one pack must share: data, model, device, the shape of both stages (not the lr) and the
-    protocol's switches (a stage's selection rule and optimiser life are the pack's)."""
+    """What members of one pack must share: data, model, device, the shape of both stages (not the lr), the
+    protocol's switches (a stage's selection rule and optimiser life are the pack's) and the precision (one stacked
+    forward pass). An fp32 trial's key is the one it had before precisions existed."""
 
     warmup, method_stage = c.schedules()
     proto = c.resolved_protocol()
     model = proto.setting("script_model", get_dataset(c.dataset).model)
     key = (c.dataset, model, c.train_subset, c.device, _shape(warmup), _shape(method_stage))
     # A pack's members share their protocol and their method stage's selection rule (it can differ by method).
-    return key + (tuple(proto.names()), proto.selection(c.method)) if proto.switches else key
+    if proto.switches:
+        key += (tuple(proto.names()), proto.selection(c.method))
+    return key + ((c.precision,) if c.precision != FP32 else ())
 
 
 def member_order(configs: list[TrialConfig]) -> list[int]:

@@ -3,16 +3,18 @@
 `prepare` checks a `TrialConfig`, loads the dataset's splits (tensor inputs moved to the training device once, so a
 pack's members share them), draws the noisy training and validation labels (`draw_labels`, which `bench labels`
 exports too) and builds the loaders that batch by index on the device. The seeds of the warm start and of the method
-stage, and the identity of a cached warm start, are decided here, once, for solo and packed trials alike.
+stage, the identity of a cached warm start, and the arithmetic of the forward passes (the trial's precision:
+`autocast`, `forward_precision`) are decided here, once, for solo and packed trials alike.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -25,12 +27,15 @@ from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits, check_splits, get_dataset
 from bench.exec import diagnostics
 from bench.methods import get_method
-from bench.trial import TrialConfig
+from bench.trial import FP32, PRECISIONS, TrialConfig
 
 Log = Callable[[str], None]
 
 
 def resolve_device(name: str) -> torch.device:
+    """The training device. On CUDA this is where precision fp32 is decided: float32 storage and accumulation, with
+    TF32 matrix units for convolutions and matrix products (10 bits of mantissa in the products) unless BENCH_TF32=0;
+    on a CPU fp32 is plain float32."""
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"--device {name}: no CUDA device is available here; use --device cpu")
     if name not in {"cpu", "cuda"} and not name.startswith("cuda:"):
@@ -54,13 +59,19 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 class SplitLoader:
     """Batches of one split on the training device: index slicing for tensors, a DataLoader for streams."""
 
-    def __init__(self, split: Split, labels: np.ndarray, dataset: Dataset, device: torch.device) -> None:
-        self.dataset, self.device = dataset, device
+    def __init__(self, split: Split, labels: np.ndarray, dataset: Dataset, device: torch.device,
+                 precision: str = FP32) -> None:
+        self.dataset, self.device, self.precision = dataset, device, precision
         self.workers = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
         self.size = len(labels)
         self.labels = torch.as_tensor(labels, dtype=torch.int64, device=device)
         self.tensor = isinstance(split.x, torch.Tensor)
         self.x = split.x.to(device) if self.tensor else split.x
+
+    def forward_precision(self, nets: Iterable[nn.Module]) -> contextlib.AbstractContextManager[None]:
+        """The trial's precision over the forward passes of `nets` on these batches (`forward_precision`): the
+        training pass and `bench.exec.stage.predict` take it from their loader."""
+        return forward_precision(nets, self.device, self.precision)
 
     def batches(
         self, batch_size: int, train: bool, generator: torch.Generator | None = None
@@ -86,6 +97,42 @@ class SplitLoader:
         for start, xb in zip(range(0, stop, batch_size), loader, strict=True):
             idx = order[start : start + batch_size]
             yield transform(xb.to(self.device, non_blocking=True)), self.labels[idx], idx
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[None]:
+    """A block's arithmetic at `precision` (`bench.trial.PRECISIONS`): bf16, `torch.autocast` in bfloat16 on the
+    device's type (convolutions and matrix products in bf16, float32 accumulation; CPU and CUDA alike); fp32, nothing
+    (float32, on CUDA with TF32 matrix units: `resolve_device`)."""
+    if precision == FP32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+@contextlib.contextmanager
+def forward_precision(nets: Iterable[nn.Module], device: torch.device, precision: str) -> Iterator[None]:
+    """Each forward pass of `nets` in the block at `precision` (`autocast`), its output handed on as float32: a
+    method's loss, the selection and the accuracies are computed from float32 logits outside autocast, as in a pack
+    (`bench.exec.packed`), however the method calls its networks. fp32 changes nothing (no hook is set)."""
+    if precision == FP32:
+        yield
+        return
+    entered: list[contextlib.AbstractContextManager[None]] = []
+
+    def enter(_module: nn.Module, _args: object) -> None:
+        entered.append(autocast(device, precision))
+        entered[-1].__enter__()
+
+    def leave(_module: nn.Module, _args: object, output: object) -> object:
+        entered.pop().__exit__(None, None, None)  # also when the forward pass raised (`always_call`)
+        return output.float() if isinstance(output, torch.Tensor) else output
+
+    handles = [handle for net in nets for handle in (net.register_forward_pre_hook(enter),
+                                                      net.register_forward_hook(leave, always_call=True))]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def seed_everything(seed: int) -> None:
@@ -118,6 +165,15 @@ class Prepared:
     diag_clean: torch.Tensor
     epoch_eval: bool  # record test accuracy, memorisation and detection every epoch (`epoch_eval_enabled`)
 
+    @property
+    def precision(self) -> str:
+        """The arithmetic of the trial's forward passes (`bench.trial.PRECISIONS`); its loaders carry it too."""
+        return self.config.precision
+
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        """The trial's precision over a block (`autocast`): a pack's stacked forward passes run under it."""
+        return autocast(self.device, self.precision)
+
 
 def epoch_eval_enabled(dataset: type[Dataset]) -> bool:
     """Whether trials evaluate the test and training sets after every epoch: the dataset's `epoch_eval` (on for
@@ -149,6 +205,8 @@ def prepare(
     dataset_cls.check_noise(config.noise)
     if not 0.0 <= config.r <= 1.0:
         raise UserError(f"--r must lie in [0, 1], got {config.r}")
+    if config.precision not in PRECISIONS:
+        raise UserError(f"--precision must be {' or '.join(PRECISIONS)}, got {config.precision!r}")
     device = resolve_device(config.device)
     proto = config.resolved_protocol()
     warmup, method_stage = config.schedules()
@@ -178,14 +236,14 @@ def prepare(
             splits.samples[len(noisy_train)] = diag_split
     return Prepared(
         config=config, dataset=dataset, splits=splits, labels=labels, device=device,
-        train=SplitLoader(train_split, noisy_train, dataset, device),
-        train_eval=SplitLoader(train_split, noisy_train, dataset, device),
-        val=SplitLoader(splits.val, labels.val, dataset, device),
-        test=SplitLoader(splits.test, splits.test.y, dataset, device),
+        train=SplitLoader(train_split, noisy_train, dataset, device, config.precision),
+        train_eval=SplitLoader(train_split, noisy_train, dataset, device, config.precision),
+        val=SplitLoader(splits.val, labels.val, dataset, device, config.precision),
+        test=SplitLoader(splits.test, splits.test.y, dataset, device, config.precision),
         warmup=warmup, method_stage=method_stage, protocol=proto,
         model=proto.setting("script_model", dataset_cls.model),
         diag_index=torch.as_tensor(sample, device=device),
-        diag_train=SplitLoader(diag_split, noisy_train[sample], dataset, device),
+        diag_train=SplitLoader(diag_split, noisy_train[sample], dataset, device, config.precision),
         diag_clean=torch.as_tensor(diag_split.y, dtype=torch.int64, device=device),
         epoch_eval=epoch_eval,
     )
@@ -226,12 +284,14 @@ def _draw_labels(config: TrialConfig, dataset: Dataset, splits: Splits) -> noise
 
 
 def warm_start_key(p: Prepared, net_index: int) -> str:
-    """Identity of a CE warm start: shared by every method and hyper-parameter of its (data, noise, seed) cell."""
+    """Identity of a CE warm start: shared by every method and hyper-parameter of its (data, noise, seed) cell at
+    one precision."""
     c = p.config
     cell = [c.dataset, p.model, c.noise, round(c.r, 10), c.seed, c.transition, c.train_subset,
             p.labels.noise_hash, repr(p.warmup), net_index, type(p.dataset).version]
     switches = p.protocol.warm_start_switches()  # none under bench: its keys are those it always had
-    blob = json.dumps(cell + ([switches] if switches else []), default=str)
+    precision = [] if c.precision == FP32 else [c.precision]  # fp32's keys are those it always had
+    blob = json.dumps(cell + ([switches] if switches else []) + precision, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -33,10 +33,12 @@ from bench.protocol import BENCH_SELECTION, Selection
 
 @torch.no_grad()
 def predict(net: nn.Module, loader: SplitLoader, batch_size: int = 1024) -> torch.Tensor:
-    """Logits for a whole split, in evaluation mode (no dropout, BN running statistics)."""
+    """Logits for a whole split, in evaluation mode (no dropout, BN running statistics), as float32, computed at the
+    trial's precision (the loader's)."""
     was_training = net.training
     net.eval()
-    out = torch.cat([net(x).float() for x, _, _ in loader.batches(batch_size, train=False)])
+    with loader.forward_precision([net]):
+        out = torch.cat([net(x).float() for x, _, _ in loader.batches(batch_size, train=False)])
     net.train(was_training)
     return out
 
@@ -90,6 +92,7 @@ def train_epoch(
 ) -> torch.Tensor:
     """One pass over the training split; returns the mean training loss as a device tensor (NaN if it diverged).
     With `max_grad_norm`, the gradient of the optimiser's parameters is clipped to that norm before each step.
+    The networks' forward passes run at the trial's precision (the loader's), the loss from float32 logits.
     No value comes back to the host inside the loop."""
     for net in nets:
         net.train()
@@ -97,7 +100,8 @@ def train_epoch(
     steps = 0
     params = [q for group in optimizer.param_groups for q in group["params"]]
     for x, y, idx in loader.batches(batch_size, train=True, generator=generator):
-        loss = step_loss(nets, Batch(x=x, y=y, index=idx, epoch=epoch))
+        with loader.forward_precision(nets):
+            loss = step_loss(nets, Batch(x=x, y=y, index=idx, epoch=epoch))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if max_grad_norm is not None:

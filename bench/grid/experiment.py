@@ -12,6 +12,7 @@ An experiment is one grid of the paper's protocol on one dataset:
     epochs_warmup: 20                  # optional: CE warm-start epochs (default: the paper's)
     train_subset: 10000                # optional: train on the first N training examples only
     device: cpu                        # cpu or cuda
+    precision: fp32                    # optional: fp32 (default; TF32 on CUDA) or bf16 autocast (grid axis)
     resources: {cpu: 1, gpu: 0}        # per trial; fractional GPUs share a device (e.g. gpu: 0.25)
     max_concurrent: 4                  # optional: at most this many trials at once
     methods:                           # method -> its settings; a list is a grid axis
@@ -106,10 +107,11 @@ class Experiment:
     base_name: str = ""  # the file's own name, where overrides renamed the grid
     text: str = ""  # the changed grid as an experiment file, where overrides changed it
     protocol: tuple[str, ...] = ("bench",)  # `bench.protocol` specs (grid axis)
+    precision: tuple[str, ...] = ("fp32",)  # `bench.trial.PRECISIONS` (grid axis)
 
     def size(self) -> int:
         """The number of trials, counted without expanding the grid."""
-        cells = len(self.seeds) * len(self.noise) * len(self.r) * len(self.protocol)
+        cells = len(self.seeds) * len(self.noise) * len(self.r) * len(self.protocol) * len(self.precision)
         return sum(math.prod(len(values) for _, values in m.axes) * cells for m in self.methods)
 
     def trials(self) -> list[TrialConfig]:
@@ -125,14 +127,14 @@ class Experiment:
                 params = {k: v for k, v in combo.items() if k not in METHOD_STAGE}
                 for seed in self.seeds:
                     for pattern in self.noise:
-                        for r, spec in itertools.product(self.r, self.protocol):
+                        for r, spec, precision in itertools.product(self.r, self.protocol, self.precision):
                             trial = TrialConfig(
                                 dataset=self.dataset, method=method.name, noise=pattern, r=float(r), seed=seed,
                                 lr=stage.get("lr"), batch_size=stage.get("batch_size"),
                                 epochs=stage.get("epochs", self.epochs), epochs_warmup=self.epochs_warmup,
                                 method_params=freeze_params(params), transition=self.transition,
                                 train_subset=self.train_subset, device=self.device, experiment=self.name,
-                                protocol=spec,
+                                protocol=spec, precision=precision,
                             )
                             if trial.trial_id not in seen:
                                 seen.add(trial.trial_id)
@@ -288,7 +290,7 @@ def parse_experiment(data: Any, source: str = "<config>") -> Experiment:
         name=v["name"], dataset=v["dataset"], noise=v["noise"], r=v["r"], seeds=v["seeds"], methods=methods,
         epochs=v["epochs"], epochs_warmup=v["epochs_warmup"], train_subset=v["train_subset"], device=v["device"],
         resources=resources, max_concurrent=v["max_concurrent"], transition=transition,
-        description=v["description"], source=source, protocol=v["protocol"],
+        description=v["description"], source=source, protocol=v["protocol"], precision=v["precision"],
     )
 
 

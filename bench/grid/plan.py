@@ -27,7 +27,7 @@ from bench.grid import executor_table
 from bench.grid.validate import check_trials
 from bench.methods import get_method
 from bench.store.folder import Store
-from bench.trial import TrialConfig
+from bench.trial import FP32, TrialConfig
 
 if TYPE_CHECKING:  # the planner takes an Experiment; it need not import the experiment files' YAML reader
     from bench.grid.experiment import Experiment
@@ -91,7 +91,7 @@ def warm_cell(c: TrialConfig) -> tuple[Any, ...]:
     hash follows from these). The runner counts warm starts by it, and packs hold whole cells."""
     switches = c.resolved_protocol().warm_start_switches()  # the authors' warm start is not bench's
     return (c.dataset, c.noise, round(c.r, 10), c.seed, c.transition, c.train_subset, c.epochs_warmup) + \
-        ((tuple(switches),) if switches else ())
+        ((tuple(switches),) if switches else ()) + ((c.precision,) if c.precision != FP32 else ())
 
 
 def auto_pack_size(t: TrialConfig, data_root: str | os.PathLike[str] | None) -> tuple[int, str | None]:

@@ -44,8 +44,10 @@ from bench.store.columns import conform
 
 CELL = ["dataset", "noise", "r", "method"]
 # The columns that make a hyper-parameter setting (everything of a trial's config but the cell and the seed).
-# A setting includes its protocol (`bench.protocol`): two protocols' trials of one seed are two trainings.
-SETTING_COLUMNS = ["model", "lr", "batch_size", "method_params", "epochs", "epochs_warmup", "train_subset", "protocol"]
+# A setting includes its protocol (`bench.protocol`) and its precision: two protocols' (or precisions') trials of one
+# seed are two trainings.
+SETTING_COLUMNS = ["model", "lr", "batch_size", "method_params", "epochs", "epochs_warmup", "train_subset", "protocol",
+                   "precision"]
 PROVENANCE_COLUMNS = ["git_commit", "torch_version", "numpy_version", "python_version", "device", "noise_hash"]
 REQUIRED_COLUMNS = ["dataset", "method", "noise", "r", "seed", "status", "val_loss", "test_acc"]
 USABLE_STATUS = ("ok", "diverged")

@@ -69,6 +69,8 @@ MORE = (
     _c("method_params", TEXT, CONFIGURATION),  # JSON; the mirror logs each parameter as a param of its own
     _c("protocol", TEXT, CONFIGURATION, default="bench"),  # rows written before protocols existed are bench's
     _c("switches", TEXT, CONFIGURATION, default=""),  # the authors' switches the protocol turned on, comma-separated
+    # `bench.trial.PRECISIONS`: rows written before precisions existed are fp32's
+    _c("precision", TEXT, CONFIGURATION, "param", default="fp32"),
     _c("train_subset", INT, CONFIGURATION, "param"),
     _c("last_test_bal_acc", FLOAT, MEASUREMENT, "metric"), _c("warmup_test_acc", FLOAT, MEASUREMENT, "metric"),
     _c("warmup_s", FLOAT, COST, "metric"), _c("method_s", FLOAT, COST, "metric"),

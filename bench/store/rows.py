@@ -105,6 +105,7 @@ def make_row(
         # The protocol (`bench.protocol`) as written and the switches of the authors' scripts it turned on.
         protocol=protocol.canonical(config.protocol),
         switches=",".join(config.resolved_protocol().names()),
+        precision=config.precision,
         train_subset=config.train_subset,
         privileged=bool(privileged),
         error=(outcome.error if outcome and outcome.error else error),
