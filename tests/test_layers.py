@@ -191,3 +191,16 @@ def test_progress_travels_as_values_not_as_log_text() -> None:
                if (isinstance(node, ast.Import) and any(a.name == "re" for a in node.names))
                or (isinstance(node, ast.ImportFrom) and node.module == "re")]
     assert readers == []
+
+
+def test_every_package_and_data_file_is_installed() -> None:
+    """pyproject.toml names bench's packages one by one (baselines/ and datasets/ are mapped in): a package or a data
+    file it does not name works in an editable install and is missing from a wheel."""
+    import tomllib
+
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = {module_name(p.parent) for p in BENCH.rglob("__init__.py")}
+    assert sorted(packages - set(setuptools["packages"])) == []
+    data = {(module_name(p.parent), p.name) for p in BENCH.rglob("*") if p.suffix in {".csv", ".css", ".js", ".json"}}
+    declared = {(package, name) for package, names in setuptools["package-data"].items() for name in names}
+    assert sorted(data - declared) == []
