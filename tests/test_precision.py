@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 from tolerances import U32, U_BF16, bf16_linear, bf16_trained_close, f32, within
 
 from bench.cli.main import main
@@ -184,6 +185,12 @@ def test_a_bad_precision_is_one_line_naming_the_choices(tmp_path: Path, capsys, 
     monkeypatch.setenv("BENCH_PACK_PRECISION", "bf16")  # the opt-in of packs alone, refused rather than ignored
     with pytest.raises(UserError, match="BENCH_PACK_PRECISION is gone"):
         run_pack([config(seed=0), config(seed=1)], "unused", **QUIET)
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump(grid))  # `bench run` says so before Ray starts
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "g.yaml"), "--results", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("bench: error: BENCH_PACK_PRECISION is gone")
+    assert not (tmp_path / "run").exists()
 
 
 def test_precision_is_an_experiment_key_and_a_grid_axis() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from bench.config import EXIT_USAGE, UserError
 from bench.exec.memory import memory_budget
+from bench.exec.packed import check_no_pack_precision
 from bench.grid.cluster import gpus_to_plan, probe
 from bench.grid.describe import print_plan, print_size
 from bench.grid.experiment import Experiment
@@ -71,6 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.num_cpus is not None and args.num_cpus < 1:
         raise UserError(f"--num-cpus must be >= 1, got {args.num_cpus}")
     memory_budget()  # a bad $BENCH_PACK_MEMORY_GB is one line here, before Ray, not an error in every pack
+    check_no_pack_precision()  # likewise the retired $BENCH_PACK_PRECISION
     check_results(folder.absolute(results))
     if args.address:  # before anything is written: a wrong address is one line in seconds
         probe(args.address)
