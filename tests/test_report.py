@@ -315,6 +315,7 @@ def test_run_summary_and_report_select_by_the_same_rule(tmp_path, capsys):
     from bench.grid.plan import Plan
     from bench.grid.progress import Tally, print_summary
     from bench.report.analysis import aggregate, load_trials
+    from bench.store.columns import Outcome
     from bench.store.rows import make_row, write_trial
     from bench.trial import TrialConfig
 
@@ -322,10 +323,9 @@ def test_run_summary_and_report_select_by_the_same_rule(tmp_path, capsys):
     for lr, seed, val_loss, acc in ((1e-3, 0, 1.0, 80.0), (1e-3, 1, 3.0, 60.0), (1e-4, 0, 1.5, 70.0),
                                     (1e-4, 1, 1.6, 70.0)):
         config = TrialConfig("synthetic", "dmi", "case3", 0.4, seed=seed, lr=lr, experiment="sel")
-        outcome = SimpleNamespace(status="ok", best_epoch=1, val_loss=val_loss, test_acc=acc, test_bal_acc=acc,
-                                  last_test_acc=acc, last_test_bal_acc=acc, warmup_test_acc=50.0, warmup_s=1.0,
-                                  method_s=1.0, estimated_transition=None, confusion=None, error="", pack_size=1,
-                                  networks=1, epochs=[], diagnostics_s=0.0)
+        outcome = Outcome(status="ok", best_epoch=1, val_loss=val_loss, test_acc=acc, test_bal_acc=acc,
+                          last_test_acc=acc, last_test_bal_acc=acc, warmup_test_acc=50.0, warmup_s=1.0, method_s=1.0,
+                          estimated_transition=None, confusion=None, epochs=[])
         write_trial(tmp_path, make_row(config, "mlp", None, outcome, 1.0, lr, 128, 2, 2), [])
         trials.append(config)
     grid = aggregate(load_trials(tmp_path))

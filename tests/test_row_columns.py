@@ -24,11 +24,11 @@ QUIET = dict(log=lambda s: None)
 
 
 def test_the_declaration_groups_every_column_once() -> None:
-    assert len(ROW) == len(ROW_COLUMNS) == 50
+    assert len(ROW) == len(ROW_COLUMNS) == 51
     assert sorted(sum((group(g) for g in GROUPS), [])) == sorted(ROW)
     assert [c.name for c in ROW_COLUMNS[:len(CORE_COLUMNS)]] == CORE_COLUMNS
     assert group("cost") == ["wall_s", "warmup_s", "method_s", "pack_size", "networks", "epochs_trained", "device_s",
-                             "diagnostics_s", "pack_wall_s"]
+                             "diagnostics_s", "pack_wall_s", "executor"]
     # What the MLflow mirror logged before the declaration, as params and as metrics (and the precision since).
     assert set(MLFLOW_PARAMS) == {"dataset", "model", "method", "noise", "r", "seed", "lr", "batch_size", "epochs",
                                   "epochs_warmup", "train_subset", "trial_id", "device", "git_commit", "precision"}
@@ -59,6 +59,8 @@ def test_solo_packed_and_failed_trials_write_one_declared_schema(tmp_path: Path)
     assert declared.field("estimated_transition").type == pa.string()
     assert declared.field("pack_wall_s").type == pa.float64() and declared.field("best_epoch").type == pa.int64()
     assert [r["pack_size"] for r in packed] == [2, 2] and [r["pack_size"] for r in solo] == [1, 1]
+    # The kind of unit that trained each (bench.exec.executor); unknown for a trial that failed before it ended.
+    assert [r["executor"] for r in packed + solo] == ["pack", "pack", "solo", "solo"] and failed["executor"] is None
     assert packed[0]["pack_wall_s"] == packed[1]["pack_wall_s"] > 0
     assert packed[0]["wall_s"] == pytest.approx(packed[0]["pack_wall_s"] / 2)
     assert solo[0]["pack_wall_s"] is None and solo[1]["estimated_transition"] is None

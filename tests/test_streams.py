@@ -33,7 +33,8 @@ from bench.store.folder import Checkpoints
 from bench.trial import TrialConfig
 
 # What a second run of one trial changes: its timings and when it finished.
-CHANGES = {"wall_s", "warmup_s", "method_s", "device_s", "diagnostics_s", "pack_wall_s", "finished_at"}
+# What differs between a member's row and its solo trial's: the clock, and the kind of unit that trained it.
+CHANGES = {"wall_s", "warmup_s", "method_s", "device_s", "diagnostics_s", "pack_wall_s", "finished_at", "executor"}
 QUIET = dict(log=lambda s: None)
 
 
@@ -94,6 +95,7 @@ def test_each_member_is_bit_equal_to_its_solo_trial(tmp_path: Path) -> None:
     assert [r["trial_id"] for r in rows] == [t.trial_id for t in MIXED]
     for got, want in zip(rows, solo, strict=True):
         assert got["status"] == "ok" and same_row(got, want), got["method"]
+        assert (got["executor"], want["executor"]) == ("streams", "solo")
     assert_bit_equal(tmp_path / "unit", tmp_path / "solo", MIXED)
     # Each member's lines carry its index; its events come through as they are, one method stage each.
     assert {line.split(" ")[0] for line in lines} == {f"[m{m}]" for m in range(len(MIXED))}

@@ -51,9 +51,10 @@ def augmenter(p: Prepared) -> Callable[[torch.Tensor], torch.Tensor] | None:
 
 def measure(p: Prepared, method: Method, result: StageResult, member: int, best_logits: torch.Tensor,
             last_logits: torch.Tensor, warmup_test_acc: float, epochs: list[dict[str, Any]], warmup_s: float,
-            method_s: float, diagnostics_s: float, pack_size: int = 1) -> Outcome:
+            method_s: float, diagnostics_s: float, pack_size: int = 1, executor: str = "solo") -> Outcome:
     """A member's outcome: its method stage's selection and status (`result`, member `member`), the clean test
-    accuracy of its selected model (`best_logits`) and of its last (`last_logits`), its epoch rows and costs."""
+    accuracy of its selected model (`best_logits`) and of its last (`last_logits`), its epoch rows and costs, and
+    the kind of unit that trained it (`executor`)."""
     classes = p.dataset.num_classes
     test_acc, test_bal, confusion = accuracy(best_logits, p.test.labels, classes)
     last_acc, last_bal, _ = accuracy(last_logits, p.test.labels, classes)
@@ -62,7 +63,7 @@ def measure(p: Prepared, method: Method, result: StageResult, member: int, best_
         val_loss=float(result.best_loss[member]), warmup_test_acc=float(warmup_test_acc), test_acc=test_acc,
         test_bal_acc=test_bal, last_test_acc=last_acc, last_test_bal_acc=last_bal, confusion=confusion,
         estimated_transition=method.estimated_transition(), epochs=epochs, warmup_s=warmup_s, method_s=method_s,
-        error=result.errors[member], pack_size=pack_size, networks=type(method).networks,
+        error=result.errors[member], pack_size=pack_size, executor=executor, networks=type(method).networks,
         diagnostics_s=diagnostics_s,
     )
 

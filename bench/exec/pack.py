@@ -98,7 +98,7 @@ def _run_pack(
         outcome = measure(p, methods[m], result, m, best[m], last[m], warm_test[m],
                           warm.epochs[warm.keys[m]] + result.epochs[m], warm.seconds_each, result.seconds / k,
                           (warm.diagnose_s + result.diagnose_seconds) / k,  # an even share, as wall_s
-                          pack_size=k)
+                          pack_size=k, executor="pack")
         rows[order[m]] = finish(p, outcome, wall / k, results, pack_wall_s=wall)
     log(f"pack of {k} done in {wall:.1f}s ({wall / k:.2f}s per trial)")
     return rows

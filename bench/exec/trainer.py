@@ -82,12 +82,13 @@ def train(
     warm_cache: WarmStarts | None = None,
     events: Events | None = None,
     checkpoints: Checkpoints | None = None,
+    executor: str = "solo",
 ) -> Outcome:
     """Warm start, method stage, selection on the noisy validation set, clean test accuracy.
 
     With `checkpoints`, the method stage saves its whole state after each epoch (networks, optimiser, scheduler
     position, method state, random generators, selection so far) and resumes from the last one it finds, with the
-    same numbers as an uninterrupted run."""
+    same numbers as an uninterrupted run. `executor`: the kind of unit it trains in, for its row."""
     method = new_method(p)
     started = time.perf_counter()
     nets, epochs, warm_diagnose_s = warm_started_nets(p, type(method).networks, log, warm_cache, events)
@@ -105,7 +106,7 @@ def train(
     nets[0].load_state_dict(stage.best_state)
     return measure(p, method, result, 0, predict(nets[0], p.test), last_logits, warmup_test_acc,
                    epochs + result.epochs[0], warmup_s, result.seconds,
-                   warm_diagnose_s + result.diagnose_seconds)
+                   warm_diagnose_s + result.diagnose_seconds, executor=executor)
 
 
 def warm_started_nets(p: Prepared, networks: int, log: Log, warm_cache: WarmStarts | None,
@@ -133,8 +134,10 @@ def run_trial(
     warm_cache: WarmStarts | None = None,
     events: Events | None = None,
     checkpoints: Checkpoints | None = None,
+    executor: str = "solo",
 ) -> dict[str, Any]:
-    """Run one trial and return its result row; with `results`, also write it there.
+    """Run one trial and return its result row; with `results`, also write it there. `executor`: the kind of unit
+    it runs in (`bench.exec.executor`), for its row.
 
     Bad input raises `UserError` before anything is written. A crash during training writes a row with
     status "failed" and the error, then re-raises.
@@ -144,7 +147,7 @@ def run_trial(
     log(f"trial {config.trial_id}: {config.dataset} / {config.method} / {config.noise} r={config.r} "
         f"seed={config.seed}  realised noise rate {100 * p.labels.noise_rate:.1f}%  on {p.device}")
     try:
-        outcome = train(p, log=log, warm_cache=warm_cache, events=events, checkpoints=checkpoints)
+        outcome = train(p, log=log, warm_cache=warm_cache, events=events, checkpoints=checkpoints, executor=executor)
     except UserError:
         raise
     except Exception as e:

@@ -85,6 +85,9 @@ MORE = (
     _c("config_json", TEXT, PROVENANCE),  # the trial's effective configuration, whose hash is its id
     _c("finished_at", TEXT, PROVENANCE),  # UTC, ISO 8601: the newest of two rows of a seed counts
     _c("pack_wall_s", FLOAT, COST),  # the whole pack's wall time (null for a solo trial)
+    # The kind of unit that trained it (`bench.exec.executor`): solo, pack, streams, ...; null in rows written before
+    # executors had names, and in a trial's row where it failed before it ended.
+    _c("executor", TEXT, COST),
 )
 ROW_COLUMNS = CORE + MORE
 ROW = {c.name: c for c in ROW_COLUMNS}
@@ -203,5 +206,6 @@ class Outcome:
     method_s: float
     error: str = ""
     pack_size: int = 1
+    executor: str = "solo"  # the kind of unit that trained it (`bench.exec.executor`)
     networks: int = 1  # networks the method stage trains (Co-teaching, DivideMix: 2)
     diagnostics_s: float = 0.0  # seconds spent on the per-epoch diagnostics (measuring, not the method's cost)

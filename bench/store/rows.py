@@ -68,6 +68,7 @@ def _measured(outcome: Any | None, labels: NoisyLabels | None, wall_s: float) ->
         estimated_transition=_matrix(o.estimated_transition) if o else None,
         confusion=_matrix(o.confusion) if o else None,
         pack_size=o.pack_size if o else None,  # trials trained together with this one (1: solo)
+        executor=o.executor if o else None,
         # Cost (bench.report.diagnostics): networks the method stage trains, epochs of its protocol (its warm start's
         # too, whoever trained it: cached, packed or resumed, the count is the same), seconds on its device without
         # the per-epoch diagnostics.

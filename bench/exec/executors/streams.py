@@ -224,7 +224,7 @@ class Streams(Executor):
         try:
             row = run_trial(trial, ctx.data_root, results=ctx.results, log=log,
                             warm_cache=shared_cache(ctx.warm_cache, baton, m), events=ctx.events,
-                            checkpoints=checkpoints)
+                            checkpoints=checkpoints, executor=self.name)
         except Exception as e:
             if retry_may_cure(e):
                 log(f"stopping the unit for a retry: {type(e).__name__}: {e}")
