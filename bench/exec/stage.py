@@ -99,18 +99,20 @@ def train_epoch(
     total = torch.zeros((), dtype=torch.float64, device=loader.device)
     steps = 0
     params = [q for group in optimizer.param_groups for q in group["params"]]
-    for x, y, idx in loader.batches(batch_size, train=True, generator=generator):
-        with loader.forward_precision(nets):
+    turn = getattr(after_step, "turn", None)
+    # The precision's hooks are on the networks' forward passes only, so one set serves the whole epoch.
+    with loader.forward_precision(nets):
+        for x, y, idx in loader.batches(batch_size, train=True, generator=generator):
             loss = step_loss(nets, Batch(x=x, y=y, index=idx, epoch=epoch))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if max_grad_norm is not None:
-            nn.utils.clip_grad_norm_(params, max_grad_norm)
-        optimizer.step()
-        total += loss.detach()
-        steps += 1
-        if (turn := getattr(after_step, "turn", None)) is not None:
-            turn()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if max_grad_norm is not None:
+                nn.utils.clip_grad_norm_(params, max_grad_norm)
+            optimizer.step()
+            total += loss.detach()
+            steps += 1
+            if turn is not None:
+                turn()
     return total / max(steps, 1)
 
 

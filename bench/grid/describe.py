@@ -25,7 +25,8 @@ if TYPE_CHECKING:  # the listing takes an Experiment; it need not import the exp
 def table_lines(pending: list[TrialConfig], gpu_kind: str | None) -> list[str]:
     """The executor table's rows that chose the executors of `pending` under `--pack auto`, one line each; not the
     rows that keep trials solo on a CPU (the dry run says why they run solo)."""
-    chosen = dict.fromkeys(executor_table.choose(trial_model(t), t.device, gpu_kind) for t in pending)
+    table = executor_table.read_table()
+    chosen = dict.fromkeys(executor_table.choose(trial_model(t), t.device, gpu_kind, table) for t in pending)
     where = executor_table.table_path()
     return [f"executor table ({where.name if where == executor_table.DEFAULT else where}): {c.describe()}"
             for c in chosen if c is not None and (c.executor, c.device) != ("solo", executor_table.CPU)]

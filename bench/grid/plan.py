@@ -142,8 +142,9 @@ def plan_units(trials: list[TrialConfig], pack: str | int, data_root: str | os.P
         return [Unit("solo", (t,)) for t in trials]
     solo: list[list[TrialConfig]] = []
     groups: dict[tuple[Any, ...], dict[tuple[Any, ...], list[TrialConfig]]] = {}
+    table = executor_table.read_table() if pack == "auto" else ()  # read once, not once a trial
     for t in trials:
-        kind, most = unit_kind(t, pack, gpu_kind)
+        kind, most = unit_kind(t, pack, gpu_kind, table)
         executor = get_executor(kind)
         if kind == "solo" or executor.why_not(t):
             solo.append([t])
@@ -163,12 +164,13 @@ def plan_units(trials: list[TrialConfig], pack: str | int, data_root: str | os.P
     return [Unit(kind if len(u) > 1 else "solo", tuple(u)) for kind, u in together + [("solo", u) for u in solo]]
 
 
-def unit_kind(t: TrialConfig, pack: str | int, gpu_kind: str | None) -> tuple[str, int]:
+def unit_kind(t: TrialConfig, pack: str | int, gpu_kind: str | None,
+              table: tuple[executor_table.Choice, ...]) -> tuple[str, int]:
     """The executor that trains `t` with others, and how many trials its units hold at most: `--pack N`'s packs,
     or under `--pack auto` the executor table's row for its model and device (none: solo)."""
     if pack != "auto":
         return "pack", int(pack)
-    choice = executor_table.choose(trial_model(t), t.device, gpu_kind)
+    choice = executor_table.choose(trial_model(t), t.device, gpu_kind, table)
     if choice is None:
         return "solo", 1
     if choice.executor not in executors():
