@@ -24,7 +24,7 @@ QUIET = dict(log=lambda s: None)
 
 
 def test_the_declaration_groups_every_column_once() -> None:
-    assert len(ROW) == len(ROW_COLUMNS) == 51
+    assert len(ROW) == len(set(ROW)) == len(ROW_COLUMNS)  # each declared name once
     assert sorted(sum((group(g) for g in GROUPS), [])) == sorted(ROW)
     assert [c.name for c in ROW_COLUMNS[:len(CORE_COLUMNS)]] == CORE_COLUMNS
     assert group("cost") == ["wall_s", "warmup_s", "method_s", "pack_size", "networks", "epochs_trained", "device_s",
@@ -99,3 +99,15 @@ def test_rows_written_by_older_code_read_with_every_declared_column(tmp_path: Pa
     assert df["privileged"].to_list() == [False, False]
     assert df["pack_size"].to_list() == [None, 2] and df["pack_wall_s"].to_list() == [None, 3.0]
     assert df["train_subset"].to_list() == [None, None] and df["test_acc"].to_list() == [70.0, 72.0]
+
+
+def test_make_row_refuses_a_column_it_makes_but_nobody_declared(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As if `host` had been added to make_row but never declared: it used to vanish from the row without a word."""
+    from bench.store import columns, rows
+
+    declared = {name: column for name, column in columns.ROW.items() if name != "host"}
+    monkeypatch.setattr(columns, "ROW", declared)
+    monkeypatch.setattr(rows, "ROW", declared)
+    config = TrialConfig("synthetic", "ce", "case3", 0.3, seed=1)
+    with pytest.raises(ValueError, match="undeclared result-row columns host: declare each in"):
+        rows.make_row(config, "mlp", None, None, 1.0, 1e-3, 128, 2, 1)

@@ -101,16 +101,21 @@ def group(name: str) -> list[str]:
     return [c.name for c in ROW_COLUMNS if c.group == name]
 
 
+def check_declared(names: Iterable[str]) -> None:
+    """A `ValueError` naming every column in `names` that is not declared here: a new column is declared first."""
+    undeclared = set(names) - ROW.keys()
+    if undeclared:
+        raise ValueError(f"undeclared result-row columns {', '.join(sorted(undeclared))}: declare each in "
+                         "bench/store/columns.py")
+
+
 def row_schema(names: Iterable[str] | None = None) -> Any:
     """The arrow schema of a trial row: every column (or those in `names`), in row order. A name not declared here is
     a `ValueError`: a new column is declared here first."""
     import pyarrow as pa
 
     names = set(ROW if names is None else names)
-    undeclared = names - ROW.keys()
-    if undeclared:
-        raise ValueError(f"undeclared result-row columns {', '.join(sorted(undeclared))}: declare each in "
-                         "bench/store/columns.py")
+    check_declared(names)
     return pa.schema([(c.name, pa.type_for_alias(c.type)) for c in ROW_COLUMNS if c.name in names])
 
 

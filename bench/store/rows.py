@@ -22,7 +22,7 @@ import torch
 
 from bench import protocol
 from bench.noise import NoisyLabels
-from bench.store.columns import ROW
+from bench.store.columns import ROW, check_declared
 from bench.store.folder import Store
 from bench.trial import TrialConfig
 
@@ -117,6 +117,7 @@ def make_row(
         finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),  # the newest of two rows of a seed counts
         pack_wall_s=None if pack_wall_s is None else float(pack_wall_s),
     ) | _measured(outcome, labels, wall_s)
+    check_declared(row)  # a column made here but never declared would otherwise be dropped without a word
     return {name: row[name] for name in ROW}  # every declared column (a KeyError names one not made here)
 
 
