@@ -367,8 +367,8 @@ def fidelity_record(markdown: bool = False) -> str:
              "Each method, the released code it was checked against, and every difference that remains, with its "
              "reason, then the two protocols' switches per dataset, then what they measured.",
              "Generated from the methods' `reference` and `differences` and the datasets' `authors_protocol`: "
-             "`bench methods --references --markdown` (a test checks that it is current), up to the marker before "
-             "the measured figures.", ""]
+             "`bench methods --references --update docs/fidelity.md` (a test checks that it is current), up to the "
+             "marker before the measured figures, which it keeps.", ""]
     for name, cls in registry().items():
         lines += [f"## `{name}`: {cls.title}", "", f"Paper: {cls.paper}", "",
                   f"Reference: {cls.reference or '(none)'}", ""]

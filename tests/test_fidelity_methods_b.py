@@ -14,12 +14,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.cli.main import main
+from bench.cli.methods import MEASURED_MARKER
 from bench.config import Schedule
 from bench.methods import Batch, StageContext, check_params, fidelity_record, registry
 from bench.trial import TrialConfig, freeze_params
 
 REPO = Path(__file__).resolve().parents[1]
-MEASURED_MARKER = "<!-- measured: everything below is written by hand, not generated -->\n"
 
 # One reference: "owner/repo, a path to a file (path/file.ext, possibly more words), release or commit <id>".
 REFERENCE = re.compile(r"[\w.-]+/[\w.-]+, [^,;]*[\w-]+/?[\w./-]*\.\w+[^;]*, (release|commit) [\w.-]+")
@@ -45,10 +45,25 @@ def test_docs_fidelity_page_is_the_generated_record(capsys: pytest.CaptureFixtur
     assert page == fidelity_record(markdown=True)
     generated, marker, measured = (REPO / "docs" / "fidelity.md").read_text().partition(MEASURED_MARKER)
     assert generated == page, "docs/fidelity.md is stale: regenerate the part above the marker with " \
-        "`bench methods --references --markdown`"
+        "`bench methods --references --update docs/fidelity.md`"
     assert marker and measured.strip(), "docs/fidelity.md: the measured figures follow the generated record"
     for name, cls in registry().items():
         assert f"## `{name}`: {cls.title}" in page
+
+
+def test_updating_the_page_regenerates_the_record_and_keeps_the_figures_below_the_marker(tmp_path: Path) -> None:
+    """The documented command used to be `--markdown > docs/fidelity.md`, which deleted the hand-written half."""
+    page = tmp_path / "fidelity.md"
+    by_hand = "## Measured\n| r | CE |\n| 0.4 | 52.67 |\n"
+    page.write_text("# an old record\n" + MEASURED_MARKER + by_hand)
+    assert main(["methods", "--references", "--update", str(page)]) == 0
+    assert page.read_text() == fidelity_record(markdown=True) + MEASURED_MARKER + by_hand
+    fresh = tmp_path / "new.md"  # a page without a marker yet gets one, with nothing below it
+    assert main(["methods", "--references", "--update", str(fresh)]) == 0
+    assert fresh.read_text() == fidelity_record(markdown=True) + MEASURED_MARKER
+    assert main(["methods", "--update", str(page)]) == 2  # --update formats the record: one line, nothing written
+    assert main(["methods", "--references", "--update", str(tmp_path / "no" / "page.md")]) == 2
+    assert not (tmp_path / "no").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["fidelity.md", "new.md"]
 
 
 def test_the_terminal_record_lists_each_method_with_its_reference(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,6 +1,6 @@
-"""The `bench` command line: every command's arguments are defined here, with the bodies of `trial`, `datasets`,
-`methods` and `results`; the others' bodies are modules of their own in `bench.cli` (`run`; `report`: report and
-leaderboard; `mlflow`: sync-mlflow and ui; `labels`), each a thin call into its layer. Each is imported only when its
+"""The `bench` command line: every command's arguments are defined here, with the bodies of `trial`, `datasets` and
+`results`; the others' bodies are modules of their own in `bench.cli` (`run`; `report`: report and leaderboard;
+`mlflow`: sync-mlflow and ui; `labels`; `methods`), each a thin call into its layer. Each is imported only when its
 command runs, so that `bench --help`, `trial`, `datasets` and `methods` stay light and work on a bare GPU box (torch
 and numpy only).
 Bad input prints one line starting with "bench: error:" and exits with code 2, having written nothing."""
@@ -106,26 +106,6 @@ def cmd_datasets(args: argparse.Namespace) -> int:
         print(f"{name:{width}s} {ds.status():28s} C={cls.num_classes:<3d} {train}/{val}/{test}  model {cls.model}  "
               f"noise {', '.join(cls.noise_patterns) or '-'}")
         for line in ds.describe():
-            print(f"{'':{width}s} {line}")
-    return 0
-
-
-def cmd_methods(args: argparse.Namespace) -> int:
-    # torch loads with the commands that need it: `bench --help` and a mistyped flag answer at once
-    from bench.methods import describe_params, fidelity_record, registry
-
-    if args.markdown and not args.references:
-        raise UserError("--markdown formats the fidelity record: use it with --references")
-    if args.references:
-        print(fidelity_record(markdown=args.markdown), end="")
-        return 0
-    width = max(map(len, registry())) + 1
-    for name, cls in registry().items():
-        flags = "  [uses the true T: privileged diagnostic]" if cls.uses_true_transition else ""
-        packs = "  [packs on a GPU]" if cls(2).packable() else ""
-        print(f"{name:{width}s} {cls.title}{flags}{packs}")
-        print(f"{'':{width}s} {cls.paper}")
-        for line in describe_params(cls):
             print(f"{'':{width}s} {line}")
     return 0
 
@@ -257,7 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print each method's fidelity record instead: the released code it was checked against "
                         "and every remaining difference")
     p.add_argument("--markdown", action="store_true", help="with --references: as Markdown (docs/fidelity.md)")
-    p.set_defaults(func=cmd_methods)
+    p.add_argument("--update", type=Path, metavar="PAGE",
+                   help="with --references: rewrite the generated part of PAGE (docs/fidelity.md) and keep what is "
+                        "written by hand below its marker")
+    p.set_defaults(func=_later("bench.cli.methods", "cmd_methods"))
 
     _add_run(sub)
     _add_labels(sub)
