@@ -33,7 +33,7 @@ def discover(base: type, places: tuple[str, ...]) -> dict[str, Any]:
         modules.append(module)
         if hasattr(module, "__path__"):  # a package: its modules
             modules += [importlib.import_module(f"{place}.{m.name}") for m in pkgutil.iter_modules(module.__path__)]
-    modules += plugin_modules()
+    modules += plugin_modules((base.__module__, *places))
     found: dict[str, Any] = {}
     for module in modules:
         for obj in vars(module).values():
@@ -66,9 +66,31 @@ def read_text_file(path: Path, what: str) -> str:
 PLUGINS_ENV = "BENCH_PLUGINS"
 
 
-def plugin_modules() -> list[Any]:
+def imported_modules(file: Path) -> set[str]:
+    """The absolute module names a Python file imports, read from its syntax without running it (`from a.b import c`
+    names both `a.b` and `a.b.c`: c may be a module)."""
+    import ast
+
+    try:
+        tree = ast.parse(file.read_bytes(), filename=str(file))
+    except (SyntaxError, ValueError) as e:
+        raise UserError(f"${PLUGINS_ENV}: {file} is not valid Python ({e}); fix or remove it") from None
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def plugin_modules(kind: tuple[str, ...] = ()) -> list[Any]:
     """The modules of the plug-in folders in `$BENCH_PLUGINS`, each file imported once (under a name derived from its
-    path, so that two folders may hold files of the same name)."""
+    path, so that two folders may hold files of the same name). With `kind` (the module defining a registry's base
+    class, e.g. "bench.report.panel", and the registry's own places), only the files that import one of them or a
+    module inside one: a plug-in is imported by the registry of the kind it defines alone, so a report panel (polars,
+    scipy) never loads in the training core."""
     import importlib.util
     import sys
 
@@ -78,6 +100,8 @@ def plugin_modules() -> list[Any]:
         if not path.is_dir():
             raise UserError(f"${PLUGINS_ENV}: {path} is not a folder of plug-in files")
         for file in sorted(path.glob("*.py")):
+            if kind and not any(m == k or m.startswith(k + ".") for m in imported_modules(file) for k in kind):
+                continue
             name = f"bench_plugin_{hashlib.sha256(str(file).encode()).hexdigest()[:8]}_{file.stem}"
             if name not in sys.modules:
                 spec = importlib.util.spec_from_file_location(name, file)

@@ -172,3 +172,43 @@ def test_the_docs_templates_are_one_file_each_and_train(plugin_folder, tmp_path,
                                                                             "ok")
     assert row["noise_rate"] == pytest.approx(np.mean(noisy != clean))  # the same labels as drawn above
     assert 33.3 < row["test_acc"] <= 100  # three blobs two standard deviations apart: better than chance
+
+
+def doc_panel() -> str:
+    """docs/extending.md's panel plug-in (it imports polars, as report panels do)."""
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
+                if "from bench.report.panel import Panel" in b]
+    return block
+
+
+def test_a_panel_plug_in_never_loads_in_the_training_core(tmp_path, monkeypatch):
+    """On a bare GPU box (torch and numpy, no polars, scipy, matplotlib, mlflow or ray), a trial of the doc's plug-in
+    dataset and method trains beside the doc's panel plug-in in the same folder: only the registry of a plug-in's own
+    kind imports it. Every registry used to import every plug-in file, so `get_dataset` failed on the panel's polars."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    for name, text in doc_files().items():
+        (folder / name).write_text(text)
+    (folder / "seeds_panel.py").write_text(doc_panel())
+    bare = ("polars", "scipy", "matplotlib", "mlflow", "ray")
+    results = tmp_path / "res"
+    code = (f"import sys\nfor m in {bare!r}: sys.modules[m] = None  # import m now raises ImportError\n"
+            "from bench.cli.main import main\n"
+            f"code = main(['trial', '--dataset', 'ring_blobs', '--method', 'taylor_ce', '--noise', 'next_class', "
+            f"'--r', '0.2', '--seed', '1', '--epochs-warmup', '1', '--epochs', '1', '--results', {str(results)!r}])\n"
+            f"assert not [m for m in {bare!r} if sys.modules.get(m) is not None]\n"
+            "sys.exit(code)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "BENCH_PLUGINS": str(folder), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(list((results / "trials").glob("*.parquet"))) == 1
+    # The panel is still a panel: the report's registry imports it (and the training registries do not).
+    from bench.config import plugin_modules
+
+    monkeypatch.setenv("BENCH_PLUGINS", str(folder))
+    kinds = {kind: [m.__file__ for m in plugin_modules(kind)] for kind in [("bench.report.panel",), ("bench.data",)]}
+    assert [Path(f).name for f in kinds[("bench.report.panel",)]] == ["seeds_panel.py"]
+    assert "seeds_panel.py" not in [Path(f).name for f in kinds[("bench.data",)]]
