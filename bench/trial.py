@@ -69,6 +69,10 @@ class TrialConfig:
         """The switches this trial's protocol turns on, as its dataset declares them (`Dataset.authors_protocol`)."""
         return get_dataset(self.dataset).protocol(self.protocol)
 
+    def network(self) -> str:
+        """The network this trial trains: its dataset's, or the one its authors' scripts build (`script_model`)."""
+        return self.resolved_protocol().setting("script_model", get_dataset(self.dataset).model)
+
     def schedules(self) -> tuple[Schedule, Schedule]:
         """The (warm start, method stage) schedules this trial trains with: its dataset's paper warm start, and its
         method's own method stage on that dataset (else the dataset's), with this config's lr, batch size and epochs
@@ -103,7 +107,6 @@ class TrialConfig:
         ) | ({} if self.precision == FP32 else dict(precision=self.precision))
         try:
             dataset, method = get_dataset(self.dataset), get_method(self.method)
-            model = dataset.model
             warmup, stage = self.schedules()
             params = self.effective_params()
         except UserError:
@@ -113,7 +116,7 @@ class TrialConfig:
                             epochs_warmup=self.epochs_warmup, method_params=given) | given_protocol
         # A changed implementation is a new trial too: each plug-in's `version` counts its changes that alter numbers.
         proto = self.resolved_protocol()
-        model = proto.setting("script_model", model)
+        model = self.network()
         switches = {} if not proto.switches else \
             dict(switches={name: repr(switch.setting) for name, switch in sorted(proto.switches.items())})
         return d | dict(model=model, warmup=_canonical(warmup), method_stage=_canonical(stage),

@@ -241,7 +241,7 @@ def prepare(
         val=SplitLoader(splits.val, labels.val, dataset, device, config.precision),
         test=SplitLoader(splits.test, splits.test.y, dataset, device, config.precision),
         warmup=warmup, method_stage=method_stage, protocol=proto,
-        model=proto.setting("script_model", dataset_cls.model),
+        model=config.network(),
         diag_index=torch.as_tensor(sample, device=device),
         diag_train=SplitLoader(diag_split, noisy_train[sample], dataset, device, config.precision),
         diag_clean=torch.as_tensor(diag_split.y, dtype=torch.int64, device=device),

@@ -14,7 +14,7 @@ from bench.data import get_dataset
 from bench.exec.executor import Unit
 from bench.exec.packed import pack_key, why_solo
 from bench.grid import executor_table
-from bench.grid.plan import PACK_MAX, Plan, auto_pack_size, plan_units, trial_model, unit_epochs
+from bench.grid.plan import PACK_MAX, Plan, auto_pack_size, plan_units, unit_epochs
 from bench.schema import GRID_LIMIT
 from bench.trial import TrialConfig
 
@@ -26,7 +26,7 @@ def table_lines(pending: list[TrialConfig], gpu_kind: str | None) -> list[str]:
     """The executor table's rows that chose the executors of `pending` under `--pack auto`, one line each; not the
     rows that keep trials solo on a CPU (the dry run says why they run solo)."""
     table = executor_table.read_table()
-    chosen = dict.fromkeys(executor_table.choose(trial_model(t), t.device, gpu_kind, table) for t in pending)
+    chosen = dict.fromkeys(executor_table.choose(t.network(), t.device, gpu_kind, table) for t in pending)
     where = executor_table.table_path()
     return [f"executor table ({where.name if where == executor_table.DEFAULT else where}): {c.describe()}"
             for c in chosen if c is not None and (c.executor, c.device) != ("solo", executor_table.CPU)]

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bench.config import UserError
-from bench.data import get_dataset
 from bench.exec import memory
 from bench.exec.executor import Unit, executors, get_executor
 from bench.exec.packed import EVAL_IMAGES
@@ -170,18 +169,13 @@ def unit_kind(t: TrialConfig, pack: str | int, gpu_kind: str | None,
     or under `--pack auto` the executor table's row for its model and device (none: solo)."""
     if pack != "auto":
         return "pack", int(pack)
-    choice = executor_table.choose(trial_model(t), t.device, gpu_kind, table)
+    choice = executor_table.choose(t.network(), t.device, gpu_kind, table)
     if choice is None:
         return "solo", 1
     if choice.executor not in executors():
         raise UserError(f"the executor table {executor_table.table_path()} names the executor {choice.executor!r} "
                         f"for {choice.model} on {choice.device}; there are {', '.join(executors())}")
     return choice.executor, choice.trials
-
-
-def trial_model(t: TrialConfig) -> str:
-    """The network `t` trains (its dataset's, or the authors' script's under that switch)."""
-    return t.resolved_protocol().setting("script_model", get_dataset(t.dataset).model)
 
 
 def share_gpus(work: list[int], gpus: int) -> list[int]:
