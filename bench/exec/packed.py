@@ -44,6 +44,7 @@ from bench.exec.optim import StackedOptimizer, clip_member_grads
 from bench.exec.prepare import Prepared, autocast, to_device
 from bench.exec.stage import import_dynamo_apart
 from bench.methods import Batch, Method, get_method
+from bench.protocol import Selection
 from bench.trial import FP32, TrialConfig
 
 # Member-images per evaluation chunk (K members x chunk rows): large on a GPU, cache-sized on a CPU.
@@ -295,6 +296,9 @@ class PackedStage:
             acc = 100.0 * (logits.argmax(-1) == labels).double().mean(-1)
         return losses.cpu().numpy(), acc.cpu().numpy()
 
+    def own_score(self, selection: Selection) -> np.ndarray:
+        raise RuntimeError(f"a pack cannot select by {selection.words()}: `why_solo` keeps such trials solo")
+
     def diagnose(self, epoch: int) -> list[dict[str, float | None]]:
         """Every member's epoch diagnostics, from one stacked pass over the training sample and the test set."""
         p = self.p[0]
@@ -364,6 +368,9 @@ def why_solo(c: TrialConfig) -> str | None:
         return f"model {model} (its members' state or random draws cannot be kept apart)"
     if "generator" not in inspect.signature(ds.train_transform).parameters:
         return f"{c.dataset} augments at random from torch's shared generator (its train_transform takes no generator)"
+    rule = c.resolved_protocol().selection(c.method)
+    if rule.own_pass:
+        return f"its selection rule ({rule.words()}) needs a pass of its own, which only a solo trial makes"
     if not get_method(c.method)(ds.num_classes, dataset=c.dataset, **c.params).packable():
         return f"method {c.method} (extra passes, two networks or per-example state)"
     return None

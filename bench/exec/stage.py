@@ -139,6 +139,10 @@ class Stage(Protocol):
     # (K,) selection losses, (K,) noisy-val accuracy %, on the first `first` validation examples (None: all).
     def validate(self, first: int | None = None) -> tuple[np.ndarray, np.ndarray]: ...
 
+    # (K,) scores of a selection rule that needs a pass of its own (`Selection.own_pass`: the test set, the softmax
+    # outputs' CE); only solo stages have one (`bench.exec.packed.why_solo`).
+    def own_score(self, selection: Selection) -> np.ndarray: ...
+
     def keep_best(self, improved: np.ndarray) -> None: ...  # members whose current state is their new best
 
     def freeze(self, members: np.ndarray) -> None: ...  # diverged members: no further updates
@@ -161,6 +165,16 @@ class StageResult:
     epochs: list[list[dict[str, Any]]]  # per member, one row per epoch
     seconds: float
     diagnose_seconds: float = 0.0  # spent on the per-epoch diagnostics (measuring, not part of the method's cost)
+
+
+def selection_numbers(stage: Stage, selection: Selection) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(K,) validation losses and accuracies for the epoch table, and (K,) scores by `selection` (lower is better):
+    from those two, or from the rule's own pass."""
+    if not selection.own_pass:
+        loss, acc = stage.validate(selection.first)
+        return loss, acc, selection.score(loss, acc)
+    loss, acc = stage.validate()
+    return loss, acc, stage.own_score(selection)
 
 
 @dataclass
@@ -201,8 +215,7 @@ class StageLoop:
     def initial(self, stage: Stage, name: str, epochs: int, selection: Selection) -> EpochRecord:
         """The state before the first epoch as every member's best so far, recorded as epoch 0."""
         k = stage.members
-        self.best_loss, initial_acc = stage.validate(selection.first)
-        self.best_score = selection.score(self.best_loss, initial_acc)
+        self.best_loss, _, self.best_score = selection_numbers(stage, selection)
         t0 = time.perf_counter()
         diagnosed = stage.diagnose(0)
         self.diagnose_seconds += time.perf_counter() - t0
@@ -228,8 +241,7 @@ class StageLoop:
             stage.freeze(diverged)
         if not self.active.any():
             return None
-        val_loss, val_acc = stage.validate(selection.first)
-        score = selection.score(val_loss, val_acc)
+        val_loss, val_acc, score = selection_numbers(stage, selection)
         improved = self.active & selection.improves(score, self.best_score)
         stage.keep_best(improved)
         self.best_loss = np.where(improved, val_loss, self.best_loss)
@@ -282,7 +294,7 @@ def run_stage(
     else:
         loop = StageLoop.fresh(k)
         stage.keep_best(np.ones(k, dtype=bool))  # with no epoch trained (or none better), the initial state stands
-        if initial_is_candidate:
+        if initial_is_candidate and selection.initial:
             emit(loop.initial(stage, name, epochs, selection))
     started = time.perf_counter()
     for epoch in range(loop.epoch + 1, epochs + 1):
@@ -357,6 +369,10 @@ class SoloStage:
             loss = float(self.selection_loss(logits, labels))
         acc, _, _ = accuracy(logits, labels, self.p.dataset.num_classes)
         return np.array([loss]), np.array([acc])
+
+    def own_score(self, selection: Selection) -> np.ndarray:
+        split = self.p.test if selection.oracle else self.p.val
+        return np.array([selection.logit_score(predict(self.nets[0], split), split.labels)])
 
     def keep_best(self, improved: np.ndarray) -> None:
         if improved[0]:
