@@ -24,7 +24,7 @@ QUIET = dict(log=lambda s: None)
 
 
 def test_the_declaration_groups_every_column_once() -> None:
-    assert len(ROW) == len(ROW_COLUMNS) == 51
+    assert len(ROW) == len(ROW_COLUMNS) == 52
     assert sorted(sum((group(g) for g in GROUPS), [])) == sorted(ROW)
     assert [c.name for c in ROW_COLUMNS[:len(CORE_COLUMNS)]] == CORE_COLUMNS
     assert group("cost") == ["wall_s", "warmup_s", "method_s", "pack_size", "networks", "epochs_trained", "device_s",

@@ -136,12 +136,9 @@ class Stage(Protocol):
 
     def train_epoch(self, epoch: int) -> np.ndarray: ...  # (K,) mean training loss; NaN where diverged
 
-    # (K,) selection losses, (K,) noisy-val accuracy %, on the first `first` validation examples (None: all).
-    def validate(self, first: int | None = None) -> tuple[np.ndarray, np.ndarray]: ...
-
-    # (K,) scores of a selection rule that needs a pass of its own (`Selection.own_pass`: the test set, the softmax
-    # outputs' CE); only solo stages have one (`bench.exec.packed.why_solo`).
-    def own_score(self, selection: Selection) -> np.ndarray: ...
+    # (K,) selection losses, (K,) noisy-val accuracy %, on the rule's first validation examples (None: all), and (K,)
+    # scores by the rule, lower is better (`Selection.own_pass`: from a pass of its own, the test set's or the CE's).
+    def validate(self, selection: Selection = BENCH_SELECTION) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 
     def keep_best(self, improved: np.ndarray) -> None: ...  # members whose current state is their new best
 
@@ -165,16 +162,6 @@ class StageResult:
     epochs: list[list[dict[str, Any]]]  # per member, one row per epoch
     seconds: float
     diagnose_seconds: float = 0.0  # spent on the per-epoch diagnostics (measuring, not part of the method's cost)
-
-
-def selection_numbers(stage: Stage, selection: Selection) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(K,) validation losses and accuracies for the epoch table, and (K,) scores by `selection` (lower is better):
-    from those two, or from the rule's own pass."""
-    if not selection.own_pass:
-        loss, acc = stage.validate(selection.first)
-        return loss, acc, selection.score(loss, acc)
-    loss, acc = stage.validate()
-    return loss, acc, stage.own_score(selection)
 
 
 @dataclass
@@ -215,7 +202,7 @@ class StageLoop:
     def initial(self, stage: Stage, name: str, epochs: int, selection: Selection) -> EpochRecord:
         """The state before the first epoch as every member's best so far, recorded as epoch 0."""
         k = stage.members
-        self.best_loss, _, self.best_score = selection_numbers(stage, selection)
+        self.best_loss, _, self.best_score = stage.validate(selection)
         t0 = time.perf_counter()
         diagnosed = stage.diagnose(0)
         self.diagnose_seconds += time.perf_counter() - t0
@@ -241,7 +228,7 @@ class StageLoop:
             stage.freeze(diverged)
         if not self.active.any():
             return None
-        val_loss, val_acc, score = selection_numbers(stage, selection)
+        val_loss, val_acc, score = stage.validate(selection)
         improved = self.active & selection.improves(score, self.best_score)
         stage.keep_best(improved)
         self.best_loss = np.where(improved, val_loss, self.best_loss)
@@ -361,18 +348,17 @@ class SoloStage:
             self.method.end_epoch(epoch)
         return np.array([float(loss)])
 
-    def validate(self, first: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def validate(self, selection: Selection = BENCH_SELECTION) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         logits, labels = predict(self.nets[0], self.p.val), self.p.val.labels
-        if first is not None:  # in split order, as the scripts' unshuffled validation loader gives its first batch
-            logits, labels = logits[:first], labels[:first]
+        if selection.first is not None and not selection.own_pass:  # in split order, as the scripts' unshuffled
+            logits, labels = logits[: selection.first], labels[: selection.first]  # loader gives its first batch
         with torch.no_grad():
-            loss = float(self.selection_loss(logits, labels))
-        acc, _, _ = accuracy(logits, labels, self.p.dataset.num_classes)
-        return np.array([loss]), np.array([acc])
-
-    def own_score(self, selection: Selection) -> np.ndarray:
-        split = self.p.test if selection.oracle else self.p.val
-        return np.array([selection.logit_score(predict(self.nets[0], split), split.labels)])
+            loss = np.array([float(self.selection_loss(logits, labels))])
+        acc = np.array([accuracy(logits, labels, self.p.dataset.num_classes)[0]])
+        if not selection.own_pass:
+            return loss, acc, selection.score(loss, acc)
+        own = (predict(self.nets[0], self.p.test), self.p.test.labels) if selection.oracle else (logits, labels)
+        return loss, acc, np.array([selection.logit_score(*own)])
 
     def keep_best(self, improved: np.ndarray) -> None:
         if improved[0]:
