@@ -15,8 +15,8 @@ import torch
 import torchvision.transforms as T
 import torchvision.transforms.functional as TF
 from PIL import Image
-from torch import nn
 from test_report import make_row, write
+from torch import nn
 from torchvision.transforms import InterpolationMode
 
 from bench.cli.main import main
@@ -263,18 +263,21 @@ def test_softmax_ce_rule_sums_batch_means_of_ce_of_probabilities() -> None:
 
 
 def test_oracle_rows_are_flagged_and_select_the_best_test_epoch(tiny_fashion: Path, tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """A real LCCN trial under an oracle rule (Dogs vs Cats' LCCN rule, declared on the tiny Fashion-MNIST): the
-    row is flagged and keeps the method-stage epoch whose test accuracy (the curve's) is the first maximum; the
-    same trial under bench is not flagged."""
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A real LCCN trial (`bench trial`) under an oracle rule (Dogs vs Cats' LCCN rule, declared on the tiny
+    Fashion-MNIST): the row is flagged, the summary says so, and the trial keeps the method-stage epoch whose test
+    accuracy (the curve's) is the first maximum; the same trial under bench is not flagged."""
     fashion = get_dataset("fashion_mnist")
     lccn_rule = DOGCAT.switches()["first_batch_selection"]
     assert lccn_rule.setting["lccn"].oracle and not lccn_rule.setting["dmi"].oracle
     monkeypatch.setattr(fashion, "authors_protocol", (Switch("first_batch_selection", lccn_rule.cite, "test",
                                                              {"lccn": lccn_rule.setting["lccn"]}),))
-    config = TrialConfig("fashion_mnist", "lccn", "case3", 0.3, seed=1, epochs=4, epochs_warmup=2,
-                         protocol="bench+first_batch_selection")
-    row = run_trial(config, tiny_fashion, results=tmp_path / "r", **QUIET)
+    assert main(["trial", "--dataset", "fashion_mnist", "--method", "lccn", "--noise", "case3", "--r", "0.3",
+                 "--seed", "1", "--epochs", "4", "--epochs-warmup", "2", "--protocol", "bench+first_batch_selection",
+                 "--data-root", str(tiny_fashion), "--results", str(tmp_path / "r")]) == 0
+    assert "  oracle: its epoch was kept by clean test accuracy" in capsys.readouterr().out
+    row = pl.read_parquet(next((tmp_path / "r" / "trials").glob("*.parquet"))).to_dicts()[0]
     curves = pl.read_parquet(tmp_path / "r" / "epochs" / f"{row['trial_id']}.parquet")
     method = curves.filter(pl.col("stage") == "method").sort("epoch")
     accs = method["test_acc"].to_list()
@@ -287,7 +290,7 @@ def test_oracle_rows_are_flagged_and_select_the_best_test_epoch(tiny_fashion: Pa
 
 
 def test_the_protocol_panel_marks_oracle_cells(tmp_path: Path) -> None:
-    """Dogs vs Cats at r = 0.4, bench and authors, LCCN's authors rows flagged as the trainer flags them; L_DMI's not."""
+    """Dogs vs Cats at r = 0.4, bench and authors: LCCN's authors rows flagged as the trainer flags them."""
     rows = []
     for spec in ("bench", "authors"):
         for method in ("lccn", "dmi"):
