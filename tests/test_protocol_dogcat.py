@@ -34,7 +34,11 @@ REPO = Path(__file__).resolve().parents[1]
 QUIET = dict(log=lambda s: None)
 IMAGENET = T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
 DOGCAT = get_dataset("dogs_vs_cats")
-SCRIPT = DOGCAT.switches()["script_transform"].setting
+
+
+def script_setting(dataset: str) -> dict:
+    """The `script_transform` setting a dataset declares (its scripts' pipeline)."""
+    return get_dataset(dataset).switches()["script_transform"].setting
 
 
 # -- Dogs vs Cats: the scripts' images ----------------------------------------------------------------------------
@@ -79,7 +83,7 @@ def script_train(path: Path, flip: bool, angle: float) -> torch.Tensor:
 
 def check_dogcat_images(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BENCH_CACHE", str(tmp_path / "cache"))
-    ds = DOGCAT(root, script_transform=SCRIPT)
+    ds = DOGCAT(root, script_transform=script_setting("dogs_vs_cats"))
     splits = ds.load()
     assert splits.train.x.shape[1:] == (3, 150, 150) and splits.model_args == {"image_size": 150}
     got = ds.eval_transform(splits.test.x)
@@ -146,7 +150,7 @@ def test_fashion_script_transform_is_to_tensor_then_normalize(tiny_fashion: Path
     """fashion.py:187-192: ToTensor, Normalize((0.1307,), (0.3081,)) of each 28 x 28 byte image (mode L)."""
     from bench.datasets.fashion_mnist import read_idx
 
-    setting = get_dataset("fashion_mnist").switches()["script_transform"].setting
+    setting = script_setting("fashion_mnist")
     ds = get_dataset("fashion_mnist")(tiny_fashion, verify=False, script_transform=setting)
     splits = ds.load()
     raw = read_idx(tiny_fashion / "FashionMNIST" / "raw" / "t10k-images-idx3-ubyte.gz")
@@ -178,7 +182,7 @@ def test_cifar10_script_transform_pads_the_raw_image_with_black(tmp_path: Path) 
     """dataset.py:200-226: the training images flipped and cropped from the raw image padded with 4 black pixels,
     then ToTensor and ImageNet's Normalize; evaluation: ToTensor, Normalize. Bench pads after normalising (zero is
     the mean), so its padded border differs."""
-    setting = get_dataset("cifar10").switches()["script_transform"].setting
+    setting = script_setting("cifar10")
     ds = get_dataset("cifar10")(write_cifar(tmp_path), verify=False, script_transform=setting)
     x = ds.load().train.x[:16]
     pils = [Image.fromarray(image.permute(1, 2, 0).numpy()) for image in x]
