@@ -141,7 +141,7 @@ class DogsVsCats(Dataset):
     authors_protocol = (
         Switch("warmup_by_accuracy", "Newbeeer/L_DMI, dogcat/CE.py:51-68, commit 7d5e4bc",
                "main_ce saves the model whenever noisy-validation accuracy >= the best so far (from 0)"),
-        Switch("first_batch_selection", "Newbeeer/L_DMI, dogcat/DMI.py:61-101 and LCCN.py:65, 121-128, commit 7d5e4bc",
+        Switch("first_batch_selection", "Newbeeer/L_DMI, dogcat/DMI.py:61-101 and LCCN.py:66, 121-128, commit 7d5e4bc",
                "DMI.py's validate() stops after the first batch of 128 (i == 1: break) of the unshuffled validation "
                "loader, main_dmi keeping an epoch whose L_DMI there is < the best, the warm-started model's the first "
                "bar; LCCN.py keeps the epoch of the highest clean TEST accuracy (> the best, from 0, so the "
@@ -177,7 +177,7 @@ class DogsVsCats(Dataset):
         "FW.py's validation loss sums per-batch means (FW.py:70-86; the last batch holds 106 of 6,250 examples) — "
         "bench keeps the lowest whole-set mean: the same rule up to that batch's weight; GCE.py's sum of "
         "batch losses over 128 (GCE.py:16-25, 49-63) is the whole-set mean times a constant: the same rule",
-        "LCCN.py saves no model before its first epoch and keeps an epoch by test accuracy (LCCN.py:65, 121-128): "
+        "LCCN.py saves no model before its first epoch and keeps an epoch by test accuracy (LCCN.py:66, 121-128): "
         "`authors` does the same; its accuracy is then an upper bound, not a result (the row's `oracle` is true)",
     )
     folder = "dogs-vs-cats"

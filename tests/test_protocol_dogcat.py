@@ -229,7 +229,7 @@ def table_stage(table: torch.Tensor, val_labels: np.ndarray, test_labels: np.nda
 
 
 def test_lccn_oracle_keeps_the_epoch_of_the_best_test_accuracy_never_the_warm_start() -> None:
-    """dogcat/LCCN.py:65, 121-128: best_test_acc = 0, an epoch kept when its test accuracy is > the best. The
+    """dogcat/LCCN.py:66, 121-128: best_test_acc = 0, an epoch kept when its test accuracy is > the best. The
     warm-started model (epoch 0) is perfect on test and best on validation, and still not kept; epochs 2 and 3 tie
     at the highest test accuracy, and strict keeps 2; bench keeps the warm start (lowest validation loss)."""
     val_labels, test_labels = np.array([0, 1, 0, 1]), np.array([0, 1, 0, 1, 0, 1, 0, 1])
