@@ -27,7 +27,7 @@ from bench.exec.stage import SoloStage, run_stage
 from bench.exec.trainer import run_trial
 from bench.models import create
 from bench.protocol import Protocol, Selection, Switch
-from bench.report import analysis, protocols
+from bench.report import analysis, leaderboard, protocols
 from bench.trial import TrialConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -311,6 +311,12 @@ def test_the_protocol_panel_marks_oracle_cells(tmp_path: Path) -> None:
     lccn_line = next(line for line in text.splitlines() if "| 0.4 |" in line and "LCCN" in line)
     assert protocols.ORACLE in lccn_line and protocols.ORACLE in protocols.NOTE
     assert all(protocols.ORACLE not in line for line in text.splitlines() if "L_DMI" in line)
+    # a folder of authors' rows alone: its accuracy tables mark LCCN and bold no oracle as the row's best
+    authors = analysis.load_trials(write(tmp_path / "a", [r for r in rows if r["protocol"] == "authors"]))
+    grid = analysis.aggregate(authors)
+    [table] = leaderboard.tables(grid, analysis.paired_comparison(authors, grid))
+    assert sorted(table.header()) == ["LCCN ‡", "L_DMI"]
+    assert not table.entries[(0.4, "lccn")].best and table.entries[(0.4, "dmi")].best
 
 
 # -- the grid -----------------------------------------------------------------------------------------------------
