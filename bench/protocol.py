@@ -118,8 +118,9 @@ class Selection:
     def words(self) -> str:
         what = {"loss": "lowest loss", "accuracy": "highest accuracy",
                 "softmax_ce": "lowest CE of the softmax outputs"}[self.by]
-        split = "clean test set (an oracle)" if self.oracle else "validation set"
-        where = f"the first {self.first} {split} examples" if self.first else f"the whole {split}"
+        split = "clean test" if self.oracle else "validation"
+        where = f"the first {self.first} {split} examples" if self.first else f"the whole {split} set"
+        where += " (an oracle)" if self.oracle else ""
         start = "" if self.initial else ", the warm-started model not a candidate"
         return f"{what} on {where}, {'ties to the later epoch' if self.ties else 'strict'}{start}"
 
