@@ -288,6 +288,14 @@ def test_oracle_rows_are_flagged_and_select_the_best_test_epoch(tiny_fashion: Pa
     assert method["epoch"].to_list() == [1, 2, 3, 4]
     assert row["oracle"] is True and row["best_epoch"] == 1 + accs.index(max(accs))
     assert row["test_acc"] == max(accs)
+    from mlflow import MlflowClient
+
+    from bench.store.mirror import open_mirror
+
+    open_mirror(tmp_path / "r", None).sync(tmp_path / "r")  # the MLflow mirror tags the run
+    client = MlflowClient(f"sqlite:///{tmp_path / 'r' / 'mlflow.db'}")
+    [run] = client.search_runs([client.get_experiment_by_name("adhoc").experiment_id], "tags.`bench.kind` = 'trial'")
+    assert run.data.tags["bench.oracle"] == "true"
     plain = run_trial(TrialConfig("fashion_mnist", "lccn", "case3", 0.3, seed=1, epochs=4, epochs_warmup=2),
                       tiny_fashion, **QUIET)
     assert plain["oracle"] is False
