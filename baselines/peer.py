@@ -23,8 +23,10 @@ starts where they end. `alpha_schedule` picks the runner:
 (each piece np.linspace(start, stop, epochs); the last value holds after the end; `f_alpha` in CIFAR-10/runner.py
 lines 94-113, CIFAR-100/runner.py lines 98-114, Fashion_MNIST/runner.py lines 95-110). Each dataset runs its
 reference's schedule: Fashion-MNIST its runner's own (`dataset_defaults`), CIFAR-100 its sparse one (declared in
-CIFAR-100's file), every other dataset CIFAR-10's sparse setting, the default: our CIFAR-10 and CIFAR-100 noise flip
-a class to one other class (a sparse T). Expected over the peer draws, the second term is
+CIFAR-100's file), every other dataset CIFAR-10's sparse setting, the default, whatever its noise: the paper's
+CIFAR-10 and CIFAR-100 patterns flip a class to one other class (a sparse T, the case the sparse schedule is for), but
+uniform and symmetric noise (a uniform T) and CIFAR-10N's human labels (no T) get it too; set `alpha_schedule` for
+them. Expected over the peer draws, the second term is
 
     E[l(h(x_{p1}), y~_{p2})] = (1/N) sum_i sum_k P(y~ = k) l(h(x_i), k)
 
@@ -36,8 +38,9 @@ Reference: weijiaheng/Multi-class-Peer-Loss-functions (the authors' multi-class 
 fba9eb6d2b (gohsyi/PeerLoss holds only the binary UCI experiments). Differences (`PeerLoss.differences`):
 - Peer inputs and labels are drawn, with replacement, from the batch and reuse its logits; theirs are two other
   batches of the training set with a second forward pass — one pass, and the same expectation.
-- The schedule is the dataset's (a parameter) — their CIFAR runners pick sparse or uniform by the noise file's r
-  (sparse at r = 0.1 and 0.2); our noise patterns are not theirs, so the sparse one stands for both CIFARs.
+- The schedule is the dataset's (a parameter), whatever the noise — their CIFAR runners pick sparse or uniform by the
+  noise file's r (sparse at r = 0.1 and 0.2); the sparse one fits the paper's CIFAR patterns (one class to one other),
+  not uniform or symmetric noise nor CIFAR-10N's human labels, which run it too unless `alpha_schedule` is set.
 - On MR, Dogs vs Cats and Clothing1M the schedule is CIFAR-10's sparse one — the reference runs none of them.
 - Selection by the peer loss at a fixed alpha on the noisy validation set — theirs by noisy validation accuracy
   (bench's protocol: the method's own loss).
@@ -85,7 +88,9 @@ class PeerLoss(Method):
         "batches of the training set with a second forward pass — one pass, the same expectation",
         "the schedule is the dataset's (alpha_schedule: Fashion-MNIST's own, CIFAR-100's sparse one, CIFAR-10's "
         "sparse one elsewhere) — their CIFAR runners pick sparse or uniform by the noise file's r (sparse at r = 0.1 "
-        "and 0.2); our noise patterns are not theirs, and ours flip a class to one other class (a sparse T)",
+        "and 0.2); the sparse one fits the paper's CIFAR patterns, which flip a class to one other class (a sparse "
+        "T), not uniform or symmetric noise (a uniform T) nor CIFAR-10N's human labels (no T), which run it too "
+        "unless alpha_schedule is set (cifar10_uniform is their uniform-noise schedule)",
         "on MR, Dogs vs Cats and Clothing1M the schedule is CIFAR-10's sparse one — the reference runs none of them",
         "selection by the peer loss at the fixed alpha on the noisy validation set; theirs by noisy validation "
         "accuracy — bench's protocol: the method's own loss",

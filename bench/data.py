@@ -120,8 +120,11 @@ class Dataset:
     # What `authors` still does otherwise than the scripts, each "what — why" (docs/fidelity.md lists them).
     authors_differences: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, data_root: str | Path, verify: bool | None = None) -> None:
+    def __init__(self, data_root: str | Path, verify: bool | None = None, script_transform: Any = None) -> None:
         self.root = Path(data_root).expanduser() / self.folder
+        # The `script_transform` switch's setting where the trial's protocol turns it on (None: the dataset's own
+        # inputs): `load` and the transforms then build the inputs as the scripts' torchvision pipeline did.
+        self.script_transform = script_transform
         # Checksums of the published files are verified on load unless BENCH_VERIFY_CHECKSUMS=0 (or verify=False,
         # as the tests do for their small files in the published formats).
         self.verify = verify if verify is not None else os.environ.get("BENCH_VERIFY_CHECKSUMS", "1") != "0"

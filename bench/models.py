@@ -248,8 +248,9 @@ class ResNet34CIFAR(Model):
 class VGG16BN(Model):
     """VGG-16 with batch norm: 13 3x3 conv + BN + ReLU layers in five blocks, each closed by a 2x2 max-pool, then,
     as in the L_DMI authors' Dogs vs Cats network, one linear layer on the flattened features. Its width follows the
-    image size: 512 x (size / 32)^2 (64-pixel images: 2048). `width` (the first block's channels, 64) shrinks every
-    layer in proportion, for tests and CPU benchmarks."""
+    image size: 512 x floor(size / 32)^2, each max-pool flooring as torch's do (64-pixel images: 2048; the authors'
+    150: 8192). `width` (the first block's channels, 64) shrinks every layer in proportion, for tests and CPU
+    benchmarks."""
 
     name = "vgg16_bn"
     packable = True
@@ -259,8 +260,8 @@ class VGG16BN(Model):
 
     def __init__(self, num_classes: int, image_size: int = 64, in_channels: int = 3, width: int = 64) -> None:
         super().__init__()
-        if image_size < 32 or image_size % 32:
-            raise UserError(f"vgg16_bn needs an image size that is a multiple of 32, got {image_size}")
+        if image_size < 32:
+            raise UserError(f"vgg16_bn needs images of at least 32 pixels (five 2x2 max-pools), got {image_size}")
         layers: list[nn.Module] = []
         for item in self.LAYERS:
             if item == "M":

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 from bench.config import UserError
 
@@ -31,9 +33,10 @@ SWITCHES = {
     "warmup_by_accuracy": "the CE warm start keeps the epoch of the best accuracy on the whole noisy validation set, "
                           "ties to the later epoch (>=); its first epoch always counts (bench: the lowest CE)",
     "first_batch_selection": "the method stage keeps its epoch by the rule the method's script uses (`Selection` per "
-                             "method: the first validation batch in split order, loss or accuracy, strict); the "
-                             "warm-started model competes as epoch 0 (bench: the lowest method loss on the whole "
-                             "noisy validation set)",
+                             "method: the first validation batch in split order, loss or accuracy, strict; or CE of "
+                             "the softmax outputs; or, an oracle the row flags, clean test accuracy); the "
+                             "warm-started model competes as epoch 0 where the script saves it (bench: the lowest "
+                             "method loss on the whole noisy validation set)",
     "optimizer_per_epoch": "the optimiser is created anew at every epoch of every stage, its state (Adam's moments "
                            "and step, SGD's momentum) lost (bench: one optimiser per stage; a method's own "
                            "optimiser, T-revision's, is kept)",
@@ -46,34 +49,80 @@ SWITCHES = {
     "dmi_script_form": "L_DMI as the script computes it, -log(|det M| + 1e-3) in float32, M = onehot^T softmax summed "
                        "('sum') or averaged ('mean') over the batch (bench: -log|det U| in float64)",
     "warmup_batch_size": "the warm start's batch size as the script sets it (bench: the paper's stated 128)",
+    "script_transform": "the inputs as the scripts' torchvision transforms make them (the setting, per dataset: fixed "
+                        "normalisation constants, padding before normalising, resizing, rotation; bench: the "
+                        "dataset's own)",
 }
 
 
 @dataclass(frozen=True)
 class Selection:
-    """How a stage keeps its epoch: by the method's `loss` (lowest) or by `accuracy` (highest) on the noisy
-    validation set, on its first `first` examples in split order (None: the whole set), ties to the later epoch or
-    not (`ties`). `bench`: the lowest loss on the whole set, strict."""
+    """How a stage keeps its epoch: by the method's `loss` (lowest), by `accuracy` (highest) or by `softmax_ce`
+    (lowest: cross entropy applied to the softmax outputs, as CIFAR-10's LCCN.py validates, summed over batches of
+    `batch` as its loop sums batch means; None: one mean), on the noisy validation set (`on="validation"`, its first
+    `first` examples in split order, None: the whole set) or on the clean test set (`on="test"`: an oracle, which a
+    row flags), ties to the later epoch or not (`ties`); `initial`: whether the warm-started model competes as epoch
+    0. `bench`: the lowest loss on the whole validation set, strict, the warm-started model competing."""
 
     by: str = "loss"
     first: int | None = None
     ties: bool = False
+    on: str = "validation"
+    initial: bool = True
+    batch: int | None = None
 
     def __post_init__(self) -> None:
-        if self.by not in ("loss", "accuracy"):
-            raise ValueError(f"Selection.by is 'loss' or 'accuracy', got {self.by!r}")
+        if self.by not in ("loss", "accuracy", "softmax_ce"):
+            raise ValueError(f"Selection.by is 'loss', 'accuracy' or 'softmax_ce', got {self.by!r}")
+        if self.on not in ("validation", "test"):
+            raise ValueError(f"Selection.on is 'validation' or 'test', got {self.on!r}")
+
+    def __repr__(self) -> str:
+        """As the dataclass's, with `on`, `initial` and `batch` only where they are not their defaults: a setting's
+        repr is part of a trial's identity, which the fields added later must not change."""
+        later = {"on": "validation", "initial": True, "batch": None}
+        shown = ["by", "first", "ties"] + [k for k, default in later.items() if getattr(self, k) != default]
+        return f"Selection({', '.join(f'{k}={getattr(self, k)!r}' for k in shown)})"
+
+    @property
+    def oracle(self) -> bool:
+        """Whether the rule reads the clean test set: its accuracy is then no result, and the row says so."""
+        return self.on == "test"
+
+    @property
+    def own_pass(self) -> bool:
+        """Whether the rule needs a pass of its own (test set, softmax CE), beyond the validation loss and accuracy
+        every stage computes."""
+        return self.oracle or self.by == "softmax_ce"
 
     def score(self, loss: np.ndarray, acc: np.ndarray) -> np.ndarray:
         """What the stage minimises: the loss, or minus the accuracy."""
-        return np.asarray(loss if self.by == "loss" else -np.asarray(acc, dtype=float), dtype=float)
+        return np.asarray(loss if self.by != "accuracy" else -np.asarray(acc, dtype=float), dtype=float)
+
+    def logit_score(self, logits: torch.Tensor, labels: torch.Tensor) -> float:
+        """The score of an `own_pass` rule from one network's logits on its split (N x C) and their labels."""
+        if self.first is not None:
+            logits, labels = logits[: self.first], labels[: self.first]
+        if self.by == "accuracy":
+            return -100.0 * float((logits.argmax(1) == labels).double().mean())
+        if self.by != "softmax_ce":
+            raise ValueError(f"Selection.logit_score: by {self.by!r} is the method's loss, which the stage computes")
+        probs = torch.softmax(logits.double(), dim=1)
+        step = self.batch or len(labels)
+        return sum(float(F.cross_entropy(probs[s : s + step], labels[s : s + step]))
+                   for s in range(0, len(labels), step))
 
     def improves(self, score: np.ndarray, best: np.ndarray) -> np.ndarray:
         return score <= best if self.ties else score < best
 
     def words(self) -> str:
-        what = "lowest loss" if self.by == "loss" else "highest accuracy"
-        where = f"the first {self.first} validation examples" if self.first else "the whole validation set"
-        return f"{what} on {where}, {'ties to the later epoch' if self.ties else 'strict'}"
+        what = {"loss": "lowest loss", "accuracy": "highest accuracy",
+                "softmax_ce": "lowest CE of the softmax outputs"}[self.by]
+        split = "clean test" if self.oracle else "validation"
+        where = f"the first {self.first} {split} examples" if self.first else f"the whole {split} set"
+        where += " (an oracle)" if self.oracle else ""
+        start = "" if self.initial else ", the warm-started model not a candidate"
+        return f"{what} on {where}, {'ties to the later epoch' if self.ties else 'strict'}{start}"
 
 
 BENCH_SELECTION = Selection()
@@ -116,6 +165,10 @@ class Protocol:
         if rules is None:
             return BENCH_SELECTION
         return rules.get(method, rules.get("*", BENCH_SELECTION))
+
+    def oracle(self, method: str) -> bool:
+        """Whether `method`'s stage selects on the clean test set (`Selection.oracle`)."""
+        return self.selection(method).oracle
 
     def warmup_selection(self) -> Selection:
         return WARMUP_BY_ACCURACY if self.on("warmup_by_accuracy") else BENCH_SELECTION

@@ -30,14 +30,12 @@ from PIL import Image, UnidentifiedImageError
 
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits
-from bench.datasets.cifar10 import crop_flip
+from bench.datasets.cifar10 import IMAGENET_MEAN, IMAGENET_STD, crop_flip, normalise_channels
 
 CLASSES = ("T-Shirt", "Shirt", "Knitwear", "Chiffon", "Sweater", "Hoodie", "Windbreaker", "Jacket", "Down Coat",
            "Suit", "Shawl", "Dress", "Vest", "Underwear")
 STORED, CROP = 256, 224
 JITTER = 0.4  # brightness and saturation factors drawn from [1 - JITTER, 1 + JITTER]
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 WEIGHTS_ENV = "BENCH_RESNET50_WEIGHTS"
 ANNOTATIONS = ("category_names_eng.txt", "noisy_label_kv.txt", "clean_label_kv.txt", "noisy_train_key_list.txt",
                "clean_val_key_list.txt", "clean_test_key_list.txt")
@@ -163,9 +161,7 @@ class Clothing1M(Dataset):
 
     @staticmethod
     def _normalise(x: torch.Tensor) -> torch.Tensor:
-        mean = torch.tensor(IMAGENET_MEAN, device=x.device).view(1, 3, 1, 1)
-        std = torch.tensor(IMAGENET_STD, device=x.device).view(1, 3, 1, 1)
-        return (x - mean) / std
+        return normalise_channels(x, IMAGENET_MEAN, IMAGENET_STD)
 
     def eval_transform(self, x: torch.Tensor) -> torch.Tensor:
         start = (x.shape[-1] - CROP) // 2

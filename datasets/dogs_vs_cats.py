@@ -14,12 +14,18 @@ that is set, else in `~/.cache/bench/cache/dogs_vs_cats`, never in the data fold
 Augmentation as for CIFAR-10, on the training device: per-pixel normalisation by the training split's mean and
 standard-deviation images, random shifts of up to 8 pixels (a crop of the zero-padded image; 8 of 64 as 4 of 32
 for CIFAR-10) and horizontal flips.
+
+Under `--protocol authors` (its `script_transform` switch) the inputs are the authors' scripts' instead
+(dogcat/dogcat.py:24-35): each JPEG decoded whole and resized to 150 x 150 (its own cache file, 1.7 GB for the 25,000
+in memory), mirrored with probability 1/2 and turned by up to 45 degrees as Pillow turns it (nearest, black corners),
+then normalised by ImageNet's channel statistics; VGG-16's linear layer then reads 8,192 features, as theirs.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import tempfile
@@ -33,7 +39,15 @@ from PIL import Image, UnidentifiedImageError
 from bench import noise
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits, deterministic_permutation
-from bench.datasets.cifar10 import PixelNormalisation, random_shift_flip
+from bench.datasets.cifar10 import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    PixelNormalisation,
+    normalise_channels,
+    random_shift_flip,
+    to_tensor,
+)
+from bench.protocol import Selection, Switch
 
 IMAGE_SIZE = 64
 PADDING = 8
@@ -43,23 +57,58 @@ NAME = re.compile(r"^(cat|dog)\.(\d+)\.jpe?g$", re.IGNORECASE)
 CLASS_OF = {"dog": 0, "cat": 1}
 
 
-def decode_image(path: Path, size: int = IMAGE_SIZE) -> np.ndarray:
-    """One JPEG as a size x size x 3 uint8 array (squashed to a square, bilinear with antialiasing)."""
+def decode_image(path: Path, size: int = IMAGE_SIZE, draft: bool = True) -> np.ndarray:
+    """One JPEG as a size x size x 3 uint8 array (squashed to a square, bilinear with antialiasing). `draft=False`:
+    from the full decoded image, as the scripts' Resize((150, 150), interpolation=2) on PIL's RGB image."""
     try:
         with Image.open(path) as img:
-            img.draft("RGB", (size, size))  # let the JPEG decoder scale down by up to 8 first: much faster
+            if draft:
+                img.draft("RGB", (size, size))  # let the JPEG decoder scale down by up to 8 first: much faster
             return np.asarray(img.convert("RGB").resize((size, size), Image.Resampling.BILINEAR))
     except (UnidentifiedImageError, OSError) as e:
         raise UserError(f"dogs_vs_cats: cannot decode {path} ({e}); remove it or get the file again") from None
 
 
-def decode_images(paths: list[Path], size: int = IMAGE_SIZE) -> torch.Tensor:
+def decode_images(paths: list[Path], size: int = IMAGE_SIZE, draft: bool = True) -> torch.Tensor:
     """All images as N x 3 x size x size uint8 (PIL releases the GIL while decoding: threads help)."""
     out = np.empty((len(paths), size, size, 3), dtype=np.uint8)
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        for i, image in enumerate(pool.map(lambda p: decode_image(p, size), paths)):
+        for i, image in enumerate(pool.map(lambda p: decode_image(p, size, draft), paths)):
             out[i] = image
     return torch.from_numpy(out).permute(0, 3, 1, 2).contiguous()
+
+
+def pil_rotation(angle: float, width: int, height: int) -> tuple[float, ...]:
+    """The inverse affine matrix (a, b, c, d, e, f) by which Pillow's Image.rotate(angle) samples (centre (w/2, h/2),
+    no expansion): the arithmetic of its Image.rotate, which torchvision's RandomRotation calls on a PIL image."""
+    angle = -math.radians(angle % 360.0)
+    cx, cy = width / 2, height / 2
+    a, b = round(math.cos(angle), 15), round(math.sin(angle), 15)
+    d, e = round(-math.sin(angle), 15), round(math.cos(angle), 15)
+    return a, b, a * -cx + b * -cy + 0.0 + cx, d, e, d * -cx + e * -cy + 0.0 + cy
+
+
+def rotate_nearest(x: torch.Tensor, angles: list[float]) -> torch.Tensor:
+    """Image n of the batch x (N x C x H x W) rotated by angles[n] degrees counter-clockwise about its centre, nearest
+    neighbour, black outside, exactly as Pillow rotates (its affine transform's 16.16 fixed-point path: output pixel
+    (x, y) reads input (xx >> 16, yy >> 16), xx = FIX(c + a/2 + b/2) + x FIX(a) + y FIX(b), FIX(v) = floor(65536 v +
+    1/2); Pillow's Geometry.c affine_fixed). One gather for the batch."""
+    n, channels, h, w = x.shape
+
+    def fix(v: float) -> int:
+        return math.floor(v * 65536.0 + 0.5)
+
+    rows = []
+    for angle in angles:
+        a, b, c, d, e, f = pil_rotation(angle, w, h)
+        rows.append([fix(a), fix(b), fix(c + a * 0.5 + b * 0.5), fix(d), fix(e), fix(f + d * 0.5 + e * 0.5)])
+    k = torch.tensor(rows, dtype=torch.int64, device=x.device)[:, :, None, None]
+    xs, ys = torch.arange(w, device=x.device).view(1, 1, w), torch.arange(h, device=x.device).view(1, h, 1)
+    col = (k[:, 2] + xs * k[:, 0] + ys * k[:, 1]) >> 16
+    row = (k[:, 5] + xs * k[:, 3] + ys * k[:, 4]) >> 16
+    inside = (col >= 0) & (col < w) & (row >= 0) & (row < h)
+    flat = (row.clamp(0, h - 1) * w + col.clamp(0, w - 1)).view(n, 1, h * w).expand(n, channels, h * w)
+    return x.reshape(n, channels, h * w).gather(2, flat).view(n, channels, h, w) * inside[:, None].to(x.dtype)
 
 
 # FW's method stage in the paper's code, which fw_oracle (FW with the true T) shares.
@@ -91,6 +140,51 @@ class DogsVsCats(Dataset):
         "lccn": Schedule("sgd", 1e-4, epochs=50, batch_size=128, momentum=0.9, weight_decay=1e-4),
         "dmi": Schedule("sgd", 1e-5, epochs=50, batch_size=128, momentum=0.9, weight_decay=1e-4),
     }
+    # How the paper's Dogs vs Cats scripts ran it (github.com/Newbeeer/L_DMI, dogcat/, commit 7d5e4bc): the `authors`
+    # protocol. Their warm-start batch is bench's 128 (dogcat.py:21); FW.py and GCE.py keep the lowest loss on the
+    # whole validation set, as bench does.
+    authors_protocol = (
+        Switch("warmup_by_accuracy", "Newbeeer/L_DMI, dogcat/CE.py:51-68, commit 7d5e4bc",
+               "main_ce saves the model whenever noisy-validation accuracy >= the best so far (from 0)"),
+        Switch("first_batch_selection", "Newbeeer/L_DMI, dogcat/DMI.py:61-101 and LCCN.py:66, 121-128, commit 7d5e4bc",
+               "DMI.py's validate() stops after the first batch of 128 (i == 1: break) of the unshuffled validation "
+               "loader, main_dmi keeping an epoch whose L_DMI there is < the best, the warm-started model's the first "
+               "bar; LCCN.py keeps the epoch of the highest clean TEST accuracy (> the best, from 0, so the "
+               "warm-started model never): an oracle, its rows flagged",
+               {"dmi": Selection("loss", first=128), "lccn": Selection("accuracy", on="test", initial=False)}),
+        Switch("optimizer_per_epoch", "Newbeeer/L_DMI, dogcat/CE.py:59, DMI.py:92, FW.py:122, GCE.py:97, LCCN.py:82, "
+               "commit 7d5e4bc", "every script builds a new SGD (momentum 0.9) at the start of each epoch"),
+        Switch("script_noise", "Newbeeer/L_DMI, dogcat/dogcat.py:37, 53-57, commit 7d5e4bc",
+               "each split's Image_ re-seeds np.random with the seed and calls np.random.choice(2, 1, "
+               "p=conf_matrix[label]) per image in its CSV's order", {"validation": "reseed"}),
+        Switch("ce_is_warm_start", "Newbeeer/L_DMI, dogcat/CE.py:77-79, commit 7d5e4bc",
+               "the CE result is evaluate('./dog_model_ce_...'): the warm start itself"),
+        Switch("dmi_script_form", "Newbeeer/L_DMI, dogcat/DMI.py:11-18, commit 7d5e4bc",
+               "DMI_loss: -log(|det(onehot^T softmax)| + 0.001), the matrix summed over the batch, in float32", "sum"),
+        Switch("script_transform", "Newbeeer/L_DMI, dogcat/dogcat.py:24-35, 61-63, commit 7d5e4bc",
+               "Resize((150, 150), interpolation=2) of the whole decoded RGB image, RandomHorizontalFlip, "
+               "RandomRotation(45) (nearest, black corners), ToTensor, Normalize(ImageNet's mean and std); "
+               "validation and test: Resize, ToTensor, Normalize",
+               {"size": 150, "flip": True, "rotation": 45, "mean": IMAGENET_MEAN, "std": IMAGENET_STD}),
+    )
+    authors_differences = (
+        "the split — the scripts read train_file.csv, val_file.csv and test_file.csv (dogcat.py:43-47, 69-77), "
+        "which were never published: bench's 12,500 / 6,250 / 6,250 is a fixed permutation of Kaggle's file names, "
+        "so which images each split holds, their order (the first validation batch, which draw meets which image) "
+        "and the labels' numbering are not the script's; the sizes and T = [[1, 0], [r, 1 - r]] are",
+        "torch is seeded from the trial's seed — the scripts seed no torch generator: initial weights, data order, "
+        "flips, angles and LCCN's Gibbs draws were unseeded; bench draws a batch's flips, then its angles (float32 "
+        "uniforms, as RandomRotation's), from the trial's generator, the script's DataLoader workers per image from "
+        "torch's: the same law",
+        "the network is bench's vgg16_bn, layer for layer the script's VGG('VGG16') (dogcat.py:87-123): its "
+        "AvgPool2d(1, 1) is the identity and its log_softmax output changes no loss (CE, softmax and L_DMI read it "
+        "through a softmax); at 150 pixels the linear layer reads its 512 x 4 x 4 = 8,192 features",
+        "FW.py's validation loss sums per-batch means (FW.py:70-86; the last batch holds 106 of 6,250 examples) — "
+        "bench keeps the lowest whole-set mean: the same rule up to that batch's weight; GCE.py's sum of "
+        "batch losses over 128 (GCE.py:16-25, 49-63) is the whole-set mean times a constant: the same rule",
+        "LCCN.py saves no model before its first epoch and keeps an epoch by test accuracy (LCCN.py:66, 121-128): "
+        "`authors` does the same; its accuracy is then an upper bound, not a result (the row's `oracle` is true)",
+    )
     folder = "dogs-vs-cats"
     source = ("https://www.kaggle.com/c/dogs-vs-cats/data (train.zip, unpacked so that "
               "DATA_ROOT/dogs-vs-cats/train/cat.0.jpg exists)")
@@ -127,21 +221,29 @@ class DogsVsCats(Dataset):
         base = os.environ.get("BENCH_CACHE")
         return (Path(base).expanduser() if base else Path.home() / ".cache" / "bench" / "cache") / "dogs_vs_cats"
 
+    def image_size(self) -> int:
+        """The stored images' side: 64 pixels, or the scripts' 150 under `script_transform`."""
+        return self.script_transform["size"] if self.script_transform else IMAGE_SIZE
+
     def cache_file(self, entries: list[tuple[str, int]]) -> Path:
         folder = self.root / "train"
         listing = [(name, (folder / name).stat().st_size) for name, _ in entries]
-        blob = json.dumps([CACHE_FORMAT, IMAGE_SIZE, str(folder.resolve()), listing])
+        size = self.image_size()
+        # The scripts' images are resized from the whole decoded JPEG (no draft): another cache.
+        script = ["full decode"] if self.script_transform else []
+        blob = json.dumps([CACHE_FORMAT, size, str(folder.resolve()), listing] + script)
         key = hashlib.sha256(blob.encode()).hexdigest()[:16]
-        return self.cache_dir() / f"train_{IMAGE_SIZE}px_{len(entries)}_{key}.pt"
+        return self.cache_dir() / f"train_{size}px_{len(entries)}_{key}.pt"
 
     def load_images(self, entries: list[tuple[str, int]]) -> torch.Tensor:
         """The decoded images, from the cache when it holds this file list, else decoded and cached."""
-        path = self.cache_file(entries)
+        path, size = self.cache_file(entries), self.image_size()
         if path.exists():
             images = torch.load(path, map_location="cpu", weights_only=True)
-            if isinstance(images, torch.Tensor) and images.shape == (len(entries), 3, IMAGE_SIZE, IMAGE_SIZE):
+            if isinstance(images, torch.Tensor) and images.shape == (len(entries), 3, size, size):
                 return images
-        images = decode_images([self.root / "train" / name for name, _ in entries])
+        images = decode_images([self.root / "train" / name for name, _ in entries], size,
+                               draft=not self.script_transform)
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".part", delete=False) as tmp:
             try:
@@ -171,13 +273,27 @@ class DogsVsCats(Dataset):
             notes.append(f"dogs_vs_cats: {n:,} images instead of Kaggle's {FULL_SET:,}: proportional splits "
                          f"{n_train:,} / {n_val:,} / {n - n_train - n_val:,}")
         train, val, test = (Split(images[torch.from_numpy(idx)], labels[idx]) for idx in parts)
-        self.normalise = PixelNormalisation(train.x)
-        return Splits(train=train, val=val, test=test, model_args={"image_size": IMAGE_SIZE}, notes=notes)
+        if not self.script_transform:
+            self.normalise = PixelNormalisation(train.x)
+        return Splits(train=train, val=val, test=test, model_args={"image_size": self.image_size()}, notes=notes)
 
     def eval_transform(self, x: torch.Tensor) -> torch.Tensor:
+        if self.script_transform:  # ToTensor, Normalize (dogcat.py:31-35)
+            return normalise_channels(to_tensor(x), self.script_transform["mean"], self.script_transform["std"])
         if self.normalise is None:
             raise RuntimeError("dogs_vs_cats: load() the data before transforming it (normalisation needs it)")
         return self.normalise(x)
 
     def train_transform(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        if self.script_transform:
+            return self.eval_transform(self.flip_rotate(x, generator))
         return random_shift_flip(self.eval_transform(x), PADDING, generator)
+
+    def flip_rotate(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """The scripts' RandomHorizontalFlip then RandomRotation(45) on the stored uint8 images (dogcat.py:26-27):
+        each image mirrored with probability 1/2, then turned by an angle uniform in [-45, 45] degrees as Pillow
+        turns it (`rotate_nearest`)."""
+        n, degrees = x.shape[0], float(self.script_transform["rotation"])
+        flip = torch.rand(n, device=x.device, generator=generator) < 0.5
+        angles = torch.empty(n, device=x.device).uniform_(-degrees, degrees, generator=generator)
+        return rotate_nearest(torch.where(flip[:, None, None, None], x.flip(3), x), angles.tolist())

@@ -19,6 +19,7 @@ import torch
 from bench import noise
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits
+from bench.datasets.cifar10 import normalise_channels
 from bench.protocol import Selection, Switch
 
 BAG = 8
@@ -87,10 +88,11 @@ class FashionMNIST(Dataset):
                "the CE result is evaluate('./model_ce_'): the warm start itself"),
         Switch("dmi_script_form", "Newbeeer/L_DMI, fashion/main.py:15-23, commit 7d5e4bc",
                "DMI_loss: -log(|det(onehot^T softmax / N)| + 0.001), in float32", "mean"),
+        Switch("script_transform", "Newbeeer/L_DMI, fashion/fashion.py:102-105, 187-213, commit 7d5e4bc",
+               "every split's transform: ToTensor (bytes / 255), then Normalize((0.1307,), (0.3081,))",
+               {"mean": (0.1307,), "std": (0.3081,)}),
     )
     authors_differences = (
-        "inputs in [0, 1], not Normalize((0.1307,), (0.3081,)) (fashion/fashion.py:187-192) — not a switch yet: an "
-        "affine change of the input that the first convolution can absorb, though not Adam's path to it",
         "torch is seeded from the trial's seed — the script seeds no torch generator (its runs were unseeded), so "
         "per-seed initialisation stands for its unseeded one",
         "main_dmi saves no epoch-0 model (main.py:113): where no epoch beats the warm-started model's first-batch "
@@ -121,3 +123,9 @@ class FashionMNIST(Dataset):
             val=split(train_x[n_train:], train_y[n_train:]),
             test=split(test_x, test_y),
         )
+
+    def eval_transform(self, x: torch.Tensor) -> torch.Tensor:
+        """Bench's inputs in [0, 1]; under `script_transform` the script's Normalize after them."""
+        if self.script_transform:
+            return normalise_channels(x, self.script_transform["mean"], self.script_transform["std"])
+        return x

@@ -79,6 +79,8 @@ def cmd_trial(args: argparse.Namespace) -> int:
         print(f"  protocol {row['protocol']}: {row['switches']}")
     print(f"  clean test accuracy {row['test_acc']:.2f}%  (balanced {row['test_bal_acc']:.2f}%)  "
           f"last epoch {row['last_test_acc']:.2f}%  warm start {row['warmup_test_acc']:.2f}%")
+    if row["oracle"]:
+        print("  oracle: its epoch was kept by clean test accuracy, as the authors' script did: no result")
     print(f"  realised noise rate {100 * row['noise_rate']:.2f}%  noise hash {row['noise_hash']}")
     if row["estimated_transition"]:
         print(f"  estimated T {row['estimated_transition']}")

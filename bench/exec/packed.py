@@ -44,6 +44,7 @@ from bench.exec.optim import StackedOptimizer, clip_member_grads
 from bench.exec.prepare import Prepared, autocast, to_device
 from bench.exec.stage import import_dynamo_apart
 from bench.methods import Batch, Method, get_method
+from bench.protocol import Selection
 from bench.trial import FP32, TrialConfig
 
 # Member-images per evaluation chunk (K members x chunk rows): large on a GPU, cache-sized on a CPU.
@@ -98,18 +99,9 @@ def member_forward(base: nn.Module, dropouts: list[models.Dropout]) -> Any:
 class PackedStage:
     """The `bench.exec.stage.Stage` of K members stacked into one model (see the module docstring)."""
 
-    def __init__(
-        self,
-        members: list[Prepared],
-        nets: list[nn.Module],
-        generators: list[torch.Generator],
-        schedule: Schedule,
-        lrs: list[float],
-        seeds: list[int],
-        methods: list[Method] | None = None,
-        precision: str | None = None,
-        compile: str | None = None,
-    ) -> None:
+    def __init__(self, members: list[Prepared], nets: list[nn.Module], generators: list[torch.Generator],
+                 schedule: Schedule, lrs: list[float], seeds: list[int], methods: list[Method] | None = None,
+                 precision: str | None = None, compile: str | None = None) -> None:
         self.members, self.p, self.schedule = len(members), members, schedule
         # The members' precision (one a pack) or the benchmarks': bf16 autocasts the forward passes, not the losses.
         check_no_pack_precision()
@@ -285,15 +277,16 @@ class PackedStage:
         self.base.train()
         return out
 
-    def validate(self, first: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        logits, labels = self.predict(self.val_x), self.val_labels
+    def validate(self, selection: Selection) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """As `SoloStage.validate`, for a rule without a pass of its own (`why_solo` keeps those trials solo)."""
+        logits, labels, first = self.predict(self.val_x), self.val_labels, selection.first
         if first is not None:  # the first validation examples in split order (`bench.protocol.Selection`)
             logits, labels = logits[:, :first], labels[..., :first]
         with torch.no_grad():
             losses = torch.cat([method.validation_loss(logits[sl], labels[sl]).double()
                                 for sl, method in self.groups])
             acc = 100.0 * (logits.argmax(-1) == labels).double().mean(-1)
-        return losses.cpu().numpy(), acc.cpu().numpy()
+        return losses.cpu().numpy(), acc.cpu().numpy(), selection.score(losses.cpu().numpy(), acc.cpu().numpy())
 
     def diagnose(self, epoch: int) -> list[dict[str, float | None]]:
         """Every member's epoch diagnostics, from one stacked pass over the training sample and the test set."""
@@ -364,6 +357,8 @@ def why_solo(c: TrialConfig) -> str | None:
         return f"model {model} (its members' state or random draws cannot be kept apart)"
     if "generator" not in inspect.signature(ds.train_transform).parameters:
         return f"{c.dataset} augments at random from torch's shared generator (its train_transform takes no generator)"
+    if (rule := c.resolved_protocol().selection(c.method)).own_pass:
+        return f"its selection rule ({rule.words()}) needs a pass of its own, which only a solo trial makes"
     if not get_method(c.method)(ds.num_classes, dataset=c.dataset, **c.params).packable():
         return f"method {c.method} (extra passes, two networks or per-example state)"
     return None

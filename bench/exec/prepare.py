@@ -184,7 +184,8 @@ def epoch_eval_enabled(dataset: type[Dataset]) -> bool:
 
 def load_data(config: TrialConfig, data_root: str | os.PathLike[str]) -> tuple[Dataset, Splits]:
     """The dataset's splits, with tensor inputs moved to the training device once (a pack's members share them)."""
-    dataset = get_dataset(config.dataset)(data_root)
+    transform = config.resolved_protocol().setting("script_transform")
+    dataset = get_dataset(config.dataset)(data_root, script_transform=transform)
     splits = check_splits(dataset, dataset.load())
     device = resolve_device(config.device)
     for split in (splits.train, splits.val, splits.test):

@@ -136,8 +136,9 @@ class Stage(Protocol):
 
     def train_epoch(self, epoch: int) -> np.ndarray: ...  # (K,) mean training loss; NaN where diverged
 
-    # (K,) selection losses, (K,) noisy-val accuracy %, on the first `first` validation examples (None: all).
-    def validate(self, first: int | None = None) -> tuple[np.ndarray, np.ndarray]: ...
+    # (K,) selection losses, (K,) noisy-val accuracy %, on the rule's first validation examples (None: all), and (K,)
+    # scores by the rule, lower is better (`Selection.own_pass`: from a pass of its own, the test set's or the CE's).
+    def validate(self, selection: Selection = BENCH_SELECTION) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 
     def keep_best(self, improved: np.ndarray) -> None: ...  # members whose current state is their new best
 
@@ -201,8 +202,7 @@ class StageLoop:
     def initial(self, stage: Stage, name: str, epochs: int, selection: Selection) -> EpochRecord:
         """The state before the first epoch as every member's best so far, recorded as epoch 0."""
         k = stage.members
-        self.best_loss, initial_acc = stage.validate(selection.first)
-        self.best_score = selection.score(self.best_loss, initial_acc)
+        self.best_loss, _, self.best_score = stage.validate(selection)
         t0 = time.perf_counter()
         diagnosed = stage.diagnose(0)
         self.diagnose_seconds += time.perf_counter() - t0
@@ -228,8 +228,7 @@ class StageLoop:
             stage.freeze(diverged)
         if not self.active.any():
             return None
-        val_loss, val_acc = stage.validate(selection.first)
-        score = selection.score(val_loss, val_acc)
+        val_loss, val_acc, score = stage.validate(selection)
         improved = self.active & selection.improves(score, self.best_score)
         stage.keep_best(improved)
         self.best_loss = np.where(improved, val_loss, self.best_loss)
@@ -282,7 +281,7 @@ def run_stage(
     else:
         loop = StageLoop.fresh(k)
         stage.keep_best(np.ones(k, dtype=bool))  # with no epoch trained (or none better), the initial state stands
-        if initial_is_candidate:
+        if initial_is_candidate and selection.initial:
             emit(loop.initial(stage, name, epochs, selection))
     started = time.perf_counter()
     for epoch in range(loop.epoch + 1, epochs + 1):
@@ -349,14 +348,17 @@ class SoloStage:
             self.method.end_epoch(epoch)
         return np.array([float(loss)])
 
-    def validate(self, first: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def validate(self, selection: Selection = BENCH_SELECTION) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         logits, labels = predict(self.nets[0], self.p.val), self.p.val.labels
-        if first is not None:  # in split order, as the scripts' unshuffled validation loader gives its first batch
-            logits, labels = logits[:first], labels[:first]
+        if selection.first is not None and not selection.own_pass:  # in split order, as the scripts' unshuffled
+            logits, labels = logits[: selection.first], labels[: selection.first]  # loader gives its first batch
         with torch.no_grad():
-            loss = float(self.selection_loss(logits, labels))
-        acc, _, _ = accuracy(logits, labels, self.p.dataset.num_classes)
-        return np.array([loss]), np.array([acc])
+            loss = np.array([float(self.selection_loss(logits, labels))])
+        acc = np.array([accuracy(logits, labels, self.p.dataset.num_classes)[0]])
+        if not selection.own_pass:
+            return loss, acc, selection.score(loss, acc)
+        own = (predict(self.nets[0], self.p.test), self.p.test.labels) if selection.oracle else (logits, labels)
+        return loss, acc, np.array([selection.logit_score(*own)])
 
     def keep_best(self, improved: np.ndarray) -> None:
         if improved[0]:

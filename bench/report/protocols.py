@@ -23,18 +23,21 @@ from bench.report.render import fmt_r, html_table, md, pm, td
 
 BENCH = "bench"
 TITLE = "Protocol effect"
+ORACLE = "‡ oracle"  # after a method whose rows selected on the clean test set (the row's `oracle`)
 NOTE = (
     "Clean test accuracy (%) of each cell under bench (the paper's protocol done right) and under another protocol "
     "of the same results folder: authors (as the paper's scripts ran it) or bench with single switches of theirs "
     "(docs/fidelity.md lists each switch with its script and line). Paper: the published mean ± std. Each protocol's "
     "accuracy is the mean ± std over seeds at the setting it selects, n seeds; the difference protocol − bench is "
     "paired by seed (the mean over the seeds both hold ± the half-width of its 95% Student-t interval, the shared "
-    f"seeds in parentheses; no interval under {statistics.MIN_CI_SEEDS})."
+    f"seeds in parentheses; no interval under {statistics.MIN_CI_SEEDS}). {ORACLE} after a method: its rows kept "
+    "their epoch by clean test accuracy, as the authors' script did (the row's oracle column): an upper bound, not a "
+    "result."
 )
 SCHEMA = {"dataset": pl.String, "noise": pl.String, "r": pl.Float64, "method": pl.String, "protocol": pl.String,
           "paper_mean": pl.Float64, "paper_std": pl.Float64, "bench_n": pl.Int64, "bench_mean": pl.Float64,
           "bench_std": pl.Float64, "other_n": pl.Int64, "other_mean": pl.Float64, "other_std": pl.Float64,
-          "paired_n": pl.Int64, "diff": pl.Float64, "diff_ci95": pl.Float64}
+          "paired_n": pl.Int64, "diff": pl.Float64, "diff_ci95": pl.Float64, "oracle": pl.Boolean}
 
 
 def headline(df: pl.DataFrame) -> pl.DataFrame:
@@ -65,6 +68,7 @@ def compare(df: pl.DataFrame) -> pl.DataFrame:
     rows = []
     for spec in (p for p in protocols if p != BENCH):
         cells, accs = _cells(df.filter(pl.col("protocol") == spec))
+        oracles = _oracle_cells(df.filter(pl.col("protocol") == spec))
         for key in sorted(cells.keys() & bench_cells.keys(), key=lambda k: (k[0], k[1], k[2], order[k[3]])):
             b, o = bench_cells[key], cells[key]
             ref = published.get((key[0], key[2], key[3])) if analysis.paper_noise(key[0]) == key[1] else None
@@ -73,8 +77,15 @@ def compare(df: pl.DataFrame) -> pl.DataFrame:
                              paper_mean=ref["paper_mean"] if ref else None, paper_std=ref["paper_std"] if ref else None,
                              bench_n=b["n"], bench_mean=b["acc_mean"], bench_std=b["acc_std"], other_n=o["n"],
                              other_mean=o["acc_mean"], other_std=o["acc_std"], paired_n=n, diff=diff,
-                             diff_ci95=half))
+                             diff_ci95=half, oracle=key in oracles))
     return pl.DataFrame(rows, schema=SCHEMA)
+
+
+def _oracle_cells(df: pl.DataFrame) -> set[tuple[Any, ...]]:
+    """The cells some of whose rows selected on the clean test set (rows written before the column: none)."""
+    if "oracle" not in df.columns:
+        return set()
+    return {tuple(r[k] for k in CELL) for r in df.filter(pl.col("oracle").fill_null(False)).iter_rows(named=True)}
 
 
 def _diff(row: dict[str, Any]) -> str:
@@ -88,7 +99,8 @@ HEADER = ["dataset", "noise", "r", "method", "paper", "bench", "n", "protocol", 
 
 
 def _cells_of(p: dict[str, Any]) -> list[str]:
-    return [p["dataset"], p["noise"], fmt_r(p["r"]), label(p["method"]), pm(p["paper_mean"], p["paper_std"]),
+    method = label(p["method"]) + (f" {ORACLE}" if p["oracle"] else "")
+    return [p["dataset"], p["noise"], fmt_r(p["r"]), method, pm(p["paper_mean"], p["paper_std"]),
             pm(p["bench_mean"], p["bench_std"]), str(p["bench_n"]), p["protocol"],
             pm(p["other_mean"], p["other_std"]), str(p["other_n"]), _diff(p)]
 

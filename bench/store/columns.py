@@ -78,6 +78,9 @@ MORE = (
     _c("transition", TEXT, MEASUREMENT), _c("empirical_transition", TEXT, MEASUREMENT),
     _c("estimated_transition", TEXT, MEASUREMENT), _c("confusion", TEXT, MEASUREMENT),
     _c("privileged", BOOL, CONFIGURATION, default=False),  # the method uses the true T
+    # The method stage kept its epoch by clean test accuracy (`bench.protocol.Selection.oracle`: the authors' Dogs vs
+    # Cats LCCN.py): an oracle, whose accuracy is no result.
+    _c("oracle", BOOL, CONFIGURATION, default=False),
     _c("pack_size", INT, COST),  # trials trained together with this one (1: solo)
     _c("networks", INT, COST, "metric"), _c("epochs_trained", INT, COST, "metric"),
     _c("device_s", FLOAT, COST, "metric"), _c("diagnostics_s", FLOAT, COST), _c("error", TEXT, MEASUREMENT),

@@ -195,6 +195,8 @@ class Mirror:
         tags.update({k: str(row[k]) for k in ("dataset", "method", "noise", "r", "seed")})
         # The protocol and its switches (`bench.protocol`); rows written before protocols existed were bench's.
         tags.update({f"{TAG}{k}": str(row.get(k) or ROW[k].default) for k in ("protocol", "switches")})
+        if row.get("oracle"):  # selected on the clean test set (`bench.protocol.Selection.oracle`): no result
+            tags[f"{TAG}oracle"] = "true"
         run = self.client.create_run(exp_id, run_name=run_name(row), tags=tags)
         run_id = run.info.run_id
 

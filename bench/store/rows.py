@@ -109,6 +109,7 @@ def make_row(
         precision=config.precision,
         train_subset=config.train_subset,
         privileged=bool(privileged),
+        oracle=config.resolved_protocol().oracle(config.method),
         error=(outcome.error if outcome and outcome.error else error),
         python_version=platform.python_version(),
         numpy_version=np.__version__,
