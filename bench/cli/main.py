@@ -1,6 +1,7 @@
-"""The `bench` command line: every command's arguments are defined here, with the bodies of `trial`, `datasets`,
-`methods` and `results`; the others' bodies are modules of their own in `bench.cli` (`run`; `report`: report and
-leaderboard; `mlflow`: sync-mlflow and ui; `labels`), each a thin call into its layer. Each is imported only when its
+"""The `bench` command line: every command's arguments are defined here (but `calibrate`'s, with its body in
+`bench.cli.calibrate`), with the bodies of `trial`, `datasets`, `methods` and `results`; the others' bodies are modules
+of their own in `bench.cli` (`run`; `report`: report and leaderboard; `mlflow`: sync-mlflow and ui; `labels`), each a
+thin call into its layer. Each is imported only when its
 command runs, so that `bench --help`, `trial`, `datasets` and `methods` stay light and work on a bare GPU box (torch
 and numpy only).
 Bad input prints one line starting with "bench: error:" and exits with code 2, having written nothing."""
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import __version__
+from bench.cli.calibrate import add_calibrate
 from bench.config import EXIT_USAGE, UserError, default_data_root
 from bench.schema import GRID_LIMIT
 from bench.store.columns import CORE_COLUMNS
@@ -260,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_methods)
 
     _add_run(sub)
-    _add_calibrate(sub)
+    add_calibrate(sub, _add_data_root)
     _add_labels(sub)
     _add_results_commands(sub)
     return parser
@@ -300,33 +302,6 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                    help=f"run a grid of more than {GRID_LIMIT:,} trials (without it such a grid is refused)")
     _add_data_root(p)
     p.set_defaults(func=_later("bench.cli.run", "cmd_run"), needs=("ray", "pyarrow", "polars"))
-
-
-def _add_calibrate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "calibrate", help="time this device training a grid's models solo, in packs and in streams units, and write "
-        "the fastest as executor-table rows (BENCH_EXECUTOR_TABLE=FILE bench run then plans from them)",
-        description="For each model: one trial solo, K trials as a pack and K in a streams unit, images/s of each "
-        "(best of interleaved rounds); the fastest that a grid runs becomes the model's row of the executor table "
-        "for this device kind.")
-    which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--config", help="calibrate the models the trials of this experiment file train")
-    which.add_argument("--models", metavar="A,B", help="calibrate these models (see bench.models), e.g. mlp")
-    p.add_argument("--device", default="cuda", help="cpu or cuda (default: cuda)")
-    p.add_argument("--members", default=None, metavar="K,K",
-                   help="trials a unit to time packs and streams units at (default: 2,4,8,16 on CUDA, 2,4 on a CPU)")
-    p.add_argument("--budget-s", type=float, default=300.0,
-                   help="seconds to measure for (default 300): rounds are cut to fit and models left once it is "
-                        "spent (the first model is always measured); the command says what it skipped")
-    p.add_argument("--steps", type=int, default=20, help="optimiser steps an epoch (default 20)")
-    p.add_argument("--rounds", type=int, default=3, help="timed rounds at most, the best counts (default 3)")
-    p.add_argument("--batch", type=int, default=None, help="batch size (default: the dataset's method stage's)")
-    p.add_argument("--out", default=None,
-                   help="put the rows into this executor table (created from the table in force when absent); "
-                        "default: print them")
-    p.add_argument("--figures", default=None, help="also write every arm's images/s to this CSV file")
-    _add_data_root(p)
-    p.set_defaults(func=_later("bench.cli.calibrate", "cmd_calibrate"))
 
 
 def _add_labels(sub: argparse._SubParsersAction) -> None:

@@ -35,6 +35,7 @@ from bench.exec.stage import SoloStage
 from bench.methods import Batch, get_method
 from bench.trial import TrialConfig
 
+TORCH_VERSION = torch.__version__
 # Models with a stand-in when their dataset's files are absent: the dataset whose format the stand-in takes.
 STAND_INS = {"resnet34_cifar": "cifar10", "vgg16_bn": "dogs_vs_cats"}
 

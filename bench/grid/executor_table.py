@@ -112,10 +112,15 @@ def write_rows(choices: list[Choice], path: Path | None = None, base: Path | Non
             rows.append(choice)
         else:
             rows[at] = choice
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(table_text(rows))
+    tmp.replace(path)
+
+
+def table_text(rows: list[Choice]) -> str:
+    """`rows` as the table's CSV text."""
     out = io.StringIO()
     writer = csv.DictWriter(out, COLUMNS, lineterminator="\n")
     writer.writeheader()
     writer.writerows(asdict(r) for r in rows)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(out.getvalue())
-    tmp.replace(path)
+    return out.getvalue()
