@@ -15,20 +15,20 @@
 #   6. the summary (benchmarks/acceptance_summary.py): DIR/summary.md, printed at the end.
 #
 # Sized for 10 minutes on one H100/H200: the CUDA tests (~1-2 min), calibration (75 s + 45 s budgets), the grid
-# stopped after --grid-s seconds (default 300), the report. To fit it leaves out, by default, the grid's methods
+# stopped after --grid-s seconds (default 270), the report. To fit it leaves out, by default, the grid's methods
 # other than CE and L_DMI (FW, GCE, LCCN, MentorNet, VAT; --full runs all of mr.yaml's), and whatever part of the
 # grid has not ended within --grid-s: the summary says how many trials ended, and running the script again with the
 # same --out resumes the grid (trials with a result row are skipped). The 700 trials it starts with (CE and L_DMI's
 # six settings x 10 r x 5 seeds x 2 protocols) are the issue's 20 CE and L_DMI cells per protocol.
 #
-# --tiny: the same steps on the CPU in a few minutes: tiny calibration budgets (ResNet-34 timed on batches of 4),
+# --tiny: the same steps on the CPU in a few minutes: calibration of 3 steps an epoch (ResNet-34's on batches of 4),
 # the grid cut to r 0.4, seed 0, one setting of L_DMI, 1 + 1 epochs on 256 training sentences; MR from the data root
 # when present, else the generated `synthetic` set under protocol bench alone (it has no authors' scripts).
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
-tiny=0 full=0 out="" data_root="${BENCH_DATA:-}" grid_s=300
+tiny=0 full=0 out="" data_root="${BENCH_DATA:-}" grid_s=270
 while [ $# -gt 0 ]; do
   case "$1" in
     --tiny) tiny=1 ;;
@@ -109,7 +109,7 @@ step cuda_tests "$python" -m pytest -q -rs -p no:cacheprovider tests/test_packed
 
 # 3. Calibration, then 4. the grid, planned from its table.
 if [ "$tiny" = 1 ]; then
-  device=cpu; quick=(--members 2 --steps 3 --rounds 2); cal_s=8; res_s=5; res_batch=(--batch 4 --steps 1 --rounds 1)
+  device=cpu; quick=(--members 2 --steps 3 --rounds 2); cal_s=60; res_s=30; res_batch=(--batch 4 --steps 1 --rounds 1)
   shrink=(--seeds 0 --set "r=[0.4]" --set epochs=1 --set epochs_warmup=1 --set train_subset=256
           --set "methods.dmi.lr=[1.0e-4]" --set "methods.dmi.batch_size=[128]" --set device=cpu
           --set "resources={cpu: 1, gpu: 0}")

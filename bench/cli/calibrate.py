@@ -138,8 +138,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     else:
         print(executor_table.table_text(rows), end="")
     skipped = f"; skipped (budget spent): {', '.join(cal.skipped)}" if cal.skipped else ""
+    over = " (over it: the first model always gets its warm-up epoch and one round)" \
+        if cal.seconds > args.budget_s else ""
     say(f"measured {len(cal.rates)} of {len(models)} models in {cal.seconds:.0f} s of a {args.budget_s:g} s "
-        f"budget{skipped}")
+        f"budget{over}{skipped}")
     return 0
 
 
