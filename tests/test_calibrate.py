@@ -171,3 +171,16 @@ def test_the_members_default_to_the_device(capsys) -> None:
     rows = list(csv.DictReader(printed[printed.index("model,device,"):].splitlines()[:2]))
     assert rows[0]["model"] == "mlp" and rows[0]["device"] == "cpu"
     assert set(printed_arms(printed, "mlp")) == {"solo fp32", "pack 2 fp32", "streams 2", "pack 4 fp32", "streams 4"}
+
+
+def test_a_grid_names_the_models_its_trials_train() -> None:
+    """--config: the networks of the grid's trials, the authors' scripts' own under that protocol."""
+    import argparse
+
+    from bench.cli.calibrate import models_of
+
+    repo = Path(__file__).resolve().parents[1]
+    grid = argparse.Namespace(models=None, config=str(repo / "tune_configs" / "mr_protocols.yaml"))
+    assert models_of(grid) == ["word_cnn", "word_cnn_authors"]
+    assert models_of(argparse.Namespace(models=None, config=str(repo / "tune_configs" / "demo.yaml"))) == [
+        "fashion_cnn"]
