@@ -7,7 +7,8 @@ Reads (each optional: a step that failed leaves its line saying so):
   FOLDER/report/paper_vs_measured.csv  `bench report`'s paper table for the headline protocol (bench)
   FOLDER/report/protocols.csv          `bench report`'s protocol panel: the other protocols' cells (authors)
   FOLDER/results/trials/*.parquet      the grid's result rows (status, epochs_trained, train_subset, dataset)
-  FOLDER/figures_resnet.csv            `bench calibrate --figures` for ResNet-34: every arm's images/s
+  FOLDER/figures_resnet.csv            `bench calibrate --figures` for ResNet-34: every arm's images/s (and from
+                                       them the CIFAR-10 table's device-hours, `benchmarks/big_models.py`'s projection)
   FOLDER/executors.csv                 the executor table `bench calibrate` wrote and the grid was planned from
   FOLDER/steps.tsv                     each step's name, exit code and seconds (the script writes it)
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,6 +132,20 @@ def arm_lines(figures: list[dict[str, str]], model: str = RESNET) -> list[str]:
     return lines
 
 
+def projection_lines(figures: list[dict[str, str]]) -> list[str]:
+    """The CIFAR-10 table's device-hours at ResNet-34's measured rates (`benchmarks/big_models.py`'s projection)."""
+    rates = {f["arm"]: float(f["images_per_s"]) for f in figures if f["model"] == RESNET}
+    if "solo fp32" not in rates:
+        return []
+    spec = importlib.util.spec_from_file_location("big_models", Path(__file__).with_name("big_models.py"))
+    big_models = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(big_models)
+    lines: list[str] = []
+    big_models.projection(rates, out=lambda line: lines.append(line.replace("  ", "  projection: ", 1)
+                                                                if line.startswith("  ") else line))
+    return lines
+
+
 def summary(folder: Path, grid_wall_s: float, total_wall_s: float | None, gpus: int, mode: str,
             train_images: dict[str, int], machine: str) -> str:
     lines = [f"# Acceptance run ({mode}), {datetime.date.today().isoformat()}, {machine}", ""]
@@ -149,7 +165,9 @@ def summary(folder: Path, grid_wall_s: float, total_wall_s: float | None, gpus: 
                      f"{both.within} of {both.cells})")
     if not cells:
         lines.append("paper's MR cells: none measured (no MR data, or the grid or report did not finish)")
-    lines += arm_lines(read_csv(folder / "figures_resnet.csv"))
+    figures = read_csv(folder / "figures_resnet.csv")
+    lines += arm_lines(figures)
+    lines += projection_lines(figures)
     for row in read_csv(folder / "executors.csv"):
         if row["source"].startswith("bench calibrate"):
             lines.append(f"table row: {row['model']} on {row['device']}: {row['executor']} x{row['trials']}, "

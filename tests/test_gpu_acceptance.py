@@ -97,6 +97,9 @@ def test_the_summary_counts_paper_cells_cost_and_arms_as_computed_independently(
     assert "solo bf16 + channels-last: best solo bf16 + CL 15,000 images/s, 1.50x solo fp32" in text
     assert "pack bf16: best pack 4 bf16 21,000 images/s, 2.10x solo fp32" in text
     assert "steps: cuda_tests exit 0 in 60 s; grid exit 124 in 300 s" in text
+    # the CIFAR-10 table (600 trials x 100 epochs and 50 warm starts x 120, 40,000 images) at solo fp32's 10,000/s
+    solo_hours = (600 * 100 + 50 * 120) * 40_000 / 10_000 / 3600
+    assert f"  projection: today: every trial solo fp32: {solo_hours:,.1f} device-hours" in text
 
 
 def test_the_summary_says_what_it_lacks(tmp_path: Path) -> None:
