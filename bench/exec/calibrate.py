@@ -289,12 +289,11 @@ def calibrate(models: list[str], device: torch.device, ks: list[int], data_root:
                 progress(f"budget of {budget_s:g} s spent: skipping {', '.join(out.skipped)}")
                 break
             name, proto, stand_in = find_data(model, data_root)
-            size = steps * (batch or get_dataset(name).method_stage.batch_size)
-            progress(f"{model}: {name}{' stand-in' if stand_in else ''} data, {max(ks)} members, {size:,} images "
-                     f"an epoch")
-            data = load(model, name, stand_in, data_root, device, size, Path(tmp) / model)
-            ps = members(name, proto, max(ks), data, device, batch, data_root)
-            bs = ps[0].method_stage.batch_size
+            bs = batch or get_dataset(name).method_stage.batch_size  # one batch size for every member
+            progress(f"{model}: {name}{' stand-in' if stand_in else ''} data, {max(ks)} members, {steps} steps of "
+                     f"{bs} an epoch")
+            data = load(model, name, stand_in, data_root, device, steps * bs, Path(tmp) / model)
+            ps = members(name, proto, max(ks), data, device, bs, data_root)
             images = ps[0].train.size // bs * bs  # an epoch drops the last partial batch
             # budget: this model's share of what is left, so that later models get theirs
             share = time.perf_counter() + (deadline - time.perf_counter()) / (len(models) - i)
