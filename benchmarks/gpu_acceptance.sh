@@ -97,8 +97,9 @@ if [ "$tiny" = 0 ] && { [ "$cuda" = 0 ] || [ "$have_mr" = 0 ]; }; then
        "found $have_mr); pass --data-root, or run --tiny" >&2
   exit 2
 fi
-echo "gpu_acceptance: $( [ $tiny = 1 ] && echo tiny || echo full ) run into $out; data $data_root; $("$python" -c \
-  "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU')")"
+machine=$("$python" -c "import torch
+print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU')")
+echo "gpu_acceptance: $( [ $tiny = 1 ] && echo tiny || echo full ) run into $out; data $data_root; $machine"
 
 # 2. The CUDA tests (on a CPU they skip: the tiny run checks they are collected).
 step cuda_tests "$python" -m pytest -q -rs -p no:cacheprovider tests/test_packed_cuda.py \
@@ -122,22 +123,24 @@ if [ "$have_mr" = 1 ]; then
 else
   models=mlp; data=(--set dataset=synthetic --set noise=case1 --set "protocol=[bench]")
 fi
-step calibrate bench calibrate --device "$device" --models "$models" "${quick[@]}" --budget-s "$cal_s" \
-  --out "$out/executors.csv" --figures "$out/figures_grid.csv" --data-root "$data_root"
-step calibrate_resnet bench calibrate --device "$device" --models resnet34_cifar "${quick[@]}" "${res_batch[@]}" \
-  --budget-s "$res_s" --out "$out/executors.csv" --figures "$out/figures_resnet.csv" --data-root "$data_root"
+# ${a[@]+"${a[@]}"}: an array that may be empty, under set -u
+step calibrate bench calibrate --device "$device" --models "$models" ${quick[@]+"${quick[@]}"} \
+  --budget-s "$cal_s" --out "$out/executors.csv" --figures "$out/figures_grid.csv" --data-root "$data_root"
+step calibrate_resnet bench calibrate --device "$device" --models resnet34_cifar ${quick[@]+"${quick[@]}"} \
+  ${res_batch[@]+"${res_batch[@]}"} --budget-s "$res_s" --out "$out/executors.csv" \
+  --figures "$out/figures_resnet.csv" --data-root "$data_root"
 methods=(--methods ce,dmi); [ "$full" = 1 ] && methods=()
 export BENCH_EXECUTOR_TABLE="$out/executors.csv"  # the grid plans from the rows measured above
 t0=$(date +%s)
-step grid timeout -s INT -k 60 "$grid_s" "$python" -m bench.cli.main run \
-  tune_configs/mr.yaml --set name=acceptance "${data[@]}" "${methods[@]}" "${shrink[@]}" --yes \
+step grid timeout -s INT -k 60 "$grid_s" "$python" -m bench.cli.main run tune_configs/mr.yaml --set name=acceptance \
+  ${data[@]+"${data[@]}"} ${methods[@]+"${methods[@]}"} ${shrink[@]+"${shrink[@]}"} --yes \
   --results "$out/results" --mlflow-uri "sqlite:///$out/mlflow.db" --data-root "$data_root"
 grid_wall=$(( $(date +%s) - t0 ))
 
 # 5. The report, 6. the summary.
 step report bench report "$out/results" --out "$out/report"
-"$python" benchmarks/acceptance_summary.py "$out" --grid-wall-s "$grid_wall" --total-wall-s "$(( $(date +%s) - start ))" \
-  --mode "$( [ $tiny = 1 ] && echo tiny || echo full )"
+"$python" benchmarks/acceptance_summary.py "$out" --grid-wall-s "$grid_wall" \
+  --total-wall-s "$(( $(date +%s) - start ))" --mode "$( [ $tiny = 1 ] && echo tiny || echo full )"
 # The grid stopped at --grid-s (timeout's 124) is no failure: the summary counts what ended, a rerun resumes it.
 failed=$(awk -F'\t' '$2 != 0 && !($1 == "grid" && $2 == 124) {print $1}' "$out/steps.tsv" | tr '\n' ' ')
 [ -z "$failed" ] || { echo "gpu_acceptance: failed steps: $failed(logs in $out)" >&2; exit 1; }
