@@ -79,7 +79,7 @@ def test_the_terminal_record_lists_each_method_with_its_reference(capsys: pytest
 def test_markdown_alone_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["methods", "--markdown"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["bench: error: --markdown formats the fidelity record: use it with --references"]
+    assert err == ["bench: error: --markdown and --update format the fidelity record: use them with --references"]
 
 
 def test_dataset_defaults_name_registered_datasets_and_allowed_values() -> None:

@@ -1,6 +1,7 @@
-"""The `bench` command line: every command's arguments are defined here, with the bodies of `trial`, `datasets` and
-`results`; the others' bodies are modules of their own in `bench.cli` (`run`; `report`: report and leaderboard;
-`mlflow`: sync-mlflow and ui; `labels`; `methods`), each a thin call into its layer. Each is imported only when its
+"""The `bench` command line: every command's arguments are defined here (but `calibrate`'s, with its body in
+`bench.cli.calibrate`), with the bodies of `trial`, `datasets` and `results`; the others' bodies are modules of their
+own in `bench.cli` (`run`; `report`: report and leaderboard; `mlflow`: sync-mlflow and ui; `labels`; `methods`), each
+a thin call into its layer. Each is imported only when its
 command runs, so that `bench --help`, `trial`, `datasets` and `methods` stay light and work on a bare GPU box (torch
 and numpy only).
 Bad input prints one line starting with "bench: error:" and exits with code 2, having written nothing."""
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import __version__
+from bench.cli.calibrate import add_calibrate
 from bench.config import EXIT_USAGE, UserError, default_data_root
 from bench.schema import GRID_LIMIT
 from bench.store.columns import CORE_COLUMNS
@@ -245,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_later("bench.cli.methods", "cmd_methods"))
 
     _add_run(sub)
+    add_calibrate(sub, _add_data_root)
     _add_labels(sub)
     _add_results_commands(sub)
     return parser

@@ -24,12 +24,14 @@ if TYPE_CHECKING:  # the listing takes an Experiment; it need not import the exp
 
 def table_lines(pending: list[TrialConfig], gpu_kind: str | None) -> list[str]:
     """The executor table's rows that chose the executors of `pending` under `--pack auto`, one line each; not the
-    rows that keep trials solo on a CPU (the dry run says why they run solo)."""
+    generic row that keeps any model's trials solo on a CPU (the dry run says why they run solo), but a model's own
+    CPU row (`bench calibrate --device cpu` measured it)."""
     table = executor_table.read_table()
     chosen = dict.fromkeys(executor_table.choose(t.network(), t.device, gpu_kind, table) for t in pending)
     where = executor_table.table_path()
     return [f"executor table ({where.name if where == executor_table.DEFAULT else where}): {c.describe()}"
-            for c in chosen if c is not None and (c.executor, c.device) != ("solo", executor_table.CPU)]
+            for c in chosen if c is not None
+            and (c.model, c.executor, c.device) != (executor_table.ANY_MODEL, "solo", executor_table.CPU)]
 
 
 def draw_units(pending: list[TrialConfig], pack: str | int, data_root: str | os.PathLike[str] | None,

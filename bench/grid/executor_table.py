@@ -97,17 +97,30 @@ def choose(model: str, device: str, gpu_kind: str | None, table: tuple[Choice, .
 
 def write_row(choice: Choice, path: Path | None = None) -> None:
     """Put `choice` into the table: in place of the row for its model and device, else at the end."""
+    write_rows([choice], path)
+
+
+def write_rows(choices: list[Choice], path: Path | None = None, base: Path | None = None) -> None:
+    """Put `choices` into the table at `path` (each in place of the row for its model and device, else at the end),
+    in one atomic write; a `path` that does not exist yet starts from the rows of `base` (none: empty)."""
     path = path or table_path()
-    rows = list(read_table(path)) if path.exists() else []
-    at = next((i for i, r in enumerate(rows) if (r.model, r.device) == (choice.model, choice.device)), None)
-    if at is None:
-        rows.append(choice)
-    else:
-        rows[at] = choice
+    start = path if path.exists() else base
+    rows = list(read_table(start)) if start is not None else []
+    for choice in choices:
+        at = next((i for i, r in enumerate(rows) if (r.model, r.device) == (choice.model, choice.device)), None)
+        if at is None:
+            rows.append(choice)
+        else:
+            rows[at] = choice
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(table_text(rows))
+    tmp.replace(path)
+
+
+def table_text(rows: list[Choice]) -> str:
+    """`rows` as the table's CSV text."""
     out = io.StringIO()
     writer = csv.DictWriter(out, COLUMNS, lineterminator="\n")
     writer.writeheader()
     writer.writerows(asdict(r) for r in rows)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(out.getvalue())
-    tmp.replace(path)
+    return out.getvalue()
