@@ -52,7 +52,7 @@ def models_of(args: argparse.Namespace) -> list[str]:
     """The models to calibrate: --models, else those the trials of --config train (in the order they first come)."""
     # torch and the layers load when the command runs, so that `bench --help` stays light
     from bench import models
-    from bench.grid import files, plan
+    from bench.grid import files
 
     if args.models:
         names = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -61,7 +61,7 @@ def models_of(args: argparse.Namespace) -> list[str]:
         for name in names:
             models.get_model(name)  # unknown: one line naming the models
         return list(dict.fromkeys(names))
-    return list(dict.fromkeys(plan.trial_model(t) for t in files.load_experiment(args.config).trials()))
+    return list(dict.fromkeys(t.network() for t in files.load_experiment(args.config).trials()))
 
 
 def members_of(text: str | None, device: torch.device) -> list[int]:
