@@ -252,31 +252,51 @@ def trial_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
 COMMANDS = all_commands()
 
 
-@pytest.mark.parametrize("command", COMMANDS, ids=[c.source for c in COMMANDS])
-def test_every_documented_command_runs(command: Command, trial_rows: Path, tmp_path: Path,
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run in a folder of its own, where tune_configs/ is the repository's, with a data root of real data."""
+def run_documented(command: Command, results: Path, folder: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a documented command as `runnable` adapts it, in `folder`, where tune_configs/ is the repository's, with
+    a data root of real data; return what it printed, or fail naming the command, its line and its error."""
     if flag_problems(command):
         pytest.fail("\n".join(flag_problems(command)))
-    data = SHARED_DATA if SHARED_DATA.is_dir() else tmp_path / "no-data"
-    argv = runnable(command, trial_rows, data)
+    data = SHARED_DATA if SHARED_DATA.is_dir() else folder / "no-data"
+    argv = runnable(command, results, data)
     if isinstance(argv, str):
         pytest.skip(f"{command.source}: not run: {argv}")
     for key, value in command.env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("BENCH_EPOCH_EVAL", "0")  # the per-epoch diagnostics have tests of their own
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    monkeypatch.setenv("BENCH_UNSAVED", str(tmp_path / "unsaved"))
-    (tmp_path / "tune_configs").symlink_to(REPO / "tune_configs")
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder / 'mlflow.db'}")
+    monkeypatch.setenv("BENCH_UNSAVED", str(folder / "unsaved"))
+    (folder / "tune_configs").symlink_to(REPO / "tune_configs")
+    monkeypatch.chdir(folder)
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = cli.main(argv)
         except SystemExit as e:  # --version and --help exit
             code = e.code
-    assert code == 0, f"{command} (run as bench {shlex.join(argv)}) exited {code}:\n{err.getvalue()[-3000:]}"
+    if code != 0:
+        pytest.fail(f"{command} (run as bench {shlex.join(argv)}) exited {code}:\n{err.getvalue()[-3000:]}")
     assert out.getvalue().strip(), f"{command} printed nothing"
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=[c.source for c in COMMANDS])
+def test_every_documented_command_runs(command: Command, trial_rows: Path, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    run_documented(command, trial_rows, tmp_path, monkeypatch)
+
+
+def test_a_documented_command_that_fails_is_reported(trial_rows: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command whose flags are right but whose value is not (r = 1.5) fails the test, naming its line and the
+    error `bench` printed; a results command pointed at the test's trials runs and prints their table."""
+    bad = collect("```sh\nbench trial --dataset synthetic --method ce --noise case1 --r 1.5\n```\n", "copy.md")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with pytest.raises(pytest.fail.Exception, match=r"copy.md:2: bench trial .* exited 2:\nbench: error: .*r"):
+        run_documented(bad[0], trial_rows, tmp_path / "a", monkeypatch)
+    good = collect("```sh\nbench leaderboard results/demo\n```\n", "copy.md")[0]
+    assert "ce" in run_documented(good, trial_rows, tmp_path / "b", monkeypatch)
 
 
 # -- the README's samples ------------------------------------------------------------------------------------------
