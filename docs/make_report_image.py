@@ -1,7 +1,7 @@
 """Render the README's picture of the report, docs/report.png, from a real report.html with headless Chromium.
 
     .venv/bin/python docs/make_report_image.py                       # the demo run of docs/make_samples.py
-    .venv/bin/python docs/make_report_image.py results/demo/report/report.html --height 1700
+    .venv/bin/python docs/make_report_image.py results/demo/report/report.html --height 2000 --columns 1
 
 Chromium (`apt-get install chromium`) draws the page as a browser shows it, in a throw-away profile with no network
 features; Pillow crops the top of the page (title, summary, the first accuracy table and its figure) and shrinks it
@@ -64,9 +64,9 @@ def main() -> int:
     parser.add_argument("report", nargs="?", type=Path, default=DEMO_REPORT, help="a report.html")
     parser.add_argument("--out", type=Path, default=OUT, help=f"the PNG to write (default: {OUT.relative_to(REPO)})")
     parser.add_argument("--width", type=int, default=1100, help="window width, CSS pixels")
-    parser.add_argument("--height", type=int, default=1500, help="how much of the page's top to show, CSS pixels")
+    parser.add_argument("--height", type=int, default=2800, help="how much of the page's top to show, CSS pixels")
     parser.add_argument("--columns", type=int, default=2, help="cut that height into this many side-by-side bands")
-    parser.add_argument("--scale", type=float, default=0.75, help="shrink factor before the size limit applies")
+    parser.add_argument("--scale", type=float, default=0.6, help="shrink factor before the size limit applies")
     args = parser.parse_args()
     if not args.report.is_file():
         raise SystemExit(f"make_report_image: no report at {args.report}; run docs/make_samples.py demo first, or "

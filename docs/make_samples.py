@@ -33,15 +33,12 @@ WORKDIR = REPO / "results" / "samples"
 
 
 def _demo_excerpt(runs: list[list[str]]) -> list[str]:
-    """`bench run`: its first line, first two and last trial lines, summary and leaderboard; `bench report`: the
-    page it wrote."""
-    lines, report = runs
-    trials = [line for line in lines[1:] if re.match(r"\[\d+/\d+\] ", line)]
-    start = next(line for line in lines if re.match(r"\S+: running \d+ of \d+ trials", line))
+    """`bench run`: its command, first and last trial lines, summary and leaderboard."""
+    lines = runs[0]
+    trials = [line for line in lines if re.match(r"\[ *\d+/\d+\] ", line)]
     end = next(i for i, line in enumerate(lines) if re.search(r": \d+ of \d+ trials finished in ", line))
     table = next(i for i, line in enumerate(lines) if line.startswith("clean test accuracy (%)"))
-    page = next(line for line in report if line.startswith("report.html"))
-    return [lines[0], start, *trials[:2], "...", trials[-1], lines[end], *lines[table:], report[0], page]
+    return [lines[0], trials[0], "...", trials[-1], lines[end], *lines[table:]]
 
 
 def _trial_excerpt(runs: list[list[str]]) -> list[str]:
@@ -86,7 +83,12 @@ def run_sample(name: str, cwd: Path = WORKDIR) -> list[str]:
         if done.returncode != 0:
             raise SystemExit(f"make_samples: `{' '.join(argv)}` failed ({done.returncode}):\n{done.stderr[-2000:]}")
         lines += [f"$ {' '.join(argv)}", *done.stdout.rstrip("\n").splitlines()]
-    return lines
+    return relative(lines, cwd)
+
+
+def relative(lines: list[str], cwd: Path) -> list[str]:
+    """Paths under the folder the samples ran in, as the user who ran them there would read them."""
+    return [line.replace(f"{cwd.resolve()}/", "") for line in lines]
 
 
 def excerpt(name: str, lines: list[str]) -> list[str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
-import os
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -257,8 +256,7 @@ def run_documented(command: Command, results: Path, folder: Path, monkeypatch: p
     a data root of real data; return what it printed, or fail naming the command, its line and its error."""
     if flag_problems(command):
         pytest.fail("\n".join(flag_problems(command)))
-    data = SHARED_DATA if SHARED_DATA.is_dir() else folder / "no-data"
-    argv = runnable(command, results, data)
+    argv = runnable(command, results, SHARED_DATA)
     if isinstance(argv, str):
         pytest.skip(f"{command.source}: not run: {argv}")
     for key, value in command.env.items():
@@ -346,14 +344,14 @@ def test_normalising_masks_times_and_paths_only() -> None:
 
 
 @pytest.mark.parametrize("name", [n for n, (_, _, quick) in _samples_module().SAMPLES.items() if quick])
-def test_quick_samples_reproduce(name: str, tmp_path: Path) -> None:
+def test_quick_samples_reproduce(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Run the sample's commands again, as docs/make_samples.py runs them: the same output line for line, numbers
     included (a trial is a pure function of its config), times and paths aside."""
     samples = _samples_module()
     datasets = {argv[argv.index("--dataset") + 1] for argv in samples.SAMPLES[name][0] if "--dataset" in argv}
-    if not SHARED_DATA.is_dir() or not all(_ready(d, SHARED_DATA) for d in datasets):
+    if not all(_ready(d, SHARED_DATA) for d in datasets):
         pytest.skip(f"sample {name} needs {', '.join(sorted(datasets))} under {SHARED_DATA} (set BENCH_DATA)")
-    os.environ.setdefault("BENCH_DATA", str(SHARED_DATA))
+    monkeypatch.setenv("BENCH_DATA", str(SHARED_DATA))
     fresh = samples.run_sample(name, cwd=tmp_path)
     recorded = (REPO / "docs" / "samples" / f"{name}.txt").read_text().splitlines()
     assert normalised(fresh) == normalised(recorded)
