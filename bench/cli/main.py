@@ -191,11 +191,25 @@ def _later(module: str, name: str) -> Callable[[argparse.Namespace], int]:
     return lambda args: getattr(importlib.import_module(module), name)(args)
 
 
+# The manual's pages (docs/NAME.md) each command's --help names for depth; others name the index, docs/README.md.
+HELP_PAGES = {"trial": ("running", "protocol"), "datasets": ("datasets",), "methods": ("methods", "fidelity"),
+              "run": ("running", "cluster", "failures"), "labels": ("reports",), "results": ("running", "reports"),
+              "report": ("reports",), "leaderboard": ("reports",), "sync-mlflow": ("running",), "ui": ("running",)}
+
+
+def _name_pages(sub: argparse._SubParsersAction) -> None:
+    for name, command in sub.choices.items():
+        pages = ", ".join(f"docs/{page}.md" for page in HELP_PAGES.get(name, ("README",)))
+        command.epilog = f"More in the repository's manual: {pages}."
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bench",
         description="Benchmark learning with noisy labels: the L_DMI paper's protocol, grids on Ray Tune, "
         "results in parquet and MLflow.",
+        epilog="The README is the tour; the manual is docs/README.md in the repository, and `bench COMMAND --help` "
+        "names the page for each command.",
     )
     parser.add_argument("--version", action="version", version=f"bench {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -250,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_calibrate(sub, _add_data_root)
     _add_labels(sub)
     _add_results_commands(sub)
+    _name_pages(sub)
     return parser
 
 
