@@ -208,6 +208,14 @@ def runnable(command: Command, results: Path, data: Path) -> list[str] | str:
         return "it uses the plug-in templates of docs/extending.md, which tests/test_plugins.py trains"
     if sub == "ui":
         return "`bench ui` serves until it is stopped"
+    if "BENCH_EXECUTOR_TABLE" in command.env and not Path(command.env["BENCH_EXECUTOR_TABLE"]).is_absolute():
+        return "it plans from the table a `bench calibrate` line before it writes (tests/test_calibrate.py runs both)"
+    if sub == "calibrate":  # on this machine's CPU, the smallest measurement that still times every arm once
+        for flag, value in (("--device", "cpu"), ("--budget-s", "20"), ("--steps", "2"), ("--rounds", "1"),
+                            ("--members", "2")):
+            _set(argv, flag, value)
+        if "--models" in argv:  # the CPU times a small network in seconds; ResNet-34's arms take minutes here
+            _set(argv, "--models", "mlp")
     if sub == "datasets" and "--download" in argv:
         names = argv[argv.index("--download") + 1:]
         if not all(_ready(n, data) for n in names):
@@ -229,7 +237,7 @@ def runnable(command: Command, results: Path, data: Path) -> list[str] | str:
         _set(argv, "--results", "run-results")
     if sub in RESULTS_COMMANDS:
         argv[argv.index(sub) + 1] = str(results)
-    if sub in ("trial", "run", "labels", "datasets") and "--data-root" not in argv:
+    if sub in ("trial", "run", "labels", "datasets", "calibrate") and "--data-root" not in argv:
         argv += ["--data-root", str(data)]
     return argv
 

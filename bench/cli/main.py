@@ -194,7 +194,8 @@ def _later(module: str, name: str) -> Callable[[argparse.Namespace], int]:
 # The manual's pages (docs/NAME.md) each command's --help names for depth; others name the index, docs/README.md.
 HELP_PAGES = {"trial": ("running", "protocol"), "datasets": ("datasets",), "methods": ("methods", "fidelity"),
               "run": ("running", "cluster", "failures"), "labels": ("reports",), "results": ("running", "reports"),
-              "report": ("reports",), "leaderboard": ("reports",), "sync-mlflow": ("running",), "ui": ("running",)}
+              "report": ("reports",), "leaderboard": ("reports",), "sync-mlflow": ("running",), "ui": ("running",),
+              "calibrate": ("calibrate", "running")}
 
 
 def _name_pages(sub: argparse._SubParsersAction) -> None:
