@@ -61,6 +61,20 @@ class Splits:
     # The noisy labels drawn on these splits, by (noise, r, seed, explicit T): a pack's members that share a label
     # cell draw them once (an idn draw projects every input: 0.6 s for CIFAR-10, per member before).
     noisy_labels: dict[tuple[Any, ...], noise.NoisyLabels] = field(default_factory=dict, repr=False)
+    # Real noise whose images differ by level (Red Mini-ImageNet: each level's file lists its own training images):
+    # pattern -> (train, validation), which replace `train` and `val` for that pattern's trials (`for_noise`).
+    noise_splits: dict[str, tuple[Split, Split]] = field(default_factory=dict, repr=False)
+    views: dict[str, Splits] = field(default_factory=dict, repr=False)  # `for_noise`'s, made once a pattern
+
+    def for_noise(self, pattern: str) -> Splits:
+        """The splits a trial of noise `pattern` trains on: these, or the pattern's own training and validation
+        images (`noise_splits`), one view a pattern shared by the trials that share these splits."""
+        if pattern not in self.noise_splits:
+            return self
+        if pattern not in self.views:
+            train, val = self.noise_splits[pattern]
+            self.views[pattern] = Splits(train, val, self.test, self.human_labels, self.model_args, self.notes)
+        return self.views[pattern]
 
 
 def check_splits(dataset: Dataset, splits: Splits) -> Splits:

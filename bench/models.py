@@ -276,6 +276,23 @@ class VGG16BN(Model):
         return self.classifier(self.features(x).flatten(1))
 
 
+class VGG19BN(VGG16BN):
+    """VGG-19 with batch norm (16 conv layers: 2/2/4/4/4 in the five blocks), the same head as `VGG16BN`: the
+    network ANIMAL-10N's papers train from scratch on its 64 x 64 images (SELFIE; PLC's animal10/vgg.py)."""
+
+    name = "vgg19_bn"
+    LAYERS = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M", 512, 512, 512, 512, "M")
+
+
+class ResNet18CIFAR(ResNet34CIFAR):
+    """ResNet-18 for 32 x 32 images: `ResNet34CIFAR` with 2/2/2/2 basic blocks (Red Mini-ImageNet at 32 pixels)."""
+
+    name = "resnet18_cifar"
+
+    def __init__(self, num_classes: int, blocks: tuple[int, ...] = (2, 2, 2, 2), width: int = 64) -> None:
+        super().__init__(num_classes, blocks, width)
+
+
 class ResNet50(Model):
     """torchvision's ResNet-50 with a fresh linear 2048 -> C head. `weights`: a LOCAL file holding torchvision's
     ImageNet state dict (e.g. resnet50-11ad3fa6.pth) to start from, as the paper does on Clothing1M; nothing is

@@ -94,9 +94,19 @@ class SplitLoader:
             self.x, batch_size=batch_size, sampler=order[:stop].cpu().tolist(), num_workers=self.workers,
             pin_memory=self.device.type == "cuda", persistent_workers=False,
         )
-        for start, xb in zip(range(0, stop, batch_size), loader, strict=True):
-            idx = order[start : start + batch_size]
-            yield transform(xb.to(self.device, non_blocking=True)), self.labels[idx], idx
+        try:
+            for start, xb in zip(range(0, stop, batch_size), loader, strict=True):
+                idx = order[start : start + batch_size]
+                yield transform(xb.to(self.device, non_blocking=True)), self.labels[idx], idx
+        except UserError as e:
+            raise UserError(worker_message(e)) from None
+
+
+def worker_message(e: UserError) -> str:
+    """A streamed image's `UserError` (a missing or damaged file) in its own one line: a DataLoader worker's error
+    comes back with the worker's traceback before it."""
+    last = str(e).strip().splitlines()[-1]
+    return last.split("UserError: ", 1)[1] if "UserError: " in last else last
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[None]:
@@ -217,6 +227,7 @@ def prepare(
         raise UserError("--epochs and --epochs-warmup must be >= 0")
 
     dataset, splits = data if data is not None else load_data(config, data_root)
+    splits = check_splits(dataset, splits.for_noise(config.noise))
     for note in splits.notes:
         log(f"note: {note}")
     labels = draw_labels(config, dataset, splits)
