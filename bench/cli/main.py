@@ -52,6 +52,14 @@ def _parse_params(method: str, items: list[str]) -> dict[str, object]:
     return check_params(get_method(method), params, from_text=True)
 
 
+def _parse_model_args(items: list[str]) -> dict[str, object]:
+    """--model-arg key=value pairs; a value that reads as an integer is one (image_size=224)."""
+    pairs = [(key.strip(), sep, value.strip()) for key, sep, value in (item.partition("=") for item in items)]
+    if bad := next((item for item, (key, sep, _) in zip(items, pairs, strict=True) if not sep or not key), None):
+        raise UserError(f"--model-arg expects key=value, got {bad!r}")
+    return {key: int(value) if value.isdigit() else value for key, _, value in pairs}
+
+
 def cmd_trial(args: argparse.Namespace) -> int:
     # torch loads with the commands that need it: `bench --help` and a mistyped flag answer at once
     from bench import noise
@@ -65,7 +73,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, epochs=args.epochs, epochs_warmup=args.epochs_warmup,
         method_params=freeze_params(_parse_params(args.method, args.param)), transition=transition,
         train_subset=args.train_subset, device=args.device, experiment=args.experiment, protocol=args.protocol,
-        precision=args.precision,
+        precision=args.precision, model=args.model, model_args=freeze_params(_parse_model_args(args.model_arg)),
     )
     check_trial(config)
     check_results(args.results)
@@ -233,6 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a method hyper-parameter (repeatable), e.g. --param q=0.7")
     p.add_argument("--train-subset", type=int, default=None, help="use only the first N training examples")
+    p.add_argument("--model", help="the network, where not the dataset's: e.g. linear_probe (a linear head on a "
+                   "frozen torchvision backbone's cached features)")
+    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE", help="an option of --model "
+                   "(repeatable): e.g. backbone=resnet18, weights=/path/resnet18.pth (or weights=random)")
     p.add_argument("--protocol", default="bench",
                    help="bench (default: the paper's protocol done right), authors (as the paper's scripts ran it), "
                         "bench+SWITCH[+SWITCH...] or authors-SWITCH[-SWITCH...] (docs/fidelity.md lists each "

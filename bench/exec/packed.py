@@ -359,7 +359,7 @@ def why_solo(c: TrialConfig) -> str | None:
     """Why this trial cannot train in a pack (None: it can)."""
 
     ds = get_dataset(c.dataset)
-    model = c.resolved_protocol().setting("script_model", ds.model)
+    model = c.network()
     if not models.get_model(model).packable:
         return f"model {model} (its members' state or random draws cannot be kept apart)"
     if "generator" not in inspect.signature(ds.train_transform).parameters:
@@ -380,7 +380,7 @@ def pack_key(c: TrialConfig) -> tuple[Any, ...]:
 
     warmup, method_stage = c.schedules()
     proto = c.resolved_protocol()
-    model = proto.setting("script_model", get_dataset(c.dataset).model)
+    model = c.model_label()  # the network and its options (a frozen-feature probe's backbone: its data)
     key = (c.dataset, model, c.train_subset, c.device, _shape(warmup), _shape(method_stage))
     # A pack's members share their protocol and their method stage's selection rule (it can differ by method).
     if proto.switches:

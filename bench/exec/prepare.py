@@ -197,6 +197,8 @@ def load_data(config: TrialConfig, data_root: str | os.PathLike[str]) -> tuple[D
     dataset = get_dataset(config.dataset)(data_root)
     splits = check_splits(dataset, dataset.load())
     device = resolve_device(config.device)
+    # A model may change what it trains on (`bench.features`: a frozen backbone's cached features).
+    splits = models.get_model(config.network()).prepare_data(dataset, splits, dict(config.model_args), device)
     for split in (splits.train, splits.val, splits.test):
         if isinstance(split.x, torch.Tensor):
             split.x = split.x.to(device)
@@ -213,6 +215,7 @@ def prepare(
     # Unknown methods and hyper-parameters fail here, before any data is loaded or anything written.
     get_method(config.method)(dataset_cls.num_classes, dataset=config.dataset, **config.params)
     dataset_cls.check_noise(config.noise)
+    models.check_args(config.network(), dict(config.model_args))
     if not 0.0 <= config.r <= 1.0:
         raise UserError(f"--r must lie in [0, 1], got {config.r}")
     if config.precision not in PRECISIONS:
@@ -252,7 +255,7 @@ def prepare(
         val=SplitLoader(splits.val, labels.val, dataset, device, config.precision),
         test=SplitLoader(splits.test, splits.test.y, dataset, device, config.precision),
         warmup=warmup, method_stage=method_stage, protocol=proto,
-        model=proto.setting("script_model", dataset_cls.model),
+        model=config.network(),
         diag_index=torch.as_tensor(sample, device=device),
         diag_train=SplitLoader(diag_split, noisy_train[sample], dataset, device, config.precision),
         diag_clean=torch.as_tensor(diag_split.y, dtype=torch.int64, device=device),
@@ -298,7 +301,7 @@ def warm_start_key(p: Prepared, net_index: int) -> str:
     """Identity of a CE warm start: shared by every method and hyper-parameter of its (data, noise, seed) cell at
     one precision."""
     c = p.config
-    cell = [c.dataset, p.model, c.noise, round(c.r, 10), c.seed, c.transition, c.train_subset,
+    cell = [c.dataset, c.model_label(), c.noise, round(c.r, 10), c.seed, c.transition, c.train_subset,
             p.labels.noise_hash, repr(p.warmup), net_index, type(p.dataset).version]
     switches = p.protocol.warm_start_switches()  # none under bench: its keys are those it always had
     precision = [] if c.precision == FP32 else [c.precision]  # fp32's keys are those it always had
@@ -318,4 +321,7 @@ def method_seed(p: Prepared) -> int:
 
 
 def build_model(p: Prepared) -> nn.Module:
-    return models.create(p.model, p.dataset.num_classes, p.device, **p.splits.model_args)
+    """The trial's network: what its data sets (`Splits.model_args`), then the trial's own options (`model_args`)
+    but those its model reads when the data loads (`Model.data_options`)."""
+    own = {k: v for k, v in p.config.model_args if k not in models.get_model(p.model).data_options}
+    return models.create(p.model, p.dataset.num_classes, p.device, **{**p.splits.model_args, **own})

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bench.config import UserError
-from bench.data import get_dataset
 from bench.exec import memory
 from bench.exec.executor import Unit, executors, get_executor
 from bench.exec.packed import EVAL_IMAGES
@@ -181,7 +180,7 @@ def unit_kind(t: TrialConfig, pack: str | int, gpu_kind: str | None,
 
 def trial_model(t: TrialConfig) -> str:
     """The network `t` trains (its dataset's, or the authors' script's under that switch)."""
-    return t.resolved_protocol().setting("script_model", get_dataset(t.dataset).model)
+    return t.network()
 
 
 def share_gpus(work: list[int], gpus: int) -> list[int]:

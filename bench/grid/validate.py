@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from bench import models
 from bench.config import UserError
 from bench.data import get_dataset
 from bench.methods import check_params, get_method
@@ -32,6 +33,7 @@ def check_trial(config: TrialConfig, transitions: dict[tuple[Any, ...], None] | 
     check_params(method, config.params)
     dataset.check_noise(config.noise)
     dataset.protocol(config.protocol)  # an unknown spec or switch: one line
+    models.check_args(config.network(), dict(config.model_args))  # an unknown network or option: one line
     refusal = method.refuses(dataset, config.noise)
     if refusal:
         raise UserError(f"method {config.method} cannot run on noise {config.noise!r} of {config.dataset}: {refusal}")

@@ -66,7 +66,6 @@ import numpy as np
 import torch
 
 from bench.config import UserError
-from bench.data import get_dataset
 from bench.exec.executor import Bundle, Executor, UnitContext
 from bench.exec.stage import after_step
 from bench.exec.trainer import failed_row, run_trial
@@ -252,8 +251,7 @@ class Streams(Executor):
 
     def group_key(self, trial: TrialConfig) -> tuple[Any, ...]:
         """One dataset, one network, one device: members share a process, its device and its data's files."""
-        model = trial.resolved_protocol().setting("script_model", get_dataset(trial.dataset).model)
-        return (trial.dataset, model, trial.device)
+        return (trial.dataset, trial.model_label(), trial.device)
 
 
 def own_stream(device: torch.device) -> contextlib.AbstractContextManager:

@@ -1,0 +1,193 @@
+"""The frozen-feature baseline: a linear head on a frozen torchvision backbone (`linear_probe`), the backbone's
+features computed once per (dataset, split, backbone, weights) and cached on disk.
+
+A trial with `model: linear_probe` and `model_args: {backbone: resnet18, weights: /path/resnet18.pth}` trains a
+linear layer on the backbone's penultimate features: when the data loads (`LinearProbe.prepare_data`) every split
+(and Red Mini-ImageNet's per-level splits) is passed once through the dataset's evaluation transform and the frozen
+backbone (in evaluation mode, no augmentation), and the trial then trains on those features as it would on any
+tensor set, so every method that trains "logits -> loss" runs on it, and its trials pack. The features are written
+to `$BENCH_CACHE/features` (else `~/.cache/bench/cache/features`), one file per split, named by a hash of what they
+depend on: the dataset and its version, the split's role and contents (its input bytes, or its image list), the
+backbone, the weights file's md5 (or `random`) and the input size; a later trial of any method, seed or noise reads
+them back. Weights come from a LOCAL file of torchvision's state dict (as Clothing1M's ResNet-50): nothing is ever
+downloaded. Random weights only where asked for (`weights: random`, torch seed 0), and the row's `model` column says
+so ("linear_probe(backbone=resnet18, weights=random)").
+
+Instance-dependent noise is drawn on the dataset's own inputs, as for every other network, not on the features.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from bench.config import UserError
+from bench.data import Dataset, Split, Splits, file_md5
+from bench.models import Model
+
+RANDOM = "random"
+BATCH = 256
+FEATURES_VERSION = 1  # bumped when the extraction changes what it computes
+
+
+class LinearProbe(Model):
+    """A linear layer on cached frozen-backbone features (`bench.features`)."""
+
+    name = "linear_probe"
+    packable = True
+    data_options = ("backbone", "weights", "image_size")
+
+    def __init__(self, num_classes: int, in_features: int) -> None:
+        super().__init__()
+        self.head = nn.Linear(in_features, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x)
+
+    @classmethod
+    def prepare_data(cls, dataset: Dataset, splits: Splits, options: dict[str, Any], device: torch.device) -> Splits:
+        backbone, weights = options.get("backbone"), options.get("weights")
+        if not backbone or not weights:
+            raise UserError("linear_probe needs model_args backbone (a torchvision architecture, e.g. resnet18) and "
+                            "weights (a local torchvision state-dict file, or `random` for random weights)")
+        extractor = Extractor(str(backbone), str(weights), options.get("image_size"), device)
+        return extractor.splits(dataset, splits)
+
+
+def build_backbone(name: str, weights: str) -> nn.Module:
+    """torchvision's `name` without its classification head, from the local state dict `weights` (or random weights,
+    drawn with torch seed 0), frozen, in evaluation mode."""
+    import torchvision  # here, not at the top: the training core imports only torch and numpy
+
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            net = torchvision.models.get_model(name, weights=None)
+    except ValueError:
+        raise UserError(f"linear_probe: unknown backbone {name!r}; use a torchvision classification architecture "
+                        f"({', '.join(torchvision.models.list_models(torchvision.models)[:8])}, ...)") from None
+    if weights != RANDOM:
+        path = Path(weights).expanduser()
+        if not path.is_file():
+            raise UserError(f"linear_probe: no weights file at {path} (or say weights: random)")
+        try:
+            net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        except Exception as e:  # not a state dict, or one of another network
+            raise UserError(f"linear_probe: {path} is not a torchvision {name} state dict ({e})") from None
+    for head in ("fc", "heads", "classifier", "head"):
+        if isinstance(getattr(net, head, None), nn.Module):
+            setattr(net, head, nn.Identity())
+            break
+    return net.eval().requires_grad_(False)
+
+
+class Extractor:
+    """One backbone's features of a dataset's splits, from the cache or computed (and then cached)."""
+
+    def __init__(self, backbone: str, weights: str, image_size: Any, device: torch.device) -> None:
+        self.backbone, self.device = backbone, device
+        self.weights_id = RANDOM if weights == RANDOM else self.weights_md5(weights)
+        self.weights, self.image_size = weights, None if image_size is None else int(image_size)
+        self.net: nn.Module | None = None  # built on the first split not in the cache
+
+    @staticmethod
+    def weights_md5(weights: str) -> str:
+        path = Path(weights).expanduser()
+        if not path.is_file():
+            raise UserError(f"linear_probe: no weights file at {path} (or say weights: random)")
+        return file_md5(path)
+
+    def splits(self, dataset: Dataset, splits: Splits) -> Splits:
+        cached: dict[int, Split] = {}  # one extraction for a split two roles share
+
+        def features(split: Split, role: str) -> Split:
+            if id(split) not in cached:
+                cached[id(split)] = Split(self.features(dataset, split, role), split.y)
+            return cached[id(split)]
+
+        out = Splits(features(splits.train, "train"), features(splits.val, "val"), features(splits.test, "test"),
+                     splits.human_labels, notes=splits.notes)
+        out.noise_splits = {name: (features(tr, f"{name}/train"), features(va, f"{name}/val"))
+                            for name, (tr, va) in splits.noise_splits.items()}
+        out.model_args = {"in_features": int(out.train.x.shape[1])}
+        keep_inputs(dataset, {id(cached[id(s)]): s for s in self.originals(splits)})
+        return out
+
+    @staticmethod
+    def originals(splits: Splits) -> list[Split]:
+        return [splits.train, splits.val, splits.test] + [s for pair in splits.noise_splits.values() for s in pair]
+
+    def cache_file(self, dataset: Dataset, split: Split, role: str) -> Path:
+        h = hashlib.sha256()
+        for part in (FEATURES_VERSION, dataset.name, type(dataset).version, role, len(split), self.backbone,
+                     self.weights_id, self.image_size):
+            h.update(f"{part}\0".encode())
+        h.update(fingerprint(split.x))
+        base = os.environ.get("BENCH_CACHE")
+        folder = (Path(base).expanduser() if base else Path.home() / ".cache" / "bench" / "cache") / "features"
+        return folder / f"{dataset.name}-{role.replace('/', '-')}-{self.backbone}-{h.hexdigest()[:20]}.npy"
+
+    def features(self, dataset: Dataset, split: Split, role: str) -> torch.Tensor:
+        path = self.cache_file(dataset, split, role)
+        if path.is_file():
+            return torch.from_numpy(np.load(path))
+        if self.net is None:
+            self.net = build_backbone(self.backbone, self.weights).to(self.device)
+        out = torch.cat([self.net(x).float().flatten(1).cpu() for x in self.batches(dataset, split)])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".npy.part") as tmp:
+            np.save(tmp, out.numpy())
+        Path(tmp.name).replace(path)  # atomic: a reader never sees half a file
+        return out
+
+    @torch.no_grad()
+    def batches(self, dataset: Dataset, split: Split) -> Any:
+        """The split's inputs in order, through the dataset's evaluation transform (and resized where asked)."""
+        if isinstance(split.x, torch.Tensor):
+            chunks = (split.x[i : i + BATCH] for i in range(0, len(split.x), BATCH))
+        else:
+            workers = min(8, os.cpu_count() or 1)
+            chunks = iter(torch.utils.data.DataLoader(split.x, batch_size=BATCH, num_workers=workers))
+        for x in chunks:
+            x = dataset.eval_transform(x.to(self.device))
+            if x.dim() != 4 or x.shape[1] not in (1, 3):
+                raise UserError(f"linear_probe needs images (N x 3 x H x W, or one channel); {dataset.name} gives "
+                                f"inputs of shape {tuple(x.shape[1:])}")
+            x = x.expand(-1, 3, -1, -1) if x.shape[1] == 1 else x
+            if self.image_size:
+                x = nn.functional.interpolate(x, size=self.image_size, mode="bilinear", align_corners=False)
+            yield x
+
+
+def fingerprint(x: torch.Tensor | torch.utils.data.Dataset) -> bytes:
+    """What a split's inputs are, for the cache's key: the bytes of a tensor, or the root and image list of a streamed
+    set (`ImageFiles`); a stream of another kind by its type and length (its cache entry could outlive a change)."""
+    if isinstance(x, torch.Tensor):
+        return hashlib.sha256(x.detach().cpu().contiguous().numpy().tobytes()).digest()
+    keys, root = getattr(x, "keys", None), getattr(x, "root", None)
+    if isinstance(keys, np.ndarray):
+        return hashlib.sha256(str(root).encode() + b"\0" + keys.tobytes()).digest()
+    return f"{type(x).__name__}:{len(x)}".encode()
+
+
+def keep_inputs(dataset: Dataset, inputs: dict[int, Split]) -> None:
+    """The dataset, now handing out features: its transforms pass them through, and instance-dependent noise still
+    reads each split's own inputs (`inputs`: a features split's id -> the split it came from)."""
+    identity: Callable[..., torch.Tensor] = lambda x, generator=None: x  # noqa: E731
+    own_features = type(dataset).noise_features
+
+    def noise_features(split: Split) -> np.ndarray:
+        return own_features(dataset, inputs.get(id(split), split))
+
+    dataset.train_transform = identity  # type: ignore[method-assign]
+    dataset.eval_transform = identity  # type: ignore[method-assign]
+    dataset.noise_features = noise_features  # type: ignore[method-assign]
+

@@ -1,0 +1,119 @@
+"""The frozen-feature baseline (`bench.features`): a linear head on a frozen torchvision backbone whose features are
+computed once per (dataset, split, backbone, weights) and cached. On tiny CIFAR-10N files: the second trial (another
+method) does not run the backbone again and trains on features equal to a fresh computation; the row marks random
+weights; other weights are another cache entry; bad options are one line; the trial can pack."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+from test_datasets_extra import cifar_md5s, write_cifar10n, write_cifar_batches
+
+from bench import features
+from bench.cli.main import main
+from bench.data import file_md5, get_dataset
+from bench.datasets.cifar10 import CIFAR10
+from bench.datasets.cifar10n import CIFAR10N, LABELS_FILE
+from bench.exec.packed import pack_key, why_solo
+from bench.trial import TrialConfig
+
+PROBE = ["--model", "linear_probe", "--model-arg", "backbone=resnet18", "--model-arg", "weights=random"]
+
+
+@pytest.fixture
+def tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """CIFAR-10 batches of 20 images with CIFAR-10N labels; the feature cache in tmp_path."""
+    labels = write_cifar_batches(tmp_path)
+    write_cifar10n(tmp_path, np.concatenate([labels[f"data_batch_{i}"] for i in range(1, 6)]))
+    md5s = cifar_md5s(tmp_path)
+    monkeypatch.setattr(CIFAR10, "files", md5s)
+    monkeypatch.setattr(CIFAR10N, "files", {**md5s, LABELS_FILE: file_md5(tmp_path / LABELS_FILE)})
+    monkeypatch.setenv("BENCH_CACHE", str(tmp_path / "cache"))
+    return tmp_path
+
+
+@pytest.fixture
+def forwards(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of images each backbone forward pass saw, in order."""
+    seen: list[int] = []
+    real = features.build_backbone
+
+    def counted(name: str, weights: str) -> torch.nn.Module:
+        net = real(name, weights)
+        net.register_forward_hook(lambda _m, args, _out: seen.append(len(args[0])))
+        return net
+
+    monkeypatch.setattr(features, "build_backbone", counted)
+    return seen
+
+
+def trial(root: Path, method: str, *extra: str) -> dict:
+    results = root / f"results-{method}-{len(extra)}"
+    assert main(["trial", "--dataset", "cifar10n", "--method", method, "--noise", "worse", "--r", "0",
+                 "--epochs-warmup", "1", "--epochs", "1", "--batch-size", "16", "--data-root", str(root),
+                 "--results", str(results), *PROBE, *extra]) == 0
+    (path,) = (results / "trials").glob("*.parquet")
+    return pl.read_parquet(path).row(0, named=True)
+
+
+def test_second_trial_reuses_the_cached_features(tiny: Path, forwards: list[int]) -> None:
+    first = trial(tiny, "ce")
+    # Every image of the three splits went through the backbone once: 80 training, 20 validation, 20 test.
+    assert sum(forwards) == 120 and first["status"] == "ok"
+    assert first["model"] == "linear_probe(backbone=resnet18, weights=random)"  # random weights, marked
+    cached = sorted((tiny / "cache" / "features").glob("*.npy"))
+    assert len(cached) == 3
+    forwards.clear()
+    second = trial(tiny, "gce")
+    assert forwards == [] and second["status"] == "ok"  # no backbone forward pass at all
+    assert first["trial_id"] != second["trial_id"]
+
+    # The cached training features equal a fresh computation: the same backbone on the dataset's evaluation
+    # transform of the training images (the same shapes and operations: equal up to the kernels' float order).
+    ds = get_dataset("cifar10n")(tiny)
+    splits = ds.load()
+    fresh = features.build_backbone("resnet18", "random")(ds.eval_transform(splits.train.x))
+    (train_file,) = [p for p in cached if "-train-" in p.name]
+    torch.testing.assert_close(torch.from_numpy(np.load(train_file)), fresh)
+    assert fresh.shape == (80, 512)
+
+
+def test_weights_file_is_its_own_cache_entry_and_bad_options_are_one_line(tiny: Path, forwards, capsys) -> None:
+    import torchvision
+
+    trial(tiny, "ce")
+    weights = tiny / "r18.pth"
+    torch.save(torchvision.models.resnet18().state_dict(), weights)  # other weights than the random ones (seed 0)
+    forwards.clear()
+    row = trial(tiny, "ce", "--model-arg", f"weights={weights}")  # the later flag wins
+    assert sum(forwards) == 120  # not the random weights' features: computed, and cached beside them
+    assert len(list((tiny / "cache" / "features").glob("*.npy"))) == 6
+    assert row["model"] == f"linear_probe(backbone=resnet18, weights={weights})"
+
+    for args, message in (
+        (["--model-arg", "weights=/no/such.pth"], "no weights file at /no/such.pth"),
+        (["--model-arg", "backbone=resnet9000"], "unknown backbone 'resnet9000'"),
+        (["--model-arg", "depth=3"], "model linear_probe takes no option 'depth'"),
+    ):
+        code = main(["trial", "--dataset", "cifar10n", "--method", "ce", "--noise", "worse", "--r", "0",
+                     "--data-root", str(tiny), "--results", str(tiny / "bad"), *PROBE, *args])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and message in err, err
+        assert not (tiny / "bad" / "trials").exists()
+
+
+def test_probe_trials_pack_by_backbone() -> None:
+    probe = TrialConfig("cifar10n", "ce", "worse", 0.0, model="linear_probe",
+                        model_args=(("backbone", "resnet18"), ("weights", "random")))
+    assert why_solo(probe) is None
+    other = TrialConfig("cifar10n", "dmi", "worse", 0.0, model="linear_probe",
+                        model_args=(("backbone", "resnet50"), ("weights", "random")))
+    assert pack_key(probe) != pack_key(other)  # different features: never one pack
+    # The default network's trial is the trial it always was.
+    plain = TrialConfig("cifar10n", "ce", "worse", 0.0)
+    assert plain.identity()["model"] == "resnet34_cifar" and "model_args" not in plain.identity()
+    assert probe.identity()["model"] == "linear_probe" and probe.trial_id != plain.trial_id
