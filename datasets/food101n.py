@@ -23,7 +23,10 @@ centre 224 for testing (54-64). PLC's warm-up (4 epochs, line 192) is our warm s
 256 x 256, where PLC crops the 320-pixel thumbnails (and Food-101's 512-pixel images) directly; PLC's loader also
 counts classes.txt's header as a class (102 outputs), we do not.
 
-No checksums are published. The images are decoded from disk on demand, like Clothing1M's.
+Checksums: only of the archives, which unpacking leaves behind: Food-101N_release.zip md5
+596b41b48de43342ef1efbb2fd508e06 (as DeepMind's dm_nevis records it, github.com/deepmind/dm_nevis,
+datasets_storage/handlers/food101n.py), food-101.tar.gz md5 85eeb15f3717b99a5da872d97d918f87 (torchvision's Food101);
+none of the unpacked files. The images are decoded from disk on demand, like Clothing1M's.
 """
 
 from __future__ import annotations
@@ -39,6 +42,23 @@ from bench.data import Dataset, Split, Splits
 from bench.datasets.clothing1m import WEIGHTS_ENV
 from bench.datasets.image_files import ImageCrops, ImageFiles, read_lines
 
+CLASSES = (  # Food-101's meta/classes.txt: alphabetical
+    "apple_pie", "baby_back_ribs", "baklava", "beef_carpaccio", "beef_tartare", "beet_salad", "beignets",
+    "bibimbap", "bread_pudding", "breakfast_burrito", "bruschetta", "caesar_salad", "cannoli", "caprese_salad",
+    "carrot_cake", "ceviche", "cheese_plate", "cheesecake", "chicken_curry", "chicken_quesadilla",
+    "chicken_wings", "chocolate_cake", "chocolate_mousse", "churros", "clam_chowder", "club_sandwich",
+    "crab_cakes", "creme_brulee", "croque_madame", "cup_cakes", "deviled_eggs", "donuts", "dumplings", "edamame",
+    "eggs_benedict", "escargots", "falafel", "filet_mignon", "fish_and_chips", "foie_gras", "french_fries",
+    "french_onion_soup", "french_toast", "fried_calamari", "fried_rice", "frozen_yogurt", "garlic_bread",
+    "gnocchi", "greek_salad", "grilled_cheese_sandwich", "grilled_salmon", "guacamole", "gyoza", "hamburger",
+    "hot_and_sour_soup", "hot_dog", "huevos_rancheros", "hummus", "ice_cream", "lasagna", "lobster_bisque",
+    "lobster_roll_sandwich", "macaroni_and_cheese", "macarons", "miso_soup", "mussels", "nachos", "omelette",
+    "onion_rings", "oysters", "pad_thai", "paella", "pancakes", "panna_cotta", "peking_duck", "pho", "pizza",
+    "pork_chop", "poutine", "prime_rib", "pulled_pork_sandwich", "ramen", "ravioli", "red_velvet_cake", "risotto",
+    "samosa", "sashimi", "scallops", "seaweed_salad", "shrimp_and_grits", "spaghetti_bolognese",
+    "spaghetti_carbonara", "spring_rolls", "steak", "strawberry_shortcake", "sushi", "tacos", "takoyaki",
+    "tiramisu", "tuna_tartare", "waffles",
+)
 RELEASE, FOOD101 = "Food-101N_release", "food-101"
 META = ("classes.txt", "imagelist.tsv", "verified_train.tsv", "verified_val.tsv")
 
@@ -49,6 +69,7 @@ class Food101N(ImageCrops, Dataset):
     name = "food101n"
     title = "Food-101N (real web noise, ~20%; tested on Food-101)"
     num_classes = 101
+    class_names = CLASSES
     split_sizes = (305_268, 4_741, 25_250)  # nominal; the files decide (a note says where they differ)
     model = "resnet50"
     noise_patterns = {"real": None}  # each image's search query (its folder)
@@ -67,9 +88,9 @@ class Food101N(ImageCrops, Dataset):
     def classes(self) -> list[str]:
         names = read_lines(self.root / RELEASE / "meta" / "classes.txt", self.name)
         names = names[1:] if names and names[0] == "class_name" else names
-        if len(names) != self.num_classes:
-            raise UserError(f"{self.name}: {self.root / RELEASE / 'meta' / 'classes.txt'} lists {len(names)} classes, "
-                            f"not {self.num_classes}; get the file again")
+        if tuple(names) != CLASSES:
+            raise UserError(f"{self.name}: {self.root / RELEASE / 'meta' / 'classes.txt'} does not list Food-101's "
+                            f"101 classes in order ({len(names)} lines); get the file again")
         return names
 
     def keyed(self, path: Path, index: dict[str, int], header: str) -> list[tuple[str, int, int]]:

@@ -41,6 +41,23 @@ from bench.data import Dataset, Split, Splits, deterministic_permutation
 from bench.datasets.cifar10 import random_shift_flip
 from bench.datasets.image_files import ImageCrops, ImageFiles, key_label_lines
 
+# The 100 classes by their ImageNet synsets, in label order (TensorFlow Datasets' controlled_noisy_web_labels.py
+# `_IMNET_MINI_SYNSETS`, less its test-only n01440764: a label is its synset's index there).
+CLASSES = (
+    "n01704323", "n04515003", "n02101006", "n03062245", "n04509417", "n03854065", "n02110063", "n03998194",
+    "n02111277", "n04443257", "n02165456", "n03075370", "n02747177", "n01558993", "n04149813", "n03220513",
+    "n03584254", "n04243546", "n03770439", "n02108915", "n02971356", "n02108551", "n03908618", "n01981276",
+    "n03535780", "n04275548", "n03272010", "n02138441", "n03337140", "n07584110", "n01910747", "n03146219",
+    "n02443484", "n04146614", "n02113712", "n02981792", "n04251144", "n03838899", "n04604644", "n02116738",
+    "n02099601", "n02966193", "n02687172", "n03924679", "n02120079", "n03476684", "n04435653", "n02091244",
+    "n01843383", "n01532829", "n03980874", "n07613480", "n03544143", "n03347037", "n02114548", "n06794110",
+    "n04258138", "n02606052", "n02105505", "n02871525", "n03127925", "n04418357", "n04389033", "n02074367",
+    "n02110341", "n13133613", "n03773504", "n13054560", "n07747607", "n04522168", "n02089867", "n02129165",
+    "n02457408", "n03676483", "n09256479", "n04067472", "n02823428", "n01749939", "n03400231", "n04596742",
+    "n01855672", "n02174001", "n04612504", "n03047690", "n02091831", "n03017168", "n04296562", "n02108089",
+    "n09246464", "n02219486", "n02950826", "n01770081", "n03775546", "n01930112", "n03888605", "n03417042",
+    "n03527444", "n02795169", "n07697537", "n03207743",
+)
 LEVELS = ("0.0", "0.05", "0.1", "0.15", "0.2", "0.3", "0.4", "0.5", "0.6", "0.8")  # as the files are named
 SIZE, PADDING = 32, 4
 VALIDATION = 0.1
@@ -57,6 +74,7 @@ class RedMiniImageNet(ImageCrops, Dataset):
     name = "red_mini_imagenet"
     title = "Red Mini-ImageNet (controlled real web noise)"
     num_classes = 100
+    class_names = CLASSES
     split_sizes = (45_000, 5_000, 5_000)
     model = "resnet18_cifar"
     noise_patterns = {pattern(level): None for level in LEVELS}

@@ -35,6 +35,16 @@ from bench.data import Dataset, Split, Splits, deterministic_permutation
 from bench.datasets.image_files import ImageCrops, ImageFiles, key_label_lines, read_lines
 
 CLASSES = 50
+# ILSVRC-2012's first 50 classes (WebVision 1.0's labels 0-49: info/synsets.txt's first 50 lines).
+NAMES = (
+    "tench", "goldfish", "great white shark", "tiger shark", "hammerhead", "electric ray", "stingray", "cock",
+    "hen", "ostrich", "brambling", "goldfinch", "house finch", "junco", "indigo bunting", "robin", "bulbul",
+    "jay", "magpie", "chickadee", "water ouzel", "kite", "bald eagle", "vulture", "great grey owl",
+    "European fire salamander", "common newt", "eft", "spotted salamander", "axolotl", "bullfrog", "tree frog",
+    "tailed frog", "loggerhead", "leatherback turtle", "mud turtle", "terrapin", "box turtle", "banded gecko",
+    "common iguana", "American chameleon", "whiptail", "agama", "frilled lizard", "alligator lizard",
+    "Gila monster", "green lizard", "African chameleon", "Komodo dragon", "African crocodile",
+)
 VALIDATION = 0.05
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png"}
 
@@ -45,6 +55,7 @@ class WebVisionMini(ImageCrops, Dataset):
     name = "webvision_mini"
     title = "mini-WebVision (real web noise; WebVision val)"
     num_classes = CLASSES
+    class_names = NAMES
     split_sizes = (62_647, 3_297, 2_500)  # nominal (65,944 Google images of the 50 classes); the files decide
     model = "resnet50"
     noise_patterns = {"real": None}  # each image's search query

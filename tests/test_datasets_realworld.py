@@ -17,10 +17,11 @@ from bench import noise
 from bench.cli.main import main
 from bench.config import UserError
 from bench.data import Splits, get_dataset
+from bench.datasets.food101n import CLASSES as FOOD_CLASSES
 from bench.datasets.food101n import Food101N
 from bench.datasets.red_mini_imagenet import RedMiniImageNet
 
-FOOD = [f"dish_{i}" for i in range(101)]
+FOOD = list(FOOD_CLASSES)
 
 
 def write_image(path: Path, label: int, size: tuple[int, int]) -> None:
