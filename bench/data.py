@@ -62,19 +62,19 @@ class Splits:
     # cell draw them once (an idn draw projects every input: 0.6 s for CIFAR-10, per member before).
     noisy_labels: dict[tuple[Any, ...], noise.NoisyLabels] = field(default_factory=dict, repr=False)
     # Real noise whose images differ by level (Red Mini-ImageNet: each level's file lists its own training images):
-    # pattern -> (train, validation), which replace `train` and `val` for that pattern's trials (`for_noise`).
-    noise_splits: dict[str, tuple[Split, Split]] = field(default_factory=dict, repr=False)
-    views: dict[str, Splits] = field(default_factory=dict, repr=False)  # `for_noise`'s, made once a pattern
+    # (pattern, r) -> that cell's splits, its own training and validation images and labels (`for_noise`).
+    noise_splits: dict[tuple[str, float], Splits] = field(default_factory=dict, repr=False)
 
-    def for_noise(self, pattern: str) -> Splits:
-        """The splits a trial of noise `pattern` trains on: these, or the pattern's own training and validation
-        images (`noise_splits`), one view a pattern shared by the trials that share these splits."""
-        if pattern not in self.noise_splits:
+    def for_noise(self, pattern: str, r: float) -> Splits:
+        """The splits a trial of noise `pattern` at `r` trains on: these, or that level's own (`noise_splits`); one
+        line if `pattern` comes at published levels only and `r` is none of them."""
+        levels = sorted(level for name, level in self.noise_splits if name == pattern)
+        if not levels:
             return self
-        if pattern not in self.views:
-            train, val = self.noise_splits[pattern]
-            self.views[pattern] = Splits(train, val, self.test, self.human_labels, self.model_args, self.notes)
-        return self.views[pattern]
+        if (pattern, round(float(r), 6)) not in self.noise_splits:
+            raise UserError(f"noise {pattern!r} comes at its published levels only: r = "
+                            f"{', '.join(f'{level:g}' for level in levels)}; got r = {r:g}")
+        return self.noise_splits[pattern, round(float(r), 6)]
 
 
 def check_splits(dataset: Dataset, splits: Splits) -> Splits:

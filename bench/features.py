@@ -115,15 +115,19 @@ class Extractor:
 
         out = Splits(features(splits.train, "train"), features(splits.val, "val"), features(splits.test, "test"),
                      splits.human_labels, notes=splits.notes)
-        out.noise_splits = {name: (features(tr, f"{name}/train"), features(va, f"{name}/val"))
-                            for name, (tr, va) in splits.noise_splits.items()}
-        out.model_args = {"in_features": int(out.train.x.shape[1])}
+        out.noise_splits = {
+            (name, r): Splits(features(v.train, f"{name}{r:g}/train"), features(v.val, f"{name}{r:g}/val"), out.test,
+                              v.human_labels, notes=v.notes)
+            for (name, r), v in splits.noise_splits.items()}
+        for split in [out, *out.noise_splits.values()]:
+            split.model_args = {"in_features": int(out.train.x.shape[1])}
         keep_inputs(dataset, {id(cached[id(s)]): s for s in self.originals(splits)})
         return out
 
     @staticmethod
     def originals(splits: Splits) -> list[Split]:
-        return [splits.train, splits.val, splits.test] + [s for pair in splits.noise_splits.values() for s in pair]
+        levels = [s for view in splits.noise_splits.values() for s in (view.train, view.val)]
+        return [splits.train, splits.val, splits.test, *levels]
 
     def cache_file(self, dataset: Dataset, split: Split, role: str) -> Path:
         h = hashlib.sha256()

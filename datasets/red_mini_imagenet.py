@@ -14,11 +14,12 @@ images in `all_images/` and the validation images in `validation/`. A training i
 wrong for its label (TFDS's builder sets `is_clean` = 0 for them), so the realised noise rate is exactly the share of
 web images (`noise.WRONG`), shown in the row.
 
-Noise patterns `red_00` ... `red_80`: the level file of that p (r is unused: real noise). Each level lists its own
-training images, so each pattern has its own training and validation splits (`Splits.noise_splits`); a generic
-pattern (uniform, flip) draws on the clean level 0 images. Split: each level's images less a noisy validation set
-(10%, by a fixed permutation); test = `clean_validation` (clean). Model and schedule as the most-cited comparison
-ran them (FaMUS's released Red Mini-ImageNet script, argparse defaults): a PreAct ResNet-18 on 32 x 32 images, SGD
+Noise pattern `red` at r = p, one of the ten published levels (`--noise red --r 0.4` reads `red_noise_nl_0.4`; another
+r is refused in one line). Each level lists its own training images, so each (red, r) cell has its own training and
+validation splits (`Splits.noise_splits`); a generic pattern (uniform, flip) draws on the clean level 0.0 images.
+Split: each level's images less a noisy validation set (10%, by a fixed permutation); test = `clean_validation`
+(clean). Model and schedule as the most-cited comparison ran them (FaMUS's released Red Mini-ImageNet script,
+argparse defaults; Xu et al., CVPR 2021, whose table the field cites): a PreAct ResNet-18 on 32 x 32 images, SGD
 momentum 0.9 (Nesterov) and weight decay 5e-4, lr 0.01 divided by 10 at epochs 200 and 250 of 300, batch 64, 5
 warm-up epochs of CE (our warm start; the method stage is the other 295, milestones shifted by 5). Differences:
 ResNet-18 here has the standard (post-activation) blocks (`resnet18_cifar`), the momentum is not Nesterov's, and the
@@ -64,10 +65,6 @@ VALIDATION = 0.1
 CLEAN_NAME = re.compile(r"^n\d{8}")  # a Mini-ImageNet (ILSVRC-2012) image; the others are web images
 
 
-def pattern(level: str) -> str:
-    return f"red_{round(100 * float(level)):02d}"
-
-
 class RedMiniImageNet(ImageCrops, Dataset):
     """Red Mini-ImageNet (Controlled Noisy Web Labels), real web noise at ten levels."""
 
@@ -77,7 +74,8 @@ class RedMiniImageNet(ImageCrops, Dataset):
     class_names = CLASSES
     split_sizes = (45_000, 5_000, 5_000)
     model = "resnet18_cifar"
-    noise_patterns = {pattern(level): None for level in LEVELS}
+    noise_patterns = {"red": None}  # at r = one of LEVELS: that level's file
+    paper_noise = "red"  # the reference table's rows (red_mini_imagenet, r = p) are our cells (red, r)
     stored, crop = SIZE, SIZE
     warmup = Schedule("sgd", 0.01, epochs=5, batch_size=64, momentum=0.9, weight_decay=5e-4)
     method_stage = Schedule("sgd", 0.01, epochs=295, batch_size=64, momentum=0.9, weight_decay=5e-4,
@@ -92,36 +90,31 @@ class RedMiniImageNet(ImageCrops, Dataset):
               "https://image-net.org); put the images of every level in DATA_ROOT/mini-imagenet/all_images/ and "
               "clean_validation's in validation/")
 
-    def level(self, level: str) -> tuple[Split, Split, np.ndarray, np.ndarray]:
-        """One level's training and validation splits (clean labels: the label, or `noise.WRONG` for a web image)
-        and their noisy labels."""
+    def level(self, level: str, test: Split) -> Splits:
+        """One level's splits: its training images less 10% that validate (clean labels: the label, or `noise.WRONG`
+        for a web image), their noisy labels as the human labels of `red`, and the shared test set."""
         pairs = key_label_lines(self.root / "split" / f"red_noise_nl_{level}", self.name, self.num_classes)
         labels = np.array([label for _, label in pairs], dtype=np.int64)
         clean = np.array([label if CLEAN_NAME.match(key) else noise.WRONG for key, label in pairs], dtype=np.int64)
         order = deterministic_permutation(len(pairs), f"{self.name}/{level}")
         n_val = round(VALIDATION * len(pairs))
-        parts = []
-        for idx in (np.sort(order[n_val:]), np.sort(order[:n_val])):
-            images = ImageFiles(self.root / "all_images", [pairs[i][0] for i in idx], SIZE, self.name)
-            parts.append((Split(images, clean[idx]), labels[idx]))
-        (train, train_noisy), (val, val_noisy) = parts
-        return train, val, train_noisy, val_noisy
+        train_idx, val_idx = np.sort(order[n_val:]), np.sort(order[:n_val])
+
+        def split(idx: np.ndarray) -> Split:
+            return Split(ImageFiles(self.root / "all_images", [pairs[i][0] for i in idx], SIZE, self.name), clean[idx])
+
+        return Splits(split(train_idx), split(val_idx), test, {"red": (labels[train_idx], labels[val_idx])},
+                      notes=[f"{self.name}: level {level}: {100 * np.mean(clean == noise.WRONG):.1f}% web images "
+                             f"(wrong labels), {len(train_idx):,} training / {n_val:,} validation images"])
 
     def load(self) -> Splits:
         self.check_files()
-        levels = {pattern(level): self.level(level) for level in LEVELS}
         test_pairs = key_label_lines(self.root / "split" / "clean_validation", self.name, self.num_classes)
         test = Split(ImageFiles(self.root / "validation", [k for k, _ in test_pairs], SIZE, self.name),
                      np.array([label for _, label in test_pairs], dtype=np.int64))
-        rates = ", ".join(f"{name} {100 * np.mean(train.y == noise.WRONG):.1f}%"
-                          for name, (train, *_) in levels.items())
-        base_train, base_val, *_ = levels[pattern("0.0")]
-        return Splits(
-            train=base_train, val=base_val, test=test,
-            human_labels={name: (train_noisy, val_noisy) for name, (_, _, train_noisy, val_noisy) in levels.items()},
-            noise_splits={name: (train, val) for name, (train, val, _, _) in levels.items()},
-            notes=[f"{self.name}: web images (wrong labels) in each level's training split: {rates}"],
-        )
+        levels = {("red", float(level)): self.level(level, test) for level in LEVELS}
+        clean = levels["red", 0.0]
+        return Splits(clean.train, clean.val, test, clean.human_labels, noise_splits=levels)
 
     def eval_transform(self, x: torch.Tensor) -> torch.Tensor:
         return self.normalise(x)

@@ -129,8 +129,8 @@ def tiny_network(monkeypatch: pytest.MonkeyPatch, cls: type) -> None:
     monkeypatch.setattr(cls, "load", load)
 
 
-def run_trial(root: Path, results: Path, dataset: str, noise_pattern: str = "real") -> dict:
-    assert main(["trial", "--dataset", dataset, "--method", "ce", "--noise", noise_pattern, "--r", "0",
+def run_trial(root: Path, results: Path, dataset: str, noise_pattern: str = "real", r: float = 0.0) -> dict:
+    assert main(["trial", "--dataset", dataset, "--method", "ce", "--noise", noise_pattern, "--r", str(r),
                  "--epochs-warmup", "1", "--epochs", "1", "--batch-size", "8", "--data-root", str(root),
                  "--results", str(results)]) == 0
     (path,) = (results / "trials").glob("*.parquet")
@@ -225,7 +225,7 @@ def test_food101n_bad_line_and_missing_test_image(tmp_path: Path, monkeypatch, c
     with pytest.raises(UserError, match=r"verified_train\.tsv, line 14: expected `class/key` of one of the 101"):
         get_dataset("food101n")(tmp_path).load()
     (meta / "verified_train.tsv").write_text(good)
-    (tmp_path / "food-101" / "images" / "dish_1" / "1001.jpg").unlink()
+    (tmp_path / "food-101" / "images" / FOOD[1] / "1001.jpg").unlink()
     tiny_network(monkeypatch, Food101N)
     code = main(["trial", "--dataset", "food101n", "--method", "ce", "--noise", "real", "--r", "0",
                  "--epochs-warmup", "1", "--epochs", "1", "--batch-size", "8", "--data-root", str(tmp_path),
@@ -277,31 +277,34 @@ def test_red_mini_imagenet_levels_rates_and_trial(tmp_path: Path, monkeypatch: p
     written = write_red(tmp_path)
     ds = get_dataset("red_mini_imagenet")(tmp_path)
     splits = ds.load()
-    for level, name in (("0.2", "red_20"), ("0.8", "red_80")):
-        view = splits.for_noise(name)
-        assert view is splits.for_noise(name)  # one view a pattern
+    for level in ("0.2", "0.8"):
+        view = splits.for_noise("red", float(level))
         rows = dict(written["levels"][level])
         keys = [k.decode() for k in view.train.x.keys] + [k.decode() for k in view.val.x.keys]
         assert sorted(keys) == sorted(rows) and len(view.val) == 3  # each level's own images, 10% validating
-        noisy_train, _ = splits.human_labels[name]
+        noisy_train, _ = view.human_labels["red"]
         np.testing.assert_array_equal(noisy_train, [rows[k.decode()] for k in view.train.x.keys])
         web = np.array([not k.decode().startswith("n") for k in view.train.x.keys])
         assert noise.summarise(view.train.y, noisy_train, noisy_train, 100, None).noise_rate == web.mean()
-    assert splits.for_noise("uniform") is splits  # a generic pattern draws on the clean level
+        assert view.test is splits.test
+    assert splits.for_noise("uniform", 0.3) is splits  # a generic pattern draws on the clean level
     assert (splits.train.y >= 0).all()
+    with pytest.raises(UserError, match=r"noise 'red' comes at its published levels only: r = 0, 0.05, .*0.8; got "
+                                        r"r = 0.25"):
+        splits.for_noise("red", 0.25)
     assert splits.test.x[0].shape == (3, 32, 32)
 
     tiny_network(monkeypatch, RedMiniImageNet)
-    row = run_trial(tmp_path, tmp_path / "results", "red_mini_imagenet", "red_40")
-    view = splits.for_noise("red_40")
-    assert row["status"] == "ok" and row["noise"] == "red_40"
+    row = run_trial(tmp_path, tmp_path / "results", "red_mini_imagenet", "red", 0.4)
+    view = splits.for_noise("red", 0.4)
+    assert row["status"] == "ok" and (row["noise"], row["r"]) == ("red", 0.4)
     assert row["noise_rate"] == pytest.approx(np.mean([not k.decode().startswith("n") for k in view.train.x.keys]))
 
 
 def test_red_mini_imagenet_missing_level_file(tmp_path: Path, capsys) -> None:
     write_red(tmp_path)
     (tmp_path / "mini-imagenet" / "split" / "red_noise_nl_0.6").unlink()
-    code = main(["trial", "--dataset", "red_mini_imagenet", "--method", "ce", "--noise", "red_20", "--r", "0",
+    code = main(["trial", "--dataset", "red_mini_imagenet", "--method", "ce", "--noise", "red", "--r", "0.2",
                  "--data-root", str(tmp_path), "--results", str(tmp_path / "results")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "missing split/red_noise_nl_0.6" in err

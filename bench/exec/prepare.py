@@ -230,7 +230,7 @@ def prepare(
         raise UserError("--epochs and --epochs-warmup must be >= 0")
 
     dataset, splits = data if data is not None else load_data(config, data_root)
-    splits = check_splits(dataset, splits.for_noise(config.noise))
+    splits = check_splits(dataset, splits.for_noise(config.noise, config.r))
     for note in splits.notes:
         log(f"note: {note}")
     labels = draw_labels(config, dataset, splits)
