@@ -66,15 +66,9 @@ class Splits:
     noise_splits: dict[tuple[str, float], Splits] = field(default_factory=dict, repr=False)
 
     def for_noise(self, pattern: str, r: float) -> Splits:
-        """The splits a trial of noise `pattern` at `r` trains on: these, or that level's own (`noise_splits`); one
-        line if `pattern` comes at published levels only and `r` is none of them."""
-        levels = sorted(level for name, level in self.noise_splits if name == pattern)
-        if not levels:
-            return self
-        if (pattern, round(float(r), 6)) not in self.noise_splits:
-            raise UserError(f"noise {pattern!r} comes at its published levels only: r = "
-                            f"{', '.join(f'{level:g}' for level in levels)}; got r = {r:g}")
-        return self.noise_splits[pattern, round(float(r), 6)]
+        """The splits a trial of noise `pattern` at `r` trains on: that level's own (`noise_splits`; an r the dataset
+        did not publish was refused before, `Dataset.check_level`), else these."""
+        return self.noise_splits.get((pattern, round(float(r), 6)), self)
 
 
 def check_splits(dataset: Dataset, splits: Splits) -> Splits:
@@ -103,6 +97,9 @@ class Dataset:
     # The paper's table for this dataset: its rows (dataset = `name`, noise_r = r) in bench/report/reference_results.csv
     # are our cells (this pattern, r); None where the paper has no table for it.
     paper_noise: ClassVar[str | None] = None
+    # A real-noise pattern published at fixed levels r, each its own label file (Red Mini-ImageNet's red): pattern ->
+    # those r; another r is refused before anything runs (`check_level`).
+    noise_levels: ClassVar[dict[str, tuple[float, ...]]] = {}
     warmup: ClassVar[Schedule]  # the CE warm start
     method_stage: ClassVar[Schedule]  # the method stage of a method without its own schedule in `method_stages`
     # A method's own method-stage schedule on this dataset (method name -> schedule), where the paper's code trains
@@ -156,6 +153,14 @@ class Dataset:
             raise UserError(f"{cls.name} offers no instance-dependent noise ({pattern!r}): it needs every input in "
                             f"memory and every clean label; {choose}")
         raise UserError(f"unknown noise {pattern!r} for {cls.name}; {choose}")
+
+    @classmethod
+    def check_level(cls, pattern: str, r: float) -> None:
+        """Refuse, in one line, an r at which a pattern with published levels (`noise_levels`) was not published."""
+        levels = cls.noise_levels.get(pattern)
+        if levels and round(float(r), 6) not in levels:
+            raise UserError(f"{cls.name}: noise {pattern!r} comes at its published levels only: r = "
+                            f"{', '.join(f'{level:g}' for level in levels)}; got r = {r:g}")
 
     @classmethod
     def protocol(cls, spec: str) -> protocol.Protocol:

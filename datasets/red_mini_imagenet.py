@@ -75,6 +75,7 @@ class RedMiniImageNet(ImageCrops, Dataset):
     split_sizes = (45_000, 5_000, 5_000)
     model = "resnet18_cifar"
     noise_patterns = {"red": None}  # at r = one of LEVELS: that level's file
+    noise_levels = {"red": tuple(float(level) for level in LEVELS)}
     paper_noise = "red"  # the reference table's rows (red_mini_imagenet, r = p) are our cells (red, r)
     stored, crop = SIZE, SIZE
     warmup = Schedule("sgd", 0.01, epochs=5, batch_size=64, momentum=0.9, weight_decay=5e-4)

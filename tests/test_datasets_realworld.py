@@ -289,9 +289,9 @@ def test_red_mini_imagenet_levels_rates_and_trial(tmp_path: Path, monkeypatch: p
         assert view.test is splits.test
     assert splits.for_noise("uniform", 0.3) is splits  # a generic pattern draws on the clean level
     assert (splits.train.y >= 0).all()
-    with pytest.raises(UserError, match=r"noise 'red' comes at its published levels only: r = 0, 0.05, .*0.8; got "
-                                        r"r = 0.25"):
-        splits.for_noise("red", 0.25)
+    with pytest.raises(UserError, match=r"red_mini_imagenet: noise 'red' comes at its published levels only: "
+                                        r"r = 0, 0.05, .*0.8; got r = 0.25"):
+        RedMiniImageNet.check_level("red", 0.25)
     assert splits.test.x[0].shape == (3, 32, 32)
 
     tiny_network(monkeypatch, RedMiniImageNet)

@@ -215,6 +215,7 @@ def prepare(
     # Unknown methods and hyper-parameters fail here, before any data is loaded or anything written.
     get_method(config.method)(dataset_cls.num_classes, dataset=config.dataset, **config.params)
     dataset_cls.check_noise(config.noise)
+    dataset_cls.check_level(config.noise, config.r)
     models.check_args(config.network(), dict(config.model_args))
     if not 0.0 <= config.r <= 1.0:
         raise UserError(f"--r must lie in [0, 1], got {config.r}")

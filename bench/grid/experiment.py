@@ -334,6 +334,11 @@ def check_names(exp: Experiment) -> None:
         raise ck.fail("train_subset", f"{exp.dataset} has {dataset.split_sizes[0]:,} training examples, got "
                       f"{exp.train_subset:,}")
     for pattern in exp.noise:
+        for r in exp.r:
+            try:
+                dataset.check_level(pattern, r)
+            except UserError as e:
+                raise ck.fail("r", str(e)) from None
         if not dataset.has_transition(pattern):
             continue  # no matrix (human or instance-dependent noise); r was checked with its key
         if exp.transition is not None:

@@ -32,6 +32,7 @@ def check_trial(config: TrialConfig, transitions: dict[tuple[Any, ...], None] | 
     method = get_method(config.method)
     check_params(method, config.params)
     dataset.check_noise(config.noise)
+    dataset.check_level(config.noise, config.r)
     dataset.protocol(config.protocol)  # an unknown spec or switch: one line
     models.check_args(config.network(), dict(config.model_args))  # an unknown network or option: one line
     refusal = method.refuses(dataset, config.noise)
