@@ -53,18 +53,27 @@ class LinearProbe(Model):
         return self.head(x)
 
     @classmethod
-    def prepare_data(cls, dataset: Dataset, splits: Splits, options: dict[str, Any], device: torch.device) -> Splits:
+    def check_files(cls, options: dict[str, Any]) -> None:
         backbone, weights = options.get("backbone"), options.get("weights")
         if not backbone or not weights:
             raise UserError("linear_probe needs model_args backbone (a torchvision architecture, e.g. resnet18) and "
                             "weights (a local torchvision state-dict file, or `random` for random weights)")
-        extractor = Extractor(str(backbone), str(weights), options.get("image_size"), device)
+        if weights != RANDOM and not Path(str(weights)).expanduser().is_file():
+            raise UserError(f"linear_probe: no weights file at {Path(str(weights)).expanduser()} (a local torchvision "
+                            f"{backbone} state dict, e.g. from torchvision's model zoo; or say weights: random)")
+
+    @classmethod
+    def prepare_data(cls, dataset: Dataset, splits: Splits, options: dict[str, Any], device: torch.device) -> Splits:
+        cls.check_files(options)
+        extractor = Extractor(str(options["backbone"]), str(options["weights"]), options.get("image_size"), device)
         return extractor.splits(dataset, splits)
 
 
 def build_backbone(name: str, weights: str) -> nn.Module:
     """torchvision's `name` without its classification head, from the local state dict `weights` (or random weights,
-    drawn with torch seed 0), frozen, in evaluation mode."""
+    drawn with torch seed 0), frozen, in evaluation mode. The state dict may lack the head or hold another one (a
+    self-supervised checkpoint such as DINO's ResNet-50, `dino_resnet50_pretrain.pth`): every other weight must be
+    there, with its shape."""
     import torchvision  # here, not at the top: the training core imports only torch and numpy
 
     try:
@@ -74,18 +83,19 @@ def build_backbone(name: str, weights: str) -> nn.Module:
     except ValueError:
         raise UserError(f"linear_probe: unknown backbone {name!r}; use a torchvision classification architecture "
                         f"({', '.join(torchvision.models.list_models(torchvision.models)[:8])}, ...)") from None
+    head = next((h for h in ("fc", "heads", "classifier", "head") if isinstance(getattr(net, h, None), nn.Module)),
+                None)
+    if head is not None:
+        setattr(net, head, nn.Identity())
     if weights != RANDOM:
         path = Path(weights).expanduser()
-        if not path.is_file():
-            raise UserError(f"linear_probe: no weights file at {path} (or say weights: random)")
         try:
-            net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+            loaded = net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True), strict=False)
+            foreign = [k for k in loaded.unexpected_keys if head is None or not k.startswith(f"{head}.")]
+            if loaded.missing_keys or foreign:
+                raise ValueError(f"missing {loaded.missing_keys[:3]}, unexpected {foreign[:3]}")
         except Exception as e:  # not a state dict, or one of another network
             raise UserError(f"linear_probe: {path} is not a torchvision {name} state dict ({e})") from None
-    for head in ("fc", "heads", "classifier", "head"):
-        if isinstance(getattr(net, head, None), nn.Module):
-            setattr(net, head, nn.Identity())
-            break
     return net.eval().requires_grad_(False)
 
 
@@ -100,10 +110,7 @@ class Extractor:
 
     @staticmethod
     def weights_md5(weights: str) -> str:
-        path = Path(weights).expanduser()
-        if not path.is_file():
-            raise UserError(f"linear_probe: no weights file at {path} (or say weights: random)")
-        return file_md5(path)
+        return file_md5(Path(weights).expanduser())
 
     def splits(self, dataset: Dataset, splits: Splits) -> Splits:
         cached: dict[int, Split] = {}  # one extraction for a split two roles share

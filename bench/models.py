@@ -32,6 +32,10 @@ class Model(nn.Module):
     data_options: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
+    def check_files(cls, options: dict[str, Any]) -> None:
+        """Refuse, in one line, before anything runs, a file that `options` name and that is not there."""
+
+    @classmethod
     def prepare_data(cls, dataset: Dataset, splits: Splits, options: dict[str, Any], device: torch.device) -> Splits:
         """The splits this network trains on, from the dataset's (`bench.features`: a frozen backbone's features);
         the dataset's own by default."""

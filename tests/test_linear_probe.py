@@ -15,6 +15,7 @@ from test_datasets_extra import cifar_md5s, write_cifar10n, write_cifar_batches
 
 from bench import features
 from bench.cli.main import main
+from bench.config import UserError
 from bench.data import file_md5, get_dataset
 from bench.datasets.cifar10 import CIFAR10
 from bench.datasets.cifar10n import CIFAR10N, LABELS_FILE
@@ -93,6 +94,13 @@ def test_weights_file_is_its_own_cache_entry_and_bad_options_are_one_line(tiny: 
     assert sum(forwards) == 120  # not the random weights' features: computed, and cached beside them
     assert len(list((tiny / "cache" / "features").glob("*.npy"))) == 6
     assert row["model"] == f"linear_probe(backbone=resnet18, weights={weights})"
+    # A checkpoint without the classification head (a self-supervised one) loads; one of another network does not.
+    headless = {k: v for k, v in torchvision.models.resnet18().state_dict().items() if not k.startswith("fc.")}
+    torch.save(headless, weights)
+    assert features.build_backbone("resnet18", str(weights))(torch.zeros(1, 3, 32, 32)).shape == (1, 512)
+    torch.save(torchvision.models.resnet34().state_dict(), weights)
+    with pytest.raises(UserError, match=r"r18\.pth is not a torchvision resnet18 state dict"):
+        features.build_backbone("resnet18", str(weights))
 
     for args, message in (
         (["--model-arg", "weights=/no/such.pth"], "no weights file at /no/such.pth"),

@@ -77,7 +77,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     )
     check_trial(config)
     check_results(args.results)
-    check_data([config.dataset], _data_root(args))
+    check_data([config.dataset], _data_root(args), [config])
     row = run_trial(config, _data_root(args), results=args.results, log=lambda s: print(s, flush=True))
     print()
     print(f"trial {row['trial_id']}  status {row['status']}")

@@ -65,11 +65,15 @@ def check_trials(trials: Iterable[TrialConfig]) -> None:
         check_trial(trial, seen)
 
 
-def check_data(datasets: Iterable[str], data_root: str | os.PathLike[str]) -> None:
-    """The data files of each dataset: present, and intact (their md5 checksums, unless BENCH_VERIFY_CHECKSUMS=0)."""
+def check_data(datasets: Iterable[str], data_root: str | os.PathLike[str],
+               networks: Iterable[TrialConfig] = ()) -> None:
+    """The data files of each dataset: present, and intact (their md5 checksums, unless BENCH_VERIFY_CHECKSUMS=0);
+    and the files the trials' networks read (`networks`: a frozen-feature probe's weights)."""
 
     for name in sorted(set(datasets)):
         get_dataset(name)(data_root).check_files()
+    for network, args in {(t.network(), t.model_args) for t in networks}:
+        models.get_model(network).check_files(dict(args))
 
 
 def check_results(results: str) -> None:
