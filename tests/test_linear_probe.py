@@ -125,3 +125,16 @@ def test_probe_trials_pack_by_backbone() -> None:
     plain = TrialConfig("cifar10n", "ce", "worse", 0.0)
     assert plain.identity()["model"] == "resnet34_cifar" and "model_args" not in plain.identity()
     assert probe.identity()["model"] == "linear_probe" and probe.trial_id != plain.trial_id
+
+
+def test_instance_dependent_noise_is_drawn_on_the_inputs_not_the_features(tiny: Path, forwards) -> None:
+    from bench.exec.prepare import prepare
+
+    args = dict(dataset="cifar10", method="ce", noise="idn", r=0.3, seed=1)
+    plain = prepare(TrialConfig(**args), tiny, log=lambda s: None)
+    probe = prepare(TrialConfig(**args, model="linear_probe", model_args=(("backbone", "resnet18"),
+                                                                          ("weights", "random"))), tiny,
+                    log=lambda s: None)
+    assert probe.train.x.shape == (80, 512) and plain.train.x.shape == (80, 3, 32, 32)  # it trains on features
+    assert probe.labels.noise_hash == plain.labels.noise_hash  # the same noisy labels as every other network's
+    np.testing.assert_array_equal(probe.labels.train, plain.labels.train)
