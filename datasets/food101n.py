@@ -31,7 +31,6 @@ none of the unpacked files. The images are decoded from disk on demand, like Clo
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -39,8 +38,7 @@ import numpy as np
 from bench import noise
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits
-from bench.datasets.clothing1m import WEIGHTS_ENV
-from bench.datasets.image_files import ImageCrops, ImageFiles, read_lines
+from bench.datasets.image_files import ImageCrops, ImageFiles, read_lines, resnet50_weights
 
 CLASSES = (  # Food-101's meta/classes.txt: alphabetical
     "apple_pie", "baby_back_ribs", "baklava", "beef_carpaccio", "beef_tartare", "beet_salad", "beignets",
@@ -136,12 +134,7 @@ class Food101N(ImageCrops, Dataset):
                             self.name)
         notes = [f"{self.name}: {len(train_noisy):,} / {len(val_noisy):,} / {len(test):,} images "
                  f"(verified: {np.sum(train_clean != -1):,} training, {np.sum(val_clean != -1):,} validation)"]
-        model_args: dict[str, object] = {}
-        if os.environ.get(WEIGHTS_ENV):
-            model_args["weights"] = os.environ[WEIGHTS_ENV]
-        else:
-            notes.append(f"{self.name}: ResNet-50 starts from random weights; the field's papers start from "
-                         f"ImageNet's: set {WEIGHTS_ENV} to a local torchvision ResNet-50 state dict")
+        model_args = resnet50_weights(self.name, notes)
         return Splits(
             train=Split(train_x, train_clean), val=Split(val_x, val_clean),
             test=Split(test_x, np.array([label for _, label in test], dtype=np.int64)),

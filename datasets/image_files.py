@@ -10,6 +10,7 @@ papers do). Errors name the file and the dataset in one line.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,19 @@ from bench.datasets.cifar10 import crop_flip
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+# A local torchvision ResNet-50 state dict (ImageNet weights) for the sets whose papers fine-tune one; nothing is ever
+# downloaded at run time.
+WEIGHTS_ENV = "BENCH_RESNET50_WEIGHTS"
+
+
+def resnet50_weights(dataset: str, notes: list[str]) -> dict[str, object]:
+    """The ResNet-50's `model_args`: the ImageNet weights file $BENCH_RESNET50_WEIGHTS names, else none, with a note
+    saying that the network starts from random weights where the papers start from ImageNet's."""
+    if os.environ.get(WEIGHTS_ENV):
+        return {"weights": os.environ[WEIGHTS_ENV]}
+    notes.append(f"{dataset}: ResNet-50 starts from random weights; the papers start from ImageNet's: set "
+                 f"{WEIGHTS_ENV} to a local torchvision ResNet-50 state dict")
+    return {}
 
 
 def read_lines(path: Path, dataset: str) -> list[str]:
