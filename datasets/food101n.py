@@ -106,6 +106,16 @@ class Food101N(ImageCrops, Dataset):
             rows.append((key, label, int(rest[0]) if rest else -1))
         return rows
 
+    def describe(self) -> list[str]:
+        """`bench datasets`: what is missing, or the realised noise rate over the human-verified images."""
+        if lines := super().describe():
+            return lines
+        index = {name: i for i, name in enumerate(self.classes())}
+        rows = [v for name in ("verified_train.tsv", "verified_val.tsv")
+                for _, _, v in self.keyed(self.root / RELEASE / "meta" / name, index, "class_name")]
+        return [f"real, realised noise rate: {100 * rows.count(0) / max(1, len(rows)):.2f}% of the {len(rows):,} "
+                "human-verified images"]
+
     def load(self) -> Splits:
         self.check_files()
         names = self.classes()

@@ -117,6 +117,16 @@ class RedMiniImageNet(ImageCrops, Dataset):
         clean = levels["red", 0.0]
         return Splits(clean.train, clean.val, test, clean.human_labels, noise_splits=levels)
 
+    def describe(self) -> list[str]:
+        """`bench datasets`: what is missing, or each level's realised noise rate (its share of web images)."""
+        if lines := super().describe():
+            return lines
+        rates = []
+        for level in LEVELS:
+            keys = [key for key, _ in key_label_lines(self.root / "split" / f"red_noise_nl_{level}", self.name, 100)]
+            rates.append(f"{level} {100 * np.mean([not CLEAN_NAME.match(key) for key in keys]):.1f}%")
+        return [f"red, realised noise rate (web images) at r = {', '.join(rates)}"]
+
     def eval_transform(self, x: torch.Tensor) -> torch.Tensor:
         return self.normalise(x)
 

@@ -210,6 +210,9 @@ def test_food101n_layout_verification_and_trial(tmp_path: Path, monkeypatch: pyt
     assert splits.test.x[0].shape == (3, 256, 256)
     assert ds.eval_transform(torch.stack([splits.test.x[0]])).shape == (1, 3, 224, 224)
 
+    # 12 verified training images of which 3 wrong, 6 verified validation images of which 1 wrong.
+    assert ds.describe() == ["real, realised noise rate: 22.22% of the 18 human-verified images"]
+
     tiny_network(monkeypatch, Food101N)
     row = run_trial(tmp_path, tmp_path / "results", "food101n")
     assert row["status"] == "ok"
@@ -293,6 +296,8 @@ def test_red_mini_imagenet_levels_rates_and_trial(tmp_path: Path, monkeypatch: p
                                         r"r = 0, 0.05, .*0.8; got r = 0.25"):
         RedMiniImageNet.check_level("red", 0.25)
     assert splits.test.x[0].shape == (3, 32, 32)
+    (line,) = ds.describe()  # level p: round(30 p) web images of 30
+    assert line.startswith("red, realised noise rate (web images) at r = 0.0 0.0%, 0.05 6.7%, 0.1 10.0%")
 
     tiny_network(monkeypatch, RedMiniImageNet)
     row = run_trial(tmp_path, tmp_path / "results", "red_mini_imagenet", "red", 0.4)
