@@ -284,6 +284,13 @@ class Dataset:
         return f"damaged: {len(damaged)} of {len(self.files)} files" if damaged else "ready"
 
 
+def worker_message(e: UserError) -> str:
+    """A streamed input's `UserError` (a missing or damaged file) in its own one line: a DataLoader worker's error
+    comes back with the worker's traceback before it."""
+    last = str(e).strip().splitlines()[-1]
+    return last.split("UserError: ", 1)[1] if "UserError: " in last else last
+
+
 def file_md5(path: Path, chunk: int = 1 << 20) -> str:
     h = hashlib.md5()
     with open(path, "rb") as f:

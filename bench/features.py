@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from bench.config import UserError
-from bench.data import Dataset, Split, Splits, file_md5
+from bench.data import Dataset, Split, Splits, file_md5, worker_message
 from bench.models import Model
 
 RANDOM = "random"
@@ -152,7 +152,10 @@ class Extractor:
             return torch.from_numpy(np.load(path))
         if self.net is None:
             self.net = build_backbone(self.backbone, self.weights).to(self.device)
-        out = torch.cat([self.net(x).float().flatten(1).cpu() for x in self.batches(dataset, split)])
+        try:
+            out = torch.cat([self.net(x).float().flatten(1).cpu() for x in self.batches(dataset, split)])
+        except UserError as e:  # a streamed image missing or damaged, raised in a DataLoader worker
+            raise UserError(worker_message(e)) from None
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".npy.part") as tmp:
             np.save(tmp, out.numpy())

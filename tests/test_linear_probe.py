@@ -138,3 +138,19 @@ def test_instance_dependent_noise_is_drawn_on_the_inputs_not_the_features(tiny: 
     assert probe.train.x.shape == (80, 512) and plain.train.x.shape == (80, 3, 32, 32)  # it trains on features
     assert probe.labels.noise_hash == plain.labels.noise_hash  # the same noisy labels as every other network's
     np.testing.assert_array_equal(probe.labels.train, plain.labels.train)
+
+
+def test_probe_on_a_streamed_set_and_a_damaged_image(tmp_path: Path, monkeypatch, forwards, capsys) -> None:
+    from test_datasets_realworld import write_animal10n
+
+    write_animal10n(tmp_path)
+    monkeypatch.setenv("BENCH_CACHE", str(tmp_path / "cache"))
+    args = ["trial", "--dataset", "animal10n", "--method", "ce", "--noise", "real", "--r", "0", "--epochs-warmup",
+            "1", "--epochs", "1", "--batch-size", "8", "--data-root", str(tmp_path), *PROBE]
+    assert main([*args, "--results", str(tmp_path / "results")]) == 0
+    assert sum(forwards) == 50  # the 36 + 4 training and validation images and the 10 test images, decoded once
+    (tmp_path / "cache").rename(tmp_path / "old-cache")  # a fresh cache: the images are read again
+    (tmp_path / "animal10n" / "testing" / "3_00003.jpg").write_bytes(b"not a jpeg")
+    assert main([*args, "--results", str(tmp_path / "results2")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "animal10n: cannot decode" in err and "3_00003.jpg" in err, err

@@ -24,7 +24,7 @@ from torch.utils.data import Subset
 
 from bench import models, noise, protocol
 from bench.config import Schedule, UserError
-from bench.data import Dataset, Split, Splits, check_splits, get_dataset
+from bench.data import Dataset, Split, Splits, check_splits, get_dataset, worker_message
 from bench.exec import diagnostics
 from bench.methods import get_method
 from bench.trial import FP32, PRECISIONS, TrialConfig
@@ -100,13 +100,6 @@ class SplitLoader:
                 yield transform(xb.to(self.device, non_blocking=True)), self.labels[idx], idx
         except UserError as e:
             raise UserError(worker_message(e)) from None
-
-
-def worker_message(e: UserError) -> str:
-    """A streamed image's `UserError` (a missing or damaged file) in its own one line: a DataLoader worker's error
-    comes back with the worker's traceback before it."""
-    last = str(e).strip().splitlines()[-1]
-    return last.split("UserError: ", 1)[1] if "UserError: " in last else last
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[None]:
