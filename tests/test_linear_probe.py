@@ -154,3 +154,20 @@ def test_probe_on_a_streamed_set_and_a_damaged_image(tmp_path: Path, monkeypatch
     assert main([*args, "--results", str(tmp_path / "results2")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "animal10n: cannot decode" in err and "3_00003.jpg" in err, err
+
+
+def test_probe_trials_train_as_one_pack_as_they_do_alone(tiny: Path) -> None:
+    from tolerances import trained_close
+
+    from bench.exec.pack import run_pack
+    from bench.exec.trainer import run_trial
+
+    probe = dict(model="linear_probe", model_args=(("backbone", "resnet18"), ("weights", "random")))
+    configs = [TrialConfig("cifar10n", method, "worse", 0.0, seed=seed, epochs=2, epochs_warmup=1, batch_size=16,
+                           lr=0.01, **probe) for method, seed in (("ce", 0), ("ce", 1), ("dmi", 0))]
+    packed = run_pack(configs, tiny, log=lambda s: None)
+    for row, config in zip(packed, configs, strict=True):
+        solo = run_trial(config, tiny, log=lambda s: None)
+        assert (row["status"], row["executor"], solo["executor"]) == ("ok", "pack", "solo")
+        # Grouped against single linear layers: the float order of one training (tests/tolerances.py).
+        assert trained_close(row["val_loss"], solo["val_loss"]), (row["val_loss"], solo["val_loss"])
