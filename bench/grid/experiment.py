@@ -48,6 +48,7 @@ from typing import Any
 
 from bench import models, noise
 from bench.config import UserError
+from bench.data import Dataset
 from bench.data import registry as dataset_registry
 from bench.methods import check_params
 from bench.methods import registry as method_registry
@@ -299,6 +300,15 @@ def parse_experiment(data: Any, source: str = "<config>") -> Experiment:
     )
 
 
+def _check_levels(ck: _Checker, exp: Experiment, dataset: type[Dataset], pattern: str) -> None:
+    """Every r of a pattern published at fixed levels only (Red Mini-ImageNet's red) is one of them."""
+    for r in exp.r:
+        try:
+            dataset.check_level(pattern, r)
+        except UserError as e:
+            raise ck.fail("r", str(e)) from None
+
+
 def _check_model(ck: _Checker, exp: Experiment, default: str) -> None:
     """The experiment's own network and its options, against the model registry."""
     if exp.model is not None:
@@ -334,11 +344,7 @@ def check_names(exp: Experiment) -> None:
         raise ck.fail("train_subset", f"{exp.dataset} has {dataset.split_sizes[0]:,} training examples, got "
                       f"{exp.train_subset:,}")
     for pattern in exp.noise:
-        for r in exp.r:
-            try:
-                dataset.check_level(pattern, r)
-            except UserError as e:
-                raise ck.fail("r", str(e)) from None
+        _check_levels(ck, exp, dataset, pattern)
         if not dataset.has_transition(pattern):
             continue  # no matrix (human or instance-dependent noise); r was checked with its key
         if exp.transition is not None:
