@@ -171,3 +171,27 @@ def test_probe_trials_train_as_one_pack_as_they_do_alone(tiny: Path) -> None:
         assert (row["status"], row["executor"], solo["executor"]) == ("ok", "pack", "solo")
         # Grouped against single linear layers: the float order of one training (tests/tolerances.py).
         assert trained_close(row["val_loss"], solo["val_loss"]), (row["val_loss"], solo["val_loss"])
+
+
+def test_experiment_files_name_their_network_and_levels_in_one_line(tmp_path: Path) -> None:
+    import yaml
+
+    from bench.grid.files import load_experiment
+
+    base = {"name": "x", "dataset": "cifar10n", "noise": "worse", "r": [0.0], "seeds": 1, "methods": {"ce": {}}}
+    for change, message in (
+        ({"model_args": {"backbone": "resnet18"}}, "model_args.*options of which network\\? set model too"),
+        ({"model": "linear_probe", "model_args": {"depth": 3}}, "model linear_probe takes no option 'depth'"),
+        ({"model": "no_such_net"}, "no_such_net"),
+        ({"dataset": "red_mini_imagenet", "noise": "red", "r": [0.2, 0.25]},
+         "r.*noise 'red' comes at its published levels only.*got r = 0.25"),
+    ):
+        path = tmp_path / "x.yaml"
+        path.write_text(yaml.safe_dump({**base, **change}))
+        with pytest.raises(UserError, match=message) as info:
+            load_experiment(path)
+        assert "\n" not in str(info.value)
+    path.write_text(yaml.safe_dump({**base, "model": "linear_probe",
+                                    "model_args": {"backbone": "resnet18", "weights": "random"}}))
+    (trial,) = load_experiment(path).trials()
+    assert trial.model_label() == "linear_probe(backbone=resnet18, weights=random)"
