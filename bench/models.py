@@ -61,6 +61,8 @@ def check_args(name: str, args: dict[str, Any]) -> None:
     if unknown := sorted(set(args) - accepted):
         raise UserError(f"model {name} takes no option {unknown[0]!r}; its options: "
                         f"{', '.join(sorted(accepted)) or 'none'}")
+    if bad := next((k for k, v in args.items() if not isinstance(v, str | int | float | bool)), None):
+        raise UserError(f"model {name}: option {bad!r} must be a single value, got {args[bad]!r}")
 
 
 def create(name: str, num_classes: int, device: torch.device | str = "cpu", **kwargs: Any) -> nn.Module:

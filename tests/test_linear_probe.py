@@ -183,6 +183,8 @@ def test_experiment_files_name_their_network_and_levels_in_one_line(tmp_path: Pa
         ({"model_args": {"backbone": "resnet18"}}, "model_args.*options of which network\\? set model too"),
         ({"model": "linear_probe", "model_args": {"depth": 3}}, "model linear_probe takes no option 'depth'"),
         ({"model": "no_such_net"}, "no_such_net"),
+        ({"model": "linear_probe", "model_args": {"backbone": ["resnet18", "resnet50"]}},
+         "option 'backbone' must be a single value"),
         ({"dataset": "red_mini_imagenet", "noise": "red", "r": [0.2, 0.25]},
          "r.*noise 'red' comes at its published levels only.*got r = 0.25"),
     ):
