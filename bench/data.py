@@ -18,6 +18,7 @@ import shutil
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TextIO
@@ -63,7 +64,7 @@ class Splits:
     noisy_labels: dict[tuple[Any, ...], noise.NoisyLabels] = field(default_factory=dict, repr=False)
     # Real noise whose images differ by level (Red Mini-ImageNet: each level's file lists its own training images):
     # (pattern, r) -> that cell's splits, its own training and validation images and labels (`for_noise`).
-    noise_splits: dict[tuple[str, float], Splits] = field(default_factory=dict, repr=False)
+    noise_splits: Mapping[tuple[str, float], Splits] = field(default_factory=dict, repr=False)
 
     def for_noise(self, pattern: str, r: float) -> Splits:
         """The splits a trial of noise `pattern` at `r` trains on: that level's own (`noise_splits`; an r the dataset

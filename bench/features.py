@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -107,34 +107,37 @@ class Extractor:
         self.weights_id = RANDOM if weights == RANDOM else self.weights_md5(weights)
         self.weights, self.image_size = weights, None if image_size is None else int(image_size)
         self.net: nn.Module | None = None  # built on the first split not in the cache
+        self.transform: Callable[[torch.Tensor], torch.Tensor] | None = None  # the dataset's (`splits`)
 
     @staticmethod
     def weights_md5(weights: str) -> str:
         return file_md5(Path(weights).expanduser())
 
     def splits(self, dataset: Dataset, splits: Splits) -> Splits:
-        cached: dict[int, Split] = {}  # one extraction for a split two roles share
+        # The dataset's own evaluation transform, kept: `keep_inputs` makes the dataset's pass features through, and
+        # a level is extracted later (`Levels`).
+        self.transform = dataset.eval_transform
+        inputs: dict[int, Split] = {}  # a features split's id -> the split it came from (`keep_inputs`)
+        done: dict[int, Split] = {}  # one extraction for a split two roles share
 
         def features(split: Split, role: str) -> Split:
-            if id(split) not in cached:
-                cached[id(split)] = Split(self.features(dataset, split, role), split.y)
-            return cached[id(split)]
+            if id(split) not in done:
+                done[id(split)] = Split(self.features(dataset, split, role), split.y)
+                inputs[id(done[id(split)])] = split
+            return done[id(split)]
 
         out = Splits(features(splits.train, "train"), features(splits.val, "val"), features(splits.test, "test"),
-                     splits.human_labels, notes=splits.notes)
-        out.noise_splits = {
-            (name, r): Splits(features(v.train, f"{name}{r:g}/train"), features(v.val, f"{name}{r:g}/val"), out.test,
-                              v.human_labels, notes=v.notes)
-            for (name, r), v in splits.noise_splits.items()}
-        for split in [out, *out.noise_splits.values()]:
-            split.model_args = {"in_features": int(out.train.x.shape[1])}
-        keep_inputs(dataset, {id(cached[id(s)]): s for s in self.originals(splits)})
-        return out
+                     splits.human_labels, model_args={"in_features": int(done[id(splits.train)].x.shape[1])},
+                     notes=splits.notes)
 
-    @staticmethod
-    def originals(splits: Splits) -> list[Split]:
-        levels = [s for view in splits.noise_splits.values() for s in (view.train, view.val)]
-        return [splits.train, splits.val, splits.test, *levels]
+        def level(key: tuple[str, float], view: Splits) -> Splits:
+            name, r = key
+            return Splits(features(view.train, f"{name}{r:g}/train"), features(view.val, f"{name}{r:g}/val"), out.test,
+                          view.human_labels, model_args=out.model_args, notes=view.notes)
+
+        out.noise_splits = Levels(splits.noise_splits, level)
+        keep_inputs(dataset, inputs)
+        return out
 
     def cache_file(self, dataset: Dataset, split: Split, role: str) -> Path:
         h = hashlib.sha256()
@@ -171,7 +174,7 @@ class Extractor:
             workers = min(8, os.cpu_count() or 1)
             chunks = iter(torch.utils.data.DataLoader(split.x, batch_size=BATCH, num_workers=workers))
         for x in chunks:
-            x = dataset.eval_transform(x.to(self.device))
+            x = self.transform(x.to(self.device))
             if x.dim() != 4 or x.shape[1] not in (1, 3):
                 raise UserError(f"linear_probe needs images (N x 3 x H x W, or one channel); {dataset.name} gives "
                                 f"inputs of shape {tuple(x.shape[1:])}")
@@ -179,6 +182,27 @@ class Extractor:
             if self.image_size:
                 x = nn.functional.interpolate(x, size=self.image_size, mode="bilinear", align_corners=False)
             yield x
+
+
+class Levels(Mapping[tuple[str, float], Splits]):
+    """A dataset's per-level splits (`Splits.noise_splits`: Red Mini-ImageNet's ten) as features, each extracted when
+    a trial first asks for its level: a grid of one level passes one level's images through the backbone, not ten."""
+
+    def __init__(self, levels: Mapping[tuple[str, float], Splits],
+                 make: Callable[[tuple[str, float], Splits], Splits]) -> None:
+        self.levels, self.make = levels, make
+        self.made: dict[tuple[str, float], Splits] = {}
+
+    def __getitem__(self, key: tuple[str, float]) -> Splits:
+        if key not in self.made:
+            self.made[key] = self.make(key, self.levels[key])
+        return self.made[key]
+
+    def __iter__(self) -> Iterator[tuple[str, float]]:
+        return iter(self.levels)
+
+    def __len__(self) -> int:
+        return len(self.levels)
 
 
 def fingerprint(x: torch.Tensor | torch.utils.data.Dataset) -> bytes:

@@ -197,3 +197,16 @@ def test_experiment_files_name_their_network_and_levels_in_one_line(tmp_path: Pa
                                     "model_args": {"backbone": "resnet18", "weights": "random"}}))
     (trial,) = load_experiment(path).trials()
     assert trial.model_label() == "linear_probe(backbone=resnet18, weights=random)"
+
+
+def test_probe_extracts_only_the_red_level_a_trial_asks_for(tmp_path: Path, monkeypatch, forwards) -> None:
+    from test_datasets_realworld import write_red
+
+    write_red(tmp_path)  # ten levels of 30 images (27 train, 3 validation) and 10 test images
+    monkeypatch.setenv("BENCH_CACHE", str(tmp_path / "cache"))
+    assert main(["trial", "--dataset", "red_mini_imagenet", "--method", "ce", "--noise", "red", "--r", "0.4",
+                 "--epochs-warmup", "1", "--epochs", "1", "--batch-size", "8", "--data-root", str(tmp_path),
+                 "--results", str(tmp_path / "results"), *PROBE]) == 0
+    assert sum(forwards) == 30 + 10 + 30  # the clean level 0 (the base splits), the test set, level 0.4: not ten
+    (row,) = [pl.read_parquet(p).row(0, named=True) for p in (tmp_path / "results" / "trials").glob("*.parquet")]
+    assert (row["status"], row["r"]) == ("ok", 0.4) and row["noise_rate"] > 0  # level 0.4's web images, not level 0
