@@ -18,6 +18,7 @@ import shutil
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TextIO
@@ -61,6 +62,14 @@ class Splits:
     # The noisy labels drawn on these splits, by (noise, r, seed, explicit T): a pack's members that share a label
     # cell draw them once (an idn draw projects every input: 0.6 s for CIFAR-10, per member before).
     noisy_labels: dict[tuple[Any, ...], noise.NoisyLabels] = field(default_factory=dict, repr=False)
+    # Real noise whose images differ by level (Red Mini-ImageNet: each level's file lists its own training images):
+    # (pattern, r) -> that cell's splits, its own training and validation images and labels (`for_noise`).
+    noise_splits: Mapping[tuple[str, float], Splits] = field(default_factory=dict, repr=False)
+
+    def for_noise(self, pattern: str, r: float) -> Splits:
+        """The splits a trial of noise `pattern` at `r` trains on: that level's own (`noise_splits`; an r the dataset
+        did not publish was refused before, `Dataset.check_level`), else these."""
+        return self.noise_splits.get((pattern, round(float(r), 6)), self)
 
 
 def check_splits(dataset: Dataset, splits: Splits) -> Splits:
@@ -89,6 +98,9 @@ class Dataset:
     # The paper's table for this dataset: its rows (dataset = `name`, noise_r = r) in bench/report/reference_results.csv
     # are our cells (this pattern, r); None where the paper has no table for it.
     paper_noise: ClassVar[str | None] = None
+    # A real-noise pattern published at fixed levels r, each its own label file (Red Mini-ImageNet's red): pattern ->
+    # those r; another r is refused before anything runs (`check_level`).
+    noise_levels: ClassVar[dict[str, tuple[float, ...]]] = {}
     warmup: ClassVar[Schedule]  # the CE warm start
     method_stage: ClassVar[Schedule]  # the method stage of a method without its own schedule in `method_stages`
     # A method's own method-stage schedule on this dataset (method name -> schedule), where the paper's code trains
@@ -145,6 +157,14 @@ class Dataset:
             raise UserError(f"{cls.name} offers no instance-dependent noise ({pattern!r}): it needs every input in "
                             f"memory and every clean label; {choose}")
         raise UserError(f"unknown noise {pattern!r} for {cls.name}; {choose}")
+
+    @classmethod
+    def check_level(cls, pattern: str, r: float) -> None:
+        """Refuse, in one line, an r at which a pattern with published levels (`noise_levels`) was not published."""
+        levels = cls.noise_levels.get(pattern)
+        if levels and round(float(r), 6) not in levels:
+            raise UserError(f"{cls.name}: noise {pattern!r} comes at its published levels only: r = "
+                            f"{', '.join(f'{level:g}' for level in levels)}; got r = {r:g}")
 
     @classmethod
     def protocol(cls, spec: str) -> protocol.Protocol:
@@ -266,6 +286,13 @@ class Dataset:
             return f"missing {len(missing)} of {len(self.files)} files"
         damaged = self.damaged_files()
         return f"damaged: {len(damaged)} of {len(self.files)} files" if damaged else "ready"
+
+
+def worker_message(e: UserError) -> str:
+    """A streamed input's `UserError` (a missing or damaged file) in its own one line: a DataLoader worker's error
+    comes back with the worker's traceback before it."""
+    last = str(e).strip().splitlines()[-1]
+    return last.split("UserError: ", 1)[1] if "UserError: " in last else last
 
 
 def file_md5(path: Path, chunk: int = 1 << 20) -> str:

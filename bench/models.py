@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from bench.config import UserError, discover, lookup
+from bench.data import Dataset, Splits
 
 
 class Model(nn.Module):
@@ -27,16 +28,41 @@ class Model(nn.Module):
     # Channels-last on CUDA: cuDNN's tensor-core convolutions for the BatchNorm networks want NHWC (1.2x for
     # ResNet-34, 1.4x for VGG-16-BN on an H100: benchmarks/channels_last.py; `BENCH_CHANNELS_LAST=0` turns it off).
     channels_last: ClassVar[bool] = False
+    # Options (a trial's `model_args`) that `prepare_data` reads, not the constructor (the probe's backbone).
+    data_options: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def check_files(cls, options: dict[str, Any]) -> None:
+        """Refuse, in one line, before anything runs, a file that `options` name and that is not there."""
+
+    @classmethod
+    def prepare_data(cls, dataset: Dataset, splits: Splits, options: dict[str, Any], device: torch.device) -> Splits:
+        """The splits this network trains on, from the dataset's (`bench.features`: a frozen backbone's features);
+        the dataset's own by default."""
+        return splits
 
 
 @functools.cache
 def registry() -> dict[str, type[Model]]:
     """Every model by name: the classes here, in dataset files and in plug-in files."""
-    return discover(Model, ("bench.models", "bench.datasets"))
+    return discover(Model, ("bench.models", "bench.features", "bench.datasets"))
 
 
 def get_model(name: str) -> type[Model]:
     return lookup(registry(), "model", name)
+
+
+def check_args(name: str, args: dict[str, Any]) -> None:
+    """Refuse, in one line, an option (`model_args`) that model `name` does not take."""
+    import inspect
+
+    model = get_model(name)
+    accepted = set(model.data_options) | set(list(inspect.signature(model.__init__).parameters)[2:])
+    if unknown := sorted(set(args) - accepted):
+        raise UserError(f"model {name} takes no option {unknown[0]!r}; its options: "
+                        f"{', '.join(sorted(accepted)) or 'none'}")
+    if bad := next((k for k, v in args.items() if not isinstance(v, str | int | float | bool)), None):
+        raise UserError(f"model {name}: option {bad!r} must be a single value, got {args[bad]!r}")
 
 
 def create(name: str, num_classes: int, device: torch.device | str = "cpu", **kwargs: Any) -> nn.Module:
@@ -275,6 +301,23 @@ class VGG16BN(Model):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x).flatten(1))
+
+
+class VGG19BN(VGG16BN):
+    """VGG-19 with batch norm (16 conv layers: 2/2/4/4/4 in the five blocks), the same head as `VGG16BN`: the
+    network ANIMAL-10N's papers train from scratch on its 64 x 64 images (SELFIE; PLC's animal10/vgg.py)."""
+
+    name = "vgg19_bn"
+    LAYERS = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M", 512, 512, 512, 512, "M")
+
+
+class ResNet18CIFAR(ResNet34CIFAR):
+    """ResNet-18 for 32 x 32 images: `ResNet34CIFAR` with 2/2/2/2 basic blocks (Red Mini-ImageNet at 32 pixels)."""
+
+    name = "resnet18_cifar"
+
+    def __init__(self, num_classes: int, blocks: tuple[int, ...] = (2, 2, 2, 2), width: int = 64) -> None:
+        super().__init__(num_classes, blocks, width)
 
 
 class ResNet50(Model):

@@ -183,6 +183,11 @@ class NoisyLabels:
     expected_rate: float = float("nan")
 
 
+# A clean label known only to differ from the noisy one (Food-101N's verification label 0, a Red Mini-ImageNet web
+# image annotated as wrong): it counts as flipped in the noise rate, and as unknown everywhere else (< 0).
+WRONG = -2
+
+
 def summarise(
     clean_train: np.ndarray,
     noisy_train: np.ndarray,
@@ -191,11 +196,15 @@ def summarise(
     t: np.ndarray | None,
 ) -> NoisyLabels:
     """What the noisy labels realised. A clean label < 0 is unknown (Clothing1M's noisy training set): the empirical
-    T and the noise rate both count only the examples whose clean label is known (NaN when none is)."""
+    T counts only the examples whose clean label is known, the noise rate those and the examples whose label is known
+    to be wrong (`WRONG`: a human verified it so, without naming the right class) (NaN when there are none)."""
     clean_train, noisy_train = np.asarray(clean_train), np.asarray(noisy_train)
     known = clean_train >= 0
     clean_known, noisy_known = clean_train[known], noisy_train[known]
-    if known.any():
+    wrong = int(np.sum(clean_train == WRONG))
+    if wrong:
+        noise_rate = float((np.sum(noisy_known != clean_known) + wrong) / (len(clean_known) + wrong))
+    elif known.any():
         noise_rate = float(np.mean(noisy_known != clean_known))
     else:
         noise_rate = float("nan") if len(clean_train) else 0.0

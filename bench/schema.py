@@ -173,6 +173,10 @@ EXPERIMENT = {
     "protocol": Key(TEXT, axis=True, default=("bench",)),
     # fp32 (the default; TF32 matrix units on CUDA) or bf16 (forward passes under bf16 autocast); a grid axis
     "precision": Key(PRECISION, axis=True, default=("fp32",)),
+    # The network, where not the dataset's (`bench models`: e.g. linear_probe), and its options
+    "model": Key(TEXT),
+    "model_args": Key(Value(dict, words="a mapping: option -> value (e.g. {backbone: resnet18, weights: random})"),
+                      default={}),
 }
 # Per trial; a fractional GPU share lets trials share a device.
 RESOURCES = {"cpu": Key(Value(float, "(0, inf)"), default=1.0), "gpu": Key(Value(float, "[0, inf)"), default=0.0)}

@@ -51,6 +51,10 @@ class TrialConfig:
     extra: tuple[tuple[str, Any], ...] = field(default=())
     protocol: str = protocol.BENCH  # `bench.protocol`: bench, authors, or either with single switches changed
     precision: str = FP32  # `PRECISIONS`
+    # The network, where not the dataset's (or its scripts', `script_model`): a registered model name, e.g.
+    # linear_probe (`bench.features`), and its options (model_args, e.g. the probe's backbone and weights file).
+    model: str | None = None
+    model_args: tuple[tuple[str, Any], ...] = ()
 
     @property
     def params(self) -> dict[str, Any]:
@@ -65,13 +69,20 @@ class TrialConfig:
         precision = "" if self.precision == FP32 else f"  {self.precision}"
         return f"{self.method}{lr}{bs}{params}  {self.noise} r={self.r:g} seed={self.seed}{proto}{precision}"
 
+    def network(self) -> str:
+        """The registered model this trial trains: its own (`model`), else its protocol's (the scripts' network,
+        `script_model`), else its dataset's."""
+        return self.model or self.resolved_protocol().setting("script_model", get_dataset(self.dataset).model)
+
+    def model_label(self) -> str:
+        """The network as the row's `model` column names it: with its options where it has any ("linear_probe(
+        backbone=resnet18, weights=random)": random weights are marked there)."""
+        args = ", ".join(f"{k}={v}" for k, v in self.model_args)
+        return f"{self.network()}({args})" if args else self.network()
+
     def resolved_protocol(self) -> protocol.Protocol:
         """The switches this trial's protocol turns on, as its dataset declares them (`Dataset.authors_protocol`)."""
         return get_dataset(self.dataset).protocol(self.protocol)
-
-    def network(self) -> str:
-        """The network this trial trains: its dataset's, or the one its authors' scripts build (`script_model`)."""
-        return self.resolved_protocol().setting("script_model", get_dataset(self.dataset).model)
 
     def schedules(self) -> tuple[Schedule, Schedule]:
         """The (warm start, method stage) schedules this trial trains with: its dataset's paper warm start, and its
@@ -104,7 +115,8 @@ class TrialConfig:
             seed=int(self.seed), train_subset=None if self.train_subset is None else int(self.train_subset),
             transition=[[float(x) for x in row] for row in self.transition] if self.transition else None,
             extra=sorted([list(p) for p in self.extra]),
-        ) | ({} if self.precision == FP32 else dict(precision=self.precision))
+        ) | ({} if self.precision == FP32 else dict(precision=self.precision)) \
+            | ({} if not self.model_args else dict(model_args=sorted([list(p) for p in self.model_args])))
         try:
             dataset, method = get_dataset(self.dataset), get_method(self.method)
             warmup, stage = self.schedules()

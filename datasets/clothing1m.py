@@ -21,22 +21,20 @@ Clothing1M is distributed by its authors on request only: there is no download a
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
 
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits
 from bench.datasets.cifar10 import IMAGENET_MEAN, IMAGENET_STD, crop_flip, normalise_channels
+from bench.datasets.image_files import ImageFiles, resnet50_weights
 
 CLASSES = ("T-Shirt", "Shirt", "Knitwear", "Chiffon", "Sweater", "Hoodie", "Windbreaker", "Jacket", "Down Coat",
            "Suit", "Shawl", "Dress", "Vest", "Underwear")
 STORED, CROP = 256, 224
 JITTER = 0.4  # brightness and saturation factors drawn from [1 - JITTER, 1 + JITTER]
-WEIGHTS_ENV = "BENCH_RESNET50_WEIGHTS"
 ANNOTATIONS = ("category_names_eng.txt", "noisy_label_kv.txt", "clean_label_kv.txt", "noisy_train_key_list.txt",
                "clean_val_key_list.txt", "clean_test_key_list.txt")
 
@@ -57,40 +55,6 @@ def read_kv(path: Path) -> dict[str, int]:
                             f"0..{len(CLASSES) - 1}, got {line!r}")
         labels[parts[0]] = int(parts[1])
     return labels
-
-
-def decode(path: Path, size: int = STORED) -> torch.Tensor:
-    """One JPEG: shorter side resized to `size`, the centre size x size, as 3 x size x size uint8."""
-    try:
-        with Image.open(path) as img:
-            img.draft("RGB", (size, size))
-            img = img.convert("RGB")
-            w, h = img.size
-            scale = size / min(w, h)
-            img = img.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.Resampling.BILINEAR)
-            w, h = img.size
-            left, top = (w - size) // 2, (h - size) // 2
-            array = np.asarray(img.crop((left, top, left + size, top + size)))
-    except FileNotFoundError:
-        raise UserError(f"clothing1m: missing image {path}; the images/ tree is incomplete") from None
-    except (UnidentifiedImageError, OSError) as e:
-        raise UserError(f"clothing1m: cannot decode {path} ({e})") from None
-    return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
-
-
-class ClothingImages(torch.utils.data.Dataset):
-    """The images of one split, decoded on demand (in DataLoader workers) as 3 x 256 x 256 uint8."""
-
-    def __init__(self, root: Path, keys: list[str]) -> None:
-        # One fixed-width byte array, not a list of a million str objects: forked workers would touch every
-        # object's reference count and copy the whole list each.
-        self.root, self.keys = root, np.array([k.encode() for k in keys], dtype=np.bytes_)
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        return decode(self.root / self.keys[index].decode())
 
 
 class Clothing1M(Dataset):
@@ -144,16 +108,15 @@ class Clothing1M(Dataset):
         if sizes != self.split_sizes:
             notes.append(f"clothing1m: {sizes[0]:,} / {sizes[1]:,} / {sizes[2]:,} images instead of the published "
                          f"{' / '.join(f'{s:,}' for s in self.split_sizes)}")
-        model_args: dict[str, object] = {}
-        if os.environ.get(WEIGHTS_ENV):
-            model_args["weights"] = os.environ[WEIGHTS_ENV]
-        else:
-            notes.append(f"clothing1m: ResNet-50 starts from random weights; the paper starts from ImageNet's: "
-                         f"set {WEIGHTS_ENV} to a local torchvision ResNet-50 state dict")
+        model_args = resnet50_weights(self.name, notes)
+
+        def images(part: str) -> ImageFiles:  # decoded on demand, in DataLoader workers
+            return ImageFiles(self.root, keys[part], STORED, self.name)
+
         return Splits(
-            train=Split(ClothingImages(self.root, keys["noisy_train"]), clean_train),
-            val=Split(ClothingImages(self.root, keys["clean_val"]), val_y),
-            test=Split(ClothingImages(self.root, keys["clean_test"]), test_y),
+            train=Split(images("noisy_train"), clean_train),
+            val=Split(images("clean_val"), val_y),
+            test=Split(images("clean_test"), test_y),
             human_labels={"real": (noisy_train, val_y)},
             model_args=model_args,
             notes=notes,

@@ -18,12 +18,13 @@ from bench import models, noise
 from bench.cli.main import main
 from bench.data import registry as datasets
 from bench.methods import registry as methods
-from bench.report.analysis import read_reference
+from bench.report.analysis import LITERATURE_CSV, read_published, read_reference
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 LEVELS = [i / 20 for i in range(21)]
 # Datasets with a pattern of the paper's tables, by the reference file (bench/reference_results.csv).
 REFERENCE = read_reference()
+PUBLISHED = read_published()
 
 
 # -- every dataset ---------------------------------------------------------------------------------------------------
@@ -53,14 +54,16 @@ def test_dataset_noise_patterns_build_row_stochastic_matrices(name):
 @pytest.mark.parametrize("name", list(datasets()))
 def test_dataset_paper_mapping_points_at_published_rows(name):
     dataset = datasets()[name]
-    rows = REFERENCE.filter(pl.col("dataset") == name)
+    rows = PUBLISHED.filter(pl.col("dataset") == name)
     if dataset.paper_noise is None:
-        assert rows.height == 0, f"the paper's table has rows for {name}; say which pattern they are"
+        assert rows.height == 0, f"the published tables have rows for {name}; say which pattern they are"
         return
     assert dataset.paper_noise in dataset.noise_patterns
     assert rows.height > 0
     levels = rows["noise_r"].drop_nulls().to_list()
-    if dataset.is_real_noise(dataset.paper_noise):
+    if dataset.paper_noise in dataset.noise_levels:  # real noise at published levels: each row names its level
+        assert len(levels) == rows.height and set(levels) <= set(dataset.noise_levels[dataset.paper_noise])
+    elif dataset.is_real_noise(dataset.paper_noise):
         assert levels == []  # real noise: the table records no r
     else:
         assert all(0 <= r <= 1 for r in levels) and len(levels) == rows.height
@@ -68,7 +71,13 @@ def test_dataset_paper_mapping_points_at_published_rows(name):
 
 def test_every_published_table_belongs_to_a_dataset():
     claimed = {name for name, cls in datasets().items() if cls.paper_noise is not None}
-    assert set(REFERENCE["dataset"].unique()) == claimed == {"cifar10", "dogs_vs_cats", "mr", "clothing1m"}
+    assert set(PUBLISHED["dataset"].unique()) == claimed
+    assert set(REFERENCE["dataset"].unique()) == {"cifar10", "dogs_vs_cats", "mr", "clothing1m"}  # the paper's
+    literature = read_reference(LITERATURE_CSV)
+    assert set(literature["dataset"]) == {"webvision_mini", "webvision_mini_ilsvrc12", "animal10n", "food101n",
+                                          "red_mini_imagenet"}
+    assert literature["source"].str.contains(r"\(\w+ 20\d\d\), Table \d+: ").all()  # each row cites paper and table
+    assert literature.filter(dataset="webvision_mini", method="dividemix")["acc_mean"].to_list() == [77.32]
 
 
 # -- every method ----------------------------------------------------------------------------------------------------
@@ -86,7 +95,8 @@ def test_every_model_is_registered_once_with_its_packing():
     found = models.registry()
     assert {cls.name for cls in found.values()} == set(found)
     assert {name for name, cls in found.items() if cls.packable} == {"mlp", "fashion_cnn", "word_cnn", "resnet34_cifar",
-                                                                      "vgg16_bn", "resnet50", "word_cnn_authors"}
+                                                                      "vgg16_bn", "resnet50", "word_cnn_authors",
+                                                                      "vgg19_bn", "resnet18_cifar", "linear_probe"}
     assert {cls.model for cls in datasets().values()} <= set(found)
 
 

@@ -167,6 +167,15 @@ def test_shipped_configs_validate_against_the_registries():
         elif path.stem == "mr_protocols":  # one paper cell under both protocols (issue 31)
             assert exp.protocol == ("bench", "authors") and exp.r == (0.4,) and exp.seeds == (0, 1)
             assert {m.name for m in exp.methods} == {"ce", "dmi"} and len(exp.trials()) == 8
+        elif path.stem in ("animal10n", "food101n", "webvision_mini", "webvision_mini_ilsvrc12", "red_mini_imagenet"):
+            # The real-world sets (issue 39): what their papers compare that bench has, CE, L_DMI at the paper's lrs.
+            assert exp.dataset == path.stem and {"ce", "dmi"} <= {m.name for m in exp.methods}
+            assert {t.lr for t in exp.trials() if t.method == "dmi"} == {1e-4, 1e-5, 1e-6}
+            assert exp.r == ((0.2, 0.4, 0.6, 0.8) if exp.dataset == "red_mini_imagenet" else (0.0,))
+        elif path.stem == "linear_probe":  # the frozen-feature baseline on CIFAR-10N's label sets
+            backbone = dict(exp.model_args)["backbone"]
+            assert (exp.dataset, exp.model, backbone) == ("cifar10n", "linear_probe", "resnet50")
+            assert {"ce", "dmi"} <= {m.name for m in exp.methods} and (exp.epochs_warmup, exp.epochs) == (20, 20)
         elif path.stem != "demo" and exp.dataset not in ("clothing1m", "cifar10n", "cifar100n"):  # real noise: no r
             assert exp.r == tuple(round(0.1 * i, 1) for i in range(10))
             assert len(exp.seeds) == 5

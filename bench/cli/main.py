@@ -1,9 +1,8 @@
 """The `bench` command line: every command's arguments are defined here (but `calibrate`'s, with its body in
-`bench.cli.calibrate`), with the bodies of `trial`, `datasets` and `results`; the others' bodies are modules of their
-own in `bench.cli` (`run`; `report`: report and leaderboard; `mlflow`: sync-mlflow and ui; `labels`; `methods`), each
-a thin call into its layer. Each is imported only when its
-command runs, so that `bench --help`, `trial`, `datasets` and `methods` stay light and work on a bare GPU box (torch
-and numpy only).
+`bench.cli.calibrate`), with the bodies of `trial` and `datasets`; the others' bodies are modules of their own in
+`bench.cli` (`run`; `report`: report and leaderboard; `mlflow`: sync-mlflow and ui; `labels`; `methods`; `results`),
+each a thin call into its layer. Each is imported only when its command runs, so that `bench --help`, `trial`,
+`datasets` and `methods` stay light and work on a bare GPU box (torch and numpy only).
 Bad input prints one line starting with "bench: error:" and exits with code 2, having written nothing."""
 
 from __future__ import annotations
@@ -20,8 +19,6 @@ from bench import __version__
 from bench.cli.calibrate import add_calibrate
 from bench.config import EXIT_USAGE, UserError, default_data_root
 from bench.schema import GRID_LIMIT
-from bench.store.columns import CORE_COLUMNS
-from bench.store.folder import check_output, read_table
 
 # What `bench run`, `report`, `results`, `sync-mlflow` and `ui` need beyond the training core; each command names
 # its own (`needs`), checked before it starts.
@@ -54,6 +51,14 @@ def _parse_params(method: str, items: list[str]) -> dict[str, object]:
     return check_params(get_method(method), params, from_text=True)
 
 
+def _parse_model_args(items: list[str]) -> dict[str, object]:
+    """--model-arg key=value pairs; a value that reads as an integer is one (image_size=224)."""
+    pairs = [(key.strip(), sep, value.strip()) for key, sep, value in (item.partition("=") for item in items)]
+    if bad := next((item for item, (key, sep, _) in zip(items, pairs, strict=True) if not sep or not key), None):
+        raise UserError(f"--model-arg expects key=value, got {bad!r}")
+    return {key: int(value) if value.isdigit() else value for key, _, value in pairs}
+
+
 def cmd_trial(args: argparse.Namespace) -> int:
     # torch loads with the commands that need it: `bench --help` and a mistyped flag answer at once
     from bench import noise
@@ -67,11 +72,11 @@ def cmd_trial(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, epochs=args.epochs, epochs_warmup=args.epochs_warmup,
         method_params=freeze_params(_parse_params(args.method, args.param)), transition=transition,
         train_subset=args.train_subset, device=args.device, experiment=args.experiment, protocol=args.protocol,
-        precision=args.precision,
+        precision=args.precision, model=args.model, model_args=freeze_params(_parse_model_args(args.model_arg)),
     )
     check_trial(config)
     check_results(args.results)
-    check_data([config.dataset], _data_root(args))
+    check_data([config.dataset], _data_root(args), [config])
     row = run_trial(config, _data_root(args), results=args.results, log=lambda s: print(s, flush=True))
     print()
     print(f"trial {row['trial_id']}  status {row['status']}")
@@ -114,67 +119,6 @@ def cmd_datasets(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_results(args: argparse.Namespace) -> int:
-    """`bench results`: the merged result table, printed or written to one file."""
-    import polars as pl
-
-    if args.out:
-        check_output(args.out, "output file", "give another file to --out", kind="file")
-    table = read_table(args.results)
-    if table.is_empty():
-        raise UserError(f"no result rows under {args.results}/trials")
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if out.suffix == ".csv":
-            table.select(pl.col(c) for c, t in table.schema.items() if t != pl.Null).write_csv(out)
-        else:
-            table.write_parquet(out)
-        print(f"{table.height} rows -> {out}")
-        return 0
-    order = [c for c in ("experiment", "dataset", "noise", "r", "method", "seed") if c in table.columns]
-    if args.wide:
-        columns = [c for c in CORE_COLUMNS if c in table.columns]
-        with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=250, tbl_hide_column_data_types=True,
-                       float_precision=4):
-            print(table.select(columns).sort(order))
-        return 0
-    one = [c for c in ("experiment", "dataset") if c in table.columns and table[c].n_unique() == 1]
-    columns = [c for c in COMPACT_COLUMNS if c in table.columns and c not in one]
-    rows = [[COMPACT_COLUMNS[c][1](v) for c, v in row.items()]
-            for row in table.sort(order).select(columns).iter_rows(named=True)]
-    header = [COMPACT_COLUMNS[c][0] for c in columns]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    for line in [header, ["-" * w for w in widths], *rows]:
-        print("  ".join(text.rjust(w) if i else text.ljust(w)
-                        for i, (text, w) in enumerate(zip(line, widths, strict=True))))
-    common = "".join(f", {c} {table[c][0]}" for c in one)
-    print(f"{table.height} rows{common}; --wide: every column")
-    return 0
-
-
-def _shown(digits: int | None = None) -> Callable[[object], str]:
-    """A value of `bench results`' compact table: numbers to `digits` (accuracies as every table rounds them,
-    `bench.report.analysis.fmt`), or as short as they go."""
-    def text(value: object) -> str:
-        if value is None:
-            return "-"
-        if isinstance(value, float) and digits is not None:
-            return f"{value:.{digits}f}" if digits == 0 else importlib.import_module("bench.report.analysis").fmt(value)
-        return f"{value:g}" if isinstance(value, float) else str(value)
-    return text
-
-
-# `bench results`: the columns that fit a terminal, each with its heading and how a value is shown; --wide shows
-# every column.
-COMPACT_COLUMNS = {"trial_id": ("trial", _shown()), "dataset": ("dataset", _shown()),
-                   "method": ("method", _shown()), "noise": ("noise", _shown()), "r": ("r", _shown()),
-                   "seed": ("seed", _shown()), "lr": ("lr", _shown()), "batch_size": ("bs", _shown()),
-                   "status": ("status", _shown()), "best_epoch": ("sel ep", _shown()),
-                   "test_acc": ("test %", _shown(2)), "last_test_acc": ("last %", _shown(2)),
-                   "wall_s": ("wall s", _shown(0))}
-
-
 def _metric(value: str) -> str:
     """`leaderboard --metric`: selected or last. The old name `best` is refused: it reads as the oracle rule."""
     if value == "best":
@@ -215,35 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"bench {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("trial", help="run one trial in-process (no Ray) and write its result row")
-    p.add_argument("--dataset", required=True, help="dataset name (see `bench datasets`)")
-    p.add_argument("--method", required=True, help="method name (see `bench methods`)")
-    p.add_argument("--noise", required=True,
-                   help="noise pattern: uniform, symmetric, idn (instance-dependent), the dataset's own (e.g. "
-                        "case3), or transition")
-    p.add_argument("--r", type=float, required=True, help="noise level in [0, 1]")
-    p.add_argument("--seed", type=int, default=0, help="seeds the noise, the model and the data order")
-    p.add_argument("--transition", type=Path, default=None,
-                   help="explicit transition matrix T (CSV rows or a JSON list of rows; rows = true class)")
-    p.add_argument("--epochs-warmup", type=int, default=None, help="CE warm-start epochs (default: the paper's)")
-    p.add_argument("--epochs", type=int, default=None, help="method-stage epochs (default: the paper's)")
-    p.add_argument("--lr", type=float, default=None, help="method-stage learning rate (default: the paper's)")
-    p.add_argument("--batch-size", type=int, default=None, help="method-stage batch size (default: the paper's)")
-    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                   help="a method hyper-parameter (repeatable), e.g. --param q=0.7")
-    p.add_argument("--train-subset", type=int, default=None, help="use only the first N training examples")
-    p.add_argument("--protocol", default="bench",
-                   help="bench (default: the paper's protocol done right), authors (as the paper's scripts ran it), "
-                        "bench+SWITCH[+SWITCH...] or authors-SWITCH[-SWITCH...] (docs/fidelity.md lists each "
-                        "dataset's switches)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    p.add_argument("--precision", default="fp32",
-                   help="fp32 (default; TF32 matrix units on CUDA) or bf16 (forward passes under bf16 autocast)")
-    p.add_argument("--results", default="results", help="results folder (default: ./results)")
-    p.add_argument("--experiment", default="adhoc", help="experiment name recorded in the row")
-    _add_data_root(p)
-    p.set_defaults(func=cmd_trial)
-
+    _add_trial(sub)
     p = sub.add_parser("datasets", help="list the datasets and whether their files are present")
     p.add_argument("--download", nargs="+", metavar="NAME", default=None,
                    help="download these datasets' published files (needs internet) and verify checksums")
@@ -267,6 +183,41 @@ def build_parser() -> argparse.ArgumentParser:
     _add_results_commands(sub)
     _name_pages(sub)
     return parser
+
+
+def _add_trial(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("trial", help="run one trial in-process (no Ray) and write its result row")
+    p.add_argument("--dataset", required=True, help="dataset name (see `bench datasets`)")
+    p.add_argument("--method", required=True, help="method name (see `bench methods`)")
+    p.add_argument("--noise", required=True,
+                   help="noise pattern: uniform, symmetric, idn (instance-dependent), the dataset's own (e.g. "
+                        "case3), or transition")
+    p.add_argument("--r", type=float, required=True, help="noise level in [0, 1]")
+    p.add_argument("--seed", type=int, default=0, help="seeds the noise, the model and the data order")
+    p.add_argument("--transition", type=Path, default=None,
+                   help="explicit transition matrix T (CSV rows or a JSON list of rows; rows = true class)")
+    p.add_argument("--epochs-warmup", type=int, default=None, help="CE warm-start epochs (default: the paper's)")
+    p.add_argument("--epochs", type=int, default=None, help="method-stage epochs (default: the paper's)")
+    p.add_argument("--lr", type=float, default=None, help="method-stage learning rate (default: the paper's)")
+    p.add_argument("--batch-size", type=int, default=None, help="method-stage batch size (default: the paper's)")
+    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="a method hyper-parameter (repeatable), e.g. --param q=0.7")
+    p.add_argument("--train-subset", type=int, default=None, help="use only the first N training examples")
+    p.add_argument("--model", help="the network, where not the dataset's: e.g. linear_probe (a linear head on a "
+                   "frozen torchvision backbone's cached features)")
+    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE", help="an option of --model "
+                   "(repeatable): e.g. backbone=resnet18, weights=/path/resnet18.pth (or weights=random)")
+    p.add_argument("--protocol", default="bench",
+                   help="bench (default: the paper's protocol done right), authors (as the paper's scripts ran it), "
+                        "bench+SWITCH[+SWITCH...] or authors-SWITCH[-SWITCH...] (docs/fidelity.md lists each "
+                        "dataset's switches)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    p.add_argument("--precision", default="fp32",
+                   help="fp32 (default; TF32 matrix units on CUDA) or bf16 (forward passes under bf16 autocast)")
+    p.add_argument("--results", default="results", help="results folder (default: ./results)")
+    p.add_argument("--experiment", default="adhoc", help="experiment name recorded in the row")
+    _add_data_root(p)
+    p.set_defaults(func=cmd_trial)
 
 
 def _add_run(sub: argparse._SubParsersAction) -> None:
@@ -327,7 +278,7 @@ def _add_results_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--wide", action="store_true",
                    help="every column of the rows (default: the columns that fit a terminal)")
     p.add_argument("--out", default=None, help="write all rows to this .parquet (or .csv) file")
-    p.set_defaults(func=cmd_results, needs=("pyarrow", "polars"))
+    p.set_defaults(func=_later("bench.cli.results", "cmd_results"), needs=("pyarrow", "polars"))
 
     p = sub.add_parser(
         "report", help="leaderboards (Markdown, LaTeX, CSV, one HTML page), plots, paper vs measured, and the "

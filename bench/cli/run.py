@@ -87,7 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                    gpu_kind=gpu_kind)
         if args.address is None:  # on a cluster the data lives on the nodes
             try:
-                check_data([exp.dataset], args.data_root)
+                check_data([exp.dataset], args.data_root, exp.trials()[:1])
                 print(f"data: {exp.dataset} present and intact under {args.data_root}")
             except UserError as e:
                 print(f"data: {e} (`bench run` stops here)")

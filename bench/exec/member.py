@@ -71,7 +71,7 @@ def measure(p: Prepared, method: Method, result: StageResult, member: int, best_
 def row_args(p: Prepared) -> dict[str, Any]:
     """The half of a result row (`bench.store.rows.make_row`) that the prepared trial gives."""
     c = p.config
-    return dict(config=c, model=p.model, labels=p.labels, lr=p.method_stage.lr,
+    return dict(config=c, model=c.model_label(), labels=p.labels, lr=p.method_stage.lr,
                 batch_size=p.method_stage.batch_size, epochs=p.method_stage.epochs, epochs_warmup=p.warmup.epochs,
                 privileged=get_method(c.method).uses_true_transition)
 

@@ -375,7 +375,8 @@ def pack_key(c: TrialConfig) -> tuple[Any, ...]:
 
     warmup, method_stage = c.schedules()
     proto = c.resolved_protocol()
-    key = (c.dataset, c.network(), c.train_subset, c.device, _shape(warmup), _shape(method_stage))
+    model = c.model_label()  # the network and its options (a frozen-feature probe's backbone: its data)
+    key = (c.dataset, model, c.train_subset, c.device, _shape(warmup), _shape(method_stage))
     # A pack's members share their protocol and their method stage's selection rule (it can differ by method).
     if proto.switches:
         key += (tuple(proto.names()), proto.selection(c.method))

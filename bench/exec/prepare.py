@@ -24,7 +24,7 @@ from torch.utils.data import Subset
 
 from bench import models, noise, protocol
 from bench.config import Schedule, UserError
-from bench.data import Dataset, Split, Splits, check_splits, get_dataset
+from bench.data import Dataset, Split, Splits, check_splits, get_dataset, worker_message
 from bench.exec import diagnostics
 from bench.methods import get_method
 from bench.trial import FP32, PRECISIONS, TrialConfig
@@ -94,9 +94,12 @@ class SplitLoader:
             self.x, batch_size=batch_size, sampler=order[:stop].cpu().tolist(), num_workers=self.workers,
             pin_memory=self.device.type == "cuda", persistent_workers=False,
         )
-        for start, xb in zip(range(0, stop, batch_size), loader, strict=True):
-            idx = order[start : start + batch_size]
-            yield transform(xb.to(self.device, non_blocking=True)), self.labels[idx], idx
+        try:
+            for start, xb in zip(range(0, stop, batch_size), loader, strict=True):
+                idx = order[start : start + batch_size]
+                yield transform(xb.to(self.device, non_blocking=True)), self.labels[idx], idx
+        except UserError as e:
+            raise UserError(worker_message(e)) from None
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[None]:
@@ -188,6 +191,8 @@ def load_data(config: TrialConfig, data_root: str | os.PathLike[str]) -> tuple[D
     dataset = get_dataset(config.dataset)(data_root, script_transform=transform)
     splits = check_splits(dataset, dataset.load())
     device = resolve_device(config.device)
+    # A model may change what it trains on (`bench.features`: a frozen backbone's cached features).
+    splits = models.get_model(config.network()).prepare_data(dataset, splits, dict(config.model_args), device)
     for split in (splits.train, splits.val, splits.test):
         if isinstance(split.x, torch.Tensor):
             split.x = split.x.to(device)
@@ -204,6 +209,8 @@ def prepare(
     # Unknown methods and hyper-parameters fail here, before any data is loaded or anything written.
     get_method(config.method)(dataset_cls.num_classes, dataset=config.dataset, **config.params)
     dataset_cls.check_noise(config.noise)
+    dataset_cls.check_level(config.noise, config.r)
+    models.check_args(config.network(), dict(config.model_args))
     if not 0.0 <= config.r <= 1.0:
         raise UserError(f"--r must lie in [0, 1], got {config.r}")
     if config.precision not in PRECISIONS:
@@ -218,6 +225,7 @@ def prepare(
         raise UserError("--epochs and --epochs-warmup must be >= 0")
 
     dataset, splits = data if data is not None else load_data(config, data_root)
+    splits = check_splits(dataset, splits.for_noise(config.noise, config.r))
     for note in splits.notes:
         log(f"note: {note}")
     labels = draw_labels(config, dataset, splits)
@@ -288,7 +296,7 @@ def warm_start_key(p: Prepared, net_index: int) -> str:
     """Identity of a CE warm start: shared by every method and hyper-parameter of its (data, noise, seed) cell at
     one precision."""
     c = p.config
-    cell = [c.dataset, p.model, c.noise, round(c.r, 10), c.seed, c.transition, c.train_subset,
+    cell = [c.dataset, c.model_label(), c.noise, round(c.r, 10), c.seed, c.transition, c.train_subset,
             p.labels.noise_hash, repr(p.warmup), net_index, type(p.dataset).version]
     switches = p.protocol.warm_start_switches()  # none under bench: its keys are those it always had
     precision = [] if c.precision == FP32 else [c.precision]  # fp32's keys are those it always had
@@ -308,4 +316,7 @@ def method_seed(p: Prepared) -> int:
 
 
 def build_model(p: Prepared) -> nn.Module:
-    return models.create(p.model, p.dataset.num_classes, p.device, **p.splits.model_args)
+    """The trial's network: what its data sets (`Splits.model_args`), then the trial's own options (`model_args`)
+    but those its model reads when the data loads (`Model.data_options`)."""
+    own = {k: v for k, v in p.config.model_args if k not in models.get_model(p.model).data_options}
+    return models.create(p.model, p.dataset.num_classes, p.device, **{**p.splits.model_args, **own})

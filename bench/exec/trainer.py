@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.config import UserError
-from bench.data import get_dataset
 from bench.exec.events import Events
 from bench.exec.member import finish, measure, new_method, set_up_method
 from bench.exec.prepare import (
@@ -160,6 +159,6 @@ def failed_row(config: TrialConfig, error: str, wall_s: float = 0.0) -> dict[str
     """The row of a trial that stopped on `error` wherever it was (even before its data loaded): its configuration,
     status failed and the error."""
     warm, stage = config.schedules()
-    return make_row(config=config, model=get_dataset(config.dataset).model, labels=None, outcome=None,
+    return make_row(config=config, model=config.model_label(), labels=None, outcome=None,
                     wall_s=wall_s, lr=stage.lr, batch_size=stage.batch_size, epochs=stage.epochs,
                     epochs_warmup=warm.epochs, privileged=get_method(config.method).uses_true_transition, error=error)

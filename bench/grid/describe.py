@@ -142,7 +142,9 @@ def describe_stages(trials: list[TrialConfig]) -> list[str]:
         if given[method]:
             whose += f"; {', '.join(given[method])} from the experiment"
         lines.append(f"method stage of {method}: {describe_schedules(list(schedules))} ({whose})")
-    return lines
+    networks = {t.model_label(): None for t in trials if t.model is not None}
+    return lines + [f"network: {label} (the experiment's; the dataset's is {get_dataset(trials[0].dataset).model})"
+                    for label in networks]
 
 
 LIST_LIMIT = 1_000  # --dry-run lists the trials of a grid up to this size

@@ -15,6 +15,8 @@ An experiment is one grid of the paper's protocol on one dataset:
     precision: fp32                    # optional: fp32 (default; TF32 on CUDA) or bf16 autocast (grid axis)
     resources: {cpu: 1, gpu: 0}        # per trial; fractional GPUs share a device (e.g. gpu: 0.25)
     max_concurrent: 4                  # optional: at most this many trials at once
+    model: linear_probe                # optional: the network, where not the dataset's (`bench.models` registry)
+    model_args: {backbone: resnet18, weights: /path/resnet18.pth}  # optional: its options
     methods:                           # method -> its settings; a list is a grid axis
       ce: {}
       dmi: {lr: [1.0e-4, 1.0e-5, 1.0e-6], batch_size: [128, 256]}
@@ -44,8 +46,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from bench import noise
+from bench import models, noise
 from bench.config import UserError
+from bench.data import Dataset
 from bench.data import registry as dataset_registry
 from bench.methods import check_params
 from bench.methods import registry as method_registry
@@ -108,6 +111,8 @@ class Experiment:
     text: str = ""  # the changed grid as an experiment file, where overrides changed it
     protocol: tuple[str, ...] = ("bench",)  # `bench.protocol` specs (grid axis)
     precision: tuple[str, ...] = ("fp32",)  # `bench.trial.PRECISIONS` (grid axis)
+    model: str | None = None  # the network, where not the dataset's
+    model_args: tuple[tuple[str, Any], ...] = ()  # its options
 
     def size(self) -> int:
         """The number of trials, counted without expanding the grid."""
@@ -134,7 +139,7 @@ class Experiment:
                                 epochs=stage.get("epochs", self.epochs), epochs_warmup=self.epochs_warmup,
                                 method_params=freeze_params(params), transition=self.transition,
                                 train_subset=self.train_subset, device=self.device, experiment=self.name,
-                                protocol=spec, precision=precision,
+                                protocol=spec, precision=precision, model=self.model, model_args=self.model_args,
                             )
                             if trial.trial_id not in seen:
                                 seen.add(trial.trial_id)
@@ -291,7 +296,28 @@ def parse_experiment(data: Any, source: str = "<config>") -> Experiment:
         epochs=v["epochs"], epochs_warmup=v["epochs_warmup"], train_subset=v["train_subset"], device=v["device"],
         resources=resources, max_concurrent=v["max_concurrent"], transition=transition,
         description=v["description"], source=source, protocol=v["protocol"], precision=v["precision"],
+        model=v["model"], model_args=freeze_params(v["model_args"]),
     )
+
+
+def _check_levels(ck: _Checker, exp: Experiment, dataset: type[Dataset], pattern: str) -> None:
+    """Every r of a pattern published at fixed levels only (Red Mini-ImageNet's red) is one of them."""
+    for r in exp.r:
+        try:
+            dataset.check_level(pattern, r)
+        except UserError as e:
+            raise ck.fail("r", str(e)) from None
+
+
+def _check_model(ck: _Checker, exp: Experiment, default: str) -> None:
+    """The experiment's own network and its options, against the model registry."""
+    if exp.model is not None:
+        try:
+            models.check_args(exp.model, dict(exp.model_args))
+        except UserError as e:
+            raise ck.fail("model", str(e)) from None
+    elif exp.model_args:
+        raise ck.fail("model_args", f"options of which network? set model too (the dataset's is {default})")
 
 
 def check_names(exp: Experiment) -> None:
@@ -318,6 +344,7 @@ def check_names(exp: Experiment) -> None:
         raise ck.fail("train_subset", f"{exp.dataset} has {dataset.split_sizes[0]:,} training examples, got "
                       f"{exp.train_subset:,}")
     for pattern in exp.noise:
+        _check_levels(ck, exp, dataset, pattern)
         if not dataset.has_transition(pattern):
             continue  # no matrix (human or instance-dependent noise); r was checked with its key
         if exp.transition is not None:
@@ -331,6 +358,7 @@ def check_names(exp: Experiment) -> None:
                 dataset.transition(pattern, r)
             except UserError as e:
                 raise ck.fail("r", str(e)) from None
+    _check_model(ck, exp, dataset.model)
     known_methods = method_registry()
     for grid in exp.methods:
         if grid.name not in known_methods:

@@ -259,7 +259,7 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) ->
         out(f"{exp.name}: all {len(plan.trials)} trials already have a result row in {results}; nothing to run")
         return tally
     if s.address is None:
-        check_data({t.dataset for t in pending}, s.data_root)
+        check_data({t.dataset for t in pending}, s.data_root, pending)
     if exp.text:  # a grid changed on the command line: the folder keeps it as a file `bench run` can take
         where = folder.Store(results)
         where.write_bytes(where.path(f"{exp.name}.yaml"), exp.text.encode())

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from bench import models
 from bench.config import UserError
 from bench.data import get_dataset
 from bench.methods import check_params, get_method
@@ -31,7 +32,9 @@ def check_trial(config: TrialConfig, transitions: dict[tuple[Any, ...], None] | 
     method = get_method(config.method)
     check_params(method, config.params)
     dataset.check_noise(config.noise)
+    dataset.check_level(config.noise, config.r)
     dataset.protocol(config.protocol)  # an unknown spec or switch: one line
+    models.check_args(config.network(), dict(config.model_args))  # an unknown network or option: one line
     refusal = method.refuses(dataset, config.noise)
     if refusal:
         raise UserError(f"method {config.method} cannot run on noise {config.noise!r} of {config.dataset}: {refusal}")
@@ -62,11 +65,15 @@ def check_trials(trials: Iterable[TrialConfig]) -> None:
         check_trial(trial, seen)
 
 
-def check_data(datasets: Iterable[str], data_root: str | os.PathLike[str]) -> None:
-    """The data files of each dataset: present, and intact (their md5 checksums, unless BENCH_VERIFY_CHECKSUMS=0)."""
+def check_data(datasets: Iterable[str], data_root: str | os.PathLike[str],
+               networks: Iterable[TrialConfig] = ()) -> None:
+    """The data files of each dataset: present, and intact (their md5 checksums, unless BENCH_VERIFY_CHECKSUMS=0);
+    and the files the trials' networks read (`networks`: a frozen-feature probe's weights)."""
 
     for name in sorted(set(datasets)):
         get_dataset(name)(data_root).check_files()
+    for network, args in {(t.network(), t.model_args) for t in networks}:
+        models.get_model(network).check_files(dict(args))
 
 
 def check_results(results: str) -> None:

@@ -53,6 +53,9 @@ REQUIRED_COLUMNS = ["dataset", "method", "noise", "r", "seed", "status", "val_lo
 USABLE_STATUS = ("ok", "diverged")
 REFERENCE = "dmi"
 REFERENCE_CSV = "reference_results.csv"
+# Published results on the datasets beyond the paper (mini-WebVision, ANIMAL-10N, Food-101N, Red Mini-ImageNet), each
+# row citing its paper and table: the paper-vs-measured comparison reads them beside the paper's own.
+LITERATURE_CSV = "literature_results.csv"
 # `bench leaderboard --metric`: the checkpoint selected on the noisy validation set (the protocol), or the last one.
 METRICS = {"selected": "test_acc", "last": "last_test_acc"}
 DIGITS = 2  # accuracies are shown in percent with two decimals, as in the paper's tables
@@ -327,10 +330,16 @@ def package_text(*parts: str) -> str:
         return Path(__file__).parent.joinpath(*parts).read_text(encoding="utf-8")
 
 
-def read_reference() -> pl.DataFrame:
-    """The paper's published table, shipped as package data (bench/report/reference_results.csv)."""
-    return pl.read_csv(io.StringIO(package_text(REFERENCE_CSV)),
+def read_reference(name: str = REFERENCE_CSV) -> pl.DataFrame:
+    """The paper's published table, shipped as package data (bench/report/reference_results.csv), or another table
+    of published results in its columns (`LITERATURE_CSV`)."""
+    return pl.read_csv(io.StringIO(package_text(name)),
                        schema_overrides={"noise_r": pl.Float64, "acc_mean": pl.Float64, "acc_std": pl.Float64})
+
+
+def read_published() -> pl.DataFrame:
+    """Every published result a run is shown beside: the paper's table, then the literature's on the other datasets."""
+    return pl.concat([read_reference(), read_reference(LITERATURE_CSV)])
 
 
 def paper_comparison(grid: pl.DataFrame) -> pl.DataFrame:
@@ -340,7 +349,7 @@ def paper_comparison(grid: pl.DataFrame) -> pl.DataFrame:
         pl.struct("dataset", "noise").map_elements(
             lambda s: paper_noise(s["dataset"]) == s["noise"], return_dtype=pl.Boolean)
     ).select("dataset", "r", "method", "acc_mean", "acc_std", "n")
-    paper = read_reference().with_columns(pl.col("noise_r").fill_null(0.0).round(6).alias("r"))
+    paper = read_published().with_columns(pl.col("noise_r").fill_null(0.0).round(6).alias("r"))
     paper = paper.filter(pl.col("dataset").is_in(grid["dataset"].unique().to_list()))
     joined = paper.join(ours, on=["dataset", "r", "method"], how="left").with_columns(
         pl.col("noise_r").alias("paper_r"),

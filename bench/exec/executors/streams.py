@@ -251,7 +251,7 @@ class Streams(Executor):
 
     def group_key(self, trial: TrialConfig) -> tuple[Any, ...]:
         """One dataset, one network, one device: members share a process, its device and its data's files."""
-        return (trial.dataset, trial.network(), trial.device)
+        return (trial.dataset, trial.model_label(), trial.device)
 
 
 def own_stream(device: torch.device) -> contextlib.AbstractContextManager:

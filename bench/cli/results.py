@@ -1,0 +1,74 @@
+"""`bench results RESULTS [--wide | --out FILE]`: the merged result table, as a compact terminal table, every column,
+or one parquet/CSV file."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.config import UserError
+from bench.store.columns import CORE_COLUMNS
+from bench.store.folder import check_output, read_table
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    """`bench results`: the merged result table, printed or written to one file."""
+    import polars as pl
+
+    if args.out:
+        check_output(args.out, "output file", "give another file to --out", kind="file")
+    table = read_table(args.results)
+    if table.is_empty():
+        raise UserError(f"no result rows under {args.results}/trials")
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.suffix == ".csv":
+            table.select(pl.col(c) for c, t in table.schema.items() if t != pl.Null).write_csv(out)
+        else:
+            table.write_parquet(out)
+        print(f"{table.height} rows -> {out}")
+        return 0
+    order = [c for c in ("experiment", "dataset", "noise", "r", "method", "seed") if c in table.columns]
+    if args.wide:
+        columns = [c for c in CORE_COLUMNS if c in table.columns]
+        with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=250, tbl_hide_column_data_types=True,
+                       float_precision=4):
+            print(table.select(columns).sort(order))
+        return 0
+    one = [c for c in ("experiment", "dataset") if c in table.columns and table[c].n_unique() == 1]
+    columns = [c for c in COMPACT_COLUMNS if c in table.columns and c not in one]
+    rows = [[COMPACT_COLUMNS[c][1](v) for c, v in row.items()]
+            for row in table.sort(order).select(columns).iter_rows(named=True)]
+    header = [COMPACT_COLUMNS[c][0] for c in columns]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    for line in [header, ["-" * w for w in widths], *rows]:
+        print("  ".join(text.rjust(w) if i else text.ljust(w)
+                        for i, (text, w) in enumerate(zip(line, widths, strict=True))))
+    common = "".join(f", {c} {table[c][0]}" for c in one)
+    print(f"{table.height} rows{common}; --wide: every column")
+    return 0
+
+
+def _shown(digits: int | None = None) -> Callable[[object], str]:
+    """A value of `bench results`' compact table: numbers to `digits` (accuracies as every table rounds them,
+    `bench.report.analysis.fmt`), or as short as they go."""
+    def text(value: object) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float) and digits is not None:
+            return f"{value:.{digits}f}" if digits == 0 else importlib.import_module("bench.report.analysis").fmt(value)
+        return f"{value:g}" if isinstance(value, float) else str(value)
+    return text
+
+
+# `bench results`: the columns that fit a terminal, each with its heading and how a value is shown; --wide shows
+# every column.
+COMPACT_COLUMNS = {"trial_id": ("trial", _shown()), "dataset": ("dataset", _shown()),
+                   "method": ("method", _shown()), "noise": ("noise", _shown()), "r": ("r", _shown()),
+                   "seed": ("seed", _shown()), "lr": ("lr", _shown()), "batch_size": ("bs", _shown()),
+                   "status": ("status", _shown()), "best_epoch": ("sel ep", _shown()),
+                   "test_acc": ("test %", _shown(2)), "last_test_acc": ("last %", _shown(2)),
+                   "wall_s": ("wall s", _shown(0))}

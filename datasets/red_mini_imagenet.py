@@ -1,0 +1,134 @@
+"""Red Mini-ImageNet (Jiang et al., ICML 2020, "Beyond synthetic noise: deep learning on controlled noisy labels";
+Controlled Noisy Web Labels): Mini-ImageNet's 100 classes where a fraction p of the training images is replaced by web
+images that annotators marked as wrongly labelled, at ten published levels p.
+
+The published files (https://google.github.io/controlled-noisy-web-labels; `dataset_no_images.zip`, whose web images
+must be fetched from their URLs and whose clean images come from ILSVRC-2012 on agreement), in the layout that the
+loaders of the papers comparing on it read (FaMUS, Xu et al. CVPR 2021, and DivideMix-style loaders:
+`dataloader_red_mini_imagenet.py`, `red_noise_nl_%.1f` under `split/`, images under `all_images/` and `validation/`;
+TensorFlow Datasets' `controlled_noisy_web_labels.py` documents the same `split/` folder):
+`DATA_ROOT/mini-imagenet/split/red_noise_nl_{p}` for p in 0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8 (one
+`<image>.jpg <label>` a line, 50,000 lines, up to 50,010), `split/clean_validation` (5,000 lines), the training
+images in `all_images/` and the validation images in `validation/`. A training image named after its ImageNet synset
+(`n01532829...jpg`) is one of Mini-ImageNet's clean images; every other one is a web image that annotators marked as
+wrong for its label (TFDS's builder sets `is_clean` = 0 for them), so the realised noise rate is exactly the share of
+web images (`noise.WRONG`), shown in the row.
+
+Noise pattern `red` at r = p, one of the ten published levels (`--noise red --r 0.4` reads `red_noise_nl_0.4`; another
+r is refused in one line). Each level lists its own training images, so each (red, r) cell has its own training and
+validation splits (`Splits.noise_splits`); a generic pattern (uniform, flip) draws on the clean level 0.0 images.
+Split: each level's images less a noisy validation set (10%, by a fixed permutation); test = `clean_validation`
+(clean). Model and schedule as the most-cited comparison ran them (FaMUS's released Red Mini-ImageNet script,
+argparse defaults; Xu et al., CVPR 2021, whose table the field cites): a PreAct ResNet-18 on 32 x 32 images, SGD
+momentum 0.9 (Nesterov) and weight decay 5e-4, lr 0.01 divided by 10 at epochs 200 and 250 of 300, batch 64, 5
+warm-up epochs of CE (our warm start; the method stage is the other 295, milestones shifted by 5). Differences:
+ResNet-18 here has the standard (post-activation) blocks (`resnet18_cifar`), the momentum is not Nesterov's, and the
+augmentation is CIFAR's (random shifts of up to 4 pixels and flips). MentorMix's own paper trains Inception-ResNet-v2
+at 299 pixels; the field's later tables use the 32-pixel setting.
+
+No checksums are published for the images (they are fetched from the web); the images are decoded on demand.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import torch
+
+from bench import noise
+from bench.config import Schedule
+from bench.data import Dataset, Split, Splits, deterministic_permutation
+from bench.datasets.cifar10 import random_shift_flip
+from bench.datasets.image_files import ImageCrops, ImageFiles, key_label_lines
+
+# The 100 classes by their ImageNet synsets, in label order (TensorFlow Datasets' controlled_noisy_web_labels.py
+# `_IMNET_MINI_SYNSETS`, less its test-only n01440764: a label is its synset's index there).
+CLASSES = (
+    "n01704323", "n04515003", "n02101006", "n03062245", "n04509417", "n03854065", "n02110063", "n03998194",
+    "n02111277", "n04443257", "n02165456", "n03075370", "n02747177", "n01558993", "n04149813", "n03220513",
+    "n03584254", "n04243546", "n03770439", "n02108915", "n02971356", "n02108551", "n03908618", "n01981276",
+    "n03535780", "n04275548", "n03272010", "n02138441", "n03337140", "n07584110", "n01910747", "n03146219",
+    "n02443484", "n04146614", "n02113712", "n02981792", "n04251144", "n03838899", "n04604644", "n02116738",
+    "n02099601", "n02966193", "n02687172", "n03924679", "n02120079", "n03476684", "n04435653", "n02091244",
+    "n01843383", "n01532829", "n03980874", "n07613480", "n03544143", "n03347037", "n02114548", "n06794110",
+    "n04258138", "n02606052", "n02105505", "n02871525", "n03127925", "n04418357", "n04389033", "n02074367",
+    "n02110341", "n13133613", "n03773504", "n13054560", "n07747607", "n04522168", "n02089867", "n02129165",
+    "n02457408", "n03676483", "n09256479", "n04067472", "n02823428", "n01749939", "n03400231", "n04596742",
+    "n01855672", "n02174001", "n04612504", "n03047690", "n02091831", "n03017168", "n04296562", "n02108089",
+    "n09246464", "n02219486", "n02950826", "n01770081", "n03775546", "n01930112", "n03888605", "n03417042",
+    "n03527444", "n02795169", "n07697537", "n03207743",
+)
+LEVELS = ("0.0", "0.05", "0.1", "0.15", "0.2", "0.3", "0.4", "0.5", "0.6", "0.8")  # as the files are named
+SIZE, PADDING = 32, 4
+VALIDATION = 0.1
+CLEAN_NAME = re.compile(r"^n\d{8}")  # a Mini-ImageNet (ILSVRC-2012) image; the others are web images
+
+
+class RedMiniImageNet(ImageCrops, Dataset):
+    """Red Mini-ImageNet (Controlled Noisy Web Labels), real web noise at ten levels."""
+
+    name = "red_mini_imagenet"
+    title = "Red Mini-ImageNet (controlled real web noise)"
+    num_classes = 100
+    class_names = CLASSES
+    split_sizes = (45_000, 5_000, 5_000)
+    model = "resnet18_cifar"
+    noise_patterns = {"red": None}  # at r = one of LEVELS: that level's file
+    noise_levels = {"red": tuple(float(level) for level in LEVELS)}
+    paper_noise = "red"  # the reference table's rows (red_mini_imagenet, r = p) are our cells (red, r)
+    stored, crop = SIZE, SIZE
+    warmup = Schedule("sgd", 0.01, epochs=5, batch_size=64, momentum=0.9, weight_decay=5e-4)
+    method_stage = Schedule("sgd", 0.01, epochs=295, batch_size=64, momentum=0.9, weight_decay=5e-4,
+                            milestones=(195, 245))
+    folder = "mini-imagenet"
+    files = {**{f"split/red_noise_nl_{level}": None for level in LEVELS}, "split/clean_validation": None,
+             "all_images/": None, "validation/": None}
+    epoch_eval = False
+    instance_noise = False
+    source = ("https://google.github.io/controlled-noisy-web-labels (dataset_no_images.zip: the split files and "
+              "the web images' URLs, to fetch yourself; the clean images from ILSVRC-2012 on agreement at "
+              "https://image-net.org); put the images of every level in DATA_ROOT/mini-imagenet/all_images/ and "
+              "clean_validation's in validation/")
+
+    def level(self, level: str, test: Split) -> Splits:
+        """One level's splits: its training images less 10% that validate (clean labels: the label, or `noise.WRONG`
+        for a web image), their noisy labels as the human labels of `red`, and the shared test set."""
+        pairs = key_label_lines(self.root / "split" / f"red_noise_nl_{level}", self.name, self.num_classes)
+        labels = np.array([label for _, label in pairs], dtype=np.int64)
+        clean = np.array([label if CLEAN_NAME.match(key) else noise.WRONG for key, label in pairs], dtype=np.int64)
+        order = deterministic_permutation(len(pairs), f"{self.name}/{level}")
+        n_val = round(VALIDATION * len(pairs))
+        train_idx, val_idx = np.sort(order[n_val:]), np.sort(order[:n_val])
+
+        def split(idx: np.ndarray) -> Split:
+            return Split(ImageFiles(self.root / "all_images", [pairs[i][0] for i in idx], SIZE, self.name), clean[idx])
+
+        return Splits(split(train_idx), split(val_idx), test, {"red": (labels[train_idx], labels[val_idx])},
+                      notes=[f"{self.name}: level {level}: {100 * np.mean(clean == noise.WRONG):.1f}% web images "
+                             f"(wrong labels), {len(train_idx):,} training / {n_val:,} validation images"])
+
+    def load(self) -> Splits:
+        self.check_files()
+        test_pairs = key_label_lines(self.root / "split" / "clean_validation", self.name, self.num_classes)
+        test = Split(ImageFiles(self.root / "validation", [k for k, _ in test_pairs], SIZE, self.name),
+                     np.array([label for _, label in test_pairs], dtype=np.int64))
+        levels = {("red", float(level)): self.level(level, test) for level in LEVELS}
+        clean = levels["red", 0.0]
+        return Splits(clean.train, clean.val, test, clean.human_labels, noise_splits=levels)
+
+    def describe(self) -> list[str]:
+        """`bench datasets`: what is missing, or each level's realised noise rate (its share of web images)."""
+        if lines := super().describe():
+            return lines
+        rates = []
+        for level in LEVELS:
+            keys = [key for key, _ in key_label_lines(self.root / "split" / f"red_noise_nl_{level}", self.name, 100)]
+            rates.append(f"{level} {100 * np.mean([not CLEAN_NAME.match(key) for key in keys]):.1f}%")
+        return [f"red, realised noise rate (web images) at r = {', '.join(rates)}"]
+
+    def eval_transform(self, x: torch.Tensor) -> torch.Tensor:
+        return self.normalise(x)
+
+    def train_transform(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        return self.normalise(random_shift_flip(x, PADDING, generator))

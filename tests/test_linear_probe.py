@@ -1,0 +1,212 @@
+"""The frozen-feature baseline (`bench.features`): a linear head on a frozen torchvision backbone whose features are
+computed once per (dataset, split, backbone, weights) and cached. On tiny CIFAR-10N files: the second trial (another
+method) does not run the backbone again and trains on features equal to a fresh computation; the row marks random
+weights; other weights are another cache entry; bad options are one line; the trial can pack."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+from test_datasets_extra import cifar_md5s, write_cifar10n, write_cifar_batches
+
+from bench import features
+from bench.cli.main import main
+from bench.config import UserError
+from bench.data import file_md5, get_dataset
+from bench.datasets.cifar10 import CIFAR10
+from bench.datasets.cifar10n import CIFAR10N, LABELS_FILE
+from bench.exec.packed import pack_key, why_solo
+from bench.trial import TrialConfig
+
+PROBE = ["--model", "linear_probe", "--model-arg", "backbone=resnet18", "--model-arg", "weights=random"]
+
+
+@pytest.fixture
+def tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """CIFAR-10 batches of 20 images with CIFAR-10N labels; the feature cache in tmp_path."""
+    labels = write_cifar_batches(tmp_path)
+    write_cifar10n(tmp_path, np.concatenate([labels[f"data_batch_{i}"] for i in range(1, 6)]))
+    md5s = cifar_md5s(tmp_path)
+    monkeypatch.setattr(CIFAR10, "files", md5s)
+    monkeypatch.setattr(CIFAR10N, "files", {**md5s, LABELS_FILE: file_md5(tmp_path / LABELS_FILE)})
+    monkeypatch.setenv("BENCH_CACHE", str(tmp_path / "cache"))
+    return tmp_path
+
+
+@pytest.fixture
+def forwards(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of images each backbone forward pass saw, in order."""
+    seen: list[int] = []
+    real = features.build_backbone
+
+    def counted(name: str, weights: str) -> torch.nn.Module:
+        net = real(name, weights)
+        net.register_forward_hook(lambda _m, args, _out: seen.append(len(args[0])))
+        return net
+
+    monkeypatch.setattr(features, "build_backbone", counted)
+    return seen
+
+
+def trial(root: Path, method: str, *extra: str) -> dict:
+    results = root / f"results-{method}-{len(extra)}"
+    assert main(["trial", "--dataset", "cifar10n", "--method", method, "--noise", "worse", "--r", "0",
+                 "--epochs-warmup", "1", "--epochs", "1", "--batch-size", "16", "--data-root", str(root),
+                 "--results", str(results), *PROBE, *extra]) == 0
+    (path,) = (results / "trials").glob("*.parquet")
+    return pl.read_parquet(path).row(0, named=True)
+
+
+def test_second_trial_reuses_the_cached_features(tiny: Path, forwards: list[int]) -> None:
+    first = trial(tiny, "ce")
+    # Every image of the three splits went through the backbone once: 80 training, 20 validation, 20 test.
+    assert sum(forwards) == 120 and first["status"] == "ok"
+    assert first["model"] == "linear_probe(backbone=resnet18, weights=random)"  # random weights, marked
+    cached = sorted((tiny / "cache" / "features").glob("*.npy"))
+    assert len(cached) == 3
+    forwards.clear()
+    second = trial(tiny, "gce")
+    assert forwards == [] and second["status"] == "ok"  # no backbone forward pass at all
+    assert first["trial_id"] != second["trial_id"]
+
+    # The cached training features equal a fresh computation: the same backbone on the dataset's evaluation
+    # transform of the training images (the same shapes and operations: equal up to the kernels' float order).
+    ds = get_dataset("cifar10n")(tiny)
+    splits = ds.load()
+    fresh = features.build_backbone("resnet18", "random")(ds.eval_transform(splits.train.x))
+    (train_file,) = [p for p in cached if "-train-" in p.name]
+    torch.testing.assert_close(torch.from_numpy(np.load(train_file)), fresh)
+    assert fresh.shape == (80, 512)
+
+
+def test_weights_file_is_its_own_cache_entry_and_bad_options_are_one_line(tiny: Path, forwards, capsys) -> None:
+    import torchvision
+
+    trial(tiny, "ce")
+    weights = tiny / "r18.pth"
+    torch.save(torchvision.models.resnet18().state_dict(), weights)  # other weights than the random ones (seed 0)
+    forwards.clear()
+    row = trial(tiny, "ce", "--model-arg", f"weights={weights}")  # the later flag wins
+    assert sum(forwards) == 120  # not the random weights' features: computed, and cached beside them
+    assert len(list((tiny / "cache" / "features").glob("*.npy"))) == 6
+    assert row["model"] == f"linear_probe(backbone=resnet18, weights={weights})"
+    # A checkpoint without the classification head (a self-supervised one) loads; one of another network does not.
+    headless = {k: v for k, v in torchvision.models.resnet18().state_dict().items() if not k.startswith("fc.")}
+    torch.save(headless, weights)
+    assert features.build_backbone("resnet18", str(weights))(torch.zeros(1, 3, 32, 32)).shape == (1, 512)
+    torch.save(torchvision.models.resnet34().state_dict(), weights)
+    with pytest.raises(UserError, match=r"r18\.pth is not a torchvision resnet18 state dict"):
+        features.build_backbone("resnet18", str(weights))
+
+    for args, message in (
+        (["--model-arg", "weights=/no/such.pth"], "no weights file at /no/such.pth"),
+        (["--model-arg", "backbone=resnet9000"], "unknown backbone 'resnet9000'"),
+        (["--model-arg", "depth=3"], "model linear_probe takes no option 'depth'"),
+    ):
+        code = main(["trial", "--dataset", "cifar10n", "--method", "ce", "--noise", "worse", "--r", "0",
+                     "--data-root", str(tiny), "--results", str(tiny / "bad"), *PROBE, *args])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and message in err, err
+        assert not (tiny / "bad" / "trials").exists()
+
+
+def test_probe_trials_pack_by_backbone() -> None:
+    probe = TrialConfig("cifar10n", "ce", "worse", 0.0, model="linear_probe",
+                        model_args=(("backbone", "resnet18"), ("weights", "random")))
+    assert why_solo(probe) is None
+    other = TrialConfig("cifar10n", "dmi", "worse", 0.0, model="linear_probe",
+                        model_args=(("backbone", "resnet50"), ("weights", "random")))
+    assert pack_key(probe) != pack_key(other)  # different features: never one pack
+    # The default network's trial is the trial it always was.
+    plain = TrialConfig("cifar10n", "ce", "worse", 0.0)
+    assert plain.identity()["model"] == "resnet34_cifar" and "model_args" not in plain.identity()
+    assert probe.identity()["model"] == "linear_probe" and probe.trial_id != plain.trial_id
+
+
+def test_instance_dependent_noise_is_drawn_on_the_inputs_not_the_features(tiny: Path, forwards) -> None:
+    from bench.exec.prepare import prepare
+
+    args = dict(dataset="cifar10", method="ce", noise="idn", r=0.3, seed=1)
+    plain = prepare(TrialConfig(**args), tiny, log=lambda s: None)
+    probe = prepare(TrialConfig(**args, model="linear_probe", model_args=(("backbone", "resnet18"),
+                                                                          ("weights", "random"))), tiny,
+                    log=lambda s: None)
+    assert probe.train.x.shape == (80, 512) and plain.train.x.shape == (80, 3, 32, 32)  # it trains on features
+    assert probe.labels.noise_hash == plain.labels.noise_hash  # the same noisy labels as every other network's
+    np.testing.assert_array_equal(probe.labels.train, plain.labels.train)
+
+
+def test_probe_on_a_streamed_set_and_a_damaged_image(tmp_path: Path, monkeypatch, forwards, capsys) -> None:
+    from test_datasets_realworld import write_animal10n
+
+    write_animal10n(tmp_path)
+    monkeypatch.setenv("BENCH_CACHE", str(tmp_path / "cache"))
+    args = ["trial", "--dataset", "animal10n", "--method", "ce", "--noise", "real", "--r", "0", "--epochs-warmup",
+            "1", "--epochs", "1", "--batch-size", "8", "--data-root", str(tmp_path), *PROBE]
+    assert main([*args, "--results", str(tmp_path / "results")]) == 0
+    assert sum(forwards) == 50  # the 36 + 4 training and validation images and the 10 test images, decoded once
+    (tmp_path / "cache").rename(tmp_path / "old-cache")  # a fresh cache: the images are read again
+    (tmp_path / "animal10n" / "testing" / "3_00003.jpg").write_bytes(b"not a jpeg")
+    assert main([*args, "--results", str(tmp_path / "results2")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "animal10n: cannot decode" in err and "3_00003.jpg" in err, err
+
+
+def test_probe_trials_train_as_one_pack_as_they_do_alone(tiny: Path) -> None:
+    from tolerances import trained_close
+
+    from bench.exec.pack import run_pack
+    from bench.exec.trainer import run_trial
+
+    probe = dict(model="linear_probe", model_args=(("backbone", "resnet18"), ("weights", "random")))
+    configs = [TrialConfig("cifar10n", method, "worse", 0.0, seed=seed, epochs=2, epochs_warmup=1, batch_size=16,
+                           lr=0.01, **probe) for method, seed in (("ce", 0), ("ce", 1), ("dmi", 0))]
+    packed = run_pack(configs, tiny, log=lambda s: None)
+    for row, config in zip(packed, configs, strict=True):
+        solo = run_trial(config, tiny, log=lambda s: None)
+        assert (row["status"], row["executor"], solo["executor"]) == ("ok", "pack", "solo")
+        # Grouped against single linear layers: the float order of one training (tests/tolerances.py).
+        assert trained_close(row["val_loss"], solo["val_loss"]), (row["val_loss"], solo["val_loss"])
+
+
+def test_experiment_files_name_their_network_and_levels_in_one_line(tmp_path: Path) -> None:
+    import yaml
+
+    from bench.grid.files import load_experiment
+
+    base = {"name": "x", "dataset": "cifar10n", "noise": "worse", "r": [0.0], "seeds": 1, "methods": {"ce": {}}}
+    for change, message in (
+        ({"model_args": {"backbone": "resnet18"}}, "model_args.*options of which network\\? set model too"),
+        ({"model": "linear_probe", "model_args": {"depth": 3}}, "model linear_probe takes no option 'depth'"),
+        ({"model": "no_such_net"}, "no_such_net"),
+        ({"model": "linear_probe", "model_args": {"backbone": ["resnet18", "resnet50"]}},
+         "option 'backbone' must be a single value"),
+        ({"dataset": "red_mini_imagenet", "noise": "red", "r": [0.2, 0.25]},
+         "r.*noise 'red' comes at its published levels only.*got r = 0.25"),
+    ):
+        path = tmp_path / "x.yaml"
+        path.write_text(yaml.safe_dump({**base, **change}))
+        with pytest.raises(UserError, match=message) as info:
+            load_experiment(path)
+        assert "\n" not in str(info.value)
+    path.write_text(yaml.safe_dump({**base, "model": "linear_probe",
+                                    "model_args": {"backbone": "resnet18", "weights": "random"}}))
+    (trial,) = load_experiment(path).trials()
+    assert trial.model_label() == "linear_probe(backbone=resnet18, weights=random)"
+
+
+def test_probe_extracts_only_the_red_level_a_trial_asks_for(tmp_path: Path, monkeypatch, forwards) -> None:
+    from test_datasets_realworld import write_red
+
+    write_red(tmp_path)  # ten levels of 30 images (27 train, 3 validation) and 10 test images
+    monkeypatch.setenv("BENCH_CACHE", str(tmp_path / "cache"))
+    assert main(["trial", "--dataset", "red_mini_imagenet", "--method", "ce", "--noise", "red", "--r", "0.4",
+                 "--epochs-warmup", "1", "--epochs", "1", "--batch-size", "8", "--data-root", str(tmp_path),
+                 "--results", str(tmp_path / "results"), *PROBE]) == 0
+    assert sum(forwards) == 30 + 10 + 30  # the clean level 0 (the base splits), the test set, level 0.4: not ten
+    (row,) = [pl.read_parquet(p).row(0, named=True) for p in (tmp_path / "results" / "trials").glob("*.parquet")]
+    assert (row["status"], row["r"]) == ("ok", 0.4) and row["noise_rate"] > 0  # level 0.4's web images, not level 0
