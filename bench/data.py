@@ -232,6 +232,11 @@ class Dataset:
     def load(self) -> Splits:
         raise NotImplementedError
 
+    def under_protocol(self, splits: Splits, proto: protocol.Protocol) -> Splits:
+        """The splits `load` gave, as a trial under `proto` reads them: a switch that changes how the dataset is
+        encoded (MR's `vocabulary_order`) acts here, in the dataset's file; bench reads them as they are."""
+        return splits
+
     # Transforms run on the training device on a batch of `Split.x`; augmentation only in `train_transform`, its
     # random draws from `generator` (None: torch's default generator of x's device): a pack hands each member its own.
     def eval_transform(self, x: torch.Tensor) -> torch.Tensor:

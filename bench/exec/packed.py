@@ -359,6 +359,8 @@ def why_solo(c: TrialConfig) -> str | None:
     """Why this trial cannot train in a pack (None: it can)."""
 
     ds = get_dataset(c.dataset)
+    if c.resolved_protocol().on("script_stream"):
+        return "script_stream (its data order and dropout come from torch's one global generator, as the script's)"
     model = c.resolved_protocol().setting("script_model", ds.model)
     if not models.get_model(model).packable:
         return f"model {model} (its members' state or random draws cannot be kept apart)"

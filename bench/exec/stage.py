@@ -26,7 +26,7 @@ from torch import nn
 from bench.config import Schedule, UserError
 from bench.exec import diagnostics
 from bench.exec.events import EpochRecord, Event, Events, Resumed, StageEnd, StageStart, floats, log_line
-from bench.exec.prepare import Log, Prepared, SplitLoader
+from bench.exec.prepare import Log, Prepared, SplitLoader, script_loader_draw, script_loader_order
 from bench.methods import Batch, Method
 from bench.protocol import BENCH_SELECTION, Selection
 
@@ -89,8 +89,10 @@ def train_epoch(
     epoch: int,
     generator: torch.Generator,
     max_grad_norm: float | None = None,
+    order: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One pass over the training split; returns the mean training loss as a device tensor (NaN if it diverged).
+    """One pass over the training split (shuffled from `generator`, or in `order`); returns the mean training loss as
+    a device tensor (NaN if it diverged).
     With `max_grad_norm`, the gradient of the optimiser's parameters is clipped to that norm before each step.
     The networks' forward passes run at the trial's precision (the loader's), the loss from float32 logits.
     No value comes back to the host inside the loop."""
@@ -102,7 +104,7 @@ def train_epoch(
     turn = getattr(after_step, "turn", None)
     # The precision's hooks are on the networks' forward passes only, so one set serves the whole epoch.
     with loader.forward_precision(nets):
-        for x, y, idx in loader.batches(batch_size, train=True, generator=generator):
+        for x, y, idx in loader.batches(batch_size, train=True, generator=generator, order=order):
             loss = step_loss(nets, Batch(x=x, y=y, index=idx, epoch=epoch))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -120,7 +122,6 @@ class Checkpoints(Protocol):
     """Per-epoch checkpoints of the method stage (the runner keeps them so that a retried trial resumes)."""
 
     def load(self) -> dict[str, Any] | None: ...
-
     def save(self, state: dict[str, Any]) -> None: ...
 
 
@@ -140,7 +141,6 @@ class Stage(Protocol):
     def validate(self, first: int | None = None) -> tuple[np.ndarray, np.ndarray]: ...
 
     def keep_best(self, improved: np.ndarray) -> None: ...  # members whose current state is their new best
-
     def freeze(self, members: np.ndarray) -> None: ...  # diverged members: no further updates
 
     # Per member, the epoch's diagnostics (`bench.store.columns.DIAGNOSTIC_COLUMNS`; empty dicts where they are off).
@@ -148,7 +148,6 @@ class Stage(Protocol):
     def diagnose(self, epoch: int) -> list[dict[str, float | None]]: ...
 
     def state_dict(self) -> dict[str, Any]: ...
-
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
@@ -333,9 +332,10 @@ class SoloStage:
         scheduled = [group["lr"] for group in optimizer.param_groups]
         for group in optimizer.param_groups:
             group["lr"] *= factor
+        order = script_loader_order(self.p.train.size) if self.p.protocol.on("script_stream") else None
         try:
             return train_epoch(self.nets, self.step_loss, optimizer, self.p.train, self.schedule.batch_size, epoch,
-                               self.generator, method.max_grad_norm() if method else None)
+                               self.generator, method.max_grad_norm() if method else None, order)
         finally:
             for group, lr in zip(optimizer.param_groups, scheduled, strict=True):
                 group["lr"] = lr
@@ -350,6 +350,8 @@ class SoloStage:
         return np.array([float(loss)])
 
     def validate(self, first: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        if self.p.protocol.on("script_stream"):
+            script_loader_draw()  # the script's validation loader draws as it is iterated
         logits, labels = predict(self.nets[0], self.p.val), self.p.val.labels
         if first is not None:  # in split order, as the scripts' unshuffled validation loader gives its first batch
             logits, labels = logits[:first], labels[:first]

@@ -53,7 +53,14 @@ def _ce_step(nets: list[nn.Module], batch: Batch) -> torch.Tensor:
     return F.cross_entropy(nets[0](batch.x), batch.y)
 
 
+def _ce_summed_step(nets: list[nn.Module], batch: Batch) -> torch.Tensor:
+    """The script's CE (`ce_summed`): summed over the batch."""
+    return F.cross_entropy(nets[0](batch.x), batch.y, reduction="sum")
 
+
+# Where a warm start's state carries torch's global generator as its stage left it (`script_stream`): the method
+# stage continues that stream, whether the warm start was trained here or loaded from the cache.
+STREAM_KEY = "torch_rng_after_warm_start"
 
 def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, labels)
@@ -67,12 +74,14 @@ def warm_start(p: Prepared, net_index: int, log: Log,
     seed = warm_seed(p, net_index)
     seed_everything(seed)
     net = build_model(p)
-    stage = SoloStage(p, [net], p.warmup, seed, _ce_step, _ce)
+    stage = SoloStage(p, [net], p.warmup, seed, _ce_summed_step if p.protocol.on("ce_summed") else _ce_step, _ce)
     name = f"warmup{net_index}" if net_index else "warmup"
     result = run_stage(stage, name, p.warmup.epochs, log, initial_is_candidate=False, events=events,
                        selection=p.protocol.warmup_selection())
     if diagnose_seconds is not None:
         diagnose_seconds.append(result.diagnose_seconds)
+    if p.protocol.on("script_stream"):
+        return {**stage.best_state, STREAM_KEY: torch.get_rng_state()}, result.epochs[0]
     return stage.best_state, result.epochs[0]
 
 
@@ -91,12 +100,14 @@ def train(
     same numbers as an uninterrupted run. `executor`: the kind of unit it trains in, for its row."""
     method = new_method(p)
     started = time.perf_counter()
-    nets, epochs, warm_diagnose_s = warm_started_nets(p, type(method).networks, log, warm_cache, events)
+    nets, epochs, warm_diagnose_s, stream = warm_started_nets(p, type(method).networks, log, warm_cache, events)
     warmup_s = time.perf_counter() - started
     warmup_test_acc, _, _ = accuracy(predict(nets[0], p.test), p.test.labels, p.dataset.num_classes)
     log(f"warm start done: clean test acc {warmup_test_acc:.2f}%  ({warmup_s:.1f}s)")
 
     seed_everything(method_seed(p))
+    if stream is not None:  # `script_stream`: torch's global generator goes on where the warm start left it
+        torch.set_rng_state(stream)
     set_up_method(method, p, nets, lambda i: torch.softmax(predict(nets[i], p.train_eval), dim=1))
     stage = SoloStage(p, nets, p.method_stage, method_seed(p), method.train_loss, method.validation_loss,
                       method)
@@ -110,20 +121,23 @@ def train(
 
 
 def warm_started_nets(p: Prepared, networks: int, log: Log, warm_cache: WarmStarts | None,
-                      events: Events | None = None) -> tuple[list[nn.Module], list[dict[str, Any]], float]:
+                      events: Events | None = None,
+                      ) -> tuple[list[nn.Module], list[dict[str, Any]], float, torch.Tensor | None]:
     """The method's networks, each loaded with its CE warm start (from the cache, or trained and cached): (the
-    networks, the warm starts' epoch rows, the seconds their diagnostics took where trained here)."""
-    nets, epochs, diagnose_seconds = [], [], []
+    networks, the warm starts' epoch rows, the seconds their diagnostics took where trained here, the global
+    generator's state the first warm start left where it carries one: `STREAM_KEY`)."""
+    nets, epochs, diagnose_seconds, streams = [], [], [], []
     for i in range(networks):
         def fresh(i: int = i) -> WarmStart:
             return warm_start(p, i, log, diagnose_seconds, events)
 
         state, rows = warm_cache(warm_start_key(p, i), fresh) if warm_cache else fresh()
         epochs.extend(rows)
+        streams.append(state.get(STREAM_KEY))
         net = build_model(p)
-        net.load_state_dict(state)
+        net.load_state_dict({k: v for k, v in state.items() if k != STREAM_KEY})
         nets.append(net)
-    return nets, epochs, sum(diagnose_seconds)
+    return nets, epochs, sum(diagnose_seconds), streams[0] if streams else None
 
 
 def run_trial(
