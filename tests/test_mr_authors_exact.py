@@ -173,3 +173,47 @@ def test_authors_trial_prints_the_scripts_figures(cell, shared_data: Path, tmp_p
     best = int(np.argmin(losses))  # main_dmi keeps the lowest first-batch loss, strict, the warm start first
     assert row["best_epoch"] == best
     assert round(row["test_acc"], 2) == (dmi_test[best - 1] if best else test_acc[kept])
+
+
+def test_labels_command_writes_the_protocols_labels(tmp_path: Path, monkeypatch, capsys) -> None:
+    """`bench labels --protocol authors` writes the labels the script's TextDataset draws (np.random.seed(seed), one
+    np.random.choice per sentence, training then validation from the same seed again: MR/dataloaders.py:25-29),
+    restated here with NumPy's own legacy calls; `--protocol bench` writes bench's own draw."""
+    import pyarrow.parquet as pq
+
+    from bench.cli.main import main
+
+    monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "0")
+    _write_corpus(tmp_path, 200)
+    tables = {}
+    for spec in ("bench", "authors"):
+        out = tmp_path / f"{spec}.parquet"
+        assert main(["labels", "--dataset", "mr", "--noise", "pos_to_neg", "--r", "0.4", "--seed", "5",
+                     "--protocol", spec, "--out", str(out), "--data-root", str(tmp_path)]) == 0
+        tables[spec] = pq.read_table(out).to_pydict()
+    assert "under protocol authors" in capsys.readouterr().out
+    t = [[1.0, 0.0], [0.4, 0.6]]
+    for split in ("train", "val"):
+        rows = [i for i, s in enumerate(tables["authors"]["split"]) if s == split]
+        np.random.seed(5)
+        want = [int(np.random.choice(2, 1, p=t[tables["authors"]["clean"][i]])[0]) for i in rows]
+        assert [tables["authors"]["noisy"][i] for i in rows] == want
+    assert tables["bench"]["clean"] == tables["authors"]["clean"]
+    assert tables["bench"]["noisy"] != tables["authors"]["noisy"]
+
+
+@pytest.mark.parametrize("method", ["vat", "dividemix"])
+@pytest.mark.parametrize("spec", ["authors", "bench+script_model"])
+def test_embedding_methods_refused_on_the_scripts_model(method: str, spec: str, tmp_path: Path, capsys) -> None:
+    """VAT and DivideMix perturb word embeddings (forward_embedded), which the scripts' WordCNN has not: refused in
+    one line before anything is read or written, exit 2; under bench and without script_model they run."""
+    from bench.cli.main import main
+    from bench.grid.validate import check_trial
+
+    code = main(["trial", "--dataset", "mr", "--method", method, "--noise", "pos_to_neg", "--r", "0.4",
+                 "--protocol", spec, "--results", str(tmp_path / "r"), "--data-root", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "forward_embedded" in err[0] and spec in err[0]
+    assert not (tmp_path / "r").exists()
+    for fine in ("bench", "authors-script_model"):
+        check_trial(TrialConfig(dataset="mr", method=method, noise="pos_to_neg", r=0.4, protocol=fine))

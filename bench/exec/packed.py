@@ -357,12 +357,10 @@ class PackedStage:
 # -- which trials can pack, and with whom ------------------------------------------------------------------------------
 def why_solo(c: TrialConfig) -> str | None:
     """Why this trial cannot train in a pack (None: it can)."""
-
-    ds = get_dataset(c.dataset)
-    if c.resolved_protocol().on("script_stream"):
+    ds, proto = get_dataset(c.dataset), c.resolved_protocol()
+    if proto.on("script_stream"):
         return "script_stream (its data order and dropout come from torch's one global generator, as the script's)"
-    model = c.resolved_protocol().setting("script_model", ds.model)
-    if not models.get_model(model).packable:
+    if not models.get_model(model := proto.setting("script_model", ds.model)).packable:
         return f"model {model} (its members' state or random draws cannot be kept apart)"
     if "generator" not in inspect.signature(ds.train_transform).parameters:
         return f"{c.dataset} augments at random from torch's shared generator (its train_transform takes no generator)"
