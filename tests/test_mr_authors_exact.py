@@ -217,3 +217,12 @@ def test_embedding_methods_refused_on_the_scripts_model(method: str, spec: str, 
     assert not (tmp_path / "r").exists()
     for fine in ("bench", "authors-script_model"):
         check_trial(TrialConfig(dataset="mr", method=method, noise="pos_to_neg", r=0.4, protocol=fine))
+
+
+def test_a_trial_epoch_line_shows_the_test_accuracy_its_diagnostics_measured() -> None:
+    """The per-epoch clean test accuracy reaches the log (two decimals, as the script's figures compare)."""
+    from bench.exec.events import EpochRecord, log_line
+
+    record = EpochRecord(stage="warmup", epoch=2, epochs=3, train_loss=(77.29,), val_loss=(0.6174,),
+                         val_acc=(67.8478,), improved=(True,), active=(True,), seconds=13.6, test_acc=(52.5773,))
+    assert log_line(record) == "warmup 2/3  train 77.2900  val 0.6174  noisy val acc  67.8%  test acc 52.58%  *  13.6s"

@@ -241,7 +241,7 @@ class StageLoop:
         record = EpochRecord(stage=name, epoch=epoch, epochs=epochs, train_loss=floats(train_loss),
                              val_loss=floats(val_loss), val_acc=floats(val_acc),
                              improved=tuple(bool(i) for i in improved), active=tuple(bool(a) for a in self.active),
-                             seconds=seconds)
+                             seconds=seconds, test_acc=tuple(d.get("test_acc") for d in diagnosed))
         for m in np.flatnonzero(self.active):
             self.rows[m].append({**record.member_row(m), **diagnosed[m]})
         return record
