@@ -58,9 +58,25 @@ def _ce_summed_step(nets: list[nn.Module], batch: Batch) -> torch.Tensor:
     return F.cross_entropy(nets[0](batch.x), batch.y, reduction="sum")
 
 
-# Where a warm start's state carries torch's global generator as its stage left it (`script_stream`): the method
-# stage continues that stream, whether the warm start was trained here or loaded from the cache.
-STREAM_KEY = "torch_rng_after_warm_start"
+# Where a warm start's state carries torch's global generators as its stage left them (`script_stream`): the CPU
+# one (data order, loader draws, dropout on a CPU) and, on CUDA, the device's (dropout there). The method stage
+# continues that stream, whether the warm start was trained here or loaded from the cache.
+STREAM_KEY, CUDA_STREAM_KEY = "torch_rng_after_warm_start", "cuda_rng_after_warm_start"
+
+
+def stream_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """Torch's global generators' states now, as a warm start's state carries them (`STREAM_KEY`)."""
+    state = {STREAM_KEY: torch.get_rng_state()}
+    if device.type == "cuda":
+        state[CUDA_STREAM_KEY] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def continue_stream(stream: dict[str, torch.Tensor], device: torch.device) -> None:
+    """Put torch's global generators back where a warm start left them (`stream_state`)."""
+    torch.set_rng_state(stream[STREAM_KEY])
+    if CUDA_STREAM_KEY in stream:
+        torch.cuda.set_rng_state(stream[CUDA_STREAM_KEY], device)
 
 def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, labels)
@@ -81,7 +97,7 @@ def warm_start(p: Prepared, net_index: int, log: Log,
     if diagnose_seconds is not None:
         diagnose_seconds.append(result.diagnose_seconds)
     if p.protocol.on("script_stream"):
-        return {**stage.best_state, STREAM_KEY: torch.get_rng_state()}, result.epochs[0]
+        return {**stage.best_state, **stream_state(p.device)}, result.epochs[0]
     return stage.best_state, result.epochs[0]
 
 
@@ -106,8 +122,8 @@ def train(
     log(f"warm start done: clean test acc {warmup_test_acc:.2f}%  ({warmup_s:.1f}s)")
 
     seed_everything(method_seed(p))
-    if stream is not None:  # `script_stream`: torch's global generator goes on where the warm start left it
-        torch.set_rng_state(stream)
+    if stream:  # `script_stream`: torch's global generators go on where the warm start left them
+        continue_stream(stream, p.device)
     set_up_method(method, p, nets, lambda i: torch.softmax(predict(nets[i], p.train_eval), dim=1))
     stage = SoloStage(p, nets, p.method_stage, method_seed(p), method.train_loss, method.validation_loss,
                       method)
@@ -122,10 +138,10 @@ def train(
 
 def warm_started_nets(p: Prepared, networks: int, log: Log, warm_cache: WarmStarts | None,
                       events: Events | None = None,
-                      ) -> tuple[list[nn.Module], list[dict[str, Any]], float, torch.Tensor | None]:
+                      ) -> tuple[list[nn.Module], list[dict[str, Any]], float, dict[str, torch.Tensor]]:
     """The method's networks, each loaded with its CE warm start (from the cache, or trained and cached): (the
     networks, the warm starts' epoch rows, the seconds their diagnostics took where trained here, the global
-    generator's state the first warm start left where it carries one: `STREAM_KEY`)."""
+    generators' states the first warm start left, where it carries them: `stream_state`; else empty)."""
     nets, epochs, diagnose_seconds, streams = [], [], [], []
     for i in range(networks):
         def fresh(i: int = i) -> WarmStart:
@@ -133,11 +149,11 @@ def warm_started_nets(p: Prepared, networks: int, log: Log, warm_cache: WarmStar
 
         state, rows = warm_cache(warm_start_key(p, i), fresh) if warm_cache else fresh()
         epochs.extend(rows)
-        streams.append(state.get(STREAM_KEY))
+        streams.append({k: v for k, v in state.items() if k in (STREAM_KEY, CUDA_STREAM_KEY)})
         net = build_model(p)
-        net.load_state_dict({k: v for k, v in state.items() if k != STREAM_KEY})
+        net.load_state_dict({k: v for k, v in state.items() if k not in streams[-1]})
         nets.append(net)
-    return nets, epochs, sum(diagnose_seconds), streams[0] if streams else None
+    return nets, epochs, sum(diagnose_seconds), streams[0] if streams else {}
 
 
 def run_trial(
