@@ -2,7 +2,8 @@
 
 Reads `DATA_ROOT/MR/rt-polaritydata/rt-polarity.{pos,neg}` (5,331 sentences each, one a line, cp1252 bytes).
 Class 0 = negative, 1 = positive (the paper's noise flips positive -> negative). Sentences get Kim's cleaning; the
-vocabulary is built from the training split only (index 0 pads, 1 stands for words never seen in training).
+vocabulary is built from the training split only (index 0 pads, 1 stands for words never seen in training),
+numbered by frequency (`authors`: alphabetically, as the paper's code).
 
 The split is the paper's own, checked against its code (github.com/Newbeeer/L_DMI, `MR/main.py` and
 `MR/preprocessors.py`, commit c6e3d6d2ff25e52fb287052eda1e66e64f97e161, unchanged at 7d5e4bc): `main.py` seeds
@@ -19,8 +20,9 @@ Reading as the paper's code does: a line is what text mode calls one (a newline,
 as `bytes.splitlines` splits), decoded as UTF-8 with undecodable bytes dropped. The files are cp1252: 229 lines hold
 such bytes, and dropping them rather than decoding them as latin-1 changes the words of 124 sentences ("clichés"
 is "clichs", not "clich s"). Kept from Kim's cleaning where the paper's copy differs: lower-casing (a no-op on these
-files, which hold no capital letter) and the parentheses as tokens (the paper's copy writes them with a backslash
-before them: the same vocabulary, renamed).
+files, which hold no capital letter) and the parentheses and question mark as tokens (the paper's copy writes them
+with a backslash before them: the same vocabulary, renamed; under `authors` that spelling places them in the
+script's alphabetical numbering, `vocabulary_order`).
 """
 
 from __future__ import annotations
