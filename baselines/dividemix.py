@@ -164,6 +164,7 @@ class DivideMix(Method):
 
     name = "dividemix"
     title = "DivideMix"
+    uses_embeddings = True
     paper = "Li, Socher, Hoi. DivideMix: Learning with Noisy Labels as Semi-supervised Learning. ICLR 2020"
     defaults: dict[str, Any] = {"p_threshold": 0.5, "temperature": 0.5, "alpha": 4.0, "lambda_u": 25.0,
                                 "lambda_r": 1.0, "rampup_epochs": 16, "views": 2, "loss_history": 1}

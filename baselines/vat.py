@@ -148,6 +148,7 @@ class VirtualAdversarialTraining(Method):
 
     name = "vat"
     title = "VAT"
+    uses_embeddings = True
     paper = "Miyato, Maeda, Koyama, Ishii. Virtual Adversarial Training: A Regularization Method for Supervised " \
         "and Semi-Supervised Learning. IEEE TPAMI 2018"
     defaults: dict[str, Any] = {"eps": 8.0, "eps_text": 5.0, "xi": 0.0, "alpha": 1.0, "power_iterations": 1}

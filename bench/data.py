@@ -15,19 +15,17 @@ import functools
 import hashlib
 import os
 import shutil
-import sys
-import tempfile
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, TextIO
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from bench import noise, protocol
 from bench.config import Schedule, UserError, discover, lookup
+from bench.download import fetch, file_md5
 
 
 @dataclass
@@ -255,6 +253,11 @@ class Dataset:
     def load(self) -> Splits:
         raise NotImplementedError
 
+    def under_protocol(self, splits: Splits, proto: protocol.Protocol) -> Splits:
+        """The splits `load` gave, as a trial under `proto` reads them: a switch that changes how the dataset is
+        encoded (MR's `vocabulary_order`) acts here, in the dataset's file; bench reads them as they are."""
+        return splits
+
     # Transforms run on the training device on a batch of `Split.x`; augmentation only in `train_transform`, its
     # random draws from `generator` (None: torch's default generator of x's device): a pack hands each member its own.
     def eval_transform(self, x: torch.Tensor) -> torch.Tensor:
@@ -293,62 +296,6 @@ def worker_message(e: UserError) -> str:
     comes back with the worker's traceback before it."""
     last = str(e).strip().splitlines()[-1]
     return last.split("UserError: ", 1)[1] if "UserError: " in last else last
-
-
-def file_md5(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.md5()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def fetch(url: str, target: Path) -> None:
-    """Download `url` to `target` atomically, showing its progress on stderr."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=target.parent, delete=False, suffix=".part") as tmp:
-        try:
-            with urllib.request.urlopen(url, timeout=60) as response:
-                show = DownloadProgress(target.name, int(response.headers.get("Content-Length") or 0))
-                while block := response.read(1 << 20):
-                    tmp.write(block)
-                    show.add(len(block))
-                show.close()
-        except OSError as e:
-            Path(tmp.name).unlink(missing_ok=True)
-            raise UserError(f"download of {url} failed: {e}") from None
-    Path(tmp.name).replace(target)
-
-
-class DownloadProgress:
-    """A download's progress on `stream`: a bar redrawn in place on a terminal; elsewhere (a log, `make` piped to
-    a file) one line per further 10% (per 10 MB when the size is unknown)."""
-
-    def __init__(self, name: str, total: int, stream: TextIO | None = None) -> None:
-        self.name, self.total, self.done = name, total, 0
-        self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty()
-        self.shown = -1  # the last tenth (or 10 MB) written as a line
-
-    def add(self, n: int) -> None:
-        self.done += n
-        mb = f"{self.done / 1e6:.1f}" + (f" of {self.total / 1e6:.1f} MB" if self.total else " MB")
-        if self.tty:
-            frac = self.done / self.total if self.total else 0.0
-            bar = f"[{'#' * int(30 * frac):<30}] {100 * frac:3.0f}% " if self.total else ""
-            self.stream.write(f"\rdownloading {self.name} {bar}{mb}")
-        else:
-            step = int(10 * self.done / self.total) if self.total else self.done // 10_000_000
-            if step > self.shown:
-                self.shown = step
-                pct = f"{100 * self.done / self.total:.0f}%, " if self.total else ""
-                self.stream.write(f"downloading {self.name}: {pct}{mb}\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
 
 
 def deterministic_permutation(n: int, key: str) -> np.ndarray:

@@ -30,7 +30,8 @@ import torch
 from torch import nn
 
 from bench.config import UserError
-from bench.data import Dataset, Split, Splits, file_md5, worker_message
+from bench.data import Dataset, Split, Splits, worker_message
+from bench.download import file_md5
 from bench.models import Model
 
 RANDOM = "random"

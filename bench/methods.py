@@ -155,6 +155,9 @@ class Method:
     networks: ClassVar[int] = 1  # how many networks the trainer builds (Co-teaching: 2)
     uses_true_transition: ClassVar[bool] = False  # privileged information: flagged in results
     member_state: ClassVar[tuple[str, ...]] = ()  # tensor attributes that differ between members of a pack
+    # On text, the method perturbs or mixes word embeddings through the model's `forward_embedded` (VAT, DivideMix):
+    # a text model without one (the scripts' MR WordCNN) is refused before training.
+    uses_embeddings: ClassVar[bool] = False
     # Bumped when a change to the method changes a trial's numbers with its parameters unchanged: part of trial
     # identity, so that rows made by the old code do not count as done.
     version: ClassVar[int] = 1

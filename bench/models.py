@@ -180,8 +180,10 @@ class WordCNN(Model):
 class WordCNNAuthors(Model):
     """The WordCNN as the paper's MR scripts build it (github.com/Newbeeer/L_DMI, MR/models/WordCNN, commit 7d5e4bc):
     embeddings N(0, 1) (torch's default) with no padding index, so the padding vector is learnt like a word's; tanh
-    after each convolution; max over time; dropout 0.5; linear 300 -> C (their log-softmax on top changes no
-    prediction and no loss: softmax(log_softmax(z)) = softmax(z)). The `authors` protocol's `script_model` on MR.
+    after each convolution; max over time (`max`, whose gradient goes to one position where values tie, as theirs);
+    dropout 0.5; linear 300 -> C; and their log-softmax on top, so that it returns what theirs returns: the same
+    predictions and, up to float rounding, the same losses as the logits (softmax(log_softmax(z)) = softmax(z)), and
+    under `script_stream` the script's very bits. The `authors` protocol's `script_model` on MR.
 
     Their loader pads each batch to its longest sentence (at least 5 tokens, `MR/dataloaders.py` `_collate_fn`), so a
     filter never slides past that length. Here sentences are padded to one fixed length and the positions past the
@@ -220,8 +222,8 @@ class WordCNNAuthors(Model):
         for conv in self.convs:
             features = torch.tanh(conv(h))
             valid = torch.arange(features.shape[-1], device=tokens.device) <= (length - conv.kernel_size[0])[:, None]
-            pooled.append(features.masked_fill(~valid[:, None, :], float("-inf")).amax(dim=2))
-        return self.classifier(self.dropout(torch.cat(pooled, dim=1)))
+            pooled.append(features.masked_fill(~valid[:, None, :], float("-inf")).max(dim=2).values)
+        return torch.log_softmax(self.classifier(self.dropout(torch.cat(pooled, dim=1))), dim=1)
 
 
 class _BasicBlock(nn.Module):

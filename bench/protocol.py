@@ -52,6 +52,15 @@ SWITCHES = {
     "script_transform": "the inputs as the scripts' torchvision transforms make them (the setting, per dataset: fixed "
                         "normalisation constants, padding before normalising, resizing, rotation; bench: the "
                         "dataset's own)",
+    "vocabulary_order": "the vocabulary numbered as the script's dictionary numbers it (the setting: 'alphabetical', "
+                        "the script's spelling of each word), so that each word gets the script's embedding row "
+                        "(bench: by frequency)",
+    "ce_summed": "the CE warm start's loss summed over the batch, not averaged (bench: the mean)",
+    "script_stream": "data order, dropout and every loader's draws taken from torch's one global generator as the "
+                     "script's DataLoaders take them (each iterator a base-seed draw, a shuffled one also its "
+                     "sampler's seed), the method stage continuing the stream the warm start left, as the script "
+                     "runs its stages in one process; such a trial trains alone, not in a pack (bench: the order "
+                     "from the stage's own generator, the method stage re-seeded)",
 }
 
 

@@ -24,9 +24,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from bench.data import Splits, file_md5
+from bench.data import Splits
 from bench.datasets.cifar10n import LabelsFile, attach_human_labels, rates_lines, read_human_labels
 from bench.datasets.cifar100 import CIFAR100
+from bench.download import file_md5
 
 LABELS_FILE = "CIFAR-100N/CIFAR-100_human.pt"
 LABELS_MD5 = "a67b45c1d7992051865b5c755bd68bb1"

@@ -28,8 +28,9 @@ import numpy as np
 import torch
 
 from bench.config import UserError
-from bench.data import Splits, file_md5
+from bench.data import Splits
 from bench.datasets.cifar10 import CIFAR10, RECONSTRUCT
+from bench.download import file_md5
 
 LABELS_FILE = "CIFAR-10N/CIFAR-10_human.pt"
 LABELS_MD5 = "96644db5574813cae939af5f7f2a0aec"

@@ -2,7 +2,8 @@
 
 Reads `DATA_ROOT/MR/rt-polaritydata/rt-polarity.{pos,neg}` (5,331 sentences each, one a line, cp1252 bytes).
 Class 0 = negative, 1 = positive (the paper's noise flips positive -> negative). Sentences get Kim's cleaning; the
-vocabulary is built from the training split only (index 0 pads, 1 stands for words never seen in training).
+vocabulary is built from the training split only (index 0 pads, 1 stands for words never seen in training),
+numbered by frequency (`authors`: alphabetically, as the paper's code).
 
 The split is the paper's own, checked against its code (github.com/Newbeeer/L_DMI, `MR/main.py` and
 `MR/preprocessors.py`, commit c6e3d6d2ff25e52fb287052eda1e66e64f97e161, unchanged at 7d5e4bc): `main.py` seeds
@@ -19,8 +20,9 @@ Reading as the paper's code does: a line is what text mode calls one (a newline,
 as `bytes.splitlines` splits), decoded as UTF-8 with undecodable bytes dropped. The files are cp1252: 229 lines hold
 such bytes, and dropping them rather than decoding them as latin-1 changes the words of 124 sentences ("clichés"
 is "clichs", not "clich s"). Kept from Kim's cleaning where the paper's copy differs: lower-casing (a no-op on these
-files, which hold no capital letter) and the parentheses as tokens (the paper's copy writes them with a backslash
-before them: the same vocabulary, renamed).
+files, which hold no capital letter) and the parentheses and question mark as tokens (the paper's copy writes them
+with a backslash before them: the same vocabulary, renamed; under `authors` that spelling places them in the
+script's alphabetical numbering, `vocabulary_order`).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import torch
 from bench import noise
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits
-from bench.protocol import Selection, Switch
+from bench.protocol import Protocol, Selection, Switch
 
 PAD, UNKNOWN = 0, 1
 MIN_LENGTH = 5  # the widest filter: shorter sentences are padded up to it
@@ -65,11 +67,33 @@ def clean_sentence(text: str) -> str:
     return text.strip().lower()
 
 
-def build_vocabulary(sentences: list[list[str]]) -> dict[str, int]:
-    """Words of the training sentences, most frequent first (ties alphabetical), after PAD and UNKNOWN."""
+# How the paper's code spells the three tokens Kim's cleaning writes otherwise: its copy puts a backslash before each
+# parenthesis and the question mark (MR/preprocessors.py:106-108), which decides where they fall in an alphabetical
+# order.
+SCRIPT_SPELLING = {"(": "\\(", ")": "\\)", "?": "\\?"}
+
+
+def build_vocabulary(sentences: list[list[str]], order: str = "frequency") -> dict[str, int]:
+    """Words of the training sentences after PAD and UNKNOWN: most frequent first, ties alphabetical (bench), or
+    `order="alphabetical"`, as the paper's code numbers them (MR/dictionaries.py:113-125: sorted by code point as it
+    spells them, `SCRIPT_SPELLING`; its cap of 50,000 words is never reached)."""
     counts = Counter(word for sentence in sentences for word in sentence)
-    ordered = sorted(counts, key=lambda w: (-counts[w], w))
+    if order == "alphabetical":
+        ordered = sorted(counts, key=lambda w: SCRIPT_SPELLING.get(w, w))
+    elif order == "frequency":
+        ordered = sorted(counts, key=lambda w: (-counts[w], w))
+    else:
+        raise ValueError(f"vocabulary order is 'frequency' or 'alphabetical', got {order!r}")
     return {word: i + 2 for i, word in enumerate(ordered)}
+
+
+def renumbering(vocabulary: dict[str, int], order: str) -> torch.Tensor:
+    """The token map from `vocabulary`'s numbering to `order`'s over the same words (PAD and UNKNOWN kept)."""
+    words = sorted(vocabulary, key=vocabulary.__getitem__)
+    target = build_vocabulary([words], order) if order != "frequency" else vocabulary
+    new = torch.arange(len(vocabulary) + 2, dtype=torch.int64)
+    new[torch.tensor([vocabulary[w] for w in words], dtype=torch.int64)] = torch.tensor([target[w] for w in words])
+    return new
 
 
 def paper_split(n: int) -> dict[str, np.ndarray]:
@@ -147,19 +171,33 @@ class MovieReview(Dataset):
                "the CE result is evaluate('./model_ce_...'): the warm start itself"),
         Switch("dmi_script_form", "Newbeeer/L_DMI, MR/main.py:99-107, commit 7d5e4bc",
                "DMI_loss: -log(|det(onehot^T softmax)| + 0.001), the matrix summed over the batch, in float32", "sum"),
+        Switch("vocabulary_order", "Newbeeer/L_DMI, MR/dictionaries.py:113-125 and MR/preprocessors.py:106-108, "
+               "commit 7d5e4bc",
+               "WordDictionary numbers the training words after <PAD> and <UNK> in sorted order, the parentheses "
+               "and the question mark spelt \\(, \\) and \\?: each word's embedding row is the N(0, 1) draw at that "
+               "number", "alphabetical"),
+        Switch("ce_summed", "Newbeeer/L_DMI, MR/main.py:96, 196, commit 7d5e4bc",
+               "main_ce trains with nn.CrossEntropyLoss(size_average=False): the sum over the batch"),
+        Switch("script_stream", "Newbeeer/L_DMI, MR/main.py:20-22, 84-93, 126, 150, 173, 417-418, commit 7d5e4bc",
+               "torch.manual_seed(0) once; each `enumerate(loader)` makes an iterator, which takes its base seed "
+               "from the global generator, the shuffled training loader then its RandomSampler's seed for a "
+               "randperm (torch/utils/data/dataloader.py, sampler.py); dropout draws from the same generator; "
+               "main_dmi continues the stream main_ce left"),
     )
     authors_differences = (
-        "the method stage's torch draws restart from the fixed seed (0 x 1000 + 999) — the script runs main_ce, "
-        "main_dmi, main_gce, main_fw and main_lccn in one process, each continuing the stream the one before left "
-        "(main.py:417-421): the same law, other draws, and a trial must not depend on which methods ran before it",
-        "the vocabulary is numbered by frequency, not alphabetically (dictionaries.py:125) — the embedding rows are "
-        "i.i.d. N(0, 1), so the numbering decides which word gets which draw, not their law",
-        "CE is averaged over the batch — the script sums it (main.py:96, size_average=False): Adam's step is "
-        "invariant to a constant scale of the loss up to its eps of 1e-8",
+        "the method stages of GCE, FW and LCCN continue the stream the warm start left, as main_dmi does — the script "
+        "runs main_dmi, main_gce, main_fw and main_lccn in that order in one process (main.py:417-421), each "
+        "continuing the stream the one before left, and FW's and LCCN's estimates iterate a loader too (main.py:255, "
+        "315): only ce (the warm start) and dmi draw exactly the script's numbers, the others the same law with other "
+        "draws, since a trial must not depend on which methods ran before it",
         "GCE, FW and LCCN are bench's (their records) — the script's GCE loops over examples (main.py:111-121) and "
         "its FW and LCCN estimate from the shuffled training loader; the formulas are the same",
-        "float order: the script ran on CUDA with cuDNN's non-deterministic kernels — bench's numbers are exact on "
-        "one machine and within float order across machines (tests/tolerances.py)",
+        "VAT and DivideMix are refused under script_model — they perturb or mix word embeddings through "
+        "forward_embedded, which the scripts' WordCNN has not (its padding depends on the tokens); the scripts run "
+        "neither",
+        "float order: the script ran on CUDA with cuDNN's non-deterministic kernels — on a CPU at one thread bench "
+        "computes the script's very bits (tests/test_mr_authors_exact.py); across thread counts and machines its "
+        "numbers agree within float order (tests/tolerances.py)",
     )
     folder = "MR"
     files = {
@@ -187,7 +225,7 @@ class MovieReview(Dataset):
         if n != sum(self.split_sizes):
             notes.append(f"mr: {n:,} sentences instead of the published {sum(self.split_sizes):,}: the paper's split "
                          f"rule gives {len(parts['train']):,} / {len(parts['val']):,} / {len(parts['test']):,}")
-        vocabulary = build_vocabulary([sentences[i] for i in parts["train"]])
+        vocabulary = self.vocabulary = build_vocabulary([sentences[i] for i in parts["train"]])
         length = max(MIN_LENGTH, max(len(s) for s in sentences))
 
         def split(idx: np.ndarray) -> Split:
@@ -197,6 +235,15 @@ class MovieReview(Dataset):
             train=split(parts["train"]), val=split(parts["val"]), test=split(parts["test"]),
             model_args={"vocab_size": len(vocabulary) + 2}, notes=notes,
         )
+
+    def under_protocol(self, splits: Splits, proto: Protocol) -> Splits:
+        """The token ids in the vocabulary numbering of `vocabulary_order` (bench's, by frequency, without it)."""
+        order = proto.setting("vocabulary_order", "frequency")
+        if order != "frequency":
+            new = renumbering(self.vocabulary, order)
+            for split in (splits.train, splits.val, splits.test):
+                split.x = new[split.x]
+        return splits
 
     def noise_features(self, split: Split) -> np.ndarray:
         """Instance-dependent noise projects each sentence's bag of words (not an embedding, which is learnt): its

@@ -18,11 +18,12 @@ import torch
 from bench import noise
 from bench.cli.main import main
 from bench.config import UserError
-from bench.data import Splits, file_md5, get_dataset
+from bench.data import Splits, get_dataset
 from bench.datasets import cifar100 as cifar100_mod
 from bench.datasets import cifar100n as cifar100n_mod
 from bench.datasets.cifar100 import CIFAR100
 from bench.datasets.cifar100n import CIFAR100N, LABELS_FILE
+from bench.download import file_md5
 from bench.grid.validate import check_data
 
 # CIFAR-100's superclasses as its web page lists them (www.cs.toronto.edu/~kriz/cifar.html), in coarse-label order,

@@ -158,8 +158,8 @@ def test_real_mr(shared_data: Path) -> None:
 
 def test_download_fetches_and_verifies_checksums(tiny_fashion: Path, tmp_path: Path, monkeypatch) -> None:
     """The download path, exercised without the network: file:// addresses of files in the published format."""
-    from bench.data import file_md5
     from bench.datasets.fashion_mnist import FashionMNIST
+    from bench.download import file_md5
 
     published = tiny_fashion / "FashionMNIST" / "raw"
     files = {f"raw/{p.name}": file_md5(p) for p in sorted(published.iterdir())}

@@ -18,12 +18,13 @@ from tolerances import f32
 from bench import noise
 from bench.cli.main import main
 from bench.config import UserError
-from bench.data import file_md5, get_dataset
+from bench.data import get_dataset
 from bench.datasets import cifar10 as cifar10_mod
 from bench.datasets import dogs_vs_cats as dogs_mod
 from bench.datasets.cifar10 import CIFAR10, crop_flip, read_batch
 from bench.datasets.cifar10n import CIFAR10N, LABELS_FILE
 from bench.datasets.clothing1m import CLASSES as CLOTHING_CLASSES
+from bench.download import file_md5
 
 CIFAR_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 

@@ -385,7 +385,7 @@ class _Terminal(io.StringIO):
 
 
 def test_download_progress_is_a_bar_on_a_terminal_and_tenths_elsewhere() -> None:
-    from bench.data import DownloadProgress
+    from bench.download import DownloadProgress
 
     log = io.StringIO()
     show = DownloadProgress("x.gz", 100_000_000, stream=log)

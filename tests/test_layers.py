@@ -17,7 +17,7 @@ BENCH = REPO / "bench"
 PLUGIN_FOLDERS = {"baselines": REPO / "baselines", "datasets": REPO / "datasets"}
 # What a plug-in may import from bench: the interfaces (DESIGN.md section 1) and its own folder's shared helpers.
 PLUGIN_INTERFACES = {"bench.methods", "bench.data", "bench.models", "bench.dmi", "bench.noise", "bench.schema",
-                     "bench.protocol",
+                     "bench.protocol", "bench.download",
                      "bench.config", "bench.baselines", "bench.datasets"}
 BARE_BOX_FORBIDDEN = {"ray", "mlflow", "yaml", "scipy", "matplotlib"}
 MODULE_LINES = 400

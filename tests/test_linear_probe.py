@@ -16,9 +16,10 @@ from test_datasets_extra import cifar_md5s, write_cifar10n, write_cifar_batches
 from bench import features
 from bench.cli.main import main
 from bench.config import UserError
-from bench.data import file_md5, get_dataset
+from bench.data import get_dataset
 from bench.datasets.cifar10 import CIFAR10
 from bench.datasets.cifar10n import CIFAR10N, LABELS_FILE
+from bench.download import file_md5
 from bench.exec.packed import pack_key, why_solo
 from bench.trial import TrialConfig
 

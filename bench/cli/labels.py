@@ -8,8 +8,9 @@ the noise: human and instance-dependent noise), the realised per-class T (`empir
 the realised noise rate and `noise_hash`: the hash every result row of those trials records
 (`bench.noise.labels_hash` of the noisy training labels then the noisy validation labels), which `labels_hash_of`
 recomputes from the file's columns.
-The labels are drawn by `bench.exec.prepare.draw_labels`, the function every trial uses; they do not depend on the
-method, the model seed or `--train-subset` (a subset trains on the first N of these).
+The labels are drawn by `bench.exec.prepare.draw_labels`, the function every trial uses, under `--protocol` (the
+`authors` protocol's `script_noise` draws them as the paper's scripts do); they do not depend on the method, the
+model seed or `--train-subset` (a subset trains on the first N of these). The metadata names the protocol.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def export(config: TrialConfig, data_root: str | Path, out: Path) -> NoisyLabels
         "noisy": pa.array(np.concatenate([noisy for _, _, noisy in parts]).astype(np.int64)),
         "flipped": pa.array(np.concatenate([(clean >= 0) & (clean != noisy) for _, clean, noisy in parts])),
     })
-    meta = dict(dataset=config.dataset, noise=config.noise, r=config.r, seed=config.seed,
+    meta = dict(dataset=config.dataset, noise=config.noise, r=config.r, seed=config.seed, protocol=config.protocol,
                 noise_hash=labels.noise_hash, noise_rate=labels.noise_rate,
                 transition=None if labels.transition is None else np.round(labels.transition, 6).tolist(),
                 empirical_transition=np.round(labels.empirical, 6).tolist())
@@ -71,7 +72,7 @@ def cmd_labels(args: argparse.Namespace) -> int:
 
     noise_name, transition = noise.from_flags(args.noise, args.transition)
     config = TrialConfig(dataset=args.dataset, method="ce", noise=noise_name, r=args.r, seed=args.seed,
-                         transition=transition)
+                         transition=transition, protocol=args.protocol)
     check_trial(config)
     out = Path(args.out).expanduser()
     if out.suffix != ".parquet":
@@ -85,6 +86,6 @@ def cmd_labels(args: argparse.Namespace) -> int:
     check_data([config.dataset], root)
     labels = export(config, root, out)
     print(f"{out}: {len(labels.train)} train + {len(labels.val)} validation labels of {config.dataset} / "
-          f"{config.noise} r={config.r:g} seed={config.seed}; realised noise rate {100 * labels.noise_rate:.2f}%; "
-          f"noise hash {labels.noise_hash}")
+          f"{config.noise} r={config.r:g} seed={config.seed} under protocol {config.protocol}; "
+          f"realised noise rate {100 * labels.noise_rate:.2f}%; noise hash {labels.noise_hash}")
     return 0

@@ -266,6 +266,9 @@ def _add_labels(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="the trial seed (it seeds the noise)")
     p.add_argument("--transition", type=Path, default=None,
                    help="explicit transition matrix T (CSV rows or a JSON list of rows; rows = true class)")
+    p.add_argument("--protocol", default="bench",
+                   help="whose labels: bench (default: drawn by a generator keyed by the cell) or authors (as the "
+                        "paper's scripts draw them, where the dataset has script_noise), as for `bench trial`")
     p.add_argument("--out", required=True, help="the parquet file to write")
     _add_data_root(p)
     p.set_defaults(func=_later("bench.cli.labels", "cmd_labels"), needs=("pyarrow",))

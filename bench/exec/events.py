@@ -47,6 +47,7 @@ class EpochRecord:
     improved: tuple[bool, ...]  # its selection score beat its best so far (this is its new best state)
     active: tuple[bool, ...]
     seconds: float  # training and validation, not the diagnostics
+    test_acc: tuple[float | None, ...] = ()  # clean test accuracy % where the epoch's diagnostics measured it
 
     @property
     def members(self) -> int:
@@ -90,7 +91,8 @@ def log_line(event: Event) -> str | None:
                 + " ".join(f"{v:.4f}" for v in e.val_loss[:INITIAL_SHOWN]) + (" ..." if k > INITIAL_SHOWN else ""))
     if k == 1:
         label = "epoch" if e.stage == "method" else e.stage
+        test = f"  test acc {e.test_acc[0]:.2f}%" if e.test_acc and e.test_acc[0] is not None else ""
         return (f"{label} {e.epoch}/{e.epochs}  train {e.train_loss[0]:.4f}  val {e.val_loss[0]:.4f}  "
-                f"noisy val acc {e.val_acc[0]:5.1f}%{'  *' if e.improved[0] else ''}  {e.seconds:.1f}s")
+                f"noisy val acc {e.val_acc[0]:5.1f}%{test}{'  *' if e.improved[0] else ''}  {e.seconds:.1f}s")
     return (f"{e.stage} {e.epoch}/{e.epochs}  {sum(e.active)} of {k} members training, {sum(e.improved)} "
             f"improved; val loss min {np.nanmin(e.val_loss):.4f} max {np.nanmax(e.val_loss):.4f}  {e.seconds:.1f}s")

@@ -1,16 +1,41 @@
-"""The optimiser step of a pack: Adam or SGD on stacked parameters, each member with its own learning rate (and its
-method's factor on it), and each member's own gradient-norm clip. Its arithmetic is torch.optim's, term for term,
-so that a member's step equals its solo trial's.
+"""The optimisers: a solo stage's (torch.optim's Adam or SGD, `make_optimizer`), and the step of a pack: Adam or SGD
+on stacked parameters, each member with its own learning rate (and its method's factor on it), and each member's own
+gradient-norm clip. The pack's arithmetic is torch.optim's, term for term, so that a member's step equals its solo
+trial's.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import math
+import threading
 from typing import Any
 
 import torch
+from torch import nn
 
 from bench.config import Schedule, UserError
+
+
+@functools.cache
+def import_dynamo_apart() -> None:
+    """torch.optim imports torch._dynamo on its first use, and that import keeps every frame then on the stack
+    alive for the life of the process (seen with torch 2.14): a worker's first trial (its model, optimiser state
+    and data, on the GPU) would never be freed. Imported from a thread of its own, no frame of ours is kept.
+    Called before the first torch.optim optimiser and before torch.compile, the two that import it."""
+    thread = threading.Thread(target=importlib.import_module, args=("torch._dynamo",))
+    thread.start()
+    thread.join()
+
+
+def make_optimizer(params: list[nn.Parameter], schedule: Schedule) -> torch.optim.Optimizer:
+    import_dynamo_apart()
+    if schedule.optimizer == "adam":
+        return torch.optim.Adam(params, lr=schedule.lr, weight_decay=schedule.weight_decay)
+    if schedule.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=schedule.lr, momentum=schedule.momentum, weight_decay=schedule.weight_decay)
+    raise UserError(f"unknown optimizer {schedule.optimizer!r}; use adam or sgd")
 
 
 class StackedOptimizer:

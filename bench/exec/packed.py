@@ -40,9 +40,8 @@ from bench.config import Schedule, UserError
 from bench.data import Dataset, get_dataset
 from bench.exec import diagnostics
 from bench.exec.grouped import Grouped
-from bench.exec.optim import StackedOptimizer, clip_member_grads
+from bench.exec.optim import StackedOptimizer, clip_member_grads, import_dynamo_apart
 from bench.exec.prepare import Prepared, autocast, to_device
-from bench.exec.stage import import_dynamo_apart
 from bench.methods import Batch, Method, get_method
 from bench.protocol import Selection
 from bench.trial import FP32, TrialConfig
@@ -350,8 +349,9 @@ class PackedStage:
 # -- which trials can pack, and with whom ------------------------------------------------------------------------------
 def why_solo(c: TrialConfig) -> str | None:
     """Why this trial cannot train in a pack (None: it can)."""
-
-    ds = get_dataset(c.dataset)
+    ds, proto = get_dataset(c.dataset), c.resolved_protocol()
+    if proto.on("script_stream"):
+        return "script_stream (its data order and dropout come from torch's one global generator, as the script's)"
     model = c.network()
     if not models.get_model(model).packable:
         return f"model {model} (its members' state or random draws cannot be kept apart)"

@@ -74,12 +74,14 @@ class SplitLoader:
         return forward_precision(nets, self.device, self.precision)
 
     def batches(
-        self, batch_size: int, train: bool, generator: torch.Generator | None = None
+        self, batch_size: int, train: bool, generator: torch.Generator | None = None,
+        order: torch.Tensor | None = None,
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """(inputs, labels, indices). Training batches are shuffled and the last partial batch is dropped,
-        so that no step sees a tiny batch (a small batch misses classes, which makes L_DMI's U singular)."""
+        """(inputs, labels, indices). Training batches are shuffled (from `generator`, or in the given `order`) and
+        the last partial batch is dropped, so that no step sees a tiny batch (a small batch misses classes, which
+        makes L_DMI's U singular)."""
         if train:
-            order = to_device(torch.randperm(self.size, generator=generator), self.device)
+            order = to_device(torch.randperm(self.size, generator=generator) if order is None else order, self.device)
             stop = self.size - self.size % batch_size if self.size >= batch_size else self.size
         else:
             order = torch.arange(self.size, device=self.device)
@@ -100,6 +102,20 @@ class SplitLoader:
                 yield transform(xb.to(self.device, non_blocking=True)), self.labels[idx], idx
         except UserError as e:
             raise UserError(worker_message(e)) from None
+
+
+def script_loader_order(n: int) -> torch.Tensor:
+    """The order in which a script's shuffled DataLoader (`shuffle=True`, no generator of its own) gives n examples,
+    taking exactly the draws that loader takes from torch's global generator: its iterator's base seed, then, at the
+    first batch, its RandomSampler's seed for a randperm (torch/utils/data/dataloader.py, sampler.py). Torch's own
+    DataLoader takes them (the `script_stream` switch)."""
+    return next(iter(torch.utils.data.DataLoader(range(n), batch_size=max(n, 1), shuffle=True)))
+
+
+def script_loader_draw() -> None:
+    """The one draw a script's unshuffled DataLoader takes from torch's global generator when iterated (its
+    iterator's base seed): each validation and test pass of the script takes it (`script_stream`)."""
+    iter(torch.utils.data.DataLoader(range(1)))
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[None]:
@@ -187,9 +203,9 @@ def epoch_eval_enabled(dataset: type[Dataset]) -> bool:
 
 def load_data(config: TrialConfig, data_root: str | os.PathLike[str]) -> tuple[Dataset, Splits]:
     """The dataset's splits, with tensor inputs moved to the training device once (a pack's members share them)."""
-    transform = config.resolved_protocol().setting("script_transform")
-    dataset = get_dataset(config.dataset)(data_root, script_transform=transform)
-    splits = check_splits(dataset, dataset.load())
+    proto = config.resolved_protocol()
+    dataset = get_dataset(config.dataset)(data_root, script_transform=proto.setting("script_transform"))
+    splits = check_splits(dataset, dataset.under_protocol(dataset.load(), proto))
     device = resolve_device(config.device)
     # A model may change what it trains on (`bench.features`: a frozen backbone's cached features).
     splits = models.get_model(config.network()).prepare_data(dataset, splits, dict(config.model_args), device)

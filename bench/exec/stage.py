@@ -11,8 +11,6 @@ stacked into one model). `bench.exec.trainer` runs a trial through it.
 from __future__ import annotations
 
 import copy
-import functools
-import importlib
 import threading
 import time
 from collections.abc import Callable
@@ -23,10 +21,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from bench.config import Schedule, UserError
+from bench.config import Schedule
 from bench.exec import diagnostics
 from bench.exec.events import EpochRecord, Event, Events, Resumed, StageEnd, StageStart, floats, log_line
-from bench.exec.prepare import Log, Prepared, SplitLoader
+from bench.exec.optim import make_optimizer
+from bench.exec.prepare import Log, Prepared, SplitLoader, script_loader_draw, script_loader_order
 from bench.methods import Batch, Method
 from bench.protocol import BENCH_SELECTION, Selection
 
@@ -55,26 +54,6 @@ def accuracy(logits: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tu
     return 100.0 * float(np.trace(confusion)) / max(int(support.sum()), 1), 100.0 * float(recalls.mean()), confusion
 
 
-@functools.cache
-def import_dynamo_apart() -> None:
-    """torch.optim imports torch._dynamo on its first use, and that import keeps every frame then on the stack
-    alive for the life of the process (seen with torch 2.14): a worker's first trial (its model, optimiser state
-    and data, on the GPU) would never be freed. Imported from a thread of its own, no frame of ours is kept.
-    Called before the first torch.optim optimiser and before torch.compile, the two that import it."""
-    thread = threading.Thread(target=importlib.import_module, args=("torch._dynamo",))
-    thread.start()
-    thread.join()
-
-
-def make_optimizer(params: list[nn.Parameter], schedule: Schedule) -> torch.optim.Optimizer:
-    import_dynamo_apart()
-    if schedule.optimizer == "adam":
-        return torch.optim.Adam(params, lr=schedule.lr, weight_decay=schedule.weight_decay)
-    if schedule.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=schedule.lr, momentum=schedule.momentum, weight_decay=schedule.weight_decay)
-    raise UserError(f"unknown optimizer {schedule.optimizer!r}; use adam or sgd")
-
-
 # Per thread: its `turn`, where an executor set one (`bench.exec.executors.streams`, several trials in threads of one
 # process), is called after each optimiser step, so that the next trial launches its step while this one's runs.
 after_step = threading.local()
@@ -89,8 +68,10 @@ def train_epoch(
     epoch: int,
     generator: torch.Generator,
     max_grad_norm: float | None = None,
+    order: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One pass over the training split; returns the mean training loss as a device tensor (NaN if it diverged).
+    """One pass over the training split (shuffled from `generator`, or in `order`); returns the mean training loss as
+    a device tensor (NaN if it diverged).
     With `max_grad_norm`, the gradient of the optimiser's parameters is clipped to that norm before each step.
     The networks' forward passes run at the trial's precision (the loader's), the loss from float32 logits.
     No value comes back to the host inside the loop."""
@@ -102,7 +83,7 @@ def train_epoch(
     turn = getattr(after_step, "turn", None)
     # The precision's hooks are on the networks' forward passes only, so one set serves the whole epoch.
     with loader.forward_precision(nets):
-        for x, y, idx in loader.batches(batch_size, train=True, generator=generator):
+        for x, y, idx in loader.batches(batch_size, train=True, generator=generator, order=order):
             loss = step_loss(nets, Batch(x=x, y=y, index=idx, epoch=epoch))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -120,7 +101,6 @@ class Checkpoints(Protocol):
     """Per-epoch checkpoints of the method stage (the runner keeps them so that a retried trial resumes)."""
 
     def load(self) -> dict[str, Any] | None: ...
-
     def save(self, state: dict[str, Any]) -> None: ...
 
 
@@ -141,7 +121,6 @@ class Stage(Protocol):
     def validate(self, selection: Selection = BENCH_SELECTION) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 
     def keep_best(self, improved: np.ndarray) -> None: ...  # members whose current state is their new best
-
     def freeze(self, members: np.ndarray) -> None: ...  # diverged members: no further updates
 
     # Per member, the epoch's diagnostics (`bench.store.columns.DIAGNOSTIC_COLUMNS`; empty dicts where they are off).
@@ -149,7 +128,6 @@ class Stage(Protocol):
     def diagnose(self, epoch: int) -> list[dict[str, float | None]]: ...
 
     def state_dict(self) -> dict[str, Any]: ...
-
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
@@ -241,7 +219,7 @@ class StageLoop:
         record = EpochRecord(stage=name, epoch=epoch, epochs=epochs, train_loss=floats(train_loss),
                              val_loss=floats(val_loss), val_acc=floats(val_acc),
                              improved=tuple(bool(i) for i in improved), active=tuple(bool(a) for a in self.active),
-                             seconds=seconds)
+                             seconds=seconds, test_acc=tuple(d.get("test_acc") for d in diagnosed))
         for m in np.flatnonzero(self.active):
             self.rows[m].append({**record.member_row(m), **diagnosed[m]})
         return record
@@ -332,9 +310,10 @@ class SoloStage:
         scheduled = [group["lr"] for group in optimizer.param_groups]
         for group in optimizer.param_groups:
             group["lr"] *= factor
+        order = script_loader_order(self.p.train.size) if self.p.protocol.on("script_stream") else None
         try:
             return train_epoch(self.nets, self.step_loss, optimizer, self.p.train, self.schedule.batch_size, epoch,
-                               self.generator, method.max_grad_norm() if method else None)
+                               self.generator, method.max_grad_norm() if method else None, order)
         finally:
             for group, lr in zip(optimizer.param_groups, scheduled, strict=True):
                 group["lr"] = lr
@@ -349,6 +328,8 @@ class SoloStage:
         return np.array([float(loss)])
 
     def validate(self, selection: Selection = BENCH_SELECTION) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self.p.protocol.on("script_stream"):
+            script_loader_draw()  # the script's validation loader draws as it is iterated
         logits, labels = predict(self.nets[0], self.p.val), self.p.val.labels
         if selection.first is not None and not selection.own_pass:  # in split order, as the scripts' unshuffled
             logits, labels = logits[: selection.first], labels[: selection.first]  # loader gives its first batch

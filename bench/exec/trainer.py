@@ -52,7 +52,30 @@ def _ce_step(nets: list[nn.Module], batch: Batch) -> torch.Tensor:
     return F.cross_entropy(nets[0](batch.x), batch.y)
 
 
+def _ce_summed_step(nets: list[nn.Module], batch: Batch) -> torch.Tensor:
+    """The script's CE (`ce_summed`): summed over the batch."""
+    return F.cross_entropy(nets[0](batch.x), batch.y, reduction="sum")
 
+
+# Where a warm start's state carries torch's global generators as its stage left them (`script_stream`): the CPU
+# one (data order, loader draws, dropout on a CPU) and, on CUDA, the device's (dropout there). The method stage
+# continues that stream, whether the warm start was trained here or loaded from the cache.
+STREAM_KEY, CUDA_STREAM_KEY = "torch_rng_after_warm_start", "cuda_rng_after_warm_start"
+
+
+def stream_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """Torch's global generators' states now, as a warm start's state carries them (`STREAM_KEY`)."""
+    state = {STREAM_KEY: torch.get_rng_state()}
+    if device.type == "cuda":
+        state[CUDA_STREAM_KEY] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def continue_stream(stream: dict[str, torch.Tensor], device: torch.device) -> None:
+    """Put torch's global generators back where a warm start left them (`stream_state`)."""
+    torch.set_rng_state(stream[STREAM_KEY])
+    if CUDA_STREAM_KEY in stream:
+        torch.cuda.set_rng_state(stream[CUDA_STREAM_KEY], device)
 
 def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, labels)
@@ -66,12 +89,14 @@ def warm_start(p: Prepared, net_index: int, log: Log,
     seed = warm_seed(p, net_index)
     seed_everything(seed)
     net = build_model(p)
-    stage = SoloStage(p, [net], p.warmup, seed, _ce_step, _ce)
+    stage = SoloStage(p, [net], p.warmup, seed, _ce_summed_step if p.protocol.on("ce_summed") else _ce_step, _ce)
     name = f"warmup{net_index}" if net_index else "warmup"
     result = run_stage(stage, name, p.warmup.epochs, log, initial_is_candidate=False, events=events,
                        selection=p.protocol.warmup_selection())
     if diagnose_seconds is not None:
         diagnose_seconds.append(result.diagnose_seconds)
+    if p.protocol.on("script_stream"):
+        return {**stage.best_state, **stream_state(p.device)}, result.epochs[0]
     return stage.best_state, result.epochs[0]
 
 
@@ -90,12 +115,14 @@ def train(
     same numbers as an uninterrupted run. `executor`: the kind of unit it trains in, for its row."""
     method = new_method(p)
     started = time.perf_counter()
-    nets, epochs, warm_diagnose_s = warm_started_nets(p, type(method).networks, log, warm_cache, events)
+    nets, epochs, warm_diagnose_s, stream = warm_started_nets(p, type(method).networks, log, warm_cache, events)
     warmup_s = time.perf_counter() - started
     warmup_test_acc, _, _ = accuracy(predict(nets[0], p.test), p.test.labels, p.dataset.num_classes)
     log(f"warm start done: clean test acc {warmup_test_acc:.2f}%  ({warmup_s:.1f}s)")
 
     seed_everything(method_seed(p))
+    if stream:  # `script_stream`: torch's global generators go on where the warm start left them
+        continue_stream(stream, p.device)
     set_up_method(method, p, nets, lambda i: torch.softmax(predict(nets[i], p.train_eval), dim=1))
     stage = SoloStage(p, nets, p.method_stage, method_seed(p), method.train_loss, method.validation_loss,
                       method)
@@ -109,20 +136,23 @@ def train(
 
 
 def warm_started_nets(p: Prepared, networks: int, log: Log, warm_cache: WarmStarts | None,
-                      events: Events | None = None) -> tuple[list[nn.Module], list[dict[str, Any]], float]:
+                      events: Events | None = None,
+                      ) -> tuple[list[nn.Module], list[dict[str, Any]], float, dict[str, torch.Tensor]]:
     """The method's networks, each loaded with its CE warm start (from the cache, or trained and cached): (the
-    networks, the warm starts' epoch rows, the seconds their diagnostics took where trained here)."""
-    nets, epochs, diagnose_seconds = [], [], []
+    networks, the warm starts' epoch rows, the seconds their diagnostics took where trained here, the global
+    generators' states the first warm start left, where it carries them: `stream_state`; else empty)."""
+    nets, epochs, diagnose_seconds, streams = [], [], [], []
     for i in range(networks):
         def fresh(i: int = i) -> WarmStart:
             return warm_start(p, i, log, diagnose_seconds, events)
 
         state, rows = warm_cache(warm_start_key(p, i), fresh) if warm_cache else fresh()
         epochs.extend(rows)
+        streams.append({k: v for k, v in state.items() if k in (STREAM_KEY, CUDA_STREAM_KEY)})
         net = build_model(p)
-        net.load_state_dict(state)
+        net.load_state_dict({k: v for k, v in state.items() if k not in streams[-1]})
         nets.append(net)
-    return nets, epochs, sum(diagnose_seconds)
+    return nets, epochs, sum(diagnose_seconds), streams[0] if streams else {}
 
 
 def run_trial(

@@ -17,6 +17,7 @@ from bench import models
 from bench.config import UserError
 from bench.data import get_dataset
 from bench.methods import check_params, get_method
+from bench.models import get_model
 from bench.schema import GRID_LIMIT, TRIAL_FLAGS, check_name
 from bench.store.folder import is_local, write_probe
 from bench.trial import TrialConfig
@@ -33,8 +34,13 @@ def check_trial(config: TrialConfig, transitions: dict[tuple[Any, ...], None] | 
     check_params(method, config.params)
     dataset.check_noise(config.noise)
     dataset.check_level(config.noise, config.r)
-    dataset.protocol(config.protocol)  # an unknown spec or switch: one line
-    models.check_args(config.network(), dict(config.model_args))  # an unknown network or option: one line
+    model = config.network()  # an unknown protocol spec or switch: one line
+    models.check_args(model, dict(config.model_args))  # an unknown network or option: one line
+    if (method.uses_embeddings and hasattr(get_model(dataset.model), "forward_embedded")
+            and not hasattr(get_model(model), "forward_embedded")):
+        raise UserError(f"method {config.method} cannot run on {config.dataset} under protocol {config.protocol}: it "
+                        f"perturbs word embeddings (forward_embedded), which the scripts' model {model} does not "
+                        f"offer; use --protocol bench, or take script_model out (authors-script_model)")
     refusal = method.refuses(dataset, config.noise)
     if refusal:
         raise UserError(f"method {config.method} cannot run on noise {config.noise!r} of {config.dataset}: {refusal}")
