@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 import warnings
 from collections.abc import Callable
@@ -372,9 +373,11 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"bench: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("bench: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or a signal `bench run` holds (bench.grid.stop.Interrupted)
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"bench: interrupted ({signal.Signals(signum).name}); run the same command again to go on",
+              file=sys.stderr)
+        return 128 + signum
     except BrokenPipeError:  # `bench datasets | head`: the reader left; say nothing more
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps the interpreter's final flush quiet
         return 0

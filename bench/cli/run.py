@@ -101,6 +101,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         live=sys.stdout.isatty() and os.environ.get("TERM") != "dumb",
     )
     tally = run_experiment(exp, settings, out=out)
+    if tally.interrupted is not None:  # stopped by a signal: 143 for SIGTERM, 130 for SIGINT (docs/failures.md)
+        if tally.ray_left:  # Ray did not stop (the signal reached its processes too): its exit hooks would wait
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(OSError, ValueError):
+                    stream.flush()
+            os._exit(128 + tally.interrupted)
+        return 128 + tally.interrupted
     if tally.rejected:
         return EXIT_USAGE
     return 0 if tally.done == tally.total and not tally.statuses.get("failed") else 1

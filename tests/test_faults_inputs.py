@@ -1,0 +1,156 @@
+"""Fault injection, fourth round (issue #40): what a plan promises it does, and inputs read where they are read. Pack
+sizes hold (`--pack K`, the executor table's limit, the memory bound) even where a warm-start cell is larger; every
+malformed executor table is one line; a huge finite `BENCH_PACK_MEMORY_GB` is one line. Each test fails on the code
+before that issue."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import socket
+import threading
+import time
+
+import pytest
+import yaml
+from test_faults import one_error_line
+
+from bench.cli.main import main
+from bench.config import UserError
+from bench.exec.memory import GIB, pack_memory
+from bench.exec.packed import EVAL_IMAGES
+from bench.exec.prepare import prepare
+from bench.grid import cluster, executor_table
+from bench.grid.plan import plan_units, warm_cell
+from bench.trial import TrialConfig
+
+METHODS = ("ce", "dmi", "gce", "fw", "sce")  # all packable
+
+
+def one_cell(device: str = "cuda") -> list[TrialConfig]:
+    """Five trials of one warm-start cell (five methods, one noise level and seed)."""
+    return [TrialConfig("synthetic", m, "case3", 0.2, seed=0, device=device, epochs=1, epochs_warmup=1)
+            for m in METHODS]
+
+
+def assert_every_trial_once(units, trials, most: int) -> None:
+    assert max(len(u) for u in units) <= most
+    assert sorted(t.trial_id for u in units for t in u.trials) == sorted(t.trial_id for t in trials)
+
+
+# -- 5. pack sizes hold ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_pack_k_holds_for_a_cell_larger_than_k(k):
+    trials = one_cell()
+    assert len({warm_cell(t) for t in trials}) == 1
+    units = plan_units(trials, k)
+    assert_every_trial_once(units, trials, k)
+    parts = math.ceil(5 / k)  # as few units as K allows, as equal as can be
+    assert sorted(map(len, units)) == sorted(len(range(5)[i::parts]) for i in range(parts))
+
+
+def test_the_executor_tables_limit_holds_for_a_cell_larger_than_it(tmp_path, monkeypatch):
+    (tmp_path / "table.csv").write_text("model,device,executor,trials,images_per_s,measured,source\n"
+                                        "*,cpu,streams,3,,today,a test\n")
+    monkeypatch.setenv("BENCH_EXECUTOR_TABLE", str(tmp_path / "table.csv"))
+    trials = one_cell("cpu")
+    units = plan_units(trials, "auto")
+    assert_every_trial_once(units, trials, 3)
+    assert {u.kind for u in units} == {"streams"}
+
+
+def test_the_pack_size_the_memory_advice_names_is_the_plans(monkeypatch):
+    """With memory for three members, `--pack auto` plans packs of three at most, and so does the `--pack K` that
+    the memory check names (it named 3, then `--pack 3` built the same pack of five)."""
+    memory = dataclasses.replace(pack_memory(prepare(one_cell("cpu")[0], "unused", log=lambda s: None)),
+                                 chunk=EVAL_IMAGES["cuda"])
+    monkeypatch.setenv("BENCH_PACK_MEMORY_GB", str((memory.bytes(3) + memory.bytes(4)) / 2 / GIB))
+    fits = memory.members(int((memory.bytes(3) + memory.bytes(4)) / 2))
+    assert fits == 3
+    trials = one_cell()
+    for pack in ("auto", fits):
+        assert_every_trial_once(plan_units(trials, pack, "unused"), trials, fits)
+
+
+# -- 6. executor tables ----------------------------------------------------------------------------------------------
+HEADER = ",".join(executor_table.COLUMNS).encode()
+
+
+@pytest.mark.parametrize("body, message", [
+    ("*,cpu,streams,²,,t,s".encode(), "line 2: trials must be a whole number >= 1, got '²'"),
+    ("*,cpu,streams,٣,,t,s".encode(), "line 2: trials must be a whole number >= 1, got '٣'"),
+    (b"*,cpu,streams,3,,t,s,extra", "line 2: 8 fields where the header has 7"),
+    (b"*,cpu,streams", "line 2: 3 fields where the header has 7"),
+    (b"*,cpu,str\xffeams,3,,t,s", "line 2: not UTF-8 text (byte 0xff)"),
+    (b'*,cpu,streams,3,,t,s\n*,cpu,"x"y,3,,t,s', "line 3: not a CSV line"),
+    (b"*,cpu,streams," + b"9" * 5000 + b",,t,s", "line 2: trials must be at most 999999"),
+])
+def test_a_malformed_executor_table_is_one_line(tmp_path, monkeypatch, capsys, body, message):
+    path = tmp_path / "table.csv"
+    path.write_bytes(HEADER + b"\n" + body + b"\n")
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        executor_table.read_table(path)
+    monkeypatch.setenv("BENCH_EXECUTOR_TABLE", str(path))
+    config = tmp_path / "grid.yaml"
+    config.write_text(yaml.safe_dump(dict(name="table", dataset="synthetic", noise="case3", r=[0.2], seeds=[0],
+                                          epochs=1, epochs_warmup=1, methods={"ce": {}})))
+    assert main(["run", str(config), "--results", str(tmp_path / "results"), "--dry-run"]) == 2
+    assert message in one_error_line(capsys)
+
+
+# -- 8. a huge finite pack memory bound -----------------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["1.7e299", "1e300", "2e6"])
+def test_a_huge_finite_pack_memory_bound_is_one_line(tmp_path, capsys, monkeypatch, value):
+    monkeypatch.setenv("BENCH_PACK_MEMORY_GB", value)
+    config = tmp_path / "grid.yaml"
+    config.write_text(yaml.safe_dump(dict(name="huge", dataset="synthetic", noise="case3", r=[0.2], seeds=[0],
+                                          epochs=1, epochs_warmup=1, methods={"ce": {}})))  # a CPU grid
+    results = tmp_path / "results"
+    for extra in (["--dry-run"], ["--no-mlflow"]):
+        assert main(["run", str(config), "--results", str(results), *extra]) == 2
+        assert one_error_line(capsys) == (f"bench: error: BENCH_PACK_MEMORY_GB must be at most 1,048,576 GiB (1 PiB, "
+                                          f"more than any GPU holds), got {value!r}: set it to the GiB a pack may "
+                                          "take on a GPU (e.g. 20), or unset it")
+    assert not results.exists()
+
+
+# -- 7. --address to an HTTP/2 service that is not Ray ----------------------------------------------------------------
+def test_an_address_that_answers_the_preface_then_nothing_is_one_line_within_seconds(tmp_path, capsys):
+    """A server that answers HTTP/2's preface with a SETTINGS frame and then says nothing (Ray waited on it for
+    minutes, the dry run 240 s and the run 580 s): one line, exit 2, within the handshake's bound."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        stop = threading.Event()
+
+        def preface_then_nothing() -> None:
+            s.settimeout(0.2)
+            held = []
+            while not stop.is_set():
+                try:
+                    conn, _ = s.accept()
+                except TimeoutError:
+                    continue
+                conn.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))  # an empty SETTINGS frame, then silence
+                held.append(conn)
+            for conn in held:
+                conn.close()
+
+        server = threading.Thread(target=preface_then_nothing, daemon=True)
+        server.start()
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+        try:
+            with pytest.raises(UserError, match="answers as a Ray cluster .no answer to a Ray handshake in 1s"):
+                cluster.probe(address, timeout=1)
+            config = tmp_path / "grid.yaml"
+            config.write_text(yaml.safe_dump(dict(name="addr", dataset="synthetic", noise="case3", r=[0.2],
+                                                  seeds=[0], epochs=1, epochs_warmup=1, methods={"ce": {}})))
+            for extra in (["--dry-run"], ["--no-mlflow"]):
+                started = time.monotonic()
+                assert main(["run", str(config), "--results", str(tmp_path / "r"), "--address", address, *extra]) == 2
+                assert time.monotonic() - started < cluster.HANDSHAKE_TIMEOUT + 5
+                assert f"nothing at {address} answers as a Ray cluster" in one_error_line(capsys)
+        finally:
+            stop.set()
+            server.join()
+    assert not (tmp_path / "r").exists()
