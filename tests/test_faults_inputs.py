@@ -154,3 +154,22 @@ def test_an_address_that_answers_the_preface_then_nothing_is_one_line_within_sec
             stop.set()
             server.join()
     assert not (tmp_path / "r").exists()
+
+
+# -- 9. results folders whose names a URI cannot carry ---------------------------------------------------------------
+@pytest.mark.parametrize("name, odd", [("pct%20x", "'%'"), ("q?x=1", "'?'"), ("h#x", "'#'")])
+def test_a_results_folder_name_mlflow_cannot_carry_is_one_line_before_anything(tmp_path, capsys, name, odd):
+    """`pct%20x` cost minutes of MLflow retries, `q?x=1` put the database in a file beside the folder: refused."""
+    config = tmp_path / "grid.yaml"
+    config.write_text(yaml.safe_dump(dict(name="odd", dataset="synthetic", noise="case3", r=[0.2], seeds=[0],
+                                          epochs=1, epochs_warmup=1, methods={"ce": {}})))
+    results = tmp_path / name
+    for extra in (["--dry-run"], []):
+        assert main(["run", str(config), "--results", str(results), *extra]) == 2
+        line = one_error_line(capsys)
+        assert line.startswith(f"bench: error: results folder {results}: its path holds {odd}, which the MLflow "
+                               "store's URI"), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.yaml"]  # nothing written, nothing beside it
+    assert main(["run", str(config), "--results", str(results), "--dry-run", "--mlflow-uri",
+                 f"sqlite:///{tmp_path / 'store.db'}"]) == 0  # a store named elsewhere is fine
+    capsys.readouterr()

@@ -23,6 +23,7 @@ from bench.grid.runner import Settings, run_experiment, trial_device
 from bench.grid.validate import check_data, check_grid_size, check_results
 from bench.schema import GRID_LIMIT
 from bench.store import folder
+from bench.store.mirror import tracking_uri
 
 
 def default_results(exp: Experiment) -> str:
@@ -74,6 +75,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     memory_budget()  # a bad $BENCH_PACK_MEMORY_GB is one line here, before Ray, not an error in every pack
     check_no_pack_precision()  # likewise the retired $BENCH_PACK_PRECISION
     check_results(folder.absolute(results))
+    if not args.no_mlflow:  # a folder name MLflow's URI cannot carry: one line here, before anything is written
+        tracking_uri(folder.absolute(results), args.mlflow_uri)
     if args.address:  # before anything is written: a wrong address is one line in seconds
         probe(args.address)
     if args.dry_run:
