@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -22,6 +25,7 @@ from bench.exec.packed import EVAL_IMAGES
 from bench.exec.prepare import prepare
 from bench.grid import cluster, executor_table
 from bench.grid.plan import plan_units, warm_cell
+from bench.store.folder import read_table
 from bench.trial import TrialConfig
 
 METHODS = ("ce", "dmi", "gce", "fw", "sce")  # all packable
@@ -173,3 +177,77 @@ def test_a_results_folder_name_mlflow_cannot_carry_is_one_line_before_anything(t
     assert main(["run", str(config), "--results", str(results), "--dry-run", "--mlflow-uri",
                  f"sqlite:///{tmp_path / 'store.db'}"]) == 0  # a store named elsewhere is fine
     capsys.readouterr()
+
+
+# -- 10. standard output or error that cannot be used -----------------------------------------------------------------
+BENCH = [sys.executable, "-m", "bench.cli.main"]
+
+
+def closing(fd: int):
+    return lambda: os.close(fd)
+
+
+def test_a_command_whose_stdout_refuses_writes_is_one_line_on_stderr():
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([*BENCH, "methods"], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == ["bench: error: standard output cannot be written (No space left on device); "
+                                        "send it to a file or a pipe that takes it"]
+
+
+@pytest.mark.parametrize("fault", ["stdout to /dev/full", "stdout closed", "stderr closed"])
+def test_a_grid_goes_on_where_its_output_cannot_be_used(tmp_path, fault):
+    """The grid runs and writes its row; a refused stdout is one warning on stderr (it was a traceback, exit 1),
+    and a closed stderr costs nothing (Ray's start failed on it: a silent exit 1)."""
+    config = tmp_path / "grid.yaml"
+    config.write_text(yaml.safe_dump(dict(name="out", dataset="synthetic", noise="case3", r=[0.2], seeds=[0],
+                                          epochs=1, epochs_warmup=1, methods={"ce": {}})))
+    results = tmp_path / "results"
+    command = [*BENCH, "run", str(config), "--results", str(results), "--no-mlflow", "--num-cpus", "1"]
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(command, text=True, timeout=300, env=env, stdout=full if "full" in fault else
+                              subprocess.PIPE, stderr=subprocess.PIPE,
+                              preexec_fn=closing(1 if fault == "stdout closed" else 2) if "closed" in fault else None)
+    assert done.returncode == 0, done.stderr
+    assert read_table(results)["status"].to_list() == ["ok"]
+    if fault == "stdout to /dev/full":
+        assert done.stderr.splitlines() == ["bench: warning: standard output cannot be written (No space left on "
+                                            "device); the grid goes on without printing, writing every row (see "
+                                            "them with `bench results`)"]
+    elif fault == "stderr closed":
+        assert "out: 1 of 1 trials finished" in done.stdout
+
+
+# -- 11. reports say which protocol their tables show ------------------------------------------------------------------
+def report_rows(bench_as: str | None) -> list[dict]:
+    """The protocol panel's test rows, bench's relabelled `bench_as` (None: left out)."""
+    from test_report_protocols import rows
+
+    out = []
+    for row in rows():
+        if "protocol" not in row:  # bench's
+            if bench_as is None:
+                continue
+            row = {**row, "protocol": bench_as, "switches": "first_batch_selection"}
+        out.append(row)
+    return out
+
+
+@pytest.mark.parametrize("bench_as, shown, says", [
+    (None, "authors", "The tables show the authors protocol's trials."),
+    ("bench+first_batch_selection", "authors", "Protocols: authors (7 trials), bench+first_batch_selection (9 "
+     "trials); the tables show authors's only (the first in sorted order); the others are not shown, and no panel "
+     "compares them: that needs bench's trials of the same cells."),
+])
+def test_a_report_names_the_protocol_of_its_tables_and_promises_only_its_panels(tmp_path, bench_as, shown, says):
+    from test_report import write
+
+    from bench.report.build import build_report, terminal_leaderboard
+
+    results = write(tmp_path / "r", report_rows(bench_as))
+    written = build_report(results, tmp_path / "report", log=lambda s: None)
+    md = written["leaderboard.md"].read_text()
+    assert says in md and says in terminal_leaderboard(str(results))
+    assert "Protocol effect" not in md and "protocol-effect panel compares" not in md
+    assert "Protocol effect" not in written["report.html"].read_text()

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import math
 import os
 import sys
 from pathlib import Path
 
+from bench.cli.output import Unwritable, silence_stdout
 from bench.config import EXIT_USAGE, UserError
 from bench.exec.memory import memory_budget
 from bench.exec.packed import check_no_pack_precision
@@ -31,9 +31,9 @@ def default_results(exp: Experiment) -> str:
 
 
 class Lines:
-    """`bench run`'s lines on stdout. Where the reader leaves (`bench run GRID | head -1`), the grid goes on with its
-    lines discarded and its rows written, and one warning on stderr says so (it used to stop at the next line and
-    exit 0 without a row)."""
+    """`bench run`'s lines on stdout. Where the reader leaves (`bench run GRID | head -1`) or stdout refuses writes
+    (`> /dev/full`: `bench.cli.output`), the grid goes on with its lines discarded and its rows written, and one
+    warning on stderr says so (it used to stop at the next line and exit 0 without a row, or with a traceback)."""
 
     def __init__(self) -> None:
         self.reader_left = False
@@ -43,15 +43,14 @@ class Lines:
             return
         try:
             print(line, flush=True)
-        except BrokenPipeError:
+        except (BrokenPipeError, Unwritable) as e:
             self.reader_left = True
-            try:  # everything still bound for stdout (Python's buffer, Ray's, the live status) goes nowhere
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            except (OSError, ValueError, io.UnsupportedOperation):
-                sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stdout from here on
+            silence_stdout()  # everything still bound for stdout (Python's buffer, Ray's, the live status) goes nowhere
+            why = ("the reader of this command's output left" if isinstance(e, BrokenPipeError) else
+                   f"standard output cannot be written ({e})")
             with contextlib.suppress(OSError):
-                print("bench: warning: the reader of this command's output left; the grid goes on without printing, "
-                      "writing every row (see them with `bench results`)", file=sys.stderr, flush=True)
+                print(f"bench: warning: {why}; the grid goes on without printing, writing every row (see them with "
+                      "`bench results`)", file=sys.stderr, flush=True)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
