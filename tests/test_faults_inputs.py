@@ -8,11 +8,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -251,3 +253,56 @@ def test_a_report_names_the_protocol_of_its_tables_and_promises_only_its_panels(
     assert says in md and says in terminal_leaderboard(str(results))
     assert "Protocol effect" not in md and "protocol-effect panel compares" not in md
     assert "Protocol effect" not in written["report.html"].read_text()
+
+
+# -- 12. MR files that cannot be the published ones --------------------------------------------------------------------
+SENTENCE = "a film {} that moves slowly and well enough ."  # ten words, 46 bytes with pos or neg
+
+
+def write_mr(root, lines: int = 300) -> Path:
+    """MR in its published layout: `lines` sentences of ten words in each file."""
+    folder = root / "MR" / "rt-polaritydata"
+    folder.mkdir(parents=True)
+    for kind in ("pos", "neg"):
+        (folder / f"rt-polarity.{kind}").write_text((SENTENCE.format(kind) + "\n") * lines)
+    return folder
+
+
+MR_TRIAL = ["trial", "--dataset", "mr", "--method", "ce", "--noise", "pos_to_neg", "--r", "0.2", "--epochs-warmup",
+            "0", "--epochs", "0"]
+
+
+@pytest.mark.parametrize("damage, says", [
+    ("a folder", "rt-polarity.pos is a folder, not the published file"),
+    ("line ends lost", f"rt-polarity.pos holds 0 lines in {300 * (len(SENTENCE.format('pos')) + 1):,} bytes, "
+                       "where the published file holds 5,331 in 626,168: were its line ends lost?"),
+])
+def test_an_mr_file_that_cannot_be_the_published_one_is_one_line(tmp_path, monkeypatch, capsys, damage, says):
+    """A folder named rt-polarity.pos (a traceback, and `bench datasets` said ready), or the file with its line ends
+    stripped (checksums off: one sentence of 3,000 words, and the encoded set grew to gigabytes)."""
+    monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "0")
+    folder = write_mr(tmp_path / "data")
+    pos = folder / "rt-polarity.pos"
+    if damage == "a folder":
+        pos.unlink()
+        pos.mkdir()
+    else:
+        pos.write_bytes(pos.read_bytes().replace(b"\n", b" "))
+    assert main([*MR_TRIAL, "--data-root", str(tmp_path / "data"), "--results", str(tmp_path / "r")]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith("bench: error: mr: ") and says in line, line
+    assert not (tmp_path / "r").exists()
+    assert main(["datasets", "--data-root", str(tmp_path / "data")]) == 0
+    listed = capsys.readouterr().out
+    assert re.search(r"^mr +damaged: 1 of 2 files not the published ones", listed, re.M), listed
+    assert says in listed
+
+
+def test_a_small_mr_copy_still_loads(tmp_path, monkeypatch):
+    """The bound is on files far over the published size: a small copy (tests, a subset) loads, with its note."""
+    from bench.datasets.mr import MovieReview
+
+    monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "0")
+    write_mr(tmp_path)
+    splits = MovieReview(tmp_path).load()
+    assert len(splits.train) + len(splits.val) + len(splits.test) == 600
