@@ -5,6 +5,7 @@ A trial's configuration and identity are `bench.trial`'s."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import os
 from dataclasses import dataclass
@@ -14,6 +15,21 @@ from typing import Any
 
 class UserError(Exception):
     """Bad input (unknown name, impossible value, missing data): shown as one line, exit code 2."""
+
+
+class FolderFull(UserError):
+    """The results folder's disk is full (or its quota spent): `bench run` ends the grid."""
+
+
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(error: BaseException) -> bool:
+    """Whether `error` is a full disk (or an exceeded quota), also as pyarrow words it (errno in the message only).
+    Never curable by a retry: the next write fails the same way."""
+    if not isinstance(error, OSError):
+        return False
+    return error.errno in FULL or any(os.strerror(code) in str(error) for code in FULL)
 
 
 EXIT_USAGE = 2

@@ -328,21 +328,6 @@ def make_callback(tally: Tally, results: str, units: dict[str, Unit], board: Sta
     return Progress(tally, results, units, board)
 
 
-def count_landed(tally: Tally, results: str, trials: list[Any]) -> None:
-    """Count the rows on disk that the callbacks did not see: a grid stopped by a signal ends its units while
-    some still write their rows. A `failed` row counts as failed; a trial without a row is not finished."""
-    store = Store(results)
-    for t in trials:
-        if t.trial_id in tally.seen:
-            continue
-        row, _ = store.read_row(t.trial_id)
-        if row is not None:
-            tally.seen.add(t.trial_id)
-            tally.done += 1
-            tally.statuses[row["status"]] += 1
-            tally.compute_s += float(row["wall_s"] or 0.0)
-
-
 def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: Callable[[str], None]) -> None:
     elapsed = tally.elapsed()
     states = ", ".join(f"{n} {k}" for k, n in sorted(tally.statuses.items()))

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.config import UserError
+from bench.config import FolderFull, UserError, disk_full
 from bench.exec.executor import Bundle, Unit, UnitContext, get_executor
 from bench.exec.trainer import failed_row
 from bench.exec.warmstart import WarmStartCache
@@ -56,7 +56,6 @@ from bench.grid.progress import (
     StatusBoard,
     Tally,
     UnitReporter,
-    count_landed,
     make_callback,
     print_summary,
 )
@@ -105,7 +104,7 @@ def ray_unit(config: dict[str, Any], units: dict[str, Unit], data_root: str, res
             # could not be written): retrying cannot help, so report it once to the driver instead of raising.
             # A full disk ends the grid (`halt`): every unit would meet it.
             log(f"bench: error: {e}")
-            tune.report(closing(status="rejected", error=str(e), halt=isinstance(e, folder.FolderFull)))
+            tune.report(closing(status="rejected", error=str(e), halt=isinstance(e, FolderFull)))
             return
         except Exception as e:
             if retry_cures(e):
@@ -170,7 +169,7 @@ def retry_cures(error: BaseException) -> bool:
     import ray.exceptions
     import torch
 
-    if folder.disk_full(error):  # the next write fails the same way
+    if disk_full(error):  # the next write fails the same way
         return False
     return isinstance(error, (ray.exceptions.RayError, torch.OutOfMemoryError, ConnectionError))
 
@@ -286,6 +285,21 @@ def _tuner(exp: Experiment, s: Settings, units: dict[str, Unit], results: str, c
     )
 
 
+def count_landed(tally: Tally, results: str, trials: list[Any]) -> None:
+    """Count the rows on disk that the callbacks did not see: a grid stopped by a signal ends its units while
+    some still write their rows. A `failed` row counts as failed; a trial without a row is not finished."""
+    store = folder.Store(results)
+    for t in trials:
+        if t.trial_id in tally.seen:
+            continue
+        row, _ = store.read_row(t.trial_id)
+        if row is not None:
+            tally.seen.add(t.trial_id)
+            tally.done += 1
+            tally.statuses[row["status"]] += 1
+            tally.compute_s += float(row["wall_s"] or 0.0)
+
+
 def trial_device(exp: Experiment, gpus_per_trial: float | None) -> tuple[float, str | None]:
     """The GPU share of each trial, and the device `--gpus-per-trial` imposes on the grid (None: the file's)."""
     gpu = gpus_per_trial if gpus_per_trial is not None else exp.resources.gpu
@@ -293,7 +307,6 @@ def trial_device(exp: Experiment, gpus_per_trial: float | None) -> tuple[float, 
 
 
 def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], stop: GridStop) -> Tally:
-
     cpu = s.cpus_per_trial if s.cpus_per_trial is not None else exp.resources.cpu
     gpu, device = trial_device(exp, s.gpus_per_trial)
     if device == "cpu" and exp.device.startswith("cuda"):
@@ -307,10 +320,8 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
     pending = plan.pending
 
     mirror = open_mirror(results, s.mlflow_uri) if s.mlflow else None
-    if mirror is not None and plan.done:
-        backfilled = mirror.sync(results, trial_ids=set(plan.done))
-        if backfilled:
-            out(f"MLflow: backfilled {backfilled} runs of finished trials")
+    if mirror is not None and plan.done and (backfilled := mirror.sync(results, trial_ids=set(plan.done))):
+        out(f"MLflow: backfilled {backfilled} runs of finished trials")
 
     tally = Tally(total=len(pending))
     if not pending:
@@ -335,9 +346,9 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
         check_resources({describe_size(u, gpu): unit_bundles(u, cpu, gpu) for u in units.values()})
         if s.address is None:  # the trials run here (on a cluster each worker checks its own)
             check_cuda(pending[0].device)
-        members = {k: [t.trial_id for t in u.trials] for k, u in units.items()}
         callbacks = [make_callback(tally, results, units, board)]
         if mirror is not None:
+            members = {k: [t.trial_id for t in u.trials] for k, u in units.items()}
             callbacks.append(make_mlflow_callback(tally, results, members, mirror))
         tuner = _tuner(exp, s, units, results, cpu, gpu, callbacks, stop, tally)
         tally.started = time.monotonic()  # progress and ETA count from the first trial, not Ray's start-up

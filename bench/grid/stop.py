@@ -63,7 +63,10 @@ class GridStop:
             signal.signal(sig, handler)
 
     def hold(self) -> None:
-        """Take both signals (again: Ray's start installs its own)."""
+        """Take both signals (again: Ray's start installs its own); only the main thread can (a grid run from
+        another thread leaves them as they are)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
         for sig in SIGNALS:
             previous = signal.signal(sig, self._handle)
             self._previous.setdefault(sig, previous)

@@ -28,7 +28,6 @@ core writes its rows, checkpoints and warm starts through the store and must imp
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import io
 import os
@@ -42,23 +41,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.config import UserError
+from bench.config import FolderFull, UserError, disk_full
 from bench.store.columns import arrow_tables, not_ours
 
 TABLES = ("trials", "epochs")
-FULL = (errno.ENOSPC, errno.EDQUOT)
-
-
-def disk_full(error: BaseException) -> bool:
-    """Whether `error` is a full disk (or an exceeded quota), also as pyarrow words it (errno in the message only).
-    Never curable by a retry: the next write fails the same way."""
-    if not isinstance(error, OSError):
-        return False
-    return error.errno in FULL or any(os.strerror(code) in str(error) for code in FULL)
-
-
-class FolderFull(UserError):
-    """The results folder's disk is full (or its quota spent): `bench run` ends the grid."""
 
 
 def is_local(results: str | os.PathLike[str]) -> bool:
@@ -337,8 +323,7 @@ class Store:
                 os.ftruncate(handle.fileno(), 0)
                 os.write(handle.fileno(), f"`bench` pid {os.getpid()} on {socket.gethostname()} since "
                                           f"{time.strftime('%Y-%m-%d %H:%M:%S')}".encode())
-            except OSError as e:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+            except OSError as e:  # closing the file releases the lock
                 raise UserError(f"results folder {self.root} cannot be written ({type(e).__name__}: "
                                 f"{e.strerror or e}); free space there (or use another --results)") from None
             try:

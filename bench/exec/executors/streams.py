@@ -65,13 +65,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.config import UserError
+from bench.config import UserError, disk_full
 from bench.data import get_dataset
 from bench.exec.executor import Bundle, Executor, UnitContext
 from bench.exec.stage import after_step
 from bench.exec.trainer import failed_row, run_trial
 from bench.exec.warmstart import WarmStart, WarmStarts
-from bench.store.folder import Checkpoints, Store, disk_full
+from bench.store.folder import Checkpoints, Store
 from bench.trial import TrialConfig
 
 RngStates = tuple[torch.Tensor, torch.Tensor | None, Any, Any]  # torch CPU, torch CUDA (or None), numpy, Python
