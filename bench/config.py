@@ -24,12 +24,16 @@ class FolderFull(UserError):
 FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
-def disk_full(error: BaseException) -> bool:
-    """Whether `error` is a full disk (or an exceeded quota), also as pyarrow words it (errno in the message only).
-    Never curable by a retry: the next write fails the same way."""
-    if not isinstance(error, OSError):
-        return False
-    return error.errno in FULL or any(os.strerror(code) in str(error) for code in FULL)
+def disk_full(error: BaseException | None) -> bool:
+    """Whether `error` (or an error it was raised from) is a full disk or an exceeded quota, also as pyarrow words it
+    (the errno in the message only). Never curable by a retry: the next write fails the same way."""
+    for _ in range(8):  # an error of Ray's or Ray Tune's may wrap it
+        if error is None:
+            return False
+        if isinstance(error, OSError) and (error.errno in FULL or any(os.strerror(c) in str(error) for c in FULL)):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 EXIT_USAGE = 2

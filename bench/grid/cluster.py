@@ -31,7 +31,8 @@ def start_ray(address: str | None, num_cpus: int | None) -> bool:
     logging.getLogger("ray.tune").setLevel(logging.ERROR)
     # Ray Tune's own experiment state (results/ray) is not how `bench run` resumes: a failure to save it (a full
     # disk) is Ray Tune's concern, the rows are bench's.
-    logging.getLogger("ray.tune.execution.experiment_state").setLevel(logging.CRITICAL)
+    for name in ("ray.tune.execution.experiment_state", "ray.train._internal.syncer"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     if address:
         connect(address, kwargs)

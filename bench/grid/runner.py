@@ -241,7 +241,13 @@ def run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None] = pr
     with GridStop() as stop, folder.Store(results).hold(), warnings.catch_warnings():
         # Ray Tune leaves the logs of units a signal stopped to the garbage collector: not the user's concern.
         warnings.simplefilter("ignore", ResourceWarning)
-        return _run_experiment(exp, s, out, stop)
+        try:
+            return _run_experiment(exp, s, out, stop)
+        except Exception as e:
+            if disk_full(e):  # a write of the driver's own (Ray Tune's state, the grid's file): one line
+                raise FolderFull(f"the disk of the results folder {results} is full ({' '.join(str(e).split())[:200]});"
+                                 " free space there and run the same command again") from None
+            raise
 
 
 def describe_size(unit: Unit, gpu: float) -> str:
