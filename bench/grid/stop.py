@@ -17,6 +17,7 @@ both signals back after Ray has started, and `TUNE_DISABLE_SIGINT_HANDLER` keeps
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -36,6 +37,12 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+def say(line: str) -> None:
+    """One line on stderr from a signal handler: below Python's buffers, and never an error of its own."""
+    with contextlib.suppress(OSError):
+        os.write(2, (line + "\n").encode())
 
 
 def signal_name(signum: int) -> str:
@@ -76,14 +83,13 @@ class GridStop:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is not None:  # the second signal: at once, Ray's processes go with the driver
-            os.write(2, f"bench: {signal_name(signum)} again: stopped at once; run the same command again to finish "
-                        "the grid\n".encode())
+            say(f"bench: {signal_name(signum)} again: stopped at once; run the same command again to finish the grid")
             os._exit(128 + signum)
         self.signum, self.since = signum, time.monotonic()
         if not self.deferred:
             raise Interrupted(signum)
-        os.write(2, f"bench: {signal_name(signum)}: stopping the grid at the trials' last checkpoints (send it again "
-                    "to stop at once)\n".encode())
+        say(f"bench: {signal_name(signum)}: stopping the grid at the trials' last checkpoints (send it again to stop "
+            "at once)")
 
     def run(self, grid: Callable[[], Any]) -> None:
         """Run the grid (Ray Tune's fit) in a thread, this one waiting for signals: after the first, the grid has
