@@ -5,6 +5,7 @@ A trial's configuration and identity are `bench.trial`'s."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import os
 from dataclasses import dataclass
@@ -14,6 +15,25 @@ from typing import Any
 
 class UserError(Exception):
     """Bad input (unknown name, impossible value, missing data): shown as one line, exit code 2."""
+
+
+class FolderFull(UserError):
+    """The results folder's disk is full (or its quota spent): `bench run` ends the grid."""
+
+
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(error: BaseException | None) -> bool:
+    """Whether `error` (or an error it was raised from) is a full disk or an exceeded quota, also as pyarrow words it
+    (the errno in the message only). Never curable by a retry: the next write fails the same way."""
+    for _ in range(8):  # an error of Ray's or Ray Tune's may wrap it
+        if error is None:
+            return False
+        if isinstance(error, OSError) and (error.errno in FULL or any(os.strerror(c) in str(error) for c in FULL)):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 EXIT_USAGE = 2

@@ -113,6 +113,9 @@ class Dataset:
     # Published files, relative to `folder` under the data root: path -> md5 (None: not checked).
     files: ClassVar[dict[str, str | None]] = {}
     folder: ClassVar[str] = ""
+    # The published files' sizes, path -> (bytes, lines; None for a binary file), where the dataset declares them: a
+    # file far over its size or its lines' length (`FAR`) is not the published one, checksums off too (`wrong_files`).
+    published_sizes: ClassVar[dict[str, tuple[int, int | None]]] = {}
     # Download addresses: url -> path of the downloaded file relative to `folder` (archives are unpacked).
     urls: ClassVar[dict[str, str]] = {}
     archive_md5: ClassVar[dict[str, str]] = {}  # md5 of downloaded archives (path relative to `folder`)
@@ -201,6 +204,23 @@ class Dataset:
     def missing_files(self) -> list[str]:
         return [rel for rel in self.files if not (self.root / rel).exists()]
 
+    def wrong_files(self) -> list[str]:
+        """What makes present files unusable whatever their checksums say, one line each: a folder where a file
+        belongs (any dataset), or a size in bytes or line length far over the published one (`published_sizes`)."""
+        problems = []
+        for rel in self.files:
+            path = self.root / rel
+            if path.is_dir():
+                problems.append(f"{path} is a folder, not the published file")
+            elif rel in self.published_sizes and path.is_file():  # smaller copies stay (tests; the loaders note them)
+                size, lines = self.published_sizes[rel]
+                if (got := path.stat().st_size) > size * FAR:
+                    problems.append(f"{path} holds {got:,} bytes, over {FAR:g} times the published file's {size:,}")
+                elif lines and got / max(1, count := path.read_bytes().count(b"\n")) > size / lines * FAR:
+                    problems.append(f"{path} holds {count:,} lines in {got:,} bytes, where the published file holds "
+                                    f"{lines:,} in {size:,}: were its line ends lost?")
+        return problems
+
     def damaged_files(self) -> list[str]:
         """Present files whose md5 checksum fails (none checked when checksums are off)."""
         if not self.verify:
@@ -215,6 +235,8 @@ class Dataset:
             raise UserError(
                 f"{self.name}: missing {', '.join(missing)} under {self.root}; {self.how_to_get()}"
             )
+        for problem in self.wrong_files()[:1]:
+            raise UserError(f"{self.name}: {problem}; delete it and {self.how_to_get()}")
         for rel in self.damaged_files()[:1]:
             raise UserError(self.md5_mismatch(rel))
 
@@ -278,6 +300,8 @@ class Dataset:
         missing = self.missing_files()
         if missing:
             return [f"missing: {', '.join(missing)}", f"get: {self.how_to_get()}"]
+        if wrong := self.wrong_files():
+            return [f"not the published files: {'; '.join(wrong)}", f"delete them and {self.how_to_get()}"]
         damaged = self.damaged_files()
         return [f"damaged (md5 mismatch): {', '.join(damaged)}", f"delete them and {self.how_to_get()}"] \
             if damaged else []
@@ -287,6 +311,8 @@ class Dataset:
         missing = self.missing_files()
         if missing:
             return f"missing {len(missing)} of {len(self.files)} files"
+        if wrong := self.wrong_files():
+            return f"damaged: {len(wrong)} of {len(self.files)} files not the published ones"
         damaged = self.damaged_files()
         return f"damaged: {len(damaged)} of {len(self.files)} files" if damaged else "ready"
 
@@ -296,6 +322,9 @@ def worker_message(e: UserError) -> str:
     comes back with the worker's traceback before it."""
     last = str(e).strip().splitlines()[-1]
     return last.split("UserError: ", 1)[1] if "UserError: " in last else last
+
+
+FAR = 10.0  # a file over ten times its published size, or its lines' length, is not the published one
 
 
 def deterministic_permutation(n: int, key: str) -> np.ndarray:

@@ -204,6 +204,8 @@ class MovieReview(Dataset):
         "rt-polaritydata/rt-polarity.pos": "674ca95d7fa6547818f1cb30daa7eafe",
         "rt-polaritydata/rt-polarity.neg": "7d312d2c8eacbb57b0074c59b910756a",
     }
+    published_sizes = {"rt-polaritydata/rt-polarity.pos": (626_168, 5_331),  # bytes, lines (bench.data)
+                       "rt-polaritydata/rt-polarity.neg": (612_290, 5_331)}
     urls = {
         "https://www.cs.cornell.edu/people/pabo/movie-review-data/rt-polaritydata.tar.gz":
             "rt-polaritydata.tar.gz",

@@ -126,8 +126,8 @@ def _has_job_server() -> bool:
 
 # -- nothing listens --------------------------------------------------------------------------------------------
 def test_the_probe_passes_a_grpc_server_and_auto_and_refuses_a_silent_listener() -> None:
-    """A gRPC server (as Ray's GCS and client server are) answers the HTTP/2 preface with a SETTINGS frame; a
-    listener that never answers is refused once the handshake times out."""
+    """A gRPC server (as Ray's GCS and client server are) answers the HTTP/2 preface with a SETTINGS frame and
+    acknowledges a PING; a listener that never answers is refused once the handshake times out."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
@@ -137,7 +137,10 @@ def test_the_probe_passes_a_grpc_server_and_auto_and_refuses_a_silent_listener()
                 conn, _ = s.accept()
                 with conn:
                     conn.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))  # an empty SETTINGS frame
-                    conn.recv(64)
+                    received = b""
+                    while b"bench-ok" not in received:
+                        received += conn.recv(64)
+                    conn.sendall(bytes([0, 0, 8, 6, 1, 0, 0, 0, 0]) + b"bench-ok")  # the PING's acknowledgement
 
         server = threading.Thread(target=settings, daemon=True)
         server.start()

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
+import signal
 import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from bench import __version__
+from bench.cli import output
 from bench.cli.calibrate import add_calibrate
 from bench.config import EXIT_USAGE, UserError, default_data_root
 from bench.schema import GRID_LIMIT
@@ -310,6 +312,15 @@ def _add_results_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    with output.prepared() as errors:  # closed or refusing stdout / stderr: bench.cli.output
+        try:
+            return _main(argv, errors)
+        except output.Unwritable as e:  # `> /dev/full`: one line where it can go (`bench run` goes on instead)
+            output.refused(e, errors)
+            return EXIT_USAGE
+
+
+def _main(argv: list[str] | None, errors: TextIO | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if hasattr(args, "data_root") and args.data_root is None:
@@ -325,16 +336,17 @@ def main(argv: list[str] | None = None) -> int:
         if missing not in OPTIONAL:
             raise
         print(f"bench: error: `bench {args.command}` needs {missing}, which is not installed here; install bench with "
-              "its dependencies (pip install -e .)", file=sys.stderr)
+              "its dependencies (pip install -e .)", file=errors)
         return EXIT_USAGE
     except UserError as e:
-        print(f"bench: error: {e}", file=sys.stderr)
+        print(f"bench: error: {e}", file=errors)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("bench: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or a signal `bench run` holds (bench.grid.stop.Interrupted)
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"bench: interrupted ({signal.Signals(signum).name}); run the same command again to go on", file=errors)
+        return 128 + signum
     except BrokenPipeError:  # `bench datasets | head`: the reader left; say nothing more
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps the interpreter's final flush quiet
+        output.silence_stdout()  # keeps the interpreter's final flush quiet
         return 0
 
 

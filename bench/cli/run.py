@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import math
 import os
 import sys
 from pathlib import Path
 
+from bench.cli.output import Unwritable, silence_stdout
 from bench.config import EXIT_USAGE, UserError
 from bench.exec.memory import memory_budget
 from bench.exec.packed import check_no_pack_precision
@@ -23,6 +23,7 @@ from bench.grid.runner import Settings, run_experiment, trial_device
 from bench.grid.validate import check_data, check_grid_size, check_results
 from bench.schema import GRID_LIMIT
 from bench.store import folder
+from bench.store.mirror import tracking_uri
 
 
 def default_results(exp: Experiment) -> str:
@@ -30,9 +31,9 @@ def default_results(exp: Experiment) -> str:
 
 
 class Lines:
-    """`bench run`'s lines on stdout. Where the reader leaves (`bench run GRID | head -1`), the grid goes on with its
-    lines discarded and its rows written, and one warning on stderr says so (it used to stop at the next line and
-    exit 0 without a row)."""
+    """`bench run`'s lines on stdout. Where the reader leaves (`bench run GRID | head -1`) or stdout refuses writes
+    (`> /dev/full`: `bench.cli.output`), the grid goes on with its lines discarded and its rows written, and one
+    warning on stderr says so (it used to stop at the next line and exit 0 without a row, or with a traceback)."""
 
     def __init__(self) -> None:
         self.reader_left = False
@@ -42,15 +43,14 @@ class Lines:
             return
         try:
             print(line, flush=True)
-        except BrokenPipeError:
+        except (BrokenPipeError, Unwritable) as e:
             self.reader_left = True
-            try:  # everything still bound for stdout (Python's buffer, Ray's, the live status) goes nowhere
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            except (OSError, ValueError, io.UnsupportedOperation):
-                sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stdout from here on
+            silence_stdout()  # everything still bound for stdout (Python's buffer, Ray's, the live status) goes nowhere
+            why = ("the reader of this command's output left" if isinstance(e, BrokenPipeError) else
+                   f"standard output cannot be written ({e})")
             with contextlib.suppress(OSError):
-                print("bench: warning: the reader of this command's output left; the grid goes on without printing, "
-                      "writing every row (see them with `bench results`)", file=sys.stderr, flush=True)
+                print(f"bench: warning: {why}; the grid goes on without printing, writing every row (see them with "
+                      "`bench results`)", file=sys.stderr, flush=True)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -74,6 +74,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     memory_budget()  # a bad $BENCH_PACK_MEMORY_GB is one line here, before Ray, not an error in every pack
     check_no_pack_precision()  # likewise the retired $BENCH_PACK_PRECISION
     check_results(folder.absolute(results))
+    if not args.no_mlflow:  # a folder name MLflow's URI cannot carry: one line here, before anything is written
+        tracking_uri(folder.absolute(results), args.mlflow_uri)
     if args.address:  # before anything is written: a wrong address is one line in seconds
         probe(args.address)
     if args.dry_run:
@@ -101,6 +103,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         live=sys.stdout.isatty() and os.environ.get("TERM") != "dumb",
     )
     tally = run_experiment(exp, settings, out=out)
+    if tally.interrupted is not None:  # stopped by a signal: 143 for SIGTERM, 130 for SIGINT (docs/failures.md)
+        if tally.ray_left:  # Ray did not stop (the signal reached its processes too): its exit hooks would wait
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(OSError, ValueError):
+                    stream.flush()
+            os._exit(128 + tally.interrupted)
+        return 128 + tally.interrupted
     if tally.rejected:
         return EXIT_USAGE
     return 0 if tally.done == tally.total and not tally.statuses.get("failed") else 1

@@ -39,6 +39,9 @@ WORKSPACE = 1.5
 EVAL_CHUNK = 256  # member-examples of the smaller of the two measured evaluation passes
 
 
+MAX_BUDGET_GIB = 1_048_576  # 1 PiB: more than any GPU (or node) holds; a larger value is a typo
+
+
 def memory_budget() -> int | None:
     """$BENCH_PACK_MEMORY_GB in bytes, the memory a pack may take on any GPU (one shared with other work); None
     when unset. It is all the planner knows of the GPUs: the driver opens none (`device_memory` does)."""
@@ -49,8 +52,12 @@ def memory_budget() -> int | None:
     except ValueError:
         gib = -1.0
     if not (gib > 0 and math.isfinite(gib)):
-        raise UserError(f"BENCH_PACK_MEMORY_GB must be a positive number of GiB, got {value!r}: set it to the GiB a "
-                        "pack may take on a GPU (e.g. 20), or unset it")
+        raise UserError(f"BENCH_PACK_MEMORY_GB must be a positive number of GiB, got {value[:40]!r}: set it to the GiB "
+                        "a pack may take on a GPU (e.g. 20), or unset it")
+    if gib > MAX_BUDGET_GIB:  # in bytes it would overflow (1.7e299 and up) or mean nothing
+        raise UserError(f"BENCH_PACK_MEMORY_GB must be at most {MAX_BUDGET_GIB:,} GiB (1 PiB, more than any GPU "
+                        f"holds), got {value[:40]!r}: set it to the GiB a pack may take on a GPU (e.g. 20), or "
+                        "unset it")
     return int(gib * GIB)
 
 

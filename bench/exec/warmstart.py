@@ -54,6 +54,7 @@ class WarmStartCache:
         self.misses = 0  # warm starts trained here
         self.saved_s = 0.0  # the training seconds that the hits did not spend
         self.trained_s = 0.0
+        self.warning: str | None = None  # why the cache could not keep a warm start (for the driver), once
 
     def path(self, key: str) -> str:
         return self.store.path("warmstart", f"{key}.pt")
@@ -83,9 +84,19 @@ class WarmStartCache:
             self._store(key, state, epochs, seconds)
 
     def _store(self, key: str, state: State, epochs: list[dict[str, Any]], seconds: float) -> None:
-        self.store.save_tensors(self.path(key), {"state": {k: v.detach().cpu() for k, v in state.items()},
-                                                 "epochs": epochs, "seconds": seconds, "created": time.time()})
+        """Keep a trained warm start. The cache is an optimisation: where the write fails (a full disk), the trial
+        goes on with the warm start it trained, and the cells that share it train it again."""
         self.misses += 1
+        try:
+            self.store.save_tensors(self.path(key), {"state": {k: v.detach().cpu() for k, v in state.items()},
+                                                     "epochs": epochs, "seconds": seconds, "created": time.time()})
+        except OSError as e:
+            if self.warning is None:
+                self.warning = (f"could not write the warm start {self.path(key)} ({type(e).__name__}: "
+                                f"{' '.join(str(e).split())[:160]}); the trials go on, training it again where "
+                                "they need it")
+                self.log(f"bench: warning: {self.warning}")
+            return
         self.trained_s += seconds
 
     def _hit(self, entry: dict[str, Any]) -> WarmStart:

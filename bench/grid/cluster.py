@@ -29,6 +29,10 @@ def start_ray(address: str | None, num_cpus: int | None) -> bool:
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     # Ray Tune's own warnings on Ctrl-C suggest Tuner.restore; `bench run` resumes by trial identity instead.
     logging.getLogger("ray.tune").setLevel(logging.ERROR)
+    # Ray Tune's own experiment state (results/ray) is not how `bench run` resumes: a failure to save it (a full
+    # disk) is Ray Tune's concern, the rows are bench's.
+    for name in ("ray.tune.execution.experiment_state", "ray.train._internal.syncer"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     if address:
         connect(address, kwargs)
@@ -116,27 +120,55 @@ def probe(address: str, timeout: float | None = None) -> None:
 
 def _handshake(sock: socket.socket, deadline: float) -> bytes | None:
     """Send the HTTP/2 preface; return the first 9 bytes of the answer (fewer where the peer closed, None where
-    it said nothing before `deadline`)."""
+    it said nothing before `deadline`). Where the answer is a SETTINGS frame, a PING must come back acknowledged
+    too (every HTTP/2 server, Ray's GCS among them, acknowledges one at once): a service that answers the preface
+    and then nothing (Ray would wait on it for minutes) is None."""
     try:
         sock.sendall(_H2_PREFACE)
     except OSError:  # it accepted, then closed or reset the connection
         return b""
-    answer = b""
-    while len(answer) < 9:
+    answer = _read(sock, 9, deadline)
+    if answer is None or len(answer) < 9 or answer[3] != 4:
+        return answer
+    if _read(sock, int.from_bytes(answer[:3], "big"), deadline) is None:  # the SETTINGS frame's payload
+        return None
+    try:
+        sock.sendall(_H2_PING)
+    except OSError:
+        return None
+    while (header := _read(sock, 9, deadline)) is not None and len(header) == 9:
+        payload = _read(sock, int.from_bytes(header[:3], "big"), deadline)
+        if payload is None:
+            break
+        if header[3] == 6 and header[4] & 1:  # PING with ACK
+            return answer
+    return None
+
+
+# The acknowledgement of the server's SETTINGS, then a PING frame (type 6) with an 8-byte payload, which an HTTP/2
+# server must acknowledge.
+_H2_PING = bytes([0, 0, 0, 4, 1, 0, 0, 0, 0]) + bytes([0, 0, 8, 6, 0, 0, 0, 0, 0]) + b"bench-ok"
+
+
+def _read(sock: socket.socket, n: int, deadline: float) -> bytes | None:
+    """`n` bytes from `sock` (fewer where the peer closed or reset), None where they did not come before
+    `deadline`."""
+    data = b""
+    while len(data) < n:
         left = deadline - time.monotonic()
         if left <= 0:
             return None
         sock.settimeout(left)
         try:
-            chunk = sock.recv(9 - len(answer))
+            chunk = sock.recv(min(n - len(data), 65536))
         except TimeoutError:
             return None
         except OSError:  # reset by the peer
-            return answer
+            return data
         if not chunk:
-            return answer
-        answer += chunk
-    return answer
+            return data
+        data += chunk
+    return data
 
 
 @contextlib.contextmanager

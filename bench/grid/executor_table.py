@@ -52,28 +52,45 @@ def table_path() -> Path:
 def read_table(path: Path | None = None) -> tuple[Choice, ...]:
     path = path or table_path()
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")
     except OSError as e:
         raise UserError(f"cannot read the executor table {path} ({e.strerror or e}); point $BENCH_EXECUTOR_TABLE at "
                         f"a CSV file with the columns {', '.join(COLUMNS)}, or unset it") from None
+    except UnicodeDecodeError as e:
+        line = e.object[:e.start].count(b"\n") + 1
+        raise UserError(f"the executor table {path}, line {line}: not UTF-8 text (byte {e.object[e.start]:#04x}); "
+                        "save it as UTF-8 CSV") from None
     return _parse(text, str(path))
 
 
 @functools.cache
 def _parse(text: str, where: str) -> tuple[Choice, ...]:
-    reader = csv.DictReader(io.StringIO(text))
-    if reader.fieldnames != COLUMNS:
-        raise UserError(f"the executor table {where} has the columns {', '.join(reader.fieldnames or [])}; it needs "
-                        f"{', '.join(COLUMNS)}")
-    rows = []
-    for line, row in enumerate(reader, start=2):
-        trials = row["trials"] or ""
-        if not trials.isdigit() or int(trials) < 1:
-            raise UserError(f"{where}, line {line}: trials must be a whole number >= 1, got {trials!r}")
-        if not row["model"] or not row["device"] or not row["executor"]:
-            raise UserError(f"{where}, line {line}: model, device and executor must each be given")
-        rows.append(Choice(**{**row, "trials": int(trials)}))
-    return tuple(rows)
+    """The table's rows; any malformed line is one `UserError` naming it (a field too many or too few, a count that
+    is not plain ASCII digits, a byte the CSV reader refuses)."""
+    reader = csv.DictReader(io.StringIO(text, newline=""), strict=True)
+    try:
+        if reader.fieldnames != COLUMNS:
+            raise UserError(f"the executor table {where} has the columns {', '.join(reader.fieldnames or [])}; it "
+                            f"needs {', '.join(COLUMNS)}")
+        return tuple(_choice(row, f"{where}, line {reader.line_num}") for row in reader)
+    except csv.Error as e:
+        raise UserError(f"{where}, line {reader.line_num + 1}: not a CSV line ({e}); write one row a line with the "
+                        f"columns {', '.join(COLUMNS)}") from None
+
+
+def _choice(row: dict[str | None, str | None], where: str) -> Choice:
+    if None in row or None in row.values():  # a field more, or fewer, than the header's
+        count = len(COLUMNS) + len(row[None] or []) if None in row else sum(v is not None for v in row.values())
+        raise UserError(f"{where}: {count} fields where the header has {len(COLUMNS)} ({', '.join(COLUMNS)}); quote "
+                        "a field that holds a comma")
+    trials = row["trials"] or ""
+    if not (trials.isascii() and trials.isdigit()) or int(trials[:9]) < 1:  # '²' is a digit to str.isdigit
+        raise UserError(f"{where}: trials must be a whole number >= 1, got {trials[:40]!r}")
+    if len(trials) > 6:
+        raise UserError(f"{where}: trials must be at most 999999 (a unit of trials on one device), got {trials[:40]!r}")
+    if not row["model"] or not row["device"] or not row["executor"]:
+        raise UserError(f"{where}: model, device and executor must each be given")
+    return Choice(**{**row, "trials": int(trials)})  # type: ignore[arg-type]
 
 
 def choose(model: str, device: str, gpu_kind: str | None, table: tuple[Choice, ...] | None = None) -> Choice | None:

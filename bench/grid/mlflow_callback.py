@@ -23,9 +23,8 @@ class MlflowMirroring:
         self.store = Store(results)
 
     def log_trial_end(self, trial: Any, failed: bool = False) -> None:
-        result = trial.last_result or {}
-        if result.get("status") == "rejected" and not failed:
-            return  # a worker's check refused the unit: it wrote no row
+        # Each member's row as it is on disk: a unit that a worker's check refused may still have written some (the
+        # streams executor's members that finished before one met bad input).
         for trial_id in self.units[trial.config["unit"]]:
             row, epochs = self.store.read_row(trial_id)
             if row is not None and self.mirror.log_row(row, epochs):

@@ -87,7 +87,7 @@ class Plan:
 
 def warm_cell(c: TrialConfig) -> tuple[Any, ...]:
     """A trial's CE warm-start cell: what `bench.exec.prepare.warm_start_key` depends on that a config shows (the noise
-    hash follows from these). The runner counts warm starts by it, and packs hold whole cells."""
+    hash follows from these). The runner counts warm starts by it, and packs hold whole cells where they fit."""
     switches = c.resolved_protocol().warm_start_switches()  # the authors' warm start is not bench's
     return (c.dataset, c.noise, round(c.r, 10), c.seed, c.transition, c.train_subset, c.epochs_warmup) + \
         ((tuple(switches),) if switches else ()) + ((c.precision,) if c.precision != FP32 else ())
@@ -132,7 +132,8 @@ def plan_units(trials: list[TrialConfig], pack: str | int, data_root: str | os.P
     `pack` is "off", a member count at most (packs of that many), or "auto": per trial, the executor and the trials
     a unit holds that the executor table gives for its model on its device (`bench.grid.executor_table`, on GPUs
     named `gpu_kind`: packs on CUDA, solo on a CPU, where packing measured slower), a pack no larger than
-    `auto_pack_size` fits. Units hold whole warm-start cells, so no cell's warm start is trained by two units. With
+    `auto_pack_size` fits. Units hold whole warm-start cells where they fit (no cell's warm start trained by two
+    units); a cell larger than a unit may hold is split (`balanced_packs`). With
     `gpus` (the GPUs the trials run on, as Ray counts them) the groups share the GPUs by their work (`share_gpus`)
     and each splits into at least its share of units, so that every GPU gets one: N trials on G GPUs are G packs of
     about N / G, more only where that many would not fit. The units of a group are balanced (300 trials at 256 a
@@ -198,8 +199,11 @@ def unit_epochs(trials: list[TrialConfig]) -> int:
 def balanced_packs(cells: list[list[TrialConfig]], size: int, count: int = 1) -> list[list[TrialConfig]]:
     """Whole cells into at least `count` packs of at most `size`, as few as the least-loaded-first assignment
     manages, which also evens them out (20 trials in cells of 2 at 7 a pack: 6 + 6 + 4 + 4, not 6 + 6 + 6 + 2).
-    A cell larger than `size` is a pack of its own size; there are no more packs than cells."""
-    size = max([size, *map(len, cells)])
+    A cell larger than `size` is split into near-equal parts (its warm start is then trained once a part, or taken
+    from the cache by the later ones): `--pack K` and the executor table's limit hold, so a pack size that fits is
+    a pack size the plan keeps. There are no more packs than cells (parts counted)."""
+    size = max(1, size)
+    cells = [part for cell in cells for part in split_cell(cell, size)]
     count = min(len(cells), max(count, math.ceil(sum(map(len, cells)) / size)))
     while True:
         packs: list[list[TrialConfig]] = [[] for _ in range(count)]
@@ -211,6 +215,14 @@ def balanced_packs(cells: list[list[TrialConfig]], size: int, count: int = 1) ->
         else:
             return [p for p in packs if p]
         count += 1
+
+
+def split_cell(cell: list[TrialConfig], size: int) -> list[list[TrialConfig]]:
+    """A cell as parts of at most `size` members, as equal as they come (5 at 3: 3 + 2)."""
+    parts = math.ceil(len(cell) / size)
+    small, extra = divmod(len(cell), parts)
+    bounds = [i * small + min(i, extra) for i in range(parts + 1)]
+    return [cell[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
 def parse_pack(value: str) -> str | int:

@@ -33,6 +33,7 @@ from bench.exec.events import EpochRecord, Event, Resumed, StageStart
 from bench.exec.executor import Unit
 from bench.grid.experiment import Experiment
 from bench.grid.plan import Plan
+from bench.grid.stop import signal_name
 from bench.report import analysis
 from bench.store.folder import Store
 
@@ -110,6 +111,11 @@ class Tally:
     work_finished: int = 0  # trial-epochs of the finished units
     running: dict[str, dict[str, Any]] = field(default_factory=dict)  # unit -> its latest progress record
     working_since: float | None = None  # when the first unit reported (Ray's start-up is not the grid's pace)
+    seen: set[str] = field(default_factory=set)  # trials whose end the callbacks saw
+    interrupted: int | None = None  # the signal that stopped the grid (bench.grid.stop)
+    halt: str | None = None  # why the grid ends early without a signal: a full disk
+    warned: set[str] = field(default_factory=set)  # the kinds of worker warnings printed (once each)
+    ray_left: bool = False  # Ray did not stop in time after the signal: the command exits without waiting on it
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -226,6 +232,7 @@ class RunProgress:
         self.configs = units
         self.units = {unit: [t.trial_id for t in u.trials] for unit, u in units.items()}
         self.trials = {t.trial_id: t for u in units.values() for t in u.trials}
+        self.since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # rows' finished_at from here on are this run's
 
     def _finish(self, trial: Any, errored: bool) -> None:
         unit = trial.config["unit"]
@@ -235,25 +242,46 @@ class RunProgress:
         self.tally.warm_saved_s += float(result.get("warm_saved_s", 0.0))
         seen = self.tally.running.pop(unit, {})
         self.tally.work_finished += int(result.get("work", seen.get("work", 0)))
+        for kind, warning in (result.get("warnings") or {}).items():
+            if kind not in self.tally.warned:  # one warning a kind for the grid: a full disk fails every unit alike
+                self.tally.warned.add(kind)
+                print(f"bench: warning: {warning}", file=sys.stderr, flush=True)
         if result.get("status") == "rejected" and not errored:
-            self._reject(unit, result.get("error", ""))
+            if result.get("halt") and self.tally.halt is None:
+                self.tally.halt = result.get("error", "")
+            self._reject(unit, result.get("error", ""), result)
             return
         for trial_id in self.units[unit]:
             self._finish_trial(trial_id, result, errored, len(self.units[unit]), unit)
 
-    def _reject(self, unit: str, error: str) -> None:
-        """A worker's check refused the unit: one line for it (a pack's members share the error)."""
-        members = self.units[unit]
+    def _reject(self, unit: str, error: str, result: dict[str, Any]) -> None:
+        """A worker's check refused the unit: one line for the members without a row (a pack's share the error);
+        a member that wrote its row before (the streams executor's) is finished with it."""
+        members = [t for t in self.units[unit] if not self._written_now(t)]
+        for trial_id in self.units[unit]:
+            if trial_id not in members:
+                self._finish_trial(trial_id, result, False, len(self.units[unit]), unit)
+        if not members:
+            return
         self.tally.done += len(members)
+        self.tally.seen.update(members)
         self.tally.statuses["rejected"] += len(members)
         for trial_id in members:
             self.tally.rejected[trial_id] = error
         width = len(str(self.tally.total))
-        self.board.line(f"[{self.tally.done:>{width}}/{self.tally.total}] rejected "
-                        f"{self.configs[unit].describe()}\n      bench: error: {error}")
+        which = (self.configs[unit].describe() if len(members) == len(self.units[unit])
+                 else "; ".join(self.trials[t].describe() for t in members))
+        self.board.line(f"[{self.tally.done:>{width}}/{self.tally.total}] rejected {which}\n"
+                        f"      bench: error: {error}")
+
+    def _written_now(self, trial_id: str) -> bool:
+        """Whether the trial has a row written during this run (not a `failed` row of an earlier one)."""
+        row, _ = self.store.read_row(trial_id)
+        return row is not None and (row.get("finished_at") or "") >= self.since
 
     def _finish_trial(self, trial_id: str, result: dict[str, Any], errored: bool, size: int, unit: str) -> None:
         self.tally.done += 1
+        self.tally.seen.add(trial_id)
         row, _ = self.store.read_row(trial_id)
         status = "failed" if errored or row is None else row["status"]
         self.tally.rowless += row is None
@@ -308,9 +336,17 @@ def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: C
         f"trial compute {fmt_seconds(tally.compute_s)}, {tally.compute_s / max(elapsed, 1e-9):.1f}x wall")
     out(f"warm-start cache: {tally.warm_misses} trained, {tally.warm_hits} reused, "
         f"saving {fmt_seconds(tally.warm_saved_s)} of compute")
-    if tally.done < tally.total:
+    if tally.interrupted is not None:
+        out(f"stopped by {signal_name(tally.interrupted)}: {tally.done} of {tally.total} trials have their row, "
+            f"{tally.total - tally.done} did not finish (cut at their last epoch checkpoint, or not started): run "
+            "the same command again to finish them from there")
+    elif tally.halt is not None:
+        landed = tally.done - len(tally.rejected)
+        out(f"stopped: the results folder's disk is full: {landed} of {tally.total} trials have their row, "
+            f"{tally.total - landed} did not finish: free space there and run the same command again to finish them")
+    elif tally.done < tally.total:
         out(f"{tally.total - tally.done} trials did not finish: run the same command again to run only those")
-    if tally.rejected:
+    if tally.rejected and tally.halt is None:
         first = next(iter(tally.rejected.values()))
         out(f"{len(tally.rejected)} trials stopped on an error that retrying cannot fix and wrote no row (the first: "
             f"{first}); fix it and run the same command again")

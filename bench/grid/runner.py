@@ -36,12 +36,13 @@ from __future__ import annotations
 import os
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.config import UserError
+from bench.config import FolderFull, UserError, disk_full
 from bench.exec.executor import Bundle, Unit, UnitContext, get_executor
 from bench.exec.trainer import failed_row
 from bench.exec.warmstart import WarmStartCache
@@ -50,7 +51,15 @@ from bench.grid.describe import draw_units
 from bench.grid.experiment import Experiment
 from bench.grid.mlflow_callback import make_mlflow_callback
 from bench.grid.plan import Plan
-from bench.grid.progress import REPORT_EVERY, StatusBoard, Tally, UnitReporter, make_callback, print_summary
+from bench.grid.progress import (
+    REPORT_EVERY,
+    StatusBoard,
+    Tally,
+    UnitReporter,
+    make_callback,
+    print_summary,
+)
+from bench.grid.stop import GridStop
 from bench.grid.validate import check_data, check_results
 from bench.store import folder
 from bench.store.mirror import open_mirror
@@ -72,18 +81,20 @@ def ray_unit(config: dict[str, Any], units: dict[str, Unit], data_root: str, res
     torch.set_num_threads(threads)
     unit = config["unit"]
     trials = list(units[unit].trials)
-    log_path = folder.Store(results).log_path(unit)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = UnitLog(folder.Store(results).log_path(unit))
     # Progress for the driver's live status, through Ray Tune's results (bench.grid.progress).
     progress = UnitReporter(lambda record: tune.report({"unit": unit, **record}), every=report_every)
     progress.start()
-    with open(log_path, "a") as log_file:
-        def log(line: str) -> None:
-            log_file.write(line + "\n")
-            log_file.flush()
-
+    with log:
         cache = WarmStartCache(results, log=log)
         checkpoints = folder.Checkpoints(results, unit, log)
+
+        def closing(**report: Any) -> dict[str, Any]:
+            """The unit's last report: its outcome, cache use, work done, and the warnings of its optional writes."""
+            warnings = {k: w for k, w in (("log", log.warning), ("warm-start cache", cache.warning),
+                                          ("checkpoint", checkpoints.warning)) if w}
+            return {"unit": unit, **report, **cache.stats(), **progress.final(), "warnings": warnings}
+
         try:
             check_cuda(trials[0].device)
             rows = get_executor(units[unit].kind).run(trials, UnitContext(
@@ -91,8 +102,9 @@ def ray_unit(config: dict[str, Any], units: dict[str, Unit], data_root: str, res
         except UserError as e:
             # Bad input that only the worker could see (a data file damaged after the driver's check, a row that
             # could not be written): retrying cannot help, so report it once to the driver instead of raising.
+            # A full disk ends the grid (`halt`): every unit would meet it.
             log(f"bench: error: {e}")
-            tune.report({"unit": unit, "status": "rejected", "error": str(e), **cache.stats(), **progress.final()})
+            tune.report(closing(status="rejected", error=str(e), halt=isinstance(e, FolderFull)))
             return
         except Exception as e:
             if retry_cures(e):
@@ -100,23 +112,65 @@ def ray_unit(config: dict[str, Any], units: dict[str, Unit], data_root: str, res
             # A deterministic error (a bug, a value the checks missed): it would fail the same way on every retry,
             # so the unit ends here, its trials' rows `failed` with the reason, the traceback in its log.
             error = one_line(e)
-            log_file.write(traceback.format_exc())
+            log(traceback.format_exc().rstrip())
             log(f"bench: trial failed: {error}")
             write_failed_rows(trials, results, error, log)
-            tune.report({"unit": unit, "status": "failed", "error": error, **cache.stats(), **progress.final()})
+            tune.report(closing(status="failed", error=error))
             return
         checkpoints.clear()
-    tune.report({"unit": unit, "status": ",".join(sorted({r["status"] for r in rows})), **cache.stats(),
-                 **progress.final()})
+        tune.report(closing(status=",".join(sorted({r["status"] for r in rows}))))
+
+
+class UnitLog:
+    """A unit's log file (`logs/<unit>.log`), called with each line. The log is optional: where it cannot be
+    written (a full disk), the unit goes on without it, and `warning` says why (the driver prints it once)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.file, self.warning = path, None, None
+
+    def __enter__(self) -> UnitLog:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(self.path, "a", buffering=1)  # noqa: SIM115 - closed by __exit__
+        except OSError as e:
+            self._off(e)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._close()
+
+    def __call__(self, line: str) -> None:
+        if self.file is None:
+            return
+        try:
+            self.file.write(line + "\n")
+            self.file.flush()
+        except OSError as e:
+            self._off(e)
+
+    def _off(self, error: OSError) -> None:
+        self.warning = (f"could not write the log {self.path} ({type(error).__name__}: {error.strerror or error}); "
+                        "the trials go on without their per-epoch logs")
+        self._close()
+
+    def _close(self) -> None:
+        file, self.file = self.file, None
+        if file is not None:
+            try:
+                file.close()
+            except OSError:  # its last lines are lost with the log
+                pass
 
 
 def retry_cures(error: BaseException) -> bool:
     """Whether retrying a unit may cure `error`: a fault of Ray's own (a lost node, actor or object), a GPU whose
-    memory other work took, a connection that dropped. A worker killed outright (a lost node, an out-of-memory
-    kill, a preempted worker) raises nothing here: Ray sees it die and retries it (`--retries`)."""
+    memory other work took, a connection that dropped; never a full disk. A worker killed outright (a lost node, an
+    out-of-memory kill, a preempted worker) raises nothing here: Ray sees it die and retries it (`--retries`)."""
     import ray.exceptions
     import torch
 
+    if disk_full(error):  # the next write fails the same way
+        return False
     return isinstance(error, (ray.exceptions.RayError, torch.OutOfMemoryError, ConnectionError))
 
 
@@ -184,8 +238,16 @@ def run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None] = pr
     when another driver holds the results folder."""
     results = folder.absolute(s.results)
     check_results(results)
-    with folder.Store(results).hold():
-        return _run_experiment(exp, s, out)
+    with GridStop() as stop, folder.Store(results).hold(), warnings.catch_warnings():
+        # Ray Tune leaves the logs of units a signal stopped to the garbage collector: not the user's concern.
+        warnings.simplefilter("ignore", ResourceWarning)
+        try:
+            return _run_experiment(exp, s, out, stop)
+        except Exception as e:
+            if disk_full(e):  # a write of the driver's own (Ray Tune's state, the grid's file): one line
+                raise FolderFull(f"the disk of the results folder {results} is full ({' '.join(str(e).split())[:200]});"
+                                 " free space there and run the same command again") from None
+            raise
 
 
 def describe_size(unit: Unit, gpu: float) -> str:
@@ -201,9 +263,9 @@ def unit_bundles(unit: Unit, cpu: float, gpu: float) -> list[Bundle]:
 
 
 def _tuner(exp: Experiment, s: Settings, units: dict[str, Unit], results: str, cpu: float,
-           gpu: float, callbacks: list[Any]) -> Any:
+           gpu: float, callbacks: list[Any], stop: GridStop, tally: Tally) -> Any:
     """Ray Tune's grid over the units: one Ray trial per unit, with the resources its executor asks, reusing
-    actors, no scheduler."""
+    actors, no scheduler; it ends early on a signal (`stop`) or a full disk (`tally.halt`)."""
     from ray import tune
 
     trainable = tune.with_parameters(
@@ -224,8 +286,24 @@ def _tuner(exp: Experiment, s: Settings, units: dict[str, Unit], results: str, c
             verbose=0,
             failure_config=tune.FailureConfig(max_failures=s.retries),
             callbacks=callbacks,
+            stop=stop.stopper(lambda: tally.halt is not None),
         ),
     )
+
+
+def count_landed(tally: Tally, results: str, trials: list[Any]) -> None:
+    """Count the rows on disk that the callbacks did not see: a grid stopped by a signal ends its units while
+    some still write their rows. A `failed` row counts as failed; a trial without a row is not finished."""
+    store = folder.Store(results)
+    for t in trials:
+        if t.trial_id in tally.seen:
+            continue
+        row, _ = store.read_row(t.trial_id)
+        if row is not None:
+            tally.seen.add(t.trial_id)
+            tally.done += 1
+            tally.statuses[row["status"]] += 1
+            tally.compute_s += float(row["wall_s"] or 0.0)
 
 
 def trial_device(exp: Experiment, gpus_per_trial: float | None) -> tuple[float, str | None]:
@@ -234,8 +312,7 @@ def trial_device(exp: Experiment, gpus_per_trial: float | None) -> tuple[float, 
     return gpu, None if gpus_per_trial is None else ("cuda" if gpu > 0 else "cpu")
 
 
-def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) -> Tally:
-
+def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], stop: GridStop) -> Tally:
     cpu = s.cpus_per_trial if s.cpus_per_trial is not None else exp.resources.cpu
     gpu, device = trial_device(exp, s.gpus_per_trial)
     if device == "cpu" and exp.device.startswith("cuda"):
@@ -249,10 +326,8 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) ->
     pending = plan.pending
 
     mirror = open_mirror(results, s.mlflow_uri) if s.mlflow else None
-    if mirror is not None and plan.done:
-        backfilled = mirror.sync(results, trial_ids=set(plan.done))
-        if backfilled:
-            out(f"MLflow: backfilled {backfilled} runs of finished trials")
+    if mirror is not None and plan.done and (backfilled := mirror.sync(results, trial_ids=set(plan.done))):
+        out(f"MLflow: backfilled {backfilled} runs of finished trials")
 
     tally = Tally(total=len(pending))
     if not pending:
@@ -270,24 +345,29 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None]) ->
         f"({w['warm_starts']} warm starts); per-epoch logs in {folder.Store(results).logs_hint()}")
 
     started_here = start_ray(s.address, s.num_cpus)
+    stop.hold()  # Ray's start installed its own handlers
     board = StatusBoard(out, live=s.live, every=s.status_every)
     try:
         units = plan_on_cluster(pending, s, gpu, out)
         check_resources({describe_size(u, gpu): unit_bundles(u, cpu, gpu) for u in units.values()})
         if s.address is None:  # the trials run here (on a cluster each worker checks its own)
             check_cuda(pending[0].device)
-        members = {k: [t.trial_id for t in u.trials] for k, u in units.items()}
         callbacks = [make_callback(tally, results, units, board)]
         if mirror is not None:
+            members = {k: [t.trial_id for t in u.trials] for k, u in units.items()}
             callbacks.append(make_mlflow_callback(tally, results, members, mirror))
-        tuner = _tuner(exp, s, units, results, cpu, gpu, callbacks)
+        tuner = _tuner(exp, s, units, results, cpu, gpu, callbacks, stop, tally)
         tally.started = time.monotonic()  # progress and ETA count from the first trial, not Ray's start-up
-        tuner.fit()
+        stop.run(tuner.fit)
+        tally.interrupted, tally.ray_left = stop.signum, stop.abandoned
+        if stop.signum is not None or tally.halt is not None:  # rows that landed while it stopped, unseen so far
+            count_landed(tally, results, pending)
     finally:
         board.close()
-        if started_here:
+        if started_here and not stop.abandoned:  # else Ray's processes end with the driver (bench.cli.run)
             import ray
 
             ray.shutdown()
+            stop.hold()  # Ray's shutdown leaves SIGTERM to its default action
     print_summary(exp, plan, tally, mirror, out)
     return tally

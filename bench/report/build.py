@@ -31,11 +31,16 @@ def _summary(df: pl.DataFrame, grid: pl.DataFrame, results: str, every: pl.DataF
     text = (f"{df.height} trials under {results}: {status['ok']} ok, {status['diverged']} diverged, "
             f"{status['failed']} failed; {measured} of {grid.height} cells measured "
             f"({grid.height - measured} missing); commits {commits}.")
-    if every is not None and every.height > df.height:
-        counts = every.group_by("protocol").len().sort("protocol")
-        text += (" Protocols: " + ", ".join(f"{p} ({n} trials)" for p, n in counts.iter_rows())
-                 + f"; the tables show {df['protocol'][0]}'s, the protocol-effect panel compares them.")
-    return text
+    shown = df["protocol"][0] if df.height else protocols.BENCH
+    if every is None or every.height == df.height:
+        return text + f" The tables show the {shown} protocol's trials."
+    counts = every.group_by("protocol").len().sort("protocol")
+    text += " Protocols: " + ", ".join(f"{p} ({n} trials)" for p, n in counts.iter_rows())
+    if protocols.BENCH in counts["protocol"].to_list():
+        return text + f"; the tables show {shown}'s, the protocol-effect panel compares them."
+    # The panel pairs each protocol with bench's trials: without them it is not drawn, and the others are not shown.
+    return text + (f"; the tables show {shown}'s only (the first in sorted order); the others are not shown, and "
+                   "no panel compares them: that needs bench's trials of the same cells.")
 
 
 def _render(panel: Panel, ctx: Context, written: dict[str, Path], tables: dict[str, pl.DataFrame],
@@ -108,7 +113,9 @@ def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str,
 def terminal_leaderboard(results: str, metric: str = "selected", bold: bool = False) -> str:
     """`bench leaderboard`'s text: the headline protocol's leaderboard as aligned terminal tables under the report's
     first line; `metric` a key of `analysis.METRICS` (the selected checkpoint's accuracy, or the last epoch's)."""
-    df = protocols.headline(analysis.load_trials(results))
+    every = analysis.load_trials(results)
+    df = protocols.headline(every)
     grid = analysis.aggregate(df)
     paired = analysis.paired_comparison(df, grid, metric=analysis.METRICS[metric])
-    return leaderboard.to_terminal(leaderboard.tables(grid, paired, metric), _summary(df, grid, results), bold=bold)
+    return leaderboard.to_terminal(leaderboard.tables(grid, paired, metric), _summary(df, grid, results, every),
+                                   bold=bold)

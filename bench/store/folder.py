@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.config import UserError
+from bench.config import FolderFull, UserError, disk_full
 from bench.store.columns import arrow_tables, not_ours
 
 TABLES = ("trials", "epochs")
@@ -207,11 +207,13 @@ class Store:
                     Store(keep)._write_trial(*tables)
                 except (OSError, pa.ArrowException):
                     continue
-                raise UserError(f"could not write the row of trial {trial_id} to {self.location} ({problem}); kept "
+                error = FolderFull if disk_full(e) else UserError
+                raise error(f"could not write the row of trial {trial_id} to {self.location} ({problem}); kept "
                                 f"it in {keep}/trials: move {keep}/trials/{trial_id}.parquet and "
                                 f"{keep}/epochs/{trial_id}.parquet into the results folder") from None
-            raise UserError(f"could not write the row of trial {trial_id} to {self.location} ({problem}), nor to "
-                            f"{unsaved_folder()}: the trial's result is lost") from None
+            raise (FolderFull if disk_full(e) else UserError)(
+                f"could not write the row of trial {trial_id} to {self.location} ({problem}), nor to "
+                f"{unsaved_folder()}: the trial's result is lost") from None
 
     def _write_trial(self, trial_id: str, row: Any, epochs: Any) -> str:
         self._write_parquet(self.path("epochs", f"{trial_id}.parquet"), epochs)
@@ -276,17 +278,24 @@ class Store:
 
     def set_aside_damaged(self) -> list[tuple[str, str]]:
         """Move every result file that is unreadable or not one of ours to `damaged/` (so that its trial runs again
-        and the file stays for inspection); return (where each went, what was wrong)."""
+        and the file stays for inspection); return (where each went, what was wrong). A trial whose curves are
+        damaged has its row set aside too: its row alone would mark it done, and its curves would never come back."""
         moved = []
-        for table in TABLES:
+        for table in ("epochs", "trials"):  # curves first: their rows follow them
             for path in self._paths(table):
                 _, problem = self._load(path)
                 if problem:
-                    target = self.path("damaged", f"{table}-{Path(path).name}.{time.strftime('%Y%m%d-%H%M%S')}")
-                    self.fs.create_dir(self.path("damaged"), recursive=True)
-                    self.fs.move(path, target)
-                    moved.append((target, problem))
+                    moved.append((self._set_aside(table, path), problem))
+                    row = self.path("trials", Path(path).name)
+                    if table == "epochs" and self.exists(row):
+                        moved.append((self._set_aside("trials", row), "its curves (epochs/) were damaged"))
         return moved
+
+    def _set_aside(self, table: str, path: str) -> str:
+        target = self.path("damaged", f"{table}-{Path(path).name}.{time.strftime('%Y%m%d-%H%M%S')}")
+        self.fs.create_dir(self.path("damaged"), recursive=True)
+        self.fs.move(path, target)
+        return target
 
     @contextmanager
     def hold(self) -> Iterator[None]:
@@ -310,10 +319,13 @@ class Store:
                 holder = handle.read().strip() or "another process"
                 raise UserError(f"results folder {self.root} is in use by {holder}; wait for it to finish (or stop "
                                 "it), or use another --results") from None
-            handle.truncate(0)
-            handle.write(f"`bench` pid {os.getpid()} on {socket.gethostname()} since "
-                         f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
-            handle.flush()
+            try:  # below Python's buffer: a full disk fails here, not again when the file closes
+                os.ftruncate(handle.fileno(), 0)
+                os.write(handle.fileno(), f"`bench` pid {os.getpid()} on {socket.gethostname()} since "
+                                          f"{time.strftime('%Y-%m-%d %H:%M:%S')}".encode())
+            except OSError as e:  # closing the file releases the lock
+                raise UserError(f"results folder {self.root} cannot be written ({type(e).__name__}: "
+                                f"{e.strerror or e}); free space there (or use another --results)") from None
             try:
                 yield
             finally:
@@ -345,6 +357,7 @@ class Checkpoints:
         self.store, self.log = Store(results), log
         self.path = self.store.path("checkpoints", f"{unit}.pt")
         self.off = False  # set when a save failed: the unit goes on without checkpoints
+        self.warning: str | None = None  # why (for the driver)
 
     def load(self) -> dict[str, Any] | None:
         if not self.store.exists(self.path):
@@ -364,9 +377,10 @@ class Checkpoints:
             self.store.save_tensors(self.path, state)
         except OSError as e:
             self.off = True  # an older checkpoint stays valid: it resumes from its own epoch, with the same numbers
-            self.log(f"bench: warning: could not write the checkpoint {self.path} ({type(e).__name__}: "
-                     f"{' '.join(str(e).split())[:160]}); training goes on without checkpoints (a retry starts "
-                     "this unit over)")
+            self.warning = (f"could not write the checkpoint {self.path} ({type(e).__name__}: "
+                            f"{' '.join(str(e).split())[:160]}); training goes on without checkpoints (a retry starts "
+                            "this unit over)")
+            self.log(f"bench: warning: {self.warning}")
 
     def clear(self) -> None:
         self.store.delete(self.path)

@@ -60,7 +60,19 @@ def tracking_uri(results: str | os.PathLike[str], uri: str | None = None) -> str
         return uri
     if not is_local(results):
         return None
-    return f"sqlite:///{local_path(results) / 'mlflow.db'}"
+    where = local_path(results)
+    if odd := sorted(set(URI_SPECIAL) & set(str(where))):
+        # MLflow and SQLAlchemy read the path as a URL (`%20` is a space, `?` starts a query, `#` a fragment): the
+        # store would land elsewhere, or be retried for minutes; escaped, MLflow still makes a folder of the escaped
+        # name beside it. Refused before anything is written.
+        raise UserError(f"results folder {where}: its path holds {' '.join(map(repr, odd))}, which the MLflow "
+                        "store's URI (sqlite:///RESULTS/mlflow.db) cannot carry; use a folder name without '%', '?' "
+                        "and '#', or name the store with --mlflow-uri (e.g. sqlite:////tmp/mlflow.db), or run with "
+                        "--no-mlflow")
+    return f"sqlite:///{where / 'mlflow.db'}"
+
+
+URI_SPECIAL = "%?#"  # characters a URL path does not carry as themselves
 
 
 def cell_of(row: dict[str, Any]) -> str:

@@ -65,7 +65,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.config import UserError
+from bench.config import UserError, disk_full
 from bench.exec.executor import Bundle, Executor, UnitContext
 from bench.exec.stage import after_step
 from bench.exec.trainer import failed_row, run_trial
@@ -98,9 +98,11 @@ class Stopped(BaseException):  # noqa: N818 - not an error: the member stops bec
 def retry_may_cure(error: BaseException) -> bool:
     """`bench.grid.runner.retry_cures`' rule without importing Ray (the training core runs on a bare GPU box):
     Ray's own faults known by their module, a GPU whose memory other work took, a dropped connection; and anything
-    that is not an Exception (an interrupt) ends the unit as well."""
+    that is not an Exception (an interrupt) ends the unit as well; never a full disk."""
     if not isinstance(error, Exception):
         return True
+    if disk_full(error):  # the next write fails the same way
+        return False
     return isinstance(error, (torch.OutOfMemoryError, ConnectionError)) or any(
         cls.__module__.split(".")[0] == "ray" for cls in type(error).__mro__)
 
