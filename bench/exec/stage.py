@@ -27,6 +27,7 @@ from bench.config import Schedule, UserError
 from bench.exec import diagnostics
 from bench.exec.events import EpochRecord, Event, Events, Resumed, StageEnd, StageStart, floats, log_line
 from bench.exec.prepare import Log, Prepared, SplitLoader
+from bench.exec.turns import ALONE, Turns
 from bench.methods import Batch, Method
 from bench.protocol import BENCH_SELECTION, Selection
 
@@ -75,11 +76,6 @@ def make_optimizer(params: list[nn.Parameter], schedule: Schedule) -> torch.opti
     raise UserError(f"unknown optimizer {schedule.optimizer!r}; use adam or sgd")
 
 
-# Per thread: its `turn`, where an executor set one (`bench.exec.executors.streams`, several trials in threads of one
-# process), is called after each optimiser step, so that the next trial launches its step while this one's runs.
-after_step = threading.local()
-
-
 def train_epoch(
     nets: list[nn.Module],
     step_loss: Callable[[list[nn.Module], Batch], torch.Tensor],
@@ -89,17 +85,17 @@ def train_epoch(
     epoch: int,
     generator: torch.Generator,
     max_grad_norm: float | None = None,
+    turns: Turns = ALONE,
 ) -> torch.Tensor:
     """One pass over the training split; returns the mean training loss as a device tensor (NaN if it diverged).
     With `max_grad_norm`, the gradient of the optimiser's parameters is clipped to that norm before each step.
     The networks' forward passes run at the trial's precision (the loader's), the loss from float32 logits.
-    No value comes back to the host inside the loop."""
+    No value comes back to the host inside the loop. `turns.after_step()` follows each step (`bench.exec.turns`)."""
     for net in nets:
         net.train()
     total = torch.zeros((), dtype=torch.float64, device=loader.device)
     steps = 0
     params = [q for group in optimizer.param_groups for q in group["params"]]
-    turn = getattr(after_step, "turn", None)
     # The precision's hooks are on the networks' forward passes only, so one set serves the whole epoch.
     with loader.forward_precision(nets):
         for x, y, idx in loader.batches(batch_size, train=True, generator=generator):
@@ -111,8 +107,7 @@ def train_epoch(
             optimizer.step()
             total += loss.detach()
             steps += 1
-            if turn is not None:
-                turn()
+            turns.after_step()
     return total / max(steps, 1)
 
 
@@ -311,8 +306,9 @@ class SoloStage:
         step_loss: Callable[[list[nn.Module], Batch], torch.Tensor],
         selection_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         method: Method | None = None,
+        turns: Turns = ALONE,
     ) -> None:
-        self.p, self.nets, self.schedule = p, nets, schedule
+        self.p, self.nets, self.schedule, self.turns = p, nets, schedule, turns
         self.step_loss, self.selection_loss, self.method = step_loss, selection_loss, method
         self.generator = torch.Generator().manual_seed(seed)  # the data order
         self.optimizer = make_optimizer([q for net in nets for q in net.parameters()], schedule)
@@ -334,7 +330,7 @@ class SoloStage:
             group["lr"] *= factor
         try:
             return train_epoch(self.nets, self.step_loss, optimizer, self.p.train, self.schedule.batch_size, epoch,
-                               self.generator, method.max_grad_norm() if method else None)
+                               self.generator, method.max_grad_norm() if method else None, self.turns)
         finally:
             for group, lr in zip(optimizer.param_groups, scheduled, strict=True):
                 group["lr"] = lr
