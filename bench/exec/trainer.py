@@ -109,7 +109,7 @@ def train(
     nets[0].load_state_dict(stage.best_state)
     return measure(p, method, result, 0, predict(nets[0], p.test), last_logits, warmup_test_acc,
                    epochs + result.epochs[0], warmup_s, result.seconds,
-                   warm_diagnose_s + result.diagnose_seconds, executor=executor)
+                   warm_diagnose_s + result.diagnose_seconds, pack_size=1, executor=executor)
 
 
 def warm_started_nets(p: Prepared, networks: int, log: Log, warm_cache: WarmStarts | None,
@@ -142,7 +142,8 @@ def run_trial(
     turns: Turns = ALONE,
 ) -> dict[str, Any]:
     """Run one trial and return its result row; with `results`, also write it there. `executor`: the kind of unit
-    it runs in (`bench.exec.executor`), for its row; `turns`: the hook its training loops call after each step.
+    it runs in, for its row: "solo" for a trial run on its own; a unit's executor passes its name
+    (`bench.exec.executor.Executor.run_trial`); `turns`: the hook its training loops call after each step.
 
     Bad input raises `UserError` before anything is written. A crash during training writes a row with
     status "failed" and the error, then re-raises; a trial its unit stopped (`Stopped`) writes none.

@@ -68,7 +68,7 @@ import torch
 
 from bench.config import UserError
 from bench.exec.executor import Bundle, Executor, UnitContext
-from bench.exec.trainer import failed_row, run_trial
+from bench.exec.trainer import failed_row
 from bench.exec.turns import Stopped, Turns
 from bench.exec.warmstart import WarmStart, WarmStarts
 from bench.store.folder import Checkpoints, Store
@@ -227,9 +227,8 @@ class Streams(Executor):
                 return row
             checkpoints = Checkpoints(ctx.results, trial.trial_id, log)
         try:
-            row = run_trial(trial, ctx.data_root, results=ctx.results, log=log,
-                            warm_cache=shared_cache(ctx.warm_cache, baton, m), events=ctx.events,
-                            checkpoints=checkpoints, executor=self.name, turns=turns)
+            row = self.run_trial(trial, ctx, log=log, warm_cache=shared_cache(ctx.warm_cache, baton, m),
+                                 checkpoints=checkpoints, turns=turns)
         except Stopped:
             raise  # not the member's error: it resumes from its checkpoint
         except Exception as e:
