@@ -302,9 +302,9 @@ def test_a_grid_runs_streams_units_through_ray(tmp_path: Path) -> None:
                            str(tmp_path / "r"), "--no-mlflow", "--num-cpus", "2", "--data-root", str(tmp_path)],
                           capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "streams units: 3 trials in 1 units of 3" in done.stdout
+    assert "streams units (--executor auto): 3 trials in 1 streams units of 3; 0 trials solo" in done.stdout
     rows = pl.read_parquet(tmp_path / "r" / "trials" / "*.parquet").to_dicts()
-    assert sorted(r["status"] for r in rows) == ["ok"] * 3
+    assert sorted(r["status"] for r in rows) == ["ok"] * 3 and {r["executor"] for r in rows} == {"streams"}
     log = next((tmp_path / "r").rglob("streams-*.log")).read_text()
     assert {f"[m{m}] warm start done" in log for m in range(3)} == {True}
     for row in rows:
