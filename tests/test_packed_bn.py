@@ -41,7 +41,8 @@ from bench.datasets.cifar10 import CIFAR10
 from bench.exec.executors.pack import pack_id
 from bench.exec.grouped import Grouped
 from bench.exec.pack import run_pack
-from bench.exec.packed import PackedStage, device_generator, member_order, why_solo
+from bench.exec.packed import PackedStage, device_generator
+from bench.exec.packing import member_order, why_solo
 from bench.exec.prepare import build_model, prepare, seed_everything, warm_seed
 from bench.exec.trainer import run_trial
 from bench.grid import executor_table

@@ -29,7 +29,8 @@ from bench.config import UserError
 from bench.data import Dataset, Split, Splits, get_dataset, registry
 from bench.datasets.cifar10 import BATCHES, CLASSES, PixelNormalisation
 from bench.exec.executors.streams import Baton
-from bench.exec.packed import PackedStage, device_generator, why_solo
+from bench.exec.packed import PackedStage, device_generator
+from bench.exec.packing import why_solo
 from bench.exec.prepare import Prepared, build_model, method_seed, prepare, seed_everything
 from bench.exec.stage import SoloStage
 from bench.exec.turns import ALONE, Turns

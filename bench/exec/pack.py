@@ -2,7 +2,7 @@
 
 The members' CE warm starts train as one pack (or come from the cache), then the method stage, then each member's
 result row, exactly as its solo trial would write it. `run_pack` refuses trials that may not share a pack
-(`bench.exec.packed.why_solo`, `pack_key`) and a pack that does not fit its device (`bench.exec.memory.check`),
+(`bench.exec.packing.why_solo`, `pack_key`) and a pack that does not fit its device (`bench.exec.memory.check`),
 before anything trains.
 """
 
@@ -19,7 +19,8 @@ from bench.config import UserError
 from bench.exec import memory, warmstart
 from bench.exec.events import Events
 from bench.exec.member import finish, measure, new_method, set_up_method
-from bench.exec.packed import PackedStage, compile_mode, device_generator, member_order, pack_key, why_solo
+from bench.exec.packed import PackedStage, compile_mode, device_generator
+from bench.exec.packing import member_order, pack_key, why_solo
 from bench.exec.prepare import (
     Prepared,
     build_model,

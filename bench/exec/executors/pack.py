@@ -14,7 +14,8 @@ from bench.config import UserError
 from bench.exec import memory
 from bench.exec.executor import Bundle, Executor, UnitContext
 from bench.exec.pack import run_pack
-from bench.exec.packed import EVAL_IMAGES, pack_key, why_solo
+from bench.exec.packed import EVAL_IMAGES
+from bench.exec.packing import pack_key, why_solo
 from bench.exec.prepare import prepare
 from bench.trial import TrialConfig
 
