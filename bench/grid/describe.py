@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the listing takes an Experiment; it need not import the exp
 
 
 def table_lines(pending: list[TrialConfig], gpu_kind: str | None) -> list[str]:
-    """The executor table's rows that chose the executors of `pending` under `--pack auto`, one line each; not the
+    """The executor table's rows that chose the executors of `pending` under `--executor auto`, one line each; not the
     generic row that keeps any model's trials solo on a CPU (the dry run says why they run solo), but a model's own
     CPU row (`bench calibrate --device cpu` measured it)."""
     table = executor_table.read_table()

@@ -2,7 +2,7 @@
 `--dry-run` listing.
 
 A trial whose result row exists (and did not fail) is done; the others are pending. Pending trials run as units: a
-solo trial, or a pack of trials trained as one stacked model (`plan_units`, `--pack`; `bench.exec.pack` trains it),
+solo trial, or a pack of trials trained as one stacked model (`plan_units`, `--executor`; `bench.exec.pack` trains it),
 split so that every GPU the trials run on gets work. The plan opens no GPU (`bench.exec.executor.Executor.fit`).
 The work a plan implies counts the CE warm starts once per cell (the cache shares them). It imports the training
 core but no Ray, MLflow or YAML.
