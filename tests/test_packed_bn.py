@@ -323,7 +323,7 @@ def test_the_cifar10_grid_packs_all_but_lccn_and_vat(small_cifar: Path, tmp_path
     solo = [line.strip() for line in out.splitlines() if line.strip().startswith("solo:")]
     assert len(solo) == 2 and all(line.startswith("solo: 50 trials: method") for line in solo), solo
     assert {line.split()[4] for line in solo} == {"lccn", "vat"}
-    assert "packs (--pack auto): 500 trials in" in out
+    assert "packs (--executor auto): 500 trials in" in out
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
