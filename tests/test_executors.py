@@ -209,3 +209,15 @@ def test_the_docs_executor_is_one_file_and_runs_a_grid_through_ray(tmp_path: Pat
         assert trained_close(solo["val_loss"], row["val_loss"])
         if solo["best_epoch"] == row["best_epoch"]:
             assert same_accuracy(solo["test_acc"], row["test_acc"], 1000)
+
+
+def test_the_planner_imports_no_executor_internals() -> None:
+    """The plan and its words know executors only by their contract (`bench.exec.executor`): sizing, words and
+    reasons come from the unit's own executor, so a kind's internals (packs, memory) stay in its file."""
+    import ast
+
+    for module in ("plan", "describe"):
+        tree = ast.parse((REPO / "bench" / "grid" / f"{module}.py").read_text())
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+        assert {m for m in imported if m.startswith("bench.exec")} <= {"bench.exec.executor"}, (module, imported)
