@@ -340,7 +340,7 @@ def protocol_record() -> list[str]:
              "`bench` is the paper's protocol done right; `authors` runs a dataset as the paper's scripts ran it, "
              "each of their choices a switch (`bench.protocol`; `--protocol authors`, `bench+SWITCH`, "
              "`authors-SWITCH`). What each switch changes:", ""]
-    lines += [f"- `{name}`: {what}" for name, what in protocol.SWITCHES.items()]
+    lines += [f"- `{name}`: {kind.what}" for name, kind in protocol.SWITCHES.items()]
     for name, cls in registry().items():
         switches = cls.switches()
         if not switches:

@@ -28,39 +28,71 @@ from bench.config import UserError
 
 BENCH, AUTHORS = "bench", "authors"
 
-# Every switch a dataset may declare: name -> what it changes (the setting each dataset gives it is its own).
+# Where a switch acts: on the CE warm start, on the method stage, or on both. A switch acting on the warm start is part
+# of its cache key (`bench.exec.prepare.warm_start_key`) and of the planner's cell (`bench.grid.plan.warm_cell`); one
+# acting on the method stage alone leaves a trial sharing bench's cached warm start.
+WARM, METHOD, BOTH = "warm start", "method stage", "both"
+
+
+@dataclass(frozen=True)
+class SwitchKind:
+    """What a switch changes (`what`, in words) and where it acts (`acts`: WARM, METHOD or BOTH)."""
+
+    acts: str
+    what: str
+
+    def __post_init__(self) -> None:
+        if self.acts not in (WARM, METHOD, BOTH):
+            raise ValueError(f"SwitchKind.acts is WARM, METHOD or BOTH, got {self.acts!r}")
+
+    @property
+    def on_warm_start(self) -> bool:
+        return self.acts != METHOD
+
+
+# Every switch a dataset may declare: name -> where it acts and what it changes (the setting each dataset gives it
+# is its own).
 SWITCHES = {
-    "warmup_by_accuracy": "the CE warm start keeps the epoch of the best accuracy on the whole noisy validation set, "
-                          "ties to the later epoch (>=); its first epoch always counts (bench: the lowest CE)",
-    "first_batch_selection": "the method stage keeps its epoch by the rule the method's script uses (`Selection` per "
-                             "method: the first validation batch in split order, loss or accuracy, strict; or CE of "
-                             "the softmax outputs; or, an oracle the row flags, clean test accuracy); the "
-                             "warm-started model competes as epoch 0 where the script saves it (bench: the lowest "
-                             "method loss on the whole noisy validation set)",
-    "optimizer_per_epoch": "the optimiser is created anew at every epoch of every stage, its state (Adam's moments "
-                           "and step, SGD's momentum) lost (bench: one optimiser per stage; a method's own "
-                           "optimiser, T-revision's, is kept)",
-    "fixed_torch_seed": "one torch seed (the setting) for initial weights, data order and dropout in every trial; "
-                        "`seed` draws only the noise (bench: the seed varies all of them)",
-    "script_noise": "noisy labels drawn as the scripts draw them: NumPy's legacy RandomState(seed), one uniform per "
-                    "example in list order, training then validation (bench: a generator keyed by the cell)",
-    "script_model": "the network as the scripts build it (the setting names the model; bench: the dataset's)",
-    "ce_is_warm_start": "the CE row is the warm start itself, no CE method stage (bench: warm start + a CE stage)",
-    "dmi_script_form": "L_DMI as the script computes it, -log(|det M| + 1e-3) in float32, M = onehot^T softmax summed "
-                       "('sum') or averaged ('mean') over the batch (bench: -log|det U| in float64)",
-    "warmup_batch_size": "the warm start's batch size as the script sets it (bench: the paper's stated 128)",
-    "script_transform": "the inputs as the scripts' torchvision transforms make them (the setting, per dataset: fixed "
-                        "normalisation constants, padding before normalising, resizing, rotation; bench: the "
-                        "dataset's own)",
-    "vocabulary_order": "the vocabulary numbered as the script's dictionary numbers it (the setting: 'alphabetical', "
-                        "the script's spelling of each word), so that each word gets the script's embedding row "
-                        "(bench: by frequency)",
-    "ce_summed": "the CE warm start's loss summed over the batch, not averaged (bench: the mean)",
-    "script_stream": "data order, dropout and every loader's draws taken from torch's one global generator as the "
-                     "script's DataLoaders take them (each iterator a base-seed draw, a shuffled one also its "
-                     "sampler's seed), the method stage continuing the stream the warm start left, as the script "
-                     "runs its stages in one process; such a trial trains alone, not in a pack (bench: the order "
-                     "from the stage's own generator, the method stage re-seeded)",
+    "warmup_by_accuracy": SwitchKind(WARM, (
+        "the CE warm start keeps the epoch of the best accuracy on the whole noisy validation set, ties to the "
+        "later epoch (>=); its first epoch always counts (bench: the lowest CE)")),
+    "first_batch_selection": SwitchKind(METHOD, (
+        "the method stage keeps its epoch by the rule the method's script uses (`Selection` per method: the first "
+        "validation batch in split order, loss or accuracy, strict; or CE of the softmax outputs; or, an oracle the"
+        " row flags, clean test accuracy); the warm-started model competes as epoch 0 where the script saves it "
+        "(bench: the lowest method loss on the whole noisy validation set)")),
+    "optimizer_per_epoch": SwitchKind(BOTH, (
+        "the optimiser is created anew at every epoch of every stage, its state (Adam's moments and step, SGD's "
+        "momentum) lost (bench: one optimiser per stage; a method's own optimiser, T-revision's, is kept)")),
+    "fixed_torch_seed": SwitchKind(BOTH, (
+        "one torch seed (the setting) for initial weights, data order and dropout in every trial; `seed` draws only"
+        " the noise (bench: the seed varies all of them)")),
+    "script_noise": SwitchKind(BOTH, (
+        "noisy labels drawn as the scripts draw them: NumPy's legacy RandomState(seed), one uniform per example in "
+        "list order, training then validation (bench: a generator keyed by the cell)")),
+    "script_model": SwitchKind(BOTH, (
+        "the network as the scripts build it (the setting names the model; bench: the dataset's)")),
+    "ce_is_warm_start": SwitchKind(METHOD, (
+        "the CE row is the warm start itself, no CE method stage (bench: warm start + a CE stage)")),
+    "dmi_script_form": SwitchKind(METHOD, (
+        "L_DMI as the script computes it, -log(|det M| + 1e-3) in float32, M = onehot^T softmax summed ('sum') or "
+        "averaged ('mean') over the batch (bench: -log|det U| in float64)")),
+    "warmup_batch_size": SwitchKind(WARM, (
+        "the warm start's batch size as the script sets it (bench: the paper's stated 128)")),
+    "script_transform": SwitchKind(BOTH, (
+        "the inputs as the scripts' torchvision transforms make them (the setting, per dataset: fixed normalisation"
+        " constants, padding before normalising, resizing, rotation; bench: the dataset's own)")),
+    "vocabulary_order": SwitchKind(BOTH, (
+        "the vocabulary numbered as the script's dictionary numbers it (the setting: 'alphabetical', the script's "
+        "spelling of each word), so that each word gets the script's embedding row (bench: by frequency)")),
+    "ce_summed": SwitchKind(WARM, (
+        "the CE warm start's loss summed over the batch, not averaged (bench: the mean)")),
+    "script_stream": SwitchKind(BOTH, (
+        "data order, dropout and every loader's draws taken from torch's one global generator as the script's "
+        "DataLoaders take them (each iterator a base-seed draw, a shuffled one also its sampler's seed), the method "
+        "stage continuing the stream the warm start left, as the script runs its stages in one process; such a "
+        "trial trains alone, not in a pack (bench: the order from the stage's own generator, the method stage "
+        "re-seeded)")),
 }
 
 
@@ -190,12 +222,9 @@ class Protocol:
         return sorted(self.switches)
 
     def warm_start_switches(self) -> list[str]:
-        """The switches that change the CE warm start (part of its cache key): all but the method stage's own."""
-        return [name for name in self.names() if name not in METHOD_STAGE_ONLY]
-
-
-# Switches that leave the warm start as bench trains it: a trial with only these shares bench's cached warm start.
-METHOD_STAGE_ONLY = ("first_batch_selection", "ce_is_warm_start", "dmi_script_form")
+        """The switches that change the CE warm start (part of its cache key, `SwitchKind.acts`): a trial with only
+        method-stage switches shares bench's cached warm start."""
+        return [name for name in self.names() if SWITCHES[name].on_warm_start]
 
 
 _SPEC = re.compile(r"(bench|authors)((?:[+-][a-z_]+)*)")

@@ -28,7 +28,7 @@ members x steps x batch / seconds. `--tiny` shrinks both networks (width 8; ResN
 The projection applies the issue's arithmetic: the CIFAR-10 table (`tune_configs/cifar10.yaml`: the paper's `pairs`
 noise x 10 rates x 5 seeds, 12 trials a cell, 100 method-stage epochs each and one 120-epoch CE warm start a cell, over
 40,000 training images) in training image-steps, divided by a measured rate; the trials that cannot pack
-(`bench.exec.packed.why_solo`: LCCN, VAT) at the solo rate. Training passes only (no evaluation; VAT's extra passes
+(`bench.exec.packing.why_solo`: LCCN, VAT) at the solo rate. Training passes only (no evaluation; VAT's extra passes
 counted as one), as the issue counts; a streams unit runs any trial, so its projection puts every trial at its rate.
 Imports only torch and numpy (and bench's core): it runs on a bare GPU box.
 
@@ -53,7 +53,7 @@ import torch
 
 from bench.data import get_dataset
 from bench.exec import calibrate
-from bench.exec.packed import why_solo
+from bench.exec.packing import why_solo
 from bench.exec.prepare import Prepared, resolve_device
 from bench.grid import executor_table
 from bench.grid.calibration import table_row

@@ -23,14 +23,14 @@ import pytest
 import torch
 
 from bench.cli.main import main
-from bench.exec.executor import Unit
+from bench.exec.executor import Unit, get_executor
 from bench.exec.memory import GIB, pack_memory
 from bench.exec.packed import EVAL_IMAGES
 from bench.exec.prepare import prepare
 from bench.grid.cluster import start_ray
 from bench.grid.describe import describe_gpus
 from bench.grid.files import load_experiment
-from bench.grid.plan import PACK_MAX, plan_units, share_gpus, warm_cell
+from bench.grid.plan import plan_units, share_gpus, warm_cell
 from bench.grid.runner import Settings, plan_on_cluster
 from bench.trial import TrialConfig
 
@@ -63,7 +63,7 @@ def test_n_trials_on_g_gpus_are_g_balanced_packs_more_only_where_the_cap_needs_t
 
 
 @pytest.mark.parametrize("gpus, sizes", [
-    (1, [150, 150]),  # one GPU: packs of PACK_MAX at most, balanced
+    (1, [150, 150]),  # one GPU: packs of the pack executor's `most` at most, balanced
     (2, [150, 150]),
     (7, [44, 44, 44, 42, 42, 42, 42]),  # 150 cells over 7 packs: 22, 22, 22, 21, 21, 21, 21
     (8, [38] * 6 + [36] * 2),  # 150 cells over 8 packs: 19 x 6 + 18 x 2
@@ -71,7 +71,7 @@ def test_n_trials_on_g_gpus_are_g_balanced_packs_more_only_where_the_cap_needs_t
 ])
 def test_the_figure_fills_the_gpus_in_whole_warm_start_cells(gpus, sizes):
     trials = load_experiment(FIGURE).trials()
-    assert len(trials) == 300 and {t.device for t in trials} == {"cuda"} and PACK_MAX == 256
+    assert len(trials) == 300 and {t.device for t in trials} == {"cuda"} and get_executor("pack").most == 256
     units = plan_units(trials, "auto", gpus=gpus)
     assert pack_sizes(units) == sizes
     cells = [{warm_cell(t) for t in u} for u in units]

@@ -151,6 +151,32 @@ def doc_executor() -> tuple[str, str]:
     return code, table
 
 
+def test_the_docs_executor_is_chosen_by_name_and_planned_in_its_own_words(tmp_path: Path) -> None:
+    """`--executor sequence:2` picks the plug-in without a table row; `--pack` is its alias, not both at once; a
+    name no executor has is one line."""
+    code, _ = doc_executor()
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "sequence.py").write_text(code)
+    grid = dict(name="seq", dataset="synthetic", noise="case3", r=[0.2], seeds=[0, 1, 2, 3, 4], epochs=2,
+                epochs_warmup=1, resources={"cpu": 1}, methods={"dmi": {}})
+    (tmp_path / "seq.yaml").write_text(yaml.safe_dump(grid))
+
+    def dry(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(Path(sys.executable).parent / "bench"), "run", str(tmp_path / "seq.yaml"),
+                               "--dry-run", "--results", str(tmp_path / "r"), "--data-root", str(tmp_path), *flags],
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "BENCH_PLUGINS": str(tmp_path / "plugins")})
+
+    done = dry("--executor", "sequence:2")
+    assert done.returncode == 0, done.stderr
+    assert "sequences (--executor sequence:2): 4 trials in 2 sequences of 2, 2; 1 trials solo" in done.stdout
+    assert not re.search(r"\bpacks?\b|--pack", done.stdout), done.stdout
+    both = dry("--executor", "sequence", "--pack", "2")
+    assert both.returncode == 2 and "give one of them, not both" in both.stderr
+    wrong = dry("--executor", "sequenc:2")
+    assert wrong.returncode == 2 and re.search(r"got 'sequenc:2'; executors: .*sequence", wrong.stderr)
+
+
 def test_the_docs_executor_is_one_file_and_runs_a_grid_through_ray(tmp_path: Path) -> None:
     code, table = doc_executor()
     plugins = tmp_path / "plugins"
@@ -166,10 +192,14 @@ def test_the_docs_executor_is_one_file_and_runs_a_grid_through_ray(tmp_path: Pat
                            "--results", str(tmp_path / "r"), "--no-mlflow", "--num-cpus", "2", "--data-root",
                            str(tmp_path)], capture_output=True, text=True, timeout=600, env={**os.environ, **env})
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "sequence units: 3 trials in 1 units of 3" in done.stdout
+    # The driver speaks of the unit in its executor's words, never a pack's; its rows name the executor.
+    assert "sequences (--executor auto): 3 trials in 1 sequences of 3; 0 trials solo" in done.stdout
     assert re.search(r"executor table \(.*table.csv\): \* on cpu: sequence, at most 3 trials", done.stdout)
+    assert done.stdout.count("(sequence of 3)") == 3  # each member's line as it finishes
+    assert not re.search(r"\bpacks?\b|--pack", done.stdout), done.stdout
     rows = read_table(tmp_path / "r").sort("seed")
     assert rows["status"].to_list() == ["ok"] * 3
+    assert rows["executor"].to_list() == ["sequence"] * 3
     # Each row is its solo trial's (the same code, the same random draws), within the rounding of a training: the
     # worker sums at its own thread count.
     for row in rows.to_dicts():
@@ -179,3 +209,15 @@ def test_the_docs_executor_is_one_file_and_runs_a_grid_through_ray(tmp_path: Pat
         assert trained_close(solo["val_loss"], row["val_loss"])
         if solo["best_epoch"] == row["best_epoch"]:
             assert same_accuracy(solo["test_acc"], row["test_acc"], 1000)
+
+
+def test_the_planner_imports_no_executor_internals() -> None:
+    """The plan and its words know executors only by their contract (`bench.exec.executor`): sizing, words and
+    reasons come from the unit's own executor, so a kind's internals (packs, memory) stay in its file."""
+    import ast
+
+    for module in ("plan", "describe"):
+        tree = ast.parse((REPO / "bench" / "grid" / f"{module}.py").read_text())
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+        assert {m for m in imported if m.startswith("bench.exec")} <= {"bench.exec.executor"}, (module, imported)

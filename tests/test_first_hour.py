@@ -90,7 +90,7 @@ def test_a_pack_emits_every_members_epochs_and_its_resume(tmp_path: Path) -> Non
 
     from bench.exec.executors.pack import pack_id
     from bench.exec.pack import run_pack
-    from bench.exec.packed import member_order
+    from bench.exec.packing import member_order
     from bench.store.folder import Checkpoints
 
     configs = [TrialConfig("synthetic", m, "case3", 0.4, seed=s, epochs=4, epochs_warmup=2)

@@ -20,7 +20,7 @@ from bench.data import get_dataset
 from bench.datasets.cifar10 import CIFAR10
 from bench.datasets.cifar10n import CIFAR10N, LABELS_FILE
 from bench.download import file_md5
-from bench.exec.packed import pack_key, why_solo
+from bench.exec.packing import pack_key, why_solo
 from bench.trial import TrialConfig
 
 PROBE = ["--model", "linear_probe", "--model-arg", "backbone=resnet18", "--model-arg", "weights=random"]

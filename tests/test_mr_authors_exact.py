@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from bench import models
 from bench.datasets.mr import build_vocabulary
-from bench.exec.packed import why_solo
+from bench.exec.packing import why_solo
 from bench.exec.prepare import prepare
 from bench.exec.trainer import run_trial
 from bench.exec.warmstart import WarmStartCache

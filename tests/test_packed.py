@@ -22,7 +22,8 @@ from bench.config import Schedule, UserError
 from bench.exec.executors.pack import pack_id
 from bench.exec.optim import StackedOptimizer
 from bench.exec.pack import run_pack
-from bench.exec.packed import PackedStage, group_key, member_order, why_solo
+from bench.exec.packed import PackedStage
+from bench.exec.packing import group_key, member_order, why_solo
 from bench.exec.trainer import run_trial
 from bench.grid.plan import plan_units
 from bench.methods import Batch, Method, registry
@@ -292,12 +293,12 @@ def test_a_pack_that_would_not_fit_stops_before_training_with_the_size_that_fits
 
 def test_auto_packs_hold_as_many_members_as_the_gpus_memory_holds(monkeypatch) -> None:
     """`--pack auto` on CUDA sizes packs by the memory estimate (here against BENCH_PACK_MEMORY_GB, as no GPU
-    is visible), at most PACK_MAX, balanced; and says how in the plan."""
+    is visible), at most the pack executor's `most`, balanced; and says how in the plan."""
+    from bench.exec.executor import get_executor
     from bench.exec.memory import GIB, pack_memory
     from bench.exec.packed import EVAL_IMAGES
     from bench.exec.prepare import prepare
     from bench.grid.describe import describe_units
-    from bench.grid.plan import PACK_MAX
 
     trials = [TrialConfig("synthetic", m, "case3", r, seed=s, device="cuda", epochs=2, epochs_warmup=1)
               for m in ("ce", "dmi") for r in (0.2, 0.4) for s in range(5)]
@@ -312,8 +313,8 @@ def test_auto_packs_hold_as_many_members_as_the_gpus_memory_holds(monkeypatch) -
     assert "synthetic, batch 128: " in line and "7 members fit; at most 7 a pack" in line
     monkeypatch.setenv("BENCH_PACK_MEMORY_GB", "1000")
     assert [len(u) for u in plan_units(trials, "auto", "unused")] == [20]
-    monkeypatch.delenv("BENCH_PACK_MEMORY_GB")  # no GPU seen, no bound given: PACK_MAX, checked by each pack
-    assert [len(u) for u in plan_units(trials, "auto")] == [20] and PACK_MAX >= 20
+    monkeypatch.delenv("BENCH_PACK_MEMORY_GB")  # no GPU seen, no bound given: `most`, checked by each pack
+    assert [len(u) for u in plan_units(trials, "auto")] == [20] and get_executor("pack").most >= 20
     assert "not estimated here" in describe_units(plan_units(trials, "auto"), "auto")
 
 

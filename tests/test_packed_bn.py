@@ -41,7 +41,8 @@ from bench.datasets.cifar10 import CIFAR10
 from bench.exec.executors.pack import pack_id
 from bench.exec.grouped import Grouped
 from bench.exec.pack import run_pack
-from bench.exec.packed import PackedStage, device_generator, member_order, why_solo
+from bench.exec.packed import PackedStage, device_generator
+from bench.exec.packing import member_order, why_solo
 from bench.exec.prepare import build_model, prepare, seed_everything, warm_seed
 from bench.exec.trainer import run_trial
 from bench.grid import executor_table
@@ -322,7 +323,7 @@ def test_the_cifar10_grid_packs_all_but_lccn_and_vat(small_cifar: Path, tmp_path
     solo = [line.strip() for line in out.splitlines() if line.strip().startswith("solo:")]
     assert len(solo) == 2 and all(line.startswith("solo: 50 trials: method") for line in solo), solo
     assert {line.split()[4] for line in solo} == {"lccn", "vat"}
-    assert "packs (--pack auto): 500 trials in" in out
+    assert "packs (--executor auto): 500 trials in" in out
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

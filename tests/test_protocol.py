@@ -325,3 +325,15 @@ def test_dry_run_lists_the_switches_of_each_protocol(tmp_path: Path, capsys: pyt
 def test_a_switch_must_be_one_that_bench_knows() -> None:
     with pytest.raises(ValueError, match="unknown switch"):
         Switch("made_up", "x", "y")
+
+
+def test_where_a_switch_acts_is_its_one_declaration() -> None:
+    """The warm-start key's switches and the planner's cell read `SwitchKind.acts` alone: a protocol turning on
+    every switch keeps in its warm start exactly those not declared METHOD."""
+    from bench.protocol import METHOD, SwitchKind
+
+    everything = Protocol("authors", {n: Switch(n, "cite", "what") for n in SWITCHES})
+    assert everything.warm_start_switches() == sorted(n for n, k in SWITCHES.items() if k.acts != METHOD)
+    assert all(isinstance(k, SwitchKind) for k in SWITCHES.values())
+    with pytest.raises(ValueError, match="WARM, METHOD or BOTH"):
+        SwitchKind("somewhere", "words")

@@ -25,7 +25,9 @@ import bench.exec.executors.streams as streams
 from bench.config import UserError
 from bench.exec.events import StageStart
 from bench.exec.executor import UnitContext, get_executor
+from bench.exec.prepare import prepare
 from bench.exec.trainer import run_trial
+from bench.exec.turns import Stopped, Turns
 from bench.exec.warmstart import WarmStartCache
 from bench.grid.plan import plan_units
 from bench.methods import get_method
@@ -189,6 +191,34 @@ def test_a_retry_resumes_each_member_from_its_own_checkpoint(tmp_path: Path, mon
     assert not list((results / "checkpoints").glob("*.pt"))
 
 
+class Counting(Turns):
+    """Counts the steps it is called after; raises `Stopped` at step `stop_at` (None: never)."""
+
+    def __init__(self, stop_at: int | None = None) -> None:
+        self.steps, self.stop_at = 0, stop_at
+
+    def after_step(self) -> None:
+        self.steps += 1
+        if self.steps == self.stop_at:
+            raise Stopped
+
+
+def test_a_trial_calls_the_turns_it_is_handed_after_each_step(tmp_path: Path) -> None:
+    """The hook is passed down, not found: `run_trial` calls it after every optimiser step of its warm start and its
+    method stage (floor(train / batch) steps an epoch: the last partial batch is dropped), and a trial it stops
+    writes no row and raises `Stopped`, an ordinary Exception that `run_trial` lets through as it does `UserError`."""
+    t = config("ce", 0, epochs=2)
+    turns = Counting()
+    run_trial(t, "unused", turns=turns, **QUIET)
+    p = prepare(t, "unused", log=lambda s: None)
+    warm, stage, n = p.warmup, p.method_stage, p.train.size
+    assert turns.steps == n // warm.batch_size * warm.epochs + n // stage.batch_size * stage.epochs
+    assert issubclass(Stopped, Exception)
+    with pytest.raises(Stopped):
+        run_trial(t, "unused", results=tmp_path, turns=Counting(stop_at=3), **QUIET)
+    assert not (tmp_path / "trials").exists() or not list((tmp_path / "trials").glob("*.parquet"))
+
+
 def test_the_runner_and_the_executor_agree_on_what_a_retry_cures() -> None:
     import ray.exceptions
     import torch
@@ -272,9 +302,9 @@ def test_a_grid_runs_streams_units_through_ray(tmp_path: Path) -> None:
                            str(tmp_path / "r"), "--no-mlflow", "--num-cpus", "2", "--data-root", str(tmp_path)],
                           capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "streams units: 3 trials in 1 units of 3" in done.stdout
+    assert "streams units (--executor auto): 3 trials in 1 streams units of 3; 0 trials solo" in done.stdout
     rows = pl.read_parquet(tmp_path / "r" / "trials" / "*.parquet").to_dicts()
-    assert sorted(r["status"] for r in rows) == ["ok"] * 3
+    assert sorted(r["status"] for r in rows) == ["ok"] * 3 and {r["executor"] for r in rows} == {"streams"}
     log = next((tmp_path / "r").rglob("streams-*.log")).read_text()
     assert {f"[m{m}] warm start done" in log for m in range(3)} == {True}
     for row in rows:

@@ -247,11 +247,14 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                    help="retries of a trial whose worker died (a lost node, an out-of-memory kill; default 2); an "
                         "error in a trial's code is not retried: its row is failed, with the reason")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
-    p.add_argument("--pack", default="auto",
-                   help="train trials that share data, model and schedule together on one device: auto (the "
-                        "executor and trials a unit that the executor table gives for the model and GPU kind: on "
-                        "CUDA, packs that fill every GPU Ray counts, at most 256 a pack; solo on a CPU), off, or "
-                        "at most N trials a pack")
+    p.add_argument("--executor", default=None, metavar="auto|solo|pack[:K]|streams[:K]|NAME[:K]",
+                   help="how trials train together: auto (default: the executor and trials a unit "
+                        "that the executor table gives for the model and GPU kind: on CUDA, packs that fill every "
+                        "GPU Ray counts, at most 256 a pack; solo on a CPU), solo, or an executor by name (pack, "
+                        "streams, or a $BENCH_PLUGINS one) with at most K trials a unit (no K: as many as its "
+                        "memory estimate allows)")
+    p.add_argument("--pack", default=None,
+                   help="--executor's older name: auto, off (= solo) or N (= pack:N)")
     p.add_argument("--yes", action="store_true",
                    help=f"run a grid of more than {GRID_LIMIT:,} trials (without it such a grid is refused)")
     _add_data_root(p)

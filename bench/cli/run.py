@@ -18,7 +18,7 @@ from bench.grid.cluster import gpus_to_plan, probe
 from bench.grid.describe import print_plan, print_size
 from bench.grid.experiment import Experiment
 from bench.grid.files import Overrides, load_experiment
-from bench.grid.plan import Plan, parse_pack
+from bench.grid.plan import Plan, parse_executor
 from bench.grid.runner import Settings, run_experiment, trial_device
 from bench.grid.validate import check_data, check_grid_size, check_results
 from bench.schema import GRID_LIMIT
@@ -71,6 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserError(f"--gpus-per-trial must be a finite number >= 0, got {args.gpus_per_trial}")
     if args.num_cpus is not None and args.num_cpus < 1:
         raise UserError(f"--num-cpus must be >= 1, got {args.num_cpus}")
+    spec = parse_executor(args.executor, args.pack)  # a bad --executor or --pack is one line, before anything
     memory_budget()  # a bad $BENCH_PACK_MEMORY_GB is one line here, before Ray, not an error in every pack
     check_no_pack_precision()  # likewise the retired $BENCH_PACK_PRECISION
     check_results(folder.absolute(results))
@@ -84,7 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             print_size(exp)
             return 0
         gpu, device = trial_device(exp, args.gpus_per_trial)
-        print_plan(Plan.make(exp, folder.absolute(results), device=device), pack=parse_pack(args.pack),
+        print_plan(Plan.make(exp, folder.absolute(results), device=device), pack=spec,
                    data_root=args.data_root, gpus=gpus if gpu > 0 else None, gpu=gpu,
                    gpu_kind=gpu_kind)
         if args.address is None:  # on a cluster the data lives on the nodes
@@ -99,7 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         results=results, data_root=args.data_root, address=args.address, max_concurrent=args.max_concurrent,
         mlflow_uri=args.mlflow_uri, mlflow=not args.no_mlflow, cpus_per_trial=args.cpus_per_trial,
         gpus_per_trial=args.gpus_per_trial, retries=2 if args.retries is None else args.retries,
-        num_cpus=args.num_cpus, pack=parse_pack(args.pack),
+        num_cpus=args.num_cpus, pack=spec,
         live=sys.stdout.isatty() and os.environ.get("TERM") != "dumb",
     )
     tally = run_experiment(exp, settings, out=out)

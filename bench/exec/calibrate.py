@@ -29,9 +29,11 @@ from bench.config import UserError
 from bench.data import Dataset, Split, Splits, get_dataset, registry
 from bench.datasets.cifar10 import BATCHES, CLASSES, PixelNormalisation
 from bench.exec.executors.streams import Baton
-from bench.exec.packed import PackedStage, device_generator, why_solo
+from bench.exec.packed import PackedStage, device_generator
+from bench.exec.packing import why_solo
 from bench.exec.prepare import Prepared, build_model, method_seed, prepare, seed_everything
 from bench.exec.stage import SoloStage
+from bench.exec.turns import ALONE, Turns
 from bench.methods import Batch, get_method
 from bench.trial import TrialConfig
 
@@ -166,7 +168,7 @@ def autocast(device: torch.device) -> contextlib.AbstractContextManager:
     return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def solo_arm(p: Prepared, fast: bool) -> Callable[[], object]:
+def solo_arm(p: Prepared, fast: bool) -> Callable[..., object]:
     """One epoch of a solo trial (`SoloStage`); `fast`: in channels-last, under bf16 autocast on CUDA."""
     seed_everything(method_seed(p))
     net = build_model(p)
@@ -180,7 +182,12 @@ def solo_arm(p: Prepared, fast: bool) -> Callable[[], object]:
                 return method.train_loss(nets, batch)
 
     stage = SoloStage(p, [net], p.method_stage, method_seed(p), step_loss, method.validation_loss, method)
-    return lambda: stage.train_steps(0)
+
+    def epoch(turns: Turns = ALONE) -> object:
+        stage.turns = turns  # a streams arm's member takes its turns after each step
+        return stage.train_steps(0)
+
+    return epoch
 
 
 def pack_arm(ps: list[Prepared], bf16: bool, compile: str | None = None) -> Callable[[], object]:

@@ -4,6 +4,11 @@ after asking its `resources` of Ray. A kind is one file in `bench.exec.executors
 (found by `bench.config.discover`, as methods and datasets are): `solo` (one trial, `bench.exec.trainer`) and
 `pack` (several trials as one stacked model, `bench.exec.pack`). What every kind does for a member (its method
 set up, its outcome, its row) is `bench.exec.member`'s.
+
+Everything the driver says or decides about a unit of a kind comes from its executor, never from its name: what a
+unit is called (`noun`), the words on each member's line as it finishes (`member_words`), how many trials a unit
+holds by the memory the driver can estimate (`fit`) and those estimates in words (`sizing`), and the row's
+`executor` column (`run_trial` passes the kind's name down to the trial).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 from bench.config import discover, lookup
 from bench.exec.events import Events
 from bench.exec.stage import Checkpoints, Log
+from bench.exec.trainer import run_trial
 from bench.exec.warmstart import WarmStarts
 from bench.trial import TrialConfig
 
@@ -43,6 +49,12 @@ class Executor:
     GPU share, as placement-group bundles; `unit_id` names the unit (its checkpoints and log are kept under it)."""
 
     name: str = ""
+    unit_noun: str = ""  # what one unit of this kind is called ("pack"); "" : "<name> unit"
+    most: int = 8  # trials a unit holds at most where nothing else says (`--executor NAME` without K)
+
+    @property
+    def noun(self) -> str:
+        return self.unit_noun or f"{self.name} unit"
 
     def run(self, trials: list[TrialConfig], ctx: UnitContext) -> list[dict[str, Any]]:
         raise NotImplementedError
@@ -56,6 +68,30 @@ class Executor:
     def describe(self, trials: list[TrialConfig]) -> str:
         """The unit in a few words, for the live status."""
         raise NotImplementedError
+
+    def member_words(self, trials: list[TrialConfig]) -> str:
+        """The unit in a few words on each of its trials' lines as they finish ('pack of 3'; none for a trial
+        alone)."""
+        return f"{self.noun} of {len(trials)}" if len(trials) > 1 else ""
+
+    def fit(self, trial: TrialConfig, most: int,
+            data_root: str | os.PathLike[str] | None) -> tuple[int, str | None]:
+        """How many trials like `trial` a unit of this kind holds, at most `most`, by the memory the driver can
+        estimate without opening a GPU; and that estimate in words (None: none made). Only where no K was given
+        (`--executor auto` or `NAME`): an explicit K is the user's. The base: `most`, no estimate."""
+        return most, None
+
+    def sizing(self, units: list[list[TrialConfig]], data_root: str | os.PathLike[str] | None) -> list[str]:
+        """How `fit` sized these units, in lines for the plan (none: nothing to say)."""
+        return []
+
+    def run_trial(self, trial: TrialConfig, ctx: UnitContext, **given: Any) -> dict[str, Any]:
+        """One trial of the unit as its solo trial trains it (`bench.exec.trainer.run_trial`) with the unit's
+        context, its row saying this kind trained it; `given` overrides what the context gives (a member's log,
+        its checkpoints, its turns)."""
+        args: dict[str, Any] = dict(results=ctx.results, log=ctx.log, warm_cache=ctx.warm_cache, events=ctx.events,
+                                    checkpoints=ctx.checkpoints)
+        return run_trial(trial, ctx.data_root, **{**args, **given, "executor": self.name})
 
     def why_not(self, trial: TrialConfig) -> str | None:
         """Why `trial` cannot train in a unit of this kind with others (None: it can); it then runs solo."""
@@ -88,6 +124,9 @@ class Unit:
 
     def describe(self) -> str:
         return get_executor(self.kind).describe(list(self.trials))
+
+    def member_words(self) -> str:
+        return get_executor(self.kind).member_words(list(self.trials))
 
     def __len__(self) -> int:
         return len(self.trials)

@@ -51,7 +51,7 @@ def augmenter(p: Prepared) -> Callable[[torch.Tensor], torch.Tensor] | None:
 
 def measure(p: Prepared, method: Method, result: StageResult, member: int, best_logits: torch.Tensor,
             last_logits: torch.Tensor, warmup_test_acc: float, epochs: list[dict[str, Any]], warmup_s: float,
-            method_s: float, diagnostics_s: float, pack_size: int = 1, executor: str = "solo") -> Outcome:
+            method_s: float, diagnostics_s: float, pack_size: int, executor: str) -> Outcome:
     """A member's outcome: its method stage's selection and status (`result`, member `member`), the clean test
     accuracy of its selected model (`best_logits`) and of its last (`last_logits`), its epoch rows and costs, and
     the kind of unit that trained it (`executor`)."""

@@ -1,4 +1,4 @@
-"""How much device memory a pack takes, and so how many members fit on a GPU (`bench run --pack auto`).
+"""How much device memory a pack takes, and so how many members fit on a GPU (`bench run --executor auto`).
 
 The estimate is measured, not modelled: a pack of two members like the real ones takes one training step and two
 evaluation passes while every tensor torch creates is tracked until it is freed (`PeakBytes`), so it holds for any

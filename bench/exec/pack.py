@@ -2,7 +2,7 @@
 
 The members' CE warm starts train as one pack (or come from the cache), then the method stage, then each member's
 result row, exactly as its solo trial would write it. `run_pack` refuses trials that may not share a pack
-(`bench.exec.packed.why_solo`, `pack_key`) and a pack that does not fit its device (`bench.exec.memory.check`),
+(`bench.exec.packing.why_solo`, `pack_key`) and a pack that does not fit its device (`bench.exec.memory.check`),
 before anything trains.
 """
 
@@ -19,7 +19,8 @@ from bench.config import UserError
 from bench.exec import memory, warmstart
 from bench.exec.events import Events
 from bench.exec.member import finish, measure, new_method, set_up_method
-from bench.exec.packed import PackedStage, compile_mode, device_generator, member_order, pack_key, why_solo
+from bench.exec.packed import PackedStage, compile_mode, device_generator
+from bench.exec.packing import member_order, pack_key, why_solo
 from bench.exec.prepare import (
     Prepared,
     build_model,
@@ -63,11 +64,12 @@ def run_pack(
     warm_cache: warmstart.WarmStarts | None = None,
     checkpoints: Checkpoints | None = None,
     events: Events | None = None,
+    executor: str = "pack",
 ) -> list[dict[str, Any]]:
     """Train several trials as one pack; return their result rows (in the order given), and with `results`
-    write each row where its solo trial would have written it."""
+    write each row where its solo trial would have written it. `executor`: the kind of unit, for the rows."""
     try:
-        return _run_pack(configs, data_root, results, log, warm_cache, checkpoints, events)
+        return _run_pack(configs, data_root, results, log, warm_cache, checkpoints, events, executor)
     except torch.OutOfMemoryError:
         raise UserError(f"a pack of {len(configs)} trials does not fit in the memory of {configs[0].device}: "
                         f"run with a smaller pack, e.g. --pack {max(1, len(configs) // 2)}") from None
@@ -80,7 +82,8 @@ def _run_pack(
     log: Log,
     warm_cache: warmstart.WarmStarts | None,
     checkpoints: Checkpoints | None,
-    events: Events | None = None,
+    events: Events | None,
+    executor: str,
 ) -> list[dict[str, Any]]:
     started = time.perf_counter()
     order, ps = prepare_pack(configs, data_root, log)
@@ -98,7 +101,7 @@ def _run_pack(
         outcome = measure(p, methods[m], result, m, best[m], last[m], warm_test[m],
                           warm.epochs[warm.keys[m]] + result.epochs[m], warm.seconds_each, result.seconds / k,
                           (warm.diagnose_s + result.diagnose_seconds) / k,  # an even share, as wall_s
-                          pack_size=k, executor="pack")
+                          pack_size=k, executor=executor)
         rows[order[m]] = finish(p, outcome, wall / k, results, pack_wall_s=wall)
     log(f"pack of {k} done in {wall:.1f}s ({wall / k:.2f}s per trial)")
     return rows

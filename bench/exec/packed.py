@@ -1,4 +1,4 @@
-"""Packed trials: K trials of a grid trained as one stacked model on one device (`bench run --pack`).
+"""Packed trials: K trials of a grid trained as one stacked model on one device (`bench run --executor pack`).
 
 Members share the dataset (its tensors live once on the device), the model architecture and the shape of each
 stage (optimiser type, epochs, batch size, lr milestones); they may differ in noise pattern, r, seed, learning rate
@@ -16,7 +16,8 @@ noisy validation set with its best state kept on the device, its own result row.
 equal its solo trial's up to the order of floating-point sums (a grouped convolution adds in another order than a
 single one), whoever its pack-mates are (at precision bf16, shared by a pack's members, up to the bf16 roundings
 that order moves). A member whose training loss stops being finite is frozen and recorded as diverged.
-The loop itself is `bench.exec.stage.run_stage`, the same one a solo trial runs (K = 1).
+The loop itself is `bench.exec.stage.run_stage`, the same one a solo trial runs (K = 1). Which trials may share a
+pack, and in what order its members sit, is `bench.exec.packing`'s.
 
 Only torch and numpy are imported here, so a bare GPU box runs packs.
 """
@@ -24,8 +25,6 @@ Only torch and numpy are imported here, so a bare GPU box runs packs.
 from __future__ import annotations
 
 import copy
-import inspect
-import json
 import math
 import os
 from typing import Any
@@ -37,14 +36,14 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from bench import models
 from bench.config import Schedule, UserError
-from bench.data import Dataset, get_dataset
+from bench.data import Dataset
 from bench.exec import diagnostics
 from bench.exec.grouped import Grouped
 from bench.exec.optim import StackedOptimizer, clip_member_grads, import_dynamo_apart
+from bench.exec.packing import group_key
 from bench.exec.prepare import Prepared, autocast, to_device
 from bench.methods import Batch, Method, get_method
 from bench.protocol import Selection
-from bench.trial import FP32, TrialConfig
 
 # Member-images per evaluation chunk (K members x chunk rows): large on a GPU, cache-sized on a CPU.
 EVAL_IMAGES = {"cuda": 65536, "cpu": 2048}
@@ -243,7 +242,7 @@ class PackedStage:
         return self._losses(logits.float(), y, idx, x, epoch)
 
     def train_epoch(self, epoch: int) -> np.ndarray:
-        if self.p[0].protocol.on("optimizer_per_epoch"):  # a pack's members share their protocol (`pack_key`)
+        if self.p[0].protocol.on("optimizer_per_epoch"):  # members share their protocol (`packing.pack_key`)
             self.optimizer.reset()
         if self.methods:
             self.optimizer.scale_lr([method.lr_factor(epoch) for method in self.methods])
@@ -277,7 +276,7 @@ class PackedStage:
         return out
 
     def validate(self, selection: Selection) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """As `SoloStage.validate`, for a rule without a pass of its own (`why_solo` keeps those trials solo)."""
+        """As `SoloStage.validate`, for a rule without a pass of its own (`packing.why_solo` keeps those out)."""
         logits, labels, first = self.predict(self.val_x), self.val_labels, selection.first
         if first is not None:  # the first validation examples in split order (`bench.protocol.Selection`)
             logits, labels = logits[:, :first], labels[..., :first]
@@ -344,52 +343,3 @@ class PackedStage:
         state, or of another stacked `state`."""
         state = self.best if state is None else state
         return {n: t[k].detach().clone() for n, t in state.items()}
-
-
-# -- which trials can pack, and with whom ------------------------------------------------------------------------------
-def why_solo(c: TrialConfig) -> str | None:
-    """Why this trial cannot train in a pack (None: it can)."""
-    ds, proto = get_dataset(c.dataset), c.resolved_protocol()
-    if proto.on("script_stream"):
-        return "script_stream (its data order and dropout come from torch's one global generator, as the script's)"
-    model = c.network()
-    if not models.get_model(model).packable:
-        return f"model {model} (its members' state or random draws cannot be kept apart)"
-    if "generator" not in inspect.signature(ds.train_transform).parameters:
-        return f"{c.dataset} augments at random from torch's shared generator (its train_transform takes no generator)"
-    if (rule := c.resolved_protocol().selection(c.method)).own_pass:
-        return f"its selection rule ({rule.words()}) needs a pass of its own, which only a solo trial makes"
-    if not get_method(c.method)(ds.num_classes, dataset=c.dataset, **c.params).packable():
-        return f"method {c.method} (extra passes, two networks or per-example state)"
-    return None
-
-
-def _shape(s: Schedule) -> tuple[Any, ...]:
-    return (s.optimizer, s.epochs, s.batch_size, s.momentum, s.weight_decay, s.milestones, s.gamma)
-
-
-def pack_key(c: TrialConfig) -> tuple[Any, ...]:
-    """What members of one pack must share: data, model, device, the shape of both stages (not the lr), the
-    protocol's switches (a stage's selection rule and optimiser life are the pack's) and the precision (one stacked
-    forward pass). An fp32 trial's key is the one it had before precisions existed."""
-
-    warmup, method_stage = c.schedules()
-    proto = c.resolved_protocol()
-    model = c.model_label()  # the network and its options (a frozen-feature probe's backbone: its data)
-    key = (c.dataset, model, c.train_subset, c.device, _shape(warmup), _shape(method_stage))
-    # A pack's members share their protocol and their method stage's selection rule (it can differ by method).
-    if proto.switches:
-        key += (tuple(proto.names()), proto.selection(c.method))
-    return key + ((c.precision,) if c.precision != FP32 else ())
-
-
-def member_order(configs: list[TrialConfig]) -> list[int]:
-    """A pack's members in the order that puts members of one loss group (`group_key`) side by side."""
-    return sorted(range(len(configs)), key=lambda i: group_key(configs[i].method, configs[i].effective_params()))
-
-
-def group_key(method: str, params: dict[str, Any]) -> str:
-    """Members whose losses are computed together: the same method with the same effective hyper-parameters, the
-    method's and its dataset's defaults filled in (`Method.params`, `TrialConfig.effective_params`), so that an
-    omitted default and an explicit one agree."""
-    return method + json.dumps(params, sort_keys=True, default=str)

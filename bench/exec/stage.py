@@ -11,7 +11,6 @@ stacked into one model). `bench.exec.trainer` runs a trial through it.
 from __future__ import annotations
 
 import copy
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from bench.exec import diagnostics
 from bench.exec.events import EpochRecord, Event, Events, Resumed, StageEnd, StageStart, floats, log_line
 from bench.exec.optim import make_optimizer
 from bench.exec.prepare import Log, Prepared, SplitLoader, script_loader_draw, script_loader_order
+from bench.exec.turns import ALONE, Turns
 from bench.methods import Batch, Method
 from bench.protocol import BENCH_SELECTION, Selection
 
@@ -54,9 +54,6 @@ def accuracy(logits: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tu
     return 100.0 * float(np.trace(confusion)) / max(int(support.sum()), 1), 100.0 * float(recalls.mean()), confusion
 
 
-# Per thread: its `turn`, where an executor set one (`bench.exec.executors.streams`, several trials in threads of one
-# process), is called after each optimiser step, so that the next trial launches its step while this one's runs.
-after_step = threading.local()
 
 
 def train_epoch(
@@ -69,18 +66,18 @@ def train_epoch(
     generator: torch.Generator,
     max_grad_norm: float | None = None,
     order: torch.Tensor | None = None,
+    turns: Turns = ALONE,
 ) -> torch.Tensor:
     """One pass over the training split (shuffled from `generator`, or in `order`); returns the mean training loss as
     a device tensor (NaN if it diverged).
     With `max_grad_norm`, the gradient of the optimiser's parameters is clipped to that norm before each step.
     The networks' forward passes run at the trial's precision (the loader's), the loss from float32 logits.
-    No value comes back to the host inside the loop."""
+    No value comes back to the host inside the loop. `turns.after_step()` follows each step (`bench.exec.turns`)."""
     for net in nets:
         net.train()
     total = torch.zeros((), dtype=torch.float64, device=loader.device)
     steps = 0
     params = [q for group in optimizer.param_groups for q in group["params"]]
-    turn = getattr(after_step, "turn", None)
     # The precision's hooks are on the networks' forward passes only, so one set serves the whole epoch.
     with loader.forward_precision(nets):
         for x, y, idx in loader.batches(batch_size, train=True, generator=generator, order=order):
@@ -92,8 +89,7 @@ def train_epoch(
             optimizer.step()
             total += loss.detach()
             steps += 1
-            if turn is not None:
-                turn()
+            turns.after_step()
     return total / max(steps, 1)
 
 
@@ -289,8 +285,9 @@ class SoloStage:
         step_loss: Callable[[list[nn.Module], Batch], torch.Tensor],
         selection_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         method: Method | None = None,
+        turns: Turns = ALONE,
     ) -> None:
-        self.p, self.nets, self.schedule = p, nets, schedule
+        self.p, self.nets, self.schedule, self.turns = p, nets, schedule, turns
         self.step_loss, self.selection_loss, self.method = step_loss, selection_loss, method
         self.generator = torch.Generator().manual_seed(seed)  # the data order
         self.optimizer = make_optimizer([q for net in nets for q in net.parameters()], schedule)
@@ -313,7 +310,7 @@ class SoloStage:
         order = script_loader_order(self.p.train.size) if self.p.protocol.on("script_stream") else None
         try:
             return train_epoch(self.nets, self.step_loss, optimizer, self.p.train, self.schedule.batch_size, epoch,
-                               self.generator, method.max_grad_norm() if method else None, order)
+                               self.generator, method.max_grad_norm() if method else None, order, self.turns)
         finally:
             for group, lr in zip(optimizer.param_groups, scheduled, strict=True):
                 group["lr"] = lr

@@ -41,6 +41,7 @@ from bench.exec.stage import (
     predict,
     run_stage,
 )
+from bench.exec.turns import ALONE, Stopped, Turns
 from bench.exec.warmstart import WarmStart, WarmStarts
 from bench.methods import Batch, get_method
 from bench.store.columns import Outcome
@@ -81,15 +82,16 @@ def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, labels)
 
 
-def warm_start(p: Prepared, net_index: int, log: Log,
-               diagnose_seconds: list[float] | None = None, events: Events | None = None) -> WarmStart:
+def warm_start(p: Prepared, net_index: int, log: Log, diagnose_seconds: list[float] | None = None,
+               events: Events | None = None, turns: Turns = ALONE) -> WarmStart:
     """Train one network with CE on the noisy labels; return the state with the lowest noisy-validation CE and the
     stage's epoch rows (the cache keeps both, so that a trial's record does not depend on who trained its warm
     start). The seconds its diagnostics took go to `diagnose_seconds`."""
     seed = warm_seed(p, net_index)
     seed_everything(seed)
     net = build_model(p)
-    stage = SoloStage(p, [net], p.warmup, seed, _ce_summed_step if p.protocol.on("ce_summed") else _ce_step, _ce)
+    stage = SoloStage(p, [net], p.warmup, seed, _ce_summed_step if p.protocol.on("ce_summed") else _ce_step, _ce,
+                      turns=turns)
     name = f"warmup{net_index}" if net_index else "warmup"
     result = run_stage(stage, name, p.warmup.epochs, log, initial_is_candidate=False, events=events,
                        selection=p.protocol.warmup_selection())
@@ -107,15 +109,18 @@ def train(
     events: Events | None = None,
     checkpoints: Checkpoints | None = None,
     executor: str = "solo",
+    turns: Turns = ALONE,
 ) -> Outcome:
     """Warm start, method stage, selection on the noisy validation set, clean test accuracy.
 
     With `checkpoints`, the method stage saves its whole state after each epoch (networks, optimiser, scheduler
     position, method state, random generators, selection so far) and resumes from the last one it finds, with the
-    same numbers as an uninterrupted run. `executor`: the kind of unit it trains in, for its row."""
+    same numbers as an uninterrupted run. `executor`: the kind of unit it trains in, for its row; `turns`: what
+    its training loops call after each step (`bench.exec.turns`)."""
     method = new_method(p)
     started = time.perf_counter()
-    nets, epochs, warm_diagnose_s, stream = warm_started_nets(p, type(method).networks, log, warm_cache, events)
+    nets, epochs, warm_diagnose_s, stream = warm_started_nets(p, type(method).networks, log, warm_cache, events,
+                                                              turns)
     warmup_s = time.perf_counter() - started
     warmup_test_acc, _, _ = accuracy(predict(nets[0], p.test), p.test.labels, p.dataset.num_classes)
     log(f"warm start done: clean test acc {warmup_test_acc:.2f}%  ({warmup_s:.1f}s)")
@@ -125,18 +130,18 @@ def train(
         continue_stream(stream, p.device)
     set_up_method(method, p, nets, lambda i: torch.softmax(predict(nets[i], p.train_eval), dim=1))
     stage = SoloStage(p, nets, p.method_stage, method_seed(p), method.train_loss, method.validation_loss,
-                      method)
+                      method, turns)
     result = run_stage(stage, "method", p.method_stage.epochs, log, initial_is_candidate=True,
                        checkpoints=checkpoints, events=events, selection=p.protocol.selection(p.config.method))
     last_logits = predict(nets[0], p.test)
     nets[0].load_state_dict(stage.best_state)
     return measure(p, method, result, 0, predict(nets[0], p.test), last_logits, warmup_test_acc,
                    epochs + result.epochs[0], warmup_s, result.seconds,
-                   warm_diagnose_s + result.diagnose_seconds, executor=executor)
+                   warm_diagnose_s + result.diagnose_seconds, pack_size=1, executor=executor)
 
 
 def warm_started_nets(p: Prepared, networks: int, log: Log, warm_cache: WarmStarts | None,
-                      events: Events | None = None,
+                      events: Events | None = None, turns: Turns = ALONE,
                       ) -> tuple[list[nn.Module], list[dict[str, Any]], float, dict[str, torch.Tensor]]:
     """The method's networks, each loaded with its CE warm start (from the cache, or trained and cached): (the
     networks, the warm starts' epoch rows, the seconds their diagnostics took where trained here, the global
@@ -144,7 +149,7 @@ def warm_started_nets(p: Prepared, networks: int, log: Log, warm_cache: WarmStar
     nets, epochs, diagnose_seconds, streams = [], [], [], []
     for i in range(networks):
         def fresh(i: int = i) -> WarmStart:
-            return warm_start(p, i, log, diagnose_seconds, events)
+            return warm_start(p, i, log, diagnose_seconds, events, turns)
 
         state, rows = warm_cache(warm_start_key(p, i), fresh) if warm_cache else fresh()
         epochs.extend(rows)
@@ -164,20 +169,23 @@ def run_trial(
     events: Events | None = None,
     checkpoints: Checkpoints | None = None,
     executor: str = "solo",
+    turns: Turns = ALONE,
 ) -> dict[str, Any]:
     """Run one trial and return its result row; with `results`, also write it there. `executor`: the kind of unit
-    it runs in (`bench.exec.executor`), for its row.
+    it runs in, for its row: "solo" for a trial run on its own; a unit's executor passes its name
+    (`bench.exec.executor.Executor.run_trial`); `turns`: the hook its training loops call after each step.
 
     Bad input raises `UserError` before anything is written. A crash during training writes a row with
-    status "failed" and the error, then re-raises.
+    status "failed" and the error, then re-raises; a trial its unit stopped (`Stopped`) writes none.
     """
     started = time.perf_counter()
     p = prepare(config, data_root, log=log)
     log(f"trial {config.trial_id}: {config.dataset} / {config.method} / {config.noise} r={config.r} "
         f"seed={config.seed}  realised noise rate {100 * p.labels.noise_rate:.1f}%  on {p.device}")
     try:
-        outcome = train(p, log=log, warm_cache=warm_cache, events=events, checkpoints=checkpoints, executor=executor)
-    except UserError:
+        outcome = train(p, log=log, warm_cache=warm_cache, events=events, checkpoints=checkpoints, executor=executor,
+                        turns=turns)
+    except (UserError, Stopped):
         raise
     except Exception as e:
         finish(p, None, time.perf_counter() - started, results, error=f"{type(e).__name__}: {e}")

@@ -11,10 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from bench.config import Schedule
 from bench.data import get_dataset
-from bench.exec.executor import Unit
-from bench.exec.packed import pack_key, why_solo
+from bench.exec.executor import Unit, get_executor
 from bench.grid import executor_table
-from bench.grid.plan import PACK_MAX, Plan, auto_pack_size, plan_units, unit_epochs
+from bench.grid.plan import Plan, plan_units, unit_epochs, unit_kind, unit_spec
 from bench.schema import GRID_LIMIT
 from bench.trial import TrialConfig
 
@@ -23,7 +22,7 @@ if TYPE_CHECKING:  # the listing takes an Experiment; it need not import the exp
 
 
 def table_lines(pending: list[TrialConfig], gpu_kind: str | None) -> list[str]:
-    """The executor table's rows that chose the executors of `pending` under `--pack auto`, one line each; not the
+    """The executor table's rows that chose the executors of `pending` under `--executor auto`, one line each; not the
     generic row that keeps any model's trials solo on a CPU (the dry run says why they run solo), but a model's own
     CPU row (`bench calibrate --device cpu` measured it)."""
     table = executor_table.read_table()
@@ -40,9 +39,9 @@ def draw_units(pending: list[TrialConfig], pack: str | int, data_root: str | os.
     that chose them, the units and how they were sized, the load each GPU gets): the one drawing of the plan, for
     `--dry-run` and `bench run` alike. Trials that ask for more than one GPU each (`gpu`) run solo, each with its
     GPUs: the other executors run a unit on one device."""
-    pack = "off" if gpu > 1 else pack
+    pack = "solo" if gpu > 1 else pack
     units = plan_units(pending, pack, data_root, gpus, gpu_kind)
-    lines = table_lines(pending, gpu_kind) if pack == "auto" else []
+    lines = table_lines(pending, gpu_kind) if unit_spec(pack)[0] == "auto" else []
     lines += [line] if (line := describe_units(units, pack, data_root)) else []
     if gpus is not None:
         lines.append(describe_gpus(units, gpus))
@@ -50,53 +49,62 @@ def draw_units(pending: list[TrialConfig], pack: str | int, data_root: str | os.
 
 
 def describe_units(units: list[Unit], pack: str | int,
-                   data_root: str | os.PathLike[str] | None = None) -> str | None:
-    """The units that train several trials, a line per kind ('packs (--pack auto): 300 trials in 2 packs of 150,
-    150; 0 trials solo'), and under `--pack auto` how the packs were sized (None when every trial runs solo)."""
-    kinds = dict.fromkeys(u.kind for u in units if u.kind != "solo")
+                  data_root: str | os.PathLike[str] | None = None) -> str | None:
+    """The units that train several trials, a line per kind in its executor's words ('packs (--executor auto): 300
+    trials in 2 packs of 150, 150; 0 trials solo'), and, where no K was given, how its executor sized them (None
+    when every trial runs solo)."""
+    kinds = dict.fromkeys(u.kind for u in units if len(u) > 1)
     if not kinds:
         return None
-    solo = sum(u.kind == "solo" for u in units)
+    solo = sum(len(u) == 1 for u in units)
+    spec = unit_spec(pack)
     lines = []
     for kind in kinds:
-        these = [u for u in units if u.kind == kind]
+        executor = get_executor(kind)
+        these = [list(u.trials) for u in units if u.kind == kind and len(u) > 1]
         sizes = ", ".join(str(len(u)) for u in these)
-        if kind == "pack":
-            lines.append(f"packs (--pack {pack}): {sum(map(len, these))} trials in {len(these)} packs of {sizes}; "
-                         f"{solo} trials solo")
-            lines += pack_sizing(these, data_root) if pack == "auto" else []
-        else:
-            lines.append(f"{kind} units: {sum(map(len, these))} trials in {len(these)} units of {sizes}")
+        lines.append(f"{executor.noun}s (--executor {spec[0]}{f':{spec[1]}' if spec[1] else ''}): "
+                     f"{sum(map(len, these))} trials in {len(these)} {executor.noun}s of {sizes}; {solo} trials solo")
+        lines += executor.sizing(these, data_root) if spec[1] is None else []
     return "\n".join(lines)
 
 
-def pack_sizing(packs: list[Unit], data_root: str | os.PathLike[str] | None) -> list[str]:
-    """How `--pack auto` sized the packs: the memory estimate per kind of pack, where the driver could make one."""
-    sizes = {pack_key(u.trials[0]): auto_pack_size(u.trials[0], data_root) for u in packs}
-    notes = [text for _, text in sizes.values() if text]
-    lines = [f"  memory: {text}" for text in dict.fromkeys(notes)]
-    if len(notes) < len(sizes):
-        lines.append(f"  memory: not estimated here (the driver opens no GPU; BENCH_PACK_MEMORY_GB sizes packs "
-                     f"here): at most {PACK_MAX} a pack, each pack checks its GPU before it trains")
-    return lines
+def solo_lines(units: list[Unit], pack: str | int, gpu_kind: str | None) -> list[str]:
+    """Why the trials that run alone do, counted: the executor that would have taken them says why not
+    (`Executor.why_not`), or the executor table's row for their model and device runs them solo."""
+    chosen, _ = unit_spec(pack)
+    if chosen == "solo":
+        return []
+    table = executor_table.read_table() if chosen == "auto" else ()
+    reasons: Counter[str] = Counter()
+    for t in (u.trials[0] for u in units if len(u) == 1):
+        kind, _ = unit_kind(t, pack, gpu_kind, table)
+        if kind != "solo":
+            reasons[get_executor(kind).why_not(t) or ""] += 1
+        elif (row := executor_table.choose(t.network(), t.device, gpu_kind, table)) is not None:
+            reasons[f"the executor table runs {row.model} on {row.device} solo ({row.measured})"] += 1
+        else:
+            reasons[f"no executor-table row for {t.network()} on {t.device}"] += 1
+    return [f"  solo: {n} trials: {reason}" for reason, n in sorted(reasons.items()) if reason]
 
 
 def describe_gpus(units: list[Unit], gpus: int) -> str:
     """How many GPUs the plan saw, and the load each gets when the units start in plan order, each on the GPU
     that has the least work so far (as Ray starts the next unit wherever one ends)."""
     if not gpus:
-        return "GPUs: none seen here (with --address, the cluster's count): packs are not split by GPU"
+        return "GPUs: none seen here (with --address, the cluster's count): units are not split by GPU"
     loads = [(0, 0, g) for g in range(gpus)]  # (epochs, trials, which GPU): a heap, least work first
     for unit in units:
         epochs, trials, g = heapq.heappop(loads)
         heapq.heappush(loads, (epochs + unit_epochs(list(unit.trials)), trials + len(unit), g))
-    packs = sum(u.kind == "pack" for u in units)
+    together = Counter(get_executor(u.kind).noun for u in units if len(u) > 1)
+    kinds = "".join(f"{n} {noun}s, then " for noun, n in together.items())
 
     def spread(values: list[int]) -> str:
         return f"{min(values):,}" + (f"-{max(values):,}" if max(values) > min(values) else "")
 
     return (f"GPUs: {gpus} seen; expected load per GPU: {spread([t for _, t, _ in loads])} trials, "
-            f"{spread([e for e, _, _ in loads])} epochs ({packs} packs, then {len(units) - packs} solo trials)")
+            f"{spread([e for e, _, _ in loads])} epochs ({kinds}{sum(len(u) == 1 for u in units)} solo trials)")
 
 
 def describe_protocols(trials: list[TrialConfig]) -> list[str]:
@@ -178,13 +186,8 @@ def print_plan(plan: Plan, out: Callable[[str], None] = print, pack: str | int =
     units, lines = draw_units(pending, pack, data_root, gpus, gpu, gpu_kind)
     for line in lines:
         out(line)
-    if pack != "off":
-        reasons = Counter(why_solo(u.trials[0]) for u in units if u.kind == "solo")
-        for reason, n in sorted(reasons.items(), key=lambda kv: str(kv[0])):
-            if reason:
-                out(f"  solo: {n} trials: {reason}")
-        if pack == "auto" and pending and not pending[0].device.startswith("cuda"):
-            out("  solo: --pack auto packs on CUDA only (on a CPU, packing measured slower than solo trials)")
+    for line in solo_lines(units, "solo" if gpu > 1 else pack, gpu_kind):
+        out(line)
     if total > LIST_LIMIT:
         out(f"trials: {total:,} (not listed: more than {LIST_LIMIT:,})")
         return

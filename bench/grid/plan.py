@@ -2,8 +2,8 @@
 `--dry-run` listing.
 
 A trial whose result row exists (and did not fail) is done; the others are pending. Pending trials run as units: a
-solo trial, or a pack of trials trained as one stacked model (`plan_units`, `--pack`; `bench.exec.pack` trains it),
-split so that every GPU the trials run on gets work. The plan opens no GPU (`auto_pack_size`).
+solo trial, or a pack of trials trained as one stacked model (`plan_units`, `--executor`; `bench.exec.pack` trains it),
+split so that every GPU the trials run on gets work. The plan opens no GPU (`bench.exec.executor.Executor.fit`).
 The work a plan implies counts the CE warm starts once per cell (the cache shares them). It imports the training
 core but no Ray, MLflow or YAML.
 """
@@ -11,17 +11,13 @@ core but no Ray, MLflow or YAML.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bench.config import UserError
-from bench.exec import memory
 from bench.exec.executor import Unit, executors, get_executor
-from bench.exec.packed import EVAL_IMAGES
-from bench.exec.prepare import prepare
 from bench.grid import executor_table
 from bench.grid.validate import check_trials
 from bench.methods import get_method
@@ -30,8 +26,6 @@ from bench.trial import FP32, TrialConfig
 
 if TYPE_CHECKING:  # the planner takes an Experiment; it need not import the experiment files' YAML reader
     from bench.grid.experiment import Experiment
-
-PACK_MAX = 256  # members per pack at most (`--pack auto`); beyond this the GPU is already full for our models
 
 
 @dataclass
@@ -93,56 +87,27 @@ def warm_cell(c: TrialConfig) -> tuple[Any, ...]:
         ((tuple(switches),) if switches else ()) + ((c.precision,) if c.precision != FP32 else ())
 
 
-def auto_pack_size(t: TrialConfig, data_root: str | os.PathLike[str] | None) -> tuple[int, str | None]:
-    """Members per pack under `--pack auto` for trials like `t`: `PACK_MAX`, or fewer where a pack that large
-    would not fit in $BENCH_PACK_MEMORY_GB by `bench.exec.memory.pack_memory` (estimated here, on the CPU, from the
-    data); and that estimate in words. The driver opens no GPU (a CUDA context there would hold memory on a GPU
-    the trials need, and a cluster's driver sees none of its workers' GPUs): without that bound, or without the
-    data, packs hold `PACK_MAX` and each pack checks its own GPU before it trains (`bench.exec.memory.check`)."""
-    capacity = memory.memory_budget() if t.device.startswith("cuda") else None
-    if capacity is None or data_root is None:
-        return PACK_MAX, None
-    # What the estimate depends on (data, model, stage shapes) and nothing else, so that groups share it; the batch
-    # size is the method's (its own schedule's, where the dataset gives it one).
-    like = dataclasses.replace(t, device="cpu", method="ce", method_params=(), r=0.0, seed=0, lr=None,
-                               batch_size=t.schedules()[1].batch_size, experiment="",
-                               extra=())
-    return _auto_pack_size(like, str(data_root), capacity)
-
-
-@functools.cache
-def _auto_pack_size(t: TrialConfig, data_root: str, capacity: int) -> tuple[int, str | None]:
-
-    try:
-        p = prepare(t, data_root, log=lambda line: None)
-    except UserError:  # missing or damaged data: `bench run` names it before anything runs
-        return PACK_MAX, None
-    # Measured on the CPU, for a pack that evaluates in CUDA-sized chunks.
-    estimate = dataclasses.replace(memory.pack_memory(p), chunk=EVAL_IMAGES["cuda"])
-    size = max(1, min(PACK_MAX, estimate.members(capacity)))
-    return size, (f"{t.dataset}, batch {p.method_stage.batch_size}: {estimate.describe(capacity)}; "
-                  f"at most {size} a pack")
-
-
 def plan_units(trials: list[TrialConfig], pack: str | int, data_root: str | os.PathLike[str] | None = None,
                gpus: int | None = None, gpu_kind: str | None = None) -> list[Unit]:
     """Units of work for the runner (`bench.exec.executor.Unit`): trials trained together (packs, or units of
     another executor), largest first, then solo trials, so that these fill the GPUs the others leave.
 
-    `pack` is "off", a member count at most (packs of that many), or "auto": per trial, the executor and the trials
-    a unit holds that the executor table gives for its model on its device (`bench.grid.executor_table`, on GPUs
-    named `gpu_kind`: packs on CUDA, solo on a CPU, where packing measured slower), a pack no larger than
-    `auto_pack_size` fits. Units hold whole warm-start cells where they fit (no cell's warm start trained by two
-    units); a cell larger than a unit may hold is split (`balanced_packs`). With
+    `pack` is an `--executor` spec (`unit_spec`): a kind and how many trials its units hold at most, or "auto": per
+    trial, the executor and the trials a unit holds that the executor table gives for its model on its device
+    (`bench.grid.executor_table`, on GPUs named `gpu_kind`: packs on CUDA, solo on a CPU, where packing measured
+    slower). Where no count was given, a unit holds no more than its executor's `fit` says the memory allows.
+    Units hold whole warm-start cells where they fit (no cell's warm start trained by two units); a cell larger than
+    a unit may hold is split (`balanced_packs`). With
     `gpus` (the GPUs the trials run on, as Ray counts them) the groups share the GPUs by their work (`share_gpus`)
     and each splits into at least its share of units, so that every GPU gets one: N trials on G GPUs are G packs of
     about N / G, more only where that many would not fit. The units of a group are balanced (300 trials at 256 a
     pack: 150 + 150, not 256 + 44), so that they finish together."""
-    if pack == "off" or pack == 1:
+    chosen, count = unit_spec(pack)
+    if chosen == "solo" or count == 1:
         return [Unit("solo", (t,)) for t in trials]
     solo: list[list[TrialConfig]] = []
     groups: dict[tuple[Any, ...], dict[tuple[Any, ...], list[TrialConfig]]] = {}
-    table = executor_table.read_table() if pack == "auto" else ()  # read once, not once a trial
+    table = executor_table.read_table() if chosen == "auto" else ()  # read once, not once a trial
     for t in trials:
         kind, most = unit_kind(t, pack, gpu_kind, table)
         executor = get_executor(kind)
@@ -155,7 +120,7 @@ def plan_units(trials: list[TrialConfig], pack: str | int, data_root: str | os.P
     shares = share_gpus(work, gpus) if gpus else [1] * len(cells)
     together: list[tuple[str, list[TrialConfig]]] = []
     for (kind, most, _), group, share in zip(groups, cells, shares, strict=True):
-        size = min(most, auto_pack_size(group[0][0], data_root)[0]) if pack == "auto" and kind == "pack" else most
+        size = get_executor(kind).fit(group[0][0], most, data_root)[0] if count is None else most
         if size == 1:  # one member fits (or none): solo, not units of whole cells
             solo += [[t] for cell in group for t in cell]
             continue
@@ -166,10 +131,11 @@ def plan_units(trials: list[TrialConfig], pack: str | int, data_root: str | os.P
 
 def unit_kind(t: TrialConfig, pack: str | int, gpu_kind: str | None,
               table: tuple[executor_table.Choice, ...]) -> tuple[str, int]:
-    """The executor that trains `t` with others, and how many trials its units hold at most: `--pack N`'s packs,
-    or under `--pack auto` the executor table's row for its model and device (none: solo)."""
-    if pack != "auto":
-        return "pack", int(pack)
+    """The executor that trains `t` with others, and how many trials its units hold at most: the spec's kind and K
+    (no K: the kind's `most`), or under `auto` the executor table's row for its model and device (none: solo)."""
+    kind, count = unit_spec(pack)
+    if kind != "auto":
+        return kind, count or get_executor(kind).most
     choice = executor_table.choose(t.network(), t.device, gpu_kind, table)
     if choice is None:
         return "solo", 1
@@ -225,10 +191,34 @@ def split_cell(cell: list[TrialConfig], size: int) -> list[list[TrialConfig]]:
     return [cell[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
-def parse_pack(value: str) -> str | int:
-    """`--pack`: auto, off, or a number of members per pack."""
-    if value in ("auto", "off"):
-        return value
-    if value.isdigit() and int(value) >= 1:
-        return int(value)
-    raise UserError(f"--pack must be auto, off or a number of trials per pack (>= 1), got {value!r}")
+def unit_spec(spec: str | int) -> tuple[str, int | None]:
+    """An `--executor` spec as (kind, trials a unit at most; None: not given): `auto`, `solo`, `NAME` or `NAME:K`;
+    also `--pack`'s words as the planner was once called with them (`off`: solo; a number N: packs of N)."""
+    if spec == "off" or spec == 1:
+        return "solo", 1
+    if isinstance(spec, int):
+        return "pack", spec
+    name, _, count = str(spec).partition(":")
+    if name == "auto" and not count:
+        return "auto", None
+    if name not in executors() or (count and not (count.isdigit() and int(count) >= 1)):
+        raise UserError(f"--executor must be auto or an executor's name with at most K trials a unit "
+                        f"(NAME or NAME:K, K >= 1), got {spec!r}; executors: {', '.join(executors())}")
+    return name, int(count) if count else (1 if name == "solo" else None)
+
+
+def parse_executor(executor: str | None, pack: str | None = None) -> str:
+    """The spec `bench run` plans by: `--executor`'s value (checked, `unit_spec`), or `--pack`'s, its alias (auto,
+    off, N: packs of at most N trials), or auto."""
+    if executor is not None and pack is not None:
+        raise UserError(f"--pack is --executor's older name: give one of them, not both (--executor {executor}, "
+                        f"--pack {pack})")
+    if pack is None:
+        spec = "auto" if executor is None else executor.strip()
+        unit_spec(spec)
+        return spec
+    if pack in ("auto", "off"):
+        return "auto" if pack == "auto" else "solo"
+    if pack.isdigit() and int(pack) >= 1:
+        return f"pack:{int(pack)}"
+    raise UserError(f"--pack must be auto, off or a number of trials per pack (>= 1), got {pack!r}")

@@ -290,7 +290,7 @@ class RunProgress:
             self.tally.compute_s += float(row["wall_s"] or 0.0)
         acc = f"test {row['test_acc']:6.2f}%" if row is not None and row["test_acc"] is not None else "-"
         warm = " (warm start reused)" if result.get("warm_hits") and size == 1 else ""
-        warm += f" (pack of {size})" if size > 1 else ""
+        warm += f" ({words})" if (words := self.configs[unit].member_words()) else ""
         wall = f"{row['wall_s']:.0f}s" if row is not None and size == 1 else ""
         width = len(str(self.tally.total))
         note = f"  see {self.store.log_path(unit)}" if status == "failed" and self.store.local else ""

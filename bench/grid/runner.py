@@ -227,7 +227,7 @@ class Settings:
     gpus_per_trial: float | None = None
     retries: int = 2
     num_cpus: int | None = None
-    pack: str | int = "auto"  # "auto" (packs on CUDA), "off", or members per pack
+    pack: str | int = "auto"  # an --executor spec (`bench.grid.plan.unit_spec`): auto, solo, NAME or NAME:K
     live: bool = False  # a live status table (a terminal); else a status line every `status_every` seconds
     status_every: float = 30.0
     report_every: float = REPORT_EVERY  # seconds between a unit's progress reports to the driver
@@ -251,10 +251,11 @@ def run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None] = pr
 
 
 def describe_size(unit: Unit, gpu: float) -> str:
-    """Who asks for a unit's resources, in words: 'each trial', 'a pack of 8 trials (each 0.5 GPU)'."""
-    if unit.kind == "solo":
+    """Who asks for a unit's resources, in its executor's words: 'each trial', 'a pack of 8 trials (each 0.5
+    GPU)'."""
+    if not (words := unit.member_words()):
         return "each trial"
-    return f"a {unit.kind} of {len(unit)} trials" + (f" (each {gpu:g} GPU)" if gpu else "")
+    return f"a {words} trials" + (f" (each {gpu:g} GPU)" if gpu else "")
 
 
 def unit_bundles(unit: Unit, cpu: float, gpu: float) -> list[Bundle]:

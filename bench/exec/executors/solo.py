@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from bench.exec.executor import Bundle, Executor, UnitContext
-from bench.exec.trainer import run_trial
 from bench.trial import TrialConfig
 
 
@@ -14,8 +13,7 @@ class Solo(Executor):
 
     def run(self, trials: list[TrialConfig], ctx: UnitContext) -> list[dict[str, Any]]:
         (trial,) = trials
-        return [run_trial(trial, ctx.data_root, results=ctx.results, log=ctx.log, warm_cache=ctx.warm_cache,
-                          events=ctx.events, checkpoints=ctx.checkpoints)]
+        return [self.run_trial(trial, ctx)]
 
     def resources(self, trials: list[TrialConfig], cpu: float, gpu: float) -> list[Bundle]:
         """The trial's CPUs and GPUs as written: a trial asking for 2 GPUs is given 2 (or refused by

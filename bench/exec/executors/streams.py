@@ -5,9 +5,10 @@ did not help, processes take turns and their kernels do not overlap). Each membe
 unchanged solo code path (`bench.exec.trainer.run_trial`); only the turns are this module's.
 
 Turns. A baton: only its holder's thread runs Python (the others wait on a condition), and the holder hands it on,
-round robin among the members still training, after each optimiser step (`bench.exec.stage.after_step`, set per
-thread), while it waits for a warm start another member is training, and when it ends. On a GPU a member's step is
-launched, not finished, when it hands on, so the steps of K members are in flight on K streams at once.
+round robin among the members still training, after each optimiser step (the member's `MemberTurns`, handed down to
+its training loop through `run_trial`, `bench.exec.turns`), while it waits for a warm start another member is
+training, and when it ends. On a GPU a member's step is launched, not finished, when it hands on, so the steps of K
+members are in flight on K streams at once.
 
 Random state. Trials seed and draw from torch's, numpy's and Python's global generators (seed_everything, init,
 dropout). At each hand-over the leaving member's global generator states (torch's CPU one, torch's CUDA one for the
@@ -67,8 +68,8 @@ import torch
 
 from bench.config import UserError, disk_full
 from bench.exec.executor import Bundle, Executor, UnitContext
-from bench.exec.stage import after_step
-from bench.exec.trainer import failed_row, run_trial
+from bench.exec.trainer import failed_row
+from bench.exec.turns import Stopped, Turns
 from bench.exec.warmstart import WarmStart, WarmStarts
 from bench.store.folder import Checkpoints, Store
 from bench.trial import TrialConfig
@@ -88,11 +89,6 @@ def set_rng_states(states: RngStates, device: torch.device) -> None:
         torch.cuda.set_rng_state(cuda, device)
     np.random.set_state(numpy_state)
     random.setstate(python_state)
-
-
-class Stopped(BaseException):  # noqa: N818 - not an error: the member stops because another met one a retry may cure
-    """Raised in a member at its turn once another member met an error a retry may cure. A BaseException, so that
-    `run_trial` writes no failed row for it: the member resumes from its checkpoint when Ray retries the unit."""
 
 
 def retry_may_cure(error: BaseException) -> bool:
@@ -164,9 +160,10 @@ class Baton:
         finally:
             lock.release()
 
-    def run(self, jobs: list[Callable[[], Any]]) -> list[Any]:
-        """Call each job in a thread of its own, on a CUDA stream of its own, in turns; return what each returned,
-        or the exception it raised (None: it was stopped). `cure` then holds an error a retry may cure, if any."""
+    def run(self, jobs: list[Callable[[Turns], Any]]) -> list[Any]:
+        """Call each job with its turns (`MemberTurns`) in a thread of its own, on a CUDA stream of its own; return
+        what each returned, or the exception it raised (None: it was stopped). `cure` then holds an error a retry may
+        cure, if any."""
         outcomes: list[Any] = [None] * len(jobs)
         threads = [threading.Thread(target=self._member, args=(m, job, outcomes), name=f"streams-m{m}")
                    for m, job in enumerate(jobs)]
@@ -176,13 +173,12 @@ class Baton:
             thread.join()
         return outcomes
 
-    def _member(self, m: int, job: Callable[[], Any], outcomes: list[Any]) -> None:
+    def _member(self, m: int, job: Callable[[Turns], Any], outcomes: list[Any]) -> None:
         cure = None
         try:
             self.enter(m)
-            after_step.turn = functools.partial(self.turn, m)
             with own_stream(self.device):
-                outcomes[m] = job()
+                outcomes[m] = job(MemberTurns(self, m))
         except Stopped:
             pass
         except BaseException as e:  # noqa: BLE001 - handed to the caller: the member's failed row, or the unit's end
@@ -191,8 +187,18 @@ class Baton:
             else:
                 outcomes[m] = e
         finally:
-            after_step.turn = None
             self.leave(m, cure)
+
+
+class MemberTurns(Turns):
+    """Member m's turns: after each step it hands the baton on and waits for it to come back (`Baton.turn`), which
+    raises `Stopped` where the unit has ended."""
+
+    def __init__(self, baton: Baton, m: int) -> None:
+        self.baton, self.m = baton, m
+
+    def after_step(self) -> None:
+        self.baton.turn(self.m)
 
 
 class Streams(Executor):
@@ -209,7 +215,7 @@ class Streams(Executor):
         return [written_row(t, ctx, o) if isinstance(o, BaseException) else o
                 for t, o in zip(trials, outcomes, strict=True)]
 
-    def member(self, m: int, trial: TrialConfig, ctx: UnitContext, baton: Baton) -> dict[str, Any]:
+    def member(self, m: int, trial: TrialConfig, ctx: UnitContext, baton: Baton, turns: Turns) -> dict[str, Any]:
         """Member m's solo trial (in its thread, in its turns): its row. A retried unit (with checkpoints) takes the
         row a member wrote in an earlier attempt instead of training it again."""
         def log(line: str) -> None:
@@ -223,9 +229,10 @@ class Streams(Executor):
                 return row
             checkpoints = Checkpoints(ctx.results, trial.trial_id, log)
         try:
-            row = run_trial(trial, ctx.data_root, results=ctx.results, log=log,
-                            warm_cache=shared_cache(ctx.warm_cache, baton, m), events=ctx.events,
-                            checkpoints=checkpoints, executor=self.name)
+            row = self.run_trial(trial, ctx, log=log, warm_cache=shared_cache(ctx.warm_cache, baton, m),
+                                 checkpoints=checkpoints, turns=turns)
+        except Stopped:
+            raise  # not the member's error: it resumes from its checkpoint
         except Exception as e:
             if retry_may_cure(e):
                 log(f"stopping the unit for a retry: {type(e).__name__}: {e}")
