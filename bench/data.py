@@ -206,12 +206,14 @@ class Dataset:
 
     def wrong_files(self) -> list[str]:
         """What makes present files unusable whatever their checksums say, one line each: a folder where a file
-        belongs (any dataset), or a size in bytes or line length far over the published one (`published_sizes`)."""
+        belongs or a file where a folder belongs (a name in `files` ending in "/"), or a size in bytes or line length
+        far over the published one (`published_sizes`)."""
         problems = []
         for rel in self.files:
-            path = self.root / rel
-            if path.is_dir():
-                problems.append(f"{path} is a folder, not the published file")
+            path, folder = self.root / rel, rel.endswith("/")
+            if path.exists() and path.is_dir() != folder:
+                problems.append(f"{path} is a {'file' if folder else 'folder'}, not the published "
+                                f"{'folder' if folder else 'file'}")
             elif rel in self.published_sizes and path.is_file():  # smaller copies stay (tests; the loaders note them)
                 size, lines = self.published_sizes[rel]
                 if (got := path.stat().st_size) > size * FAR:

@@ -306,3 +306,16 @@ def test_a_small_mr_copy_still_loads(tmp_path, monkeypatch):
     write_mr(tmp_path)
     splits = MovieReview(tmp_path).load()
     assert len(splits.train) + len(splits.val) + len(splits.test) == 600
+
+
+def test_a_file_where_a_published_folder_belongs_is_one_line_and_a_folder_that_belongs_passes(tmp_path):
+    """A name in a dataset's `files` ending in "/" is a folder (Clothing1M's images/, ANIMAL-10N's training/): that
+    folder passes the check, and a plain file in its place is named, as a folder in a file's place is."""
+    from bench.datasets.animal10n import Animal10N
+
+    root = tmp_path / "data"
+    ds = Animal10N(root)
+    ds.root.mkdir(parents=True)
+    (ds.root / "training").mkdir()
+    (ds.root / "testing").write_text("not a folder")
+    assert ds.wrong_files() == [f"{ds.root / 'testing'} is a file, not the published folder"]

@@ -244,7 +244,7 @@ def test_a_streams_unit_with_one_rejected_member_counts_the_others_rows(tmp_path
                           env={**env(), "BENCH_EXECUTOR_TABLE": str(tmp_path / "table.csv"),
                                "BENCH_PLUGINS": str(tmp_path / "plugins")})
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "streams units: 3 trials in 1 units of 3" in done.stdout
+    assert "streams units (--executor auto): 3 trials in 1 streams units of 3" in done.stdout
     rows = pl.read_parquet(results / "trials" / "*.parquet")
     assert sorted(rows["method"]) == ["ce", "dmi"] and set(rows["status"]) == {"ok"}
     assert re.search(r"members: 3 of 3 trials finished in \S+ \(2 ok, 1 rejected\)", done.stdout), done.stdout

@@ -462,9 +462,13 @@ def test_a_bf16_pack_runs_its_convolutions_in_bf16_channels_last(small_cifar: Pa
 def test_every_packable_model_with_batchnorm_passes_the_fused_check(name: str) -> None:
     """The contract of `packable` for the networks with buffers: at full size, their fused pass equals each
     member's own network (`Grouped.check`, evaluation mode, two inputs of the size their dataset trains at)."""
-    shapes = {"resnet34_cifar": (3, 32, 32), "vgg16_bn": (3, 64, 64), "resnet50": (3, 64, 64)}
+    shapes = {"resnet34_cifar": (3, 32, 32), "resnet18_cifar": (3, 32, 32), "vgg16_bn": (3, 64, 64),
+              "vgg19_bn": (3, 64, 64), "resnet50": (3, 64, 64)}
+    # What a network needs beyond its classes: the word CNNs a vocabulary, the linear probe its features' width.
+    needs = {"word_cnn": {"vocab_size": 50}, "word_cnn_authors": {"vocab_size": 50},
+             "linear_probe": {"in_features": 16}}
     torch.manual_seed(0)
-    nets = [models.create(name, 10, **({"vocab_size": 50} if name.startswith("word_cnn") else {})) for _ in range(2)]
+    nets = [models.create(name, 10, **needs.get(name, {})) for _ in range(2)]
     params, buffers = torch.func.stack_module_state(nets)
     assert bool(buffers) == (name in shapes), name  # the BatchNorm networks are the ones with buffers
     if buffers:

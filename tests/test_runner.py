@@ -167,6 +167,9 @@ def test_shipped_configs_validate_against_the_registries():
         elif path.stem == "mr_protocols":  # one paper cell under both protocols (issue 31)
             assert exp.protocol == ("bench", "authors") and exp.r == (0.4,) and exp.seeds == (0, 1)
             assert {m.name for m in exp.methods} == {"ce", "dmi"} and len(exp.trials()) == 8
+        elif path.stem == "dogs_vs_cats_protocols":  # the paper's Dogs vs Cats cell under both protocols (issue 36)
+            assert exp.protocol == ("bench", "authors") and exp.r == (0.4,) and exp.seeds == (0, 1)
+            assert {m.name for m in exp.methods} == {"ce", "dmi", "fw", "gce", "lccn"} and len(exp.trials()) == 20
         elif path.stem in ("animal10n", "food101n", "webvision_mini", "webvision_mini_ilsvrc12", "red_mini_imagenet"):
             # The real-world sets (issue 39): what their papers compare that bench has, CE, L_DMI at the paper's lrs.
             assert exp.dataset == path.stem and {"ce", "dmi"} <= {m.name for m in exp.methods}

@@ -53,15 +53,8 @@ class Lines:
                       "`bench results`)", file=sys.stderr, flush=True)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    overrides = Overrides(tuple(args.sets), args.methods, args.seeds)
-    exp = load_experiment(args.config, overrides=overrides)
-    results = args.results or default_results(exp)
-    out = Lines()
-    if exp.overrides:
-        out(f"{' '.join(exp.overrides)} changed the grid of {exp.base_name}: it runs as experiment {exp.name}"
-              f"{'' if overrides.names() else ' (--set name=NAME names it)'}, results in {results}, which keeps it "
-              f"as {exp.name}.yaml")
+def check_counts(args: argparse.Namespace) -> None:
+    """`bench run`'s counts and shares, each one line when out of range, before anything starts."""
     for flag, value in (("--max-concurrent", args.max_concurrent), ("--retries", args.retries)):
         if value is not None and value < (1 if flag == "--max-concurrent" else 0):
             raise UserError(f"{flag} must be {'>= 1' if flag == '--max-concurrent' else '>= 0'}, got {value}")
@@ -71,6 +64,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserError(f"--gpus-per-trial must be a finite number >= 0, got {args.gpus_per_trial}")
     if args.num_cpus is not None and args.num_cpus < 1:
         raise UserError(f"--num-cpus must be >= 1, got {args.num_cpus}")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    overrides = Overrides(tuple(args.sets), args.methods, args.seeds)
+    exp = load_experiment(args.config, overrides=overrides)
+    results = args.results or default_results(exp)
+    out = Lines()
+    if exp.overrides:
+        out(f"{' '.join(exp.overrides)} changed the grid of {exp.base_name}: it runs as experiment {exp.name}"
+              f"{'' if overrides.names() else ' (--set name=NAME names it)'}, results in {results}, which keeps it "
+              f"as {exp.name}.yaml")
+    check_counts(args)
     spec = parse_executor(args.executor, args.pack)  # a bad --executor or --pack is one line, before anything
     memory_budget()  # a bad $BENCH_PACK_MEMORY_GB is one line here, before Ray, not an error in every pack
     check_no_pack_precision()  # likewise the retired $BENCH_PACK_PRECISION
