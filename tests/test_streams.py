@@ -219,15 +219,24 @@ def test_a_trial_calls_the_turns_it_is_handed_after_each_step(tmp_path: Path) ->
     assert not (tmp_path / "trials").exists() or not list((tmp_path / "trials").glob("*.parquet"))
 
 
-def test_the_runner_and_the_executor_agree_on_what_a_retry_cures() -> None:
+def test_one_rule_says_what_a_retry_cures_for_the_runner_and_the_streams_unit() -> None:
+    """Ray's errors (by their module: the training core imports no Ray), a GPU out of memory, a dropped connection;
+    not a bug, bad input or a full disk. A streams unit also ends on an interrupt."""
+    import errno
+
     import ray.exceptions
     import torch
 
-    from bench.grid.runner import retry_cures
+    from bench.exec.executor import retry_may_cure
+    from bench.grid import runner
 
-    errors = [ray.exceptions.RayActorError(), torch.OutOfMemoryError("out"), ConnectionError("x"),
-              ConnectionResetError("y"), ValueError("z"), RuntimeError("node lost"), UserError("bad")]
-    assert [streams.retry_may_cure(e) for e in errors] == [retry_cures(e) for e in errors]
+    cured = [ray.exceptions.RayActorError(), ray.exceptions.RaySystemError("lost"), torch.OutOfMemoryError("out"),
+             ConnectionError("x"), ConnectionResetError("y")]
+    not_cured = [ValueError("z"), RuntimeError("node lost"), UserError("bad"), OSError(errno.ENOSPC, "full")]
+    assert [retry_may_cure(e) for e in cured + not_cured] == [True] * len(cured) + [False] * len(not_cured)
+    assert [streams.ends_unit(e) for e in cured + not_cured] == [retry_may_cure(e) for e in cured + not_cured]
+    assert streams.ends_unit(KeyboardInterrupt()) and not retry_may_cure(KeyboardInterrupt())
+    assert runner.retry_may_cure is streams.retry_may_cure is retry_may_cure  # one home, called by both
 
 
 def test_what_a_streams_unit_asks_for_and_how_it_is_named() -> None:

@@ -19,7 +19,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from bench.config import discover, lookup
+import torch
+
+from bench.config import discover, disk_full, lookup
 from bench.exec.events import Events
 from bench.exec.stage import Checkpoints, Log
 from bench.exec.trainer import run_trial
@@ -133,3 +135,14 @@ class Unit:
 
     def __iter__(self) -> Iterator[TrialConfig]:
         return iter(self.trials)
+
+
+def retry_may_cure(error: BaseException) -> bool:
+    """The one rule of what a retry may cure, for the runner and every executor: a fault of Ray's own (a lost node,
+    actor or object: an error whose class comes from Ray's modules, told by module so that the training core need
+    not import Ray), a GPU whose memory other work took, a connection that dropped; never a full disk (the next write
+    fails the same way). A worker killed outright raises nothing: Ray sees it die and retries it (`--retries`)."""
+    if disk_full(error):
+        return False
+    return isinstance(error, (torch.OutOfMemoryError, ConnectionError)) or any(
+        cls.__module__.split(".")[0] == "ray" for cls in type(error).__mro__)

@@ -6,19 +6,18 @@
     (writes its own parquet rows; CE warm starts from the shared cache) --driver callbacks--> progress line; MLflow
     (and, while it trains, its stage and epoch events through Ray Tune's results --> the driver's live status)
 
-Trial identity is `TrialConfig.trial_id`, a hash of the trial's effective configuration (schedules and method
-defaults filled in): a relaunch runs only the trials without
-a result row (rows with status "failed" run again), so a killed grid resumes and a grid can grow. Ray retries a
-unit only for faults that a retry can cure (`--retries`): a worker that died (a lost node, an out-of-memory kill, a
-preempted worker), a fault of Ray's own (`retry_cures`); the method stage checkpoints after every epoch, so a retried
-trial (or one re-run after the driver was killed) resumes from its last finished epoch, and its warm start comes from
-the cache. Any other error in a worker is deterministic and would fail every retry alike: the unit ends at once, each
-of its trials with a row `failed` and the reason, its traceback in the unit's log.
-Locally Ray starts in-process (`ray.init(address="local")`, never attaching to another Ray on the machine), its
-services listening on 127.0.0.1 only; `--address` joins a cluster (`bench.grid.cluster.connect`: one line within
-seconds where nothing listens, what listens is not Ray, or the token is refused; checked before anything is written).
-Once connected, the driver counts the GPUs Ray has and splits the packs over them
-(`plan_on_cluster`); `--dry-run --address` connects too (`gpus_to_plan`).
+Trial identity is `TrialConfig.trial_id`, a hash of the trial's effective configuration (schedules and method defaults
+filled in): a relaunch runs only the trials without a result row (rows with status "failed" run again), so a killed grid
+resumes and a grid can grow. Ray retries a unit only for faults that a retry can cure (`--retries`): a worker that died
+(a lost node, an out-of-memory kill, a preempted worker), a fault of Ray's own (`bench.exec.executor.retry_may_cure`,
+every executor's rule too); the method stage checkpoints after every epoch, so a retried trial (or one re-run after the
+driver was killed) resumes from its last finished epoch, and its warm start comes from the cache. Any other error in a
+worker is deterministic and would fail every retry alike: the unit ends at once, each of its trials with a row `failed`
+and the reason, its traceback in the unit's log. Locally Ray starts in-process (`ray.init(address="local")`, never
+attaching to another Ray on the machine), its services listening on 127.0.0.1 only; `--address` joins a cluster
+(`bench.grid.cluster.connect`: one line within seconds where nothing listens, what listens is not Ray, or the token is
+refused; checked before anything is written). Once connected, the driver counts the GPUs Ray has and splits the packs
+over them (`plan_on_cluster`); `--dry-run --address` connects too (`gpus_to_plan`).
 
 Before Ray starts, the driver checks every trial (`bench.grid.validate`), the data files and the results folder, and
 takes the folder's lock (one driver per folder). A `UserError` that only a worker meets is reported to the driver once,
@@ -43,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.config import FolderFull, UserError, disk_full
-from bench.exec.executor import Bundle, Unit, UnitContext, get_executor
+from bench.exec.executor import Bundle, Unit, UnitContext, get_executor, retry_may_cure
 from bench.exec.trainer import failed_row
 from bench.exec.warmstart import WarmStartCache
 from bench.grid.cluster import check_resources, cluster_gpu_kind, cluster_gpus, start_ray
@@ -107,7 +106,7 @@ def ray_unit(config: dict[str, Any], units: dict[str, Unit], data_root: str, res
             tune.report(closing(status="rejected", error=str(e), halt=isinstance(e, FolderFull)))
             return
         except Exception as e:
-            if retry_cures(e):
+            if retry_may_cure(e):
                 raise  # Ray retries the unit (--retries), from its last epoch checkpoint
             # A deterministic error (a bug, a value the checks missed): it would fail the same way on every retry,
             # so the unit ends here, its trials' rows `failed` with the reason, the traceback in its log.
@@ -160,18 +159,6 @@ class UnitLog:
                 file.close()
             except OSError:  # its last lines are lost with the log
                 pass
-
-
-def retry_cures(error: BaseException) -> bool:
-    """Whether retrying a unit may cure `error`: a fault of Ray's own (a lost node, actor or object), a GPU whose
-    memory other work took, a connection that dropped; never a full disk. A worker killed outright (a lost node, an
-    out-of-memory kill, a preempted worker) raises nothing here: Ray sees it die and retries it (`--retries`)."""
-    import ray.exceptions
-    import torch
-
-    if disk_full(error):  # the next write fails the same way
-        return False
-    return isinstance(error, (ray.exceptions.RayError, torch.OutOfMemoryError, ConnectionError))
 
 
 def one_line(error: BaseException, limit: int = 400) -> str:

@@ -66,8 +66,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.config import UserError, disk_full
-from bench.exec.executor import Bundle, Executor, UnitContext
+from bench.config import UserError
+from bench.exec.executor import Bundle, Executor, UnitContext, retry_may_cure
 from bench.exec.trainer import failed_row
 from bench.exec.turns import Stopped, Turns
 from bench.exec.warmstart import WarmStart, WarmStarts
@@ -91,16 +91,10 @@ def set_rng_states(states: RngStates, device: torch.device) -> None:
     random.setstate(python_state)
 
 
-def retry_may_cure(error: BaseException) -> bool:
-    """`bench.grid.runner.retry_cures`' rule without importing Ray (the training core runs on a bare GPU box):
-    Ray's own faults known by their module, a GPU whose memory other work took, a dropped connection; and anything
-    that is not an Exception (an interrupt) ends the unit as well; never a full disk."""
-    if not isinstance(error, Exception):
-        return True
-    if disk_full(error):  # the next write fails the same way
-        return False
-    return isinstance(error, (torch.OutOfMemoryError, ConnectionError)) or any(
-        cls.__module__.split(".")[0] == "ray" for cls in type(error).__mro__)
+def ends_unit(error: BaseException) -> bool:
+    """Whether a member's error ends the whole unit, to be retried: what a retry may cure (`retry_may_cure`, the
+    runner's rule too), and anything that is not an Exception (an interrupt)."""
+    return not isinstance(error, Exception) or retry_may_cure(error)
 
 
 class Baton:
@@ -182,7 +176,7 @@ class Baton:
         except Stopped:
             pass
         except BaseException as e:  # noqa: BLE001 - handed to the caller: the member's failed row, or the unit's end
-            if retry_may_cure(e):
+            if ends_unit(e):
                 cure = e
             else:
                 outcomes[m] = e
