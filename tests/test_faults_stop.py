@@ -125,7 +125,9 @@ def test_a_second_signal_ends_the_run_at_once(uninterrupted, tmp_path):
     config, whole = uninterrupted
     results = tmp_path / "results"
     status, _, err, seconds = interrupted_run(config, results, [signal.SIGTERM, signal.SIGTERM])
-    assert status == 143
+    # 143, or killed by the signal itself where it came while Ray's shutdown had put SIGTERM back to its default
+    # action (a window of a fraction of a second, seen once under a loaded machine): a shell reports 143 for both.
+    assert status in (143, -signal.SIGTERM)
     assert seconds < 5
     assert err.splitlines()[-1] in ("bench: SIGTERM again: stopped at once; run the same command again to finish "
                                     "the grid", "bench: SIGTERM: stopping the grid at the trials' last checkpoints "
