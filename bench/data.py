@@ -133,11 +133,12 @@ class Dataset:
     # What `authors` still does otherwise than the scripts, each "what — why" (docs/fidelity.md lists them).
     authors_differences: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, data_root: str | Path, verify: bool | None = None, script_transform: Any = None) -> None:
+    def __init__(self, data_root: str | Path, verify: bool | None = None,
+                 trial_protocol: protocol.Protocol | None = None) -> None:
         self.root = Path(data_root).expanduser() / self.folder
-        # The `script_transform` switch's setting where the trial's protocol turns it on (None: the dataset's own
-        # inputs): `load` and the transforms then build the inputs as the scripts' torchvision pipeline did.
-        self.script_transform = script_transform
+        # The protocol of the trials that read this data (bench's where none is given): a switch that changes the
+        # data (`script_transform`'s inputs, MR's `vocabulary_order`) is read from it by `load` and the transforms.
+        self.trial_protocol = trial_protocol or protocol.Protocol()
         # Checksums of the published files are verified on load unless BENCH_VERIFY_CHECKSUMS=0 (or verify=False,
         # as the tests do for their small files in the published formats).
         self.verify = verify if verify is not None else os.environ.get("BENCH_VERIFY_CHECKSUMS", "1") != "0"
@@ -277,10 +278,11 @@ class Dataset:
     def load(self) -> Splits:
         raise NotImplementedError
 
-    def under_protocol(self, splits: Splits, proto: protocol.Protocol) -> Splits:
-        """The splits `load` gave, as a trial under `proto` reads them: a switch that changes how the dataset is
-        encoded (MR's `vocabulary_order`) acts here, in the dataset's file; bench reads them as they are."""
-        return splits
+    @property
+    def script_transform(self) -> Any:
+        """The `script_transform` switch's setting where the trial's protocol turns it on (None: the dataset's own
+        inputs): `load` and the transforms then build the inputs as the scripts' torchvision pipeline did."""
+        return self.trial_protocol.setting("script_transform")
 
     # Transforms run on the training device on a batch of `Split.x`; augmentation only in `train_transform`, its
     # random draws from `generator` (None: torch's default generator of x's device): a pack hands each member its own.

@@ -37,7 +37,7 @@ import torch
 from bench import noise
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits
-from bench.protocol import Protocol, Selection, Switch
+from bench.protocol import Selection, Switch
 
 PAD, UNKNOWN = 0, 1
 MIN_LENGTH = 5  # the widest filter: shorter sentences are padded up to it
@@ -233,18 +233,16 @@ class MovieReview(Dataset):
         def split(idx: np.ndarray) -> Split:
             return Split(encode([sentences[i] for i in idx], vocabulary, length), labels[idx])
 
-        return Splits(
+        splits = Splits(
             train=split(parts["train"]), val=split(parts["val"]), test=split(parts["test"]),
             model_args={"vocab_size": len(vocabulary) + 2}, notes=notes,
         )
-
-    def under_protocol(self, splits: Splits, proto: Protocol) -> Splits:
-        """The token ids in the vocabulary numbering of `vocabulary_order` (bench's, by frequency, without it)."""
-        order = proto.setting("vocabulary_order", "frequency")
+        # The token ids in the numbering of the trial's `vocabulary_order` (bench's, by frequency, without it).
+        order = self.trial_protocol.setting("vocabulary_order", "frequency")
         if order != "frequency":
-            new = renumbering(self.vocabulary, order)
-            for split in (splits.train, splits.val, splits.test):
-                split.x = new[split.x]
+            new = renumbering(vocabulary, order)
+            for part in (splits.train, splits.val, splits.test):
+                part.x = new[part.x]
         return splits
 
     def noise_features(self, split: Split) -> np.ndarray:

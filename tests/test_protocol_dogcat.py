@@ -36,11 +36,6 @@ IMAGENET = T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
 DOGCAT = get_dataset("dogs_vs_cats")
 
 
-def script_setting(dataset: str) -> dict:
-    """The `script_transform` setting a dataset declares (its scripts' pipeline)."""
-    return get_dataset(dataset).switches()["script_transform"].setting
-
-
 # -- Dogs vs Cats: the scripts' images ----------------------------------------------------------------------------
 def kaggle_folder(root: Path, n_per_class: int = 8) -> Path:
     """A data root holding Kaggle's layout, dogs-vs-cats/train/{cat,dog}.N.jpg, of JPEGs of assorted sizes (some
@@ -83,7 +78,7 @@ def script_train(path: Path, flip: bool, angle: float) -> torch.Tensor:
 
 def check_dogcat_images(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BENCH_CACHE", str(tmp_path / "cache"))
-    ds = DOGCAT(root, script_transform=script_setting("dogs_vs_cats"))
+    ds = DOGCAT(root, trial_protocol=DOGCAT.protocol("bench+script_transform"))
     splits = ds.load()
     assert splits.train.x.shape[1:] == (3, 150, 150) and splits.model_args == {"image_size": 150}
     got = ds.eval_transform(splits.test.x)
@@ -150,8 +145,8 @@ def test_fashion_script_transform_is_to_tensor_then_normalize(tiny_fashion: Path
     """fashion.py:187-192: ToTensor, Normalize((0.1307,), (0.3081,)) of each 28 x 28 byte image (mode L)."""
     from bench.datasets.fashion_mnist import read_idx
 
-    setting = script_setting("fashion_mnist")
-    ds = get_dataset("fashion_mnist")(tiny_fashion, verify=False, script_transform=setting)
+    fashion = get_dataset("fashion_mnist")
+    ds = fashion(tiny_fashion, verify=False, trial_protocol=fashion.protocol("bench+script_transform"))
     splits = ds.load()
     raw = read_idx(tiny_fashion / "FashionMNIST" / "raw" / "t10k-images-idx3-ubyte.gz")
     pipeline = T.Compose([T.ToTensor(), T.Normalize((0.1307,), (0.3081,))])
@@ -182,8 +177,8 @@ def test_cifar10_script_transform_pads_the_raw_image_with_black(tmp_path: Path) 
     """dataset.py:200-226: the training images flipped and cropped from the raw image padded with 4 black pixels,
     then ToTensor and ImageNet's Normalize; evaluation: ToTensor, Normalize. Bench pads after normalising (zero is
     the mean), so its padded border differs."""
-    setting = script_setting("cifar10")
-    ds = get_dataset("cifar10")(write_cifar(tmp_path), verify=False, script_transform=setting)
+    cifar10 = get_dataset("cifar10")
+    ds = cifar10(write_cifar(tmp_path), verify=False, trial_protocol=cifar10.protocol("bench+script_transform"))
     x = ds.load().train.x[:16]
     pils = [Image.fromarray(image.permute(1, 2, 0).numpy()) for image in x]
     pipeline = T.Compose([T.ToTensor(), IMAGENET])

@@ -203,9 +203,8 @@ def epoch_eval_enabled(dataset: type[Dataset]) -> bool:
 
 def load_data(config: TrialConfig, data_root: str | os.PathLike[str]) -> tuple[Dataset, Splits]:
     """The dataset's splits, with tensor inputs moved to the training device once (a pack's members share them)."""
-    proto = config.resolved_protocol()
-    dataset = get_dataset(config.dataset)(data_root, script_transform=proto.setting("script_transform"))
-    splits = check_splits(dataset, dataset.under_protocol(dataset.load(), proto))
+    dataset = get_dataset(config.dataset)(data_root, trial_protocol=config.resolved_protocol())
+    splits = check_splits(dataset, dataset.load())
     device = resolve_device(config.device)
     # A model may change what it trains on (`bench.features`: a frozen backbone's cached features).
     splits = models.get_model(config.network()).prepare_data(dataset, splits, dict(config.model_args), device)
