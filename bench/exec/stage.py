@@ -54,8 +54,6 @@ def accuracy(logits: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tu
     return 100.0 * float(np.trace(confusion)) / max(int(support.sum()), 1), 100.0 * float(recalls.mean()), confusion
 
 
-
-
 def train_epoch(
     nets: list[nn.Module],
     step_loss: Callable[[list[nn.Module], Batch], torch.Tensor],

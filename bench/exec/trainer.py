@@ -78,6 +78,7 @@ def continue_stream(stream: dict[str, torch.Tensor], device: torch.device) -> No
     if CUDA_STREAM_KEY in stream:
         torch.cuda.set_rng_state(stream[CUDA_STREAM_KEY], device)
 
+
 def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, labels)
 
