@@ -214,3 +214,55 @@ def test_image_files_refuse_a_key_that_leaves_their_folder(tmp_path):
         with pytest.raises(UserError, match=r"someset: the image key .* names a file outside"):
             ImageFiles(tmp_path, ["ok.jpg", key], 32, "someset")
 
+
+# -- a damaged or half-made MLflow store heals ---------------------------------------------------------------------
+def half_made(path: Path, reference_db: Path, kind: str) -> None:
+    """An `mlflow.db` as a disk that filled while MLflow made or wrote it leaves one."""
+    import sqlite3
+
+    if kind == "some-tables":  # sqlite reads it; MLflow's tables are half there
+        with sqlite3.connect(path) as db:
+            db.execute("CREATE TABLE experiments (experiment_id INTEGER PRIMARY KEY, name TEXT)")
+            db.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
+    elif kind == "truncated":
+        path.write_bytes(reference_db.read_bytes()[: reference_db.stat().st_size // 2])
+    else:  # the first bytes of its header only
+        path.write_bytes(reference_db.read_bytes()[:40])
+
+
+def trial_runs(results: Path) -> list[str]:
+    """The trial ids of the complete trial runs in the folder's MLflow store."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{results / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("links").experiment_id], "tags.`bench.kind` = 'trial'")
+    return sorted(r.data.tags["bench.trial_id"] for r in runs if r.data.tags.get("bench.complete") == "true")
+
+
+@pytest.mark.parametrize("kind", ["some-tables", "truncated", "header-only"])
+@pytest.mark.parametrize("command", ["sync-mlflow", "run"])
+def test_a_half_made_mlflow_store_is_set_aside_and_refilled_from_the_rows(reference, tmp_path, capsys, kind, command):
+    """The next `bench sync-mlflow` (or `bench run`, here with every trial done) sets the store aside under a name
+    that says so, in one line, and ends with one MLflow run per trial row, exit 0."""
+    config, ref = reference
+    results = tmp_path / "results"
+    for table in ("trials", "epochs"):
+        shutil.copytree(ref / table, results / table)
+    half_made(results / "mlflow.db", ref / "mlflow.db", kind)
+    damaged = (results / "mlflow.db").read_bytes()
+    args = ["sync-mlflow", str(results)] if command == "sync-mlflow" else ["run", str(config), "--results",
+                                                                           str(results)]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    warned = [line for line in err.splitlines() if line.startswith("bench: warning:")]
+    (aside,) = results.glob("mlflow.db.damaged-*")
+    assert len(warned) == 1 and aside.name in warned[0] and "Traceback" not in err, err
+    if kind == "some-tables":  # MLflow's attempt wrote into it (its migrations): the old store, none of the new runs
+        import sqlite3
+
+        with sqlite3.connect(aside) as db:
+            assert db.execute("SELECT count(*) FROM experiments WHERE name = 'links'").fetchone() == (0,)
+    else:  # set aside before MLflow opened it
+        assert aside.read_bytes() == damaged
+    assert trial_runs(results) == sorted(p.stem for p in (results / "trials").glob("*.parquet"))
+
