@@ -5,6 +5,7 @@ stays as it was, byte for byte. Real local Ray, real MLflow (sqlite), real parqu
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -266,3 +267,71 @@ def test_a_half_made_mlflow_store_is_set_aside_and_refilled_from_the_rows(refere
         assert aside.read_bytes() == damaged
     assert trial_runs(results) == sorted(p.stem for p in (results / "trials").glob("*.parquet"))
 
+
+# -- the store's lock, through filelock (issue #44) ---------------------------------------------------------------
+def test_a_refused_launch_leaves_the_holder_named_and_the_lock_is_released_after(tmp_path):
+    """The first holder's line survives a second launch's attempt (a lock that truncates its file on open would
+    erase it), and once the holder is gone the folder can be held again."""
+    import subprocess
+    import sys
+
+    from bench.config import UserError
+    from bench.store.folder import Store
+
+    results = tmp_path / "results"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from bench.store.folder import Store\n"
+         f"with Store({str(results)!r}).hold():\n    print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for _ in range(2):
+            with pytest.raises(UserError, match=rf"in use by `bench` pid {holder.pid} on "):
+                with Store(results).hold():
+                    pass
+        assert (results / ".bench.lock").read_text().startswith(f"`bench` pid {holder.pid} on ")
+    finally:
+        holder.stdin.close()
+        holder.wait()
+    with Store(results).hold():
+        assert (results / ".bench.lock").read_text().startswith(f"`bench` pid {os.getpid()} on ")
+
+
+def test_a_full_disk_when_the_holder_is_named_is_one_line(tmp_path, monkeypatch):
+    import errno
+
+    from bench.config import UserError
+    from bench.store import folder
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(folder, "_name_holder", full)
+    with pytest.raises(UserError, match=r"results folder .* cannot be written \(OSError: No space left on device\); "
+                                        r"free space there"):
+        with folder.Store(tmp_path / "results").hold():
+            pass
+
+
+def test_the_cache_lock_lets_one_holder_in_at_a_time(tmp_path):
+    """Two threads (as two members of a pack would) that want one warm start: the second waits for the first."""
+    import threading
+    import time
+
+    from bench.store.folder import Store
+
+    store, inside, overlaps = Store(tmp_path), [], []
+
+    def hold() -> None:
+        with store.lock("warmstart/key"):
+            inside.append(1)
+            overlaps.append(len(inside))
+            time.sleep(0.3)
+            inside.pop()
+
+    threads = [threading.Thread(target=hold) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert overlaps == [1, 1, 1]

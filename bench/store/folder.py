@@ -29,14 +29,14 @@ folder; `bench run` moves it aside to `damaged/` and re-runs its trial. A row th
 belongs is kept in `~/.cache/bench/unsaved` (a results folder of its own) and the error says so. A write that fails
 half-way leaves no temporary file behind.
 
-pyarrow, polars and torch are imported where files are read or written, not by importing this module: the training
-core writes its rows, checkpoints and warm starts through the store and must import on a bare GPU box.
+pyarrow, polars, torch and filelock are imported where files are read, written or locked, not by importing this
+module: the training core writes its rows, checkpoints and warm starts through the store and must import on a bare
+GPU box.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import io
 import os
 import socket
@@ -372,56 +372,72 @@ class Store:
 
     @contextmanager
     def hold(self) -> Iterator[None]:
-        """One driver per results folder: an exclusive `flock` on `.bench.lock`, which names its holder. A second
-        holder gets a `UserError` naming the first. The kernel drops the lock when its process dies. Object stores
-        have no lock (one driver per folder is then the user's rule)."""
+        """One driver per results folder: an exclusive lock of the operating system on `.bench.lock` (`filelock`:
+        `flock` on Linux and macOS, `LockFileEx` on Windows), a file that names its holder. A second holder gets a
+        `UserError` naming the first. The system drops the lock when its process dies. The folder holds no link
+        (`refuse_links`), and the lock file is opened without following one. Object stores have no lock (one driver
+        per folder is then the user's rule)."""
         if not self.local:
             yield
             return
+        from filelock import FileLock, Timeout
+
         refuse_links(Path(self.root), "results folder")
+        path = Path(self.root) / ".bench.lock"
+        lock = FileLock(path, timeout=0, thread_local=False, preserve_lock_file=True, on_acquired=_name_holder)
         try:
             Path(self.root).mkdir(parents=True, exist_ok=True)
-            handle = open(open_no_link(Path(self.root) / ".bench.lock", os.O_RDWR | os.O_CREAT), "a+")  # noqa: SIM115
-        except OSError as e:  # a read-only folder (sync-mlflow to a server): nobody else can write into it either
-            if e.errno == errno.ELOOP:
-                raise UserError(f"results folder {self.root}: {e.filename} is a symbolic link; bench never writes "
+            lock.acquire()
+        except Timeout:
+            raise UserError(f"results folder {self.root} is in use by {_holder(path)}; wait for it to finish (or stop "
+                            "it), or use another --results") from None
+        except OSError as e:
+            if e.errno == errno.ELOOP:  # a link planted after the check above
+                raise UserError(f"results folder {self.root}: {path.name} is a symbolic link; bench never writes "
                                 "through a link: remove it and run again") from None
-            yield
-            return
-        with handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.seek(0)
-                holder = handle.read().strip() or "another process"
-                raise UserError(f"results folder {self.root} is in use by {holder}; wait for it to finish (or stop "
-                                "it), or use another --results") from None
-            try:  # below Python's buffer: a full disk fails here, not again when the file closes
-                os.ftruncate(handle.fileno(), 0)
-                os.write(handle.fileno(), f"`bench` pid {os.getpid()} on {socket.gethostname()} since "
-                                          f"{time.strftime('%Y-%m-%d %H:%M:%S')}".encode())
-            except OSError as e:  # closing the file releases the lock
-                raise UserError(f"results folder {self.root} cannot be written ({type(e).__name__}: "
-                                f"{e.strerror or e}); free space there (or use another --results)") from None
-            try:
+            if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and not disk_full(e):
+                # a read-only folder (sync-mlflow to a server): nobody else can write into it either
                 yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+                return
+            raise UserError(f"results folder {self.root} cannot be written ({type(e).__name__}: "
+                            f"{e.strerror or e}); free space there (or use another --results)") from None
+        try:
+            yield
+        finally:
+            lock.release()
 
     @contextmanager
     def lock(self, name: str) -> Iterator[None]:
-        """An exclusive lock on `<name>.lock` (waits for it) in a local folder; on an object store, none."""
+        """An exclusive lock on `<name>.lock` (waits for it) in a local folder, never through a link; on an object
+        store, none."""
         if not self.local:
             yield
             return
+        from filelock import FileLock
+
         path = Path(self.path(f"{name}.lock"))
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(open_no_link(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        if path.parent.is_symlink():
+            raise OSError(errno.ELOOP, "its folder is a symbolic link", str(path))
+        with FileLock(path, thread_local=False, preserve_lock_file=True):  # O_NOFOLLOW: a link is an OSError
+            yield
+
+
+def _name_holder(fd: int) -> None:
+    """Write who holds the folder into the lock file just locked (below Python's buffers: a full disk fails here)."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"`bench` pid {os.getpid()} on {socket.gethostname()} since "
+                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)
+
+
+def _holder(path: Path) -> str:
+    """Who holds the lock at `path`, as its file says (read without following a link)."""
+    try:
+        fd = open_no_link(path, os.O_RDONLY)
+    except OSError:
+        return "another process"
+    with open(fd, "rb") as f:
+        return f.read(500).decode("utf-8", "replace").strip() or "another process"
 
 
 _WARNED: set[str] = set()  # unreadable files already named in this process
