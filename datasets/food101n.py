@@ -38,7 +38,7 @@ import numpy as np
 from bench import noise
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits
-from bench.datasets.image_files import ImageCrops, ImageFiles, read_lines, resnet50_weights
+from bench.datasets.image_files import ImageCrops, ImageFiles, check_key, read_lines, resnet50_weights
 
 CLASSES = (  # Food-101's meta/classes.txt: alphabetical
     "apple_pie", "baby_back_ribs", "baklava", "beef_carpaccio", "beef_tartare", "beet_salad", "beignets",
@@ -103,7 +103,7 @@ class Food101N(ImageCrops, Dataset):
             if label is None or "/" not in key or rest not in ([], ["0"], ["1"]):
                 raise UserError(f"{self.name}: {path}, line {number}: expected `class/key` of one of the 101 classes"
                                 f"{' and a 0/1 verification label' if rest else ''}, got {line!r}")
-            rows.append((key, label, int(rest[0]) if rest else -1))
+            rows.append((check_key(key, path, number, self.name), label, int(rest[0]) if rest else -1))
         return rows
 
     def describe(self) -> list[str]:

@@ -44,15 +44,32 @@ def read_lines(path: Path, dataset: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
+def escapes(key: str) -> bool:
+    """Whether an image key would name a file outside its dataset's folder (or none): an absolute path, a `..`
+    step, or a NUL. Keys come from list files, and a list file is data, never a licence to open any file."""
+    return (key.startswith("/") or "\0" in key or key == ".." or key.startswith("../") or key.endswith("/..")
+            or "/../" in key)
+
+
+def check_key(key: str, path: Path, number: int, dataset: str) -> str:
+    """`key`, read from line `number` of the list file `path`, if it names a file inside the dataset's folder;
+    else one line naming the list file and the line."""
+    if escapes(key):
+        raise UserError(f"{dataset}: {path}, line {number}: the image key {key!r} names a file outside the "
+                        "dataset's folder (an absolute path or a '..'); the list file is damaged or not the "
+                        "published one, get it again")
+    return key
+
+
 def key_label_lines(path: Path, dataset: str, num_classes: int, sep: str | None = None) -> list[tuple[str, int]]:
-    """A `key label` list file (`sep` between them, None: white space) as pairs, each label checked."""
+    """A `key label` list file (`sep` between them, None: white space) as pairs, each label and key checked."""
     pairs = []
     for number, line in enumerate(read_lines(path, dataset), 1):
         parts = line.split(sep)
         if len(parts) != 2 or not parts[1].strip().isdigit() or int(parts[1]) >= num_classes:
             raise UserError(f"{dataset}: {path}, line {number}: expected `key label` with a label in "
                             f"0..{num_classes - 1}, got {line!r}; the file is damaged, get it again")
-        pairs.append((parts[0].strip(), int(parts[1])))
+        pairs.append((check_key(parts[0].strip(), path, number, dataset), int(parts[1])))
     return pairs
 
 
@@ -84,6 +101,9 @@ class ImageFiles(torch.utils.data.Dataset):
         # One fixed-width byte array, not a list of str objects: forked workers would touch every object's
         # reference count and copy the whole list each.
         self.root, self.size, self.dataset = root, size, dataset
+        if bad := next((k for k in keys if escapes(k)), None):  # every image set's keys pass here
+            raise UserError(f"{dataset}: the image key {bad!r} names a file outside {root} (an absolute path or a "
+                            "'..'); the list files are damaged or not the published ones, get them again")
         self.keys = np.array([k.encode() for k in keys], dtype=np.bytes_)
 
     def __len__(self) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bench.config import UserError
+from bench.store.folder import replace_file
 
 if TYPE_CHECKING:
     import torch
@@ -154,7 +155,4 @@ def write_figures(cal: Calibration, kind: str, path: Path) -> None:
         for r in rates:
             writer.writerow([model, kind, r.arm, r.executor, r.members, r.as_run,
                              f"{r.images_per_s:.1f}", f"{r.images_per_s / rates[0].images_per_s:.3f}", r.rounds])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(out.getvalue())
-    tmp.replace(path)
+    replace_file(path, lambda tmp: tmp.write_text(out.getvalue()))

@@ -5,10 +5,10 @@ written by hand below its marker, so regenerating the record never deletes them.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from bench.config import UserError
+from bench.store.folder import replace_file
 
 # Everything after this line of docs/fidelity.md is written by hand (measured figures); everything before is generated.
 MEASURED_MARKER = "<!-- measured: everything below is written by hand, not generated -->\n"
@@ -19,9 +19,7 @@ def update_page(page: Path, generated: str) -> None:
     written to a temporary file first, so an interrupted update leaves the old page whole."""
     old = page.read_text(encoding="utf-8") if page.is_file() else ""
     _, _, by_hand = old.partition(MEASURED_MARKER)
-    temporary = page.with_name(page.name + ".tmp")
-    temporary.write_text(generated + MEASURED_MARKER + by_hand, encoding="utf-8")
-    os.replace(temporary, page)
+    replace_file(page, lambda tmp: tmp.write_text(generated + MEASURED_MARKER + by_hand, encoding="utf-8"))
 
 
 def cmd_methods(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bench.config import UserError
 from bench.report.build import build_report, terminal_leaderboard
-from bench.store.folder import check_output, is_local, local_path
+from bench.store.folder import check_output, is_local, local_path, refuse_links
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -19,6 +19,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UserError("--out DIR is needed when RESULTS is a remote URI")
     out = Path(args.out) if args.out is not None else local_path(results) / "report"
     check_output(out, "report folder", "give another folder with --out")
+    # the default folder is the results folder's own: a link there (or in --out) would carry the report elsewhere
+    refuse_links(local_path(results) if args.out is None else out, "results folder" if args.out is None else
+                 "report folder")
     written = build_report(results, out)
     for name, path in written.items():
         print(f"{name:28s} {path}")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bench.config import UserError
 from bench.store.columns import CORE_COLUMNS
-from bench.store.folder import check_output, read_table
+from bench.store.folder import check_output, read_table, replace_file
 
 
 def cmd_results(args: argparse.Namespace) -> int:
@@ -24,11 +24,10 @@ def cmd_results(args: argparse.Namespace) -> int:
         raise UserError(f"no result rows under {args.results}/trials")
     if args.out:
         out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
         if out.suffix == ".csv":
-            table.select(pl.col(c) for c, t in table.schema.items() if t != pl.Null).write_csv(out)
+            replace_file(out, table.select(pl.col(c) for c, t in table.schema.items() if t != pl.Null).write_csv)
         else:
-            table.write_parquet(out)
+            replace_file(out, table.write_parquet)
         print(f"{table.height} rows -> {out}")
         return 0
     order = [c for c in ("experiment", "dataset", "noise", "r", "method", "seed") if c in table.columns]

@@ -5,10 +5,10 @@ it once and stores it as `RESULTS/warmstart/<key>.pt` (the key is `bench.exec.pr
 rows of its training: a trial that loads it records them as its own, so a trial's epochs table is the same whether
 it trained its warm start, loaded it, shared it in a pack or resumed after a crash. A file is written
 to a temporary name and renamed, so a reader never sees half a file. On a local results folder an exclusive
-`fcntl.flock` on `<key>.lock` makes concurrent trials that want the same warm start train it once: the first
-trains, the others wait and load. The kernel drops the lock when a holder dies, so a killed trial never blocks
-the grid. On an object-store URI there is no lock: two trials may then train the same warm start at once (same
-numbers, wasted compute, still correct).
+lock on `<key>.lock` (`bench.store.folder.Store.lock`) makes concurrent trials that want the same warm start train
+it once: the first trains, the others wait and load. The system drops the lock when a holder dies, so a killed trial
+never blocks the grid. On an object-store URI there is no lock: two trials may then train the same warm start at
+once (same numbers, wasted compute, still correct).
 
 A cache file that cannot be loaded (damaged, truncated, or not a tensor file: loading never unpickles code) is
 renamed aside to `<key>.pt.damaged-<time>`, logged with its path, and the warm start is trained again once.

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from bench.config import UserError
+from bench.store.folder import replace_file
 
 DEFAULT = Path(__file__).resolve().parent / "executors.csv"
 ANY_MODEL, CPU, ANY_GPU = "*", "cpu", "cuda"
@@ -129,9 +130,7 @@ def write_rows(choices: list[Choice], path: Path | None = None, base: Path | Non
             rows.append(choice)
         else:
             rows[at] = choice
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(table_text(rows))
-    tmp.replace(path)
+    replace_file(path, lambda tmp: tmp.write_text(table_text(rows)))
 
 
 def table_text(rows: list[Choice]) -> str:

@@ -122,15 +122,15 @@ def ray_unit(config: dict[str, Any], units: dict[str, Unit], data_root: str, res
 
 class UnitLog:
     """A unit's log file (`logs/<unit>.log`), called with each line. The log is optional: where it cannot be
-    written (a full disk), the unit goes on without it, and `warning` says why (the driver prints it once)."""
+    written (a full disk, a link in its place), the unit goes on without it, and `warning` says why (the driver
+    prints it once)."""
 
     def __init__(self, path: Path) -> None:
         self.path, self.file, self.warning = path, None, None
 
     def __enter__(self) -> UnitLog:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.file = open(self.path, "a", buffering=1)  # noqa: SIM115 - closed by __exit__
+            self.file = folder.open_append(self.path)  # never through a link planted in its place
         except OSError as e:
             self._off(e)
         return self

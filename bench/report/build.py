@@ -19,6 +19,7 @@ from bench.report import analysis, leaderboard, page, protocols
 from bench.report.analysis import REFERENCE, label
 from bench.report.panel import Context, Panel, panels
 from bench.report.render import stderr
+from bench.store.folder import replace_file
 
 Log = Callable[[str], None]
 
@@ -101,12 +102,12 @@ def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str,
     log("writing tables ...")
     for name, frame in tables.items():
         written[f"{name} csv"] = out / f"{name}.csv"
-        frame.write_csv(written[f"{name} csv"])
+        replace_file(written[f"{name} csv"], frame.write_csv)
     texts = {"leaderboard.md": page.markdown(markdown), "leaderboard.tex": leaderboard.to_latex(tabs),
              "report.html": page.html(html)}
     for name, text in texts.items():
         written[name] = out / name
-        written[name].write_text(text, encoding="utf-8")
+        replace_file(written[name], lambda tmp, text=text: tmp.write_text(text, encoding="utf-8"))
     return written
 
 

@@ -27,6 +27,8 @@ import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from bench.store.folder import replace_file  # noqa: E402
+
 FORMATS = ("png", "svg")
 # Fixed metadata keeps the files byte-stable from run to run.
 _METADATA = {"png": {"Software": None}, "svg": {"Date": None}}
@@ -48,7 +50,8 @@ def _save(fig: Figure, stem: Path) -> list[Path]:
     paths = []
     for fmt in FORMATS:
         path = stem.with_suffix(f".{fmt}")
-        fig.savefig(path, format=fmt, dpi=120, bbox_inches="tight", metadata=_METADATA[fmt])
+        replace_file(path, lambda tmp, fmt=fmt: fig.savefig(tmp, format=fmt, dpi=120, bbox_inches="tight",
+                                                            metadata=_METADATA[fmt]))
         paths.append(path)
     return paths
 

@@ -11,6 +11,13 @@
     damaged/                    unreadable result files that `bench run` set aside
     .bench.lock                 held by the one driver writing into the folder (local folders only)
 
+A local results folder holds no links: results folders travel between people (a tarball unpacked), and a link where
+a file of ours belongs would make bench write through it, outside the folder. `bench run` and `bench sync-mlflow`
+refuse a folder that holds one (`refuse_links`), in one line naming it, before anything is written; the files
+themselves are written so that a link in their place is replaced, never written through (`replace_file`, the
+temporary name and rename of every store file), and the files bench appends to or locks are opened without following
+a link (`open_append`, `open_no_link`).
+
 Whether a location is a local folder or an object store is decided here (`is_local`) and nowhere else. Every file is
 written to a temporary name and renamed, so a reader never sees half a file; parquet is the source of truth, MLflow
 mirrors it.
@@ -22,13 +29,14 @@ folder; `bench run` moves it aside to `damaged/` and re-runs its trial. A row th
 belongs is kept in `~/.cache/bench/unsaved` (a results folder of its own) and the error says so. A write that fails
 half-way leaves no temporary file behind.
 
-pyarrow, polars and torch are imported where files are read or written, not by importing this module: the training
-core writes its rows, checkpoints and warm starts through the store and must import on a bare GPU box.
+pyarrow, polars, torch and filelock are imported where files are read, written or locked, not by importing this
+module: the training core writes its rows, checkpoints and warm starts through the store and must import on a bare
+GPU box.
 """
 
 from __future__ import annotations
 
-import fcntl
+import errno
 import io
 import os
 import socket
@@ -59,6 +67,71 @@ def local_path(results: str | os.PathLike[str]) -> Path:
 def absolute(results: str | os.PathLike[str]) -> str:
     """The location as workers must see it (they run in their own folders): an absolute path, or the URI."""
     return str(local_path(results)) if is_local(results) else str(results)
+
+
+def links_under(root: Path) -> list[Path]:
+    """Every symbolic link inside the local folder `root` (not `root` itself), in name order, found without following
+    any (a link to a folder is one entry, not a folder to walk)."""
+    found: list[Path] = []
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except (FileNotFoundError, NotADirectoryError):
+        return found
+    for entry in entries:
+        if entry.is_symlink():
+            found.append(Path(entry.path))
+        elif entry.is_dir(follow_symlinks=False):
+            found.extend(links_under(Path(entry.path)))
+    return found
+
+
+def refuse_links(root: Path, what: str) -> None:
+    """A `UserError` in one line naming the first link inside `root` (a `what`, e.g. "results folder") and how many
+    there are: bench writes only its own files there, never through a link, and checks before writing anything."""
+    links = links_under(root)
+    if not links:
+        return
+    first = links[0]
+    more = f" (and {len(links) - 1} more)" if len(links) > 1 else ""
+    raise UserError(f"{what} {root} holds a symbolic link where bench writes its own files: "
+                    f"{first.relative_to(root)} -> {os.readlink(first)}{more}; bench never writes through a link: "
+                    "remove the links (or put a copy of what each points to in its place) and run again")
+
+
+def open_no_link(path: Path, flags: int) -> int:
+    """`os.open(path, flags | O_NOFOLLOW)` (mode 0o666 less the umask for a new file), after checking that the folder
+    holding it is not a link either: a link in either place is an `OSError` (ELOOP) naming `path`, never opened."""
+    if path.parent.is_symlink():
+        raise OSError(errno.ELOOP, "its folder is a symbolic link", str(path))
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, "a symbolic link where bench writes its own file", str(path)) from None
+        raise
+
+
+def open_append(path: Path) -> io.TextIOWrapper:
+    """`path` opened to append lines (created if missing, line-buffered), never through a link."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = open_no_link(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    return open(fd, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - the caller closes it
+
+
+def replace_file(path: str | os.PathLike[str], write: Callable[[Path], Any]) -> None:
+    """Write a local file whole: `write(tmp)` into a new file of a unique name beside `path` (created here, so it
+    never meets another file, `X.tmp` included), then renamed over `path`. A reader never sees half a file, a link in
+    `path`'s place is replaced rather than written through, and a write that fails leaves no temporary file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    os.close(open_no_link(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_probe(where: Path) -> OSError | None:
@@ -299,52 +372,72 @@ class Store:
 
     @contextmanager
     def hold(self) -> Iterator[None]:
-        """One driver per results folder: an exclusive `flock` on `.bench.lock`, which names its holder. A second
-        holder gets a `UserError` naming the first. The kernel drops the lock when its process dies. Object stores
-        have no lock (one driver per folder is then the user's rule)."""
+        """One driver per results folder: an exclusive lock of the operating system on `.bench.lock` (`filelock`:
+        `flock` on Linux and macOS, `LockFileEx` on Windows), a file that names its holder. A second holder gets a
+        `UserError` naming the first. The system drops the lock when its process dies. The folder holds no link
+        (`refuse_links`), and the lock file is opened without following one. Object stores have no lock (one driver
+        per folder is then the user's rule)."""
         if not self.local:
             yield
             return
+        from filelock import FileLock, Timeout
+
+        refuse_links(Path(self.root), "results folder")
+        path = Path(self.root) / ".bench.lock"
+        lock = FileLock(path, timeout=0, thread_local=False, preserve_lock_file=True, on_acquired=_name_holder)
         try:
             Path(self.root).mkdir(parents=True, exist_ok=True)
-            handle = open(Path(self.root) / ".bench.lock", "a+")  # noqa: SIM115 - held for the whole block
-        except OSError:  # a read-only folder (sync-mlflow to a server): nobody else can write into it either
-            yield
-            return
-        with handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.seek(0)
-                holder = handle.read().strip() or "another process"
-                raise UserError(f"results folder {self.root} is in use by {holder}; wait for it to finish (or stop "
-                                "it), or use another --results") from None
-            try:  # below Python's buffer: a full disk fails here, not again when the file closes
-                os.ftruncate(handle.fileno(), 0)
-                os.write(handle.fileno(), f"`bench` pid {os.getpid()} on {socket.gethostname()} since "
-                                          f"{time.strftime('%Y-%m-%d %H:%M:%S')}".encode())
-            except OSError as e:  # closing the file releases the lock
-                raise UserError(f"results folder {self.root} cannot be written ({type(e).__name__}: "
-                                f"{e.strerror or e}); free space there (or use another --results)") from None
-            try:
+            lock.acquire()
+        except Timeout:
+            raise UserError(f"results folder {self.root} is in use by {_holder(path)}; wait for it to finish (or stop "
+                            "it), or use another --results") from None
+        except OSError as e:
+            if e.errno == errno.ELOOP:  # a link planted after the check above
+                raise UserError(f"results folder {self.root}: {path.name} is a symbolic link; bench never writes "
+                                "through a link: remove it and run again") from None
+            if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and not disk_full(e):
+                # a read-only folder (sync-mlflow to a server): nobody else can write into it either
                 yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+                return
+            raise UserError(f"results folder {self.root} cannot be written ({type(e).__name__}: "
+                            f"{e.strerror or e}); free space there (or use another --results)") from None
+        try:
+            yield
+        finally:
+            lock.release()
 
     @contextmanager
     def lock(self, name: str) -> Iterator[None]:
-        """An exclusive lock on `<name>.lock` (waits for it) in a local folder; on an object store, none."""
+        """An exclusive lock on `<name>.lock` (waits for it) in a local folder, never through a link; on an object
+        store, none."""
         if not self.local:
             yield
             return
+        from filelock import FileLock
+
         path = Path(self.path(f"{name}.lock"))
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        if path.parent.is_symlink():
+            raise OSError(errno.ELOOP, "its folder is a symbolic link", str(path))
+        with FileLock(path, thread_local=False, preserve_lock_file=True):  # O_NOFOLLOW: a link is an OSError
+            yield
+
+
+def _name_holder(fd: int) -> None:
+    """Write who holds the folder into the lock file just locked (below Python's buffers: a full disk fails here)."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"`bench` pid {os.getpid()} on {socket.gethostname()} since "
+                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)
+
+
+def _holder(path: Path) -> str:
+    """Who holds the lock at `path`, as its file says (read without following a link)."""
+    try:
+        fd = open_no_link(path, os.O_RDONLY)
+    except OSError:
+        return "another process"
+    with open(fd, "rb") as f:
+        return f.read(500).decode("utf-8", "replace").strip() or "another process"
 
 
 _WARNED: set[str] = set()  # unreadable files already named in this process

@@ -93,7 +93,9 @@ class Mirror:
 
     def __init__(self, uri: str, results: str | os.PathLike[str], warn=None) -> None:
         _quiet_sqlalchemy()
-        logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # "Creating initial tables..."
+        # "Creating initial tables...", and a traceback logged for each database error, which `_guard` and
+        # `open_mirror` say in one line
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
         from mlflow import MlflowClient
 
         self.uri, self.results = uri, str(results)
@@ -280,8 +282,9 @@ def runs_links(uri: str, address: str) -> list[str]:
 
 def open_mirror(results: str | os.PathLike[str], uri: str | None, warn=None) -> Mirror | None:
     """A mirror on the chosen store, or None (with a warning) when there is no store to use. A sqlite file that is
-    not a database (damaged, or something else under that name) is set aside and a fresh store started: parquet
-    holds every result, so nothing is lost and `bench sync-mlflow` refills it."""
+    not a database (damaged, or something else under that name), or one that MLflow cannot open (half-made: a disk
+    that filled while MLflow created its tables), is set aside under a name that says so and a fresh store started:
+    parquet holds every result, so nothing is lost, and the caller logs the rows the new store lacks."""
     chosen = tracking_uri(results, uri)
     say = warn or (lambda msg: print(f"bench: warning: {msg}", file=sys.stderr, flush=True))
     if chosen is None:
@@ -289,20 +292,71 @@ def open_mirror(results: str | os.PathLike[str], uri: str | None, warn=None) -> 
             "(pass --mlflow-uri or set MLFLOW_TRACKING_URI; `bench sync-mlflow` backfills later)")
         return None
     backfill = f"`bench sync-mlflow {results}{'' if uri is None else ' --mlflow-uri ' + uri}`"
-    if chosen.startswith("sqlite:///"):
-        path = Path(chosen.removeprefix("sqlite:///"))
+    path = Path(chosen.removeprefix("sqlite:///")) if chosen.startswith("sqlite:///") else None
+    if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         if problem := _not_a_database(path):
-            aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
-            path.rename(aside)
-            say(f"{path} is not a usable MLflow database ({problem}); set it aside as {aside.name} and started a "
-                f"fresh one: the parquet rows hold every result, and {backfill} logs those it lacks")
+            say(f"{path} is not a usable MLflow database ({problem}); set it aside as {_set_aside(path).name} and "
+                f"started a fresh one: the parquet rows hold every result, and {backfill} logs those it lacks")
     try:
-        return Mirror(chosen, results, warn=say)
+        return _opened(chosen, results, say)
     except Exception as e:  # noqa: BLE001 - a store that cannot open must not stop the grid: parquet is the truth
-        say(f"MLflow store {chosen} cannot be opened ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
-            f"MLflow logging is off for this run, no result is lost, and {backfill} backfills it later")
-        return None
+        problem = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+        error = e
+    if path is not None and path.is_file() and path.stat().st_size and not _busy(error):
+        # A database that sqlite reads but MLflow cannot use (tables half-made): the same remedy as a damaged one.
+        say(f"{path} cannot be opened as an MLflow store ({problem}); set it aside as {_set_aside(path).name} (an "
+            f"older MLflow's store comes back with `mlflow db upgrade`) and started a fresh one: the parquet rows "
+            f"hold every result, and {backfill} logs those it lacks")
+        try:
+            return _opened(chosen, results, say)
+        except Exception as e:  # noqa: BLE001 - as above
+            problem = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    say(f"MLflow store {chosen} cannot be opened ({problem}); MLflow logging is off for this run, no result is "
+        f"lost, and {backfill} backfills it later")
+    return None
+
+
+def _opened(uri: str, results: str | os.PathLike[str], say) -> Mirror:
+    """A mirror on `uri` that has answered a first query (MLflow opens a store lazily, table by table)."""
+    mirror = Mirror(uri, results, warn=say)
+    with warnings.catch_warnings():
+        _quiet_sqlalchemy()
+        mirror.client.search_experiments(max_results=1)
+    return mirror
+
+
+def _forget(uri: str) -> None:
+    """Drop what this process's MLflow keeps open on `uri` (its store, its database engine), so that the next client
+    opens the file now under that name, not the one set aside. MLflow's own caches: where a release renames them,
+    the retry meets the old file again and says so."""
+    _quiet_sqlalchemy()  # importing MLflow's store warns about SQLAlchemy's deprecations
+    try:
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+        engine = SqlAlchemyStore._engine_map.pop(uri, None)
+        if engine is not None:
+            engine.dispose()
+        _tracking_store_registry._get_store_with_resolved_uri.cache_clear()
+    except (ImportError, AttributeError):  # pragma: no cover - another MLflow's internals
+        pass
+
+
+def _busy(error: BaseException) -> bool:
+    """Whether a store failed because another process holds it (an MLflow UI writing): in use, not damaged."""
+    return any(word in str(error).lower() for word in ("database is locked", "database is busy"))
+
+
+def _set_aside(path: Path) -> Path:
+    """Move the sqlite file `path` (and the journal sqlite keeps beside it) to `<name>.damaged-<time>`."""
+    aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+    _forget(f"sqlite:///{path}")
+    path.rename(aside)
+    for suffix in ("-journal", "-wal", "-shm"):
+        if (beside := path.with_name(path.name + suffix)).is_file():
+            beside.rename(aside.with_name(aside.name + suffix))
+    return aside
 
 
 def _not_a_database(path: Path) -> str | None:
