@@ -350,6 +350,9 @@ def network_args(model: str, data_args: dict[str, Any], own: dict[str, Any]) -> 
     return {**{k: v for k, v in data_args.items() if k in taken}, **{k: v for k, v in own.items() if k in taken}}
 
 
+CHECKED_NETWORKS: set[tuple[Any, ...]] = set()  # (network, dataset, input shape, options) that `check_network` ran
+
+
 def check_network(model: str, dataset: Dataset, splits: Splits, own: dict[str, Any], log: Log) -> None:
     """A network other than the dataset's (`--model`) takes the dataset's inputs: built on the CPU, one test input
     through the evaluation transform and the network, else one line. Where it takes `image_size` and the data does not
@@ -361,12 +364,16 @@ def check_network(model: str, dataset: Dataset, splits: Splits, own: dict[str, A
         splits.model_args = {**splits.model_args, "image_size": int(x.shape[-1])}
     args = network_args(model, splits.model_args, own)
     for dropped in sorted(set(splits.model_args) - set(args) - set(own)):
-        if dropped in ("weights",):
+        if dropped in type(dataset).weights_env:  # a weights file: say that this network does not start from it
             log(f"note: {dataset.name}'s {dropped} ({splits.model_args[dropped]}) are its own network's "
                 f"({dataset.model}), not {model}'s: {model} starts from random weights")
+    key = (model, dataset.name, dataset.num_classes, tuple(x.shape), str(x.dtype), repr(sorted(args.items())))
+    if key in CHECKED_NETWORKS:  # a pack's members: built and run once
+        return
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             cls(num_classes=dataset.num_classes, **args).eval()(x)
+        CHECKED_NETWORKS.add(key)
     except UserError:
         raise
     except Exception as e:  # a network for other inputs (a 1-channel CNN on colour images, a text CNN on pixels)
