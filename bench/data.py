@@ -127,6 +127,14 @@ class Dataset:
     # Whether instance-dependent noise (`noise.INSTANCE_DEPENDENT`) can be drawn: it reads every training and
     # validation input (`noise_features`) and needs every clean label.
     instance_noise: ClassVar[bool] = True
+    # Whether every training and validation example's clean label is known: synthetic noise (a T, or instance-dependent
+    # noise) is drawn from it. False for a set of real noise whose clean labels are unknown (-1) or known only to be
+    # wrong (`noise.WRONG`): it offers its own noise alone (`accepted_noise`).
+    clean_labels: ClassVar[bool] = True
+    # Options of its network that a local file named by an environment variable sets (option -> variable): Food-101N's
+    # and Clothing1M's ResNet-50 start from $BENCH_RESNET50_WEIGHTS. The file's md5 is part of the trial's identity
+    # and its row (`bench.trial.TrialConfig.weights`); `load` hands the path to the network (`Splits.model_args`).
+    weights_env: ClassVar[dict[str, str]] = {}
     # The choices of the paper's scripts on this dataset (`bench.protocol`): the `authors` protocol turns them all on,
     # `bench+NAME` one alone. Each cites the script's file and line.
     authors_protocol: ClassVar[tuple[protocol.Switch, ...]] = ()
@@ -145,6 +153,8 @@ class Dataset:
 
     @classmethod
     def accepted_noise(cls) -> tuple[str, ...]:
+        if not cls.clean_labels:  # nothing to draw synthetic noise from: its own (real) noise only
+            return tuple(p for p in cls.noise_patterns if cls.is_real_noise(p))
         generic = noise.GENERIC_PATTERNS if cls.instance_noise else \
             tuple(p for p in noise.GENERIC_PATTERNS if not noise.is_instance_dependent(p))
         return tuple(cls.noise_patterns) + generic
@@ -155,6 +165,9 @@ class Dataset:
         if pattern in cls.accepted_noise():
             return
         choose = f"choose from {', '.join(cls.accepted_noise())}"
+        if not cls.clean_labels and (pattern in noise.GENERIC_PATTERNS or pattern in cls.noise_patterns):
+            raise UserError(f"{cls.name} has no clean training labels (they are unknown, or known only to be wrong) "
+                            f"to draw synthetic noise {pattern!r} from; it offers its own noise: {choose}")
         if noise.is_instance_dependent(pattern):
             raise UserError(f"{cls.name} offers no instance-dependent noise ({pattern!r}): it needs every input in "
                             f"memory and every clean label; {choose}")

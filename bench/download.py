@@ -3,6 +3,7 @@ a file is checked against. `bench.data.Dataset.download` and the datasets that v
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import sys
 import tempfile
@@ -19,6 +20,22 @@ def file_md5(path: Path, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def weights_md5(path: str | Path) -> str:
+    """The md5 of a weights file, computed once per (file, size, modification time) in a process: a grid names the
+    same 100 MB file in every trial's identity. "missing" where there is none (refused later, in one line)."""
+    path = Path(path).expanduser()
+    try:
+        stat = path.resolve().stat()
+    except OSError:
+        return "missing"
+    return _md5_of(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _md5_of(path: str, size: int, mtime_ns: int) -> str:
+    return file_md5(Path(path))
 
 
 def fetch(url: str, target: Path) -> None:

@@ -7,20 +7,27 @@ linear layer on the backbone's penultimate features: when the data loads (`Linea
 backbone (in evaluation mode, no augmentation), and the trial then trains on those features as it would on any
 tensor set, so every method that trains "logits -> loss" runs on it, and its trials pack. The features are written
 to `$BENCH_CACHE/features` (else `~/.cache/bench/cache/features`), one file per split, named by a hash of what they
-depend on: the dataset and its version, the split's role and contents (its input bytes, or its image list), the
-backbone, the weights file's md5 (or `random`) and the input size; a later trial of any method, seed or noise reads
-them back. Weights come from a LOCAL file of torchvision's state dict (as Clothing1M's ResNet-50): nothing is ever
-downloaded. Random weights only where asked for (`weights: random`, torch seed 0), and the row's `model` column says
-so ("linear_probe(backbone=resnet18, weights=random)").
+depend on: the dataset and its version, the split's role and contents (its input bytes, or its image list with each
+image's size and modification time), the evaluation transform (by the bytes it makes of the split's first inputs) and
+the trial's protocol switches, the backbone, the weights file's md5 (or `random`) and the input size; a later trial of
+any method, seed or noise reads them back, and a changed image, transform or protocol computes them again. Files are
+written atomically (a unique temporary file, then `os.replace`), readable by the owner's group; a damaged one is set
+aside with a warning and recomputed. Weights come from a LOCAL file of torchvision's state dict (as Clothing1M's
+ResNet-50): nothing is ever downloaded. Random weights only where asked for (`weights: random`, torch seed 0), and the
+row's `model` column says so ("linear_probe(backbone=resnet18, weights=random)"); a file's md5 is in its `weights`
+column and its trial id.
 
 Instance-dependent noise is drawn on the dataset's own inputs, as for every other network, not on the features.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,12 +38,12 @@ from torch import nn
 
 from bench.config import UserError
 from bench.data import Dataset, Split, Splits, worker_message
-from bench.download import file_md5
+from bench.download import weights_md5
 from bench.models import Model
 
 RANDOM = "random"
 BATCH = 256
-FEATURES_VERSION = 1  # bumped when the extraction changes what it computes
+FEATURES_VERSION = 2  # bumped when the extraction changes what it computes (2: keyed by content and transform)
 
 
 class LinearProbe(Model):
@@ -45,6 +52,7 @@ class LinearProbe(Model):
     name = "linear_probe"
     packable = True
     data_options = ("backbone", "weights", "image_size")
+    weights_options = ("weights",)
 
     def __init__(self, num_classes: int, in_features: int) -> None:
         super().__init__()
@@ -57,11 +65,12 @@ class LinearProbe(Model):
     def check_files(cls, options: dict[str, Any]) -> None:
         backbone, weights = options.get("backbone"), options.get("weights")
         if not backbone or not weights:
-            raise UserError("linear_probe needs model_args backbone (a torchvision architecture, e.g. resnet18) and "
-                            "weights (a local torchvision state-dict file, or `random` for random weights)")
+            raise UserError("linear_probe needs model_args backbone (a torchvision architecture, e.g. resnet18, or "
+                            f"{' or '.join(TIMM_BACKBONES)}) and weights (a local state-dict file, or `random` for "
+                            "random weights)")
         if weights != RANDOM and not Path(str(weights)).expanduser().is_file():
-            raise UserError(f"linear_probe: no weights file at {Path(str(weights)).expanduser()} (a local torchvision "
-                            f"{backbone} state dict, e.g. from torchvision's model zoo; or say weights: random)")
+            raise UserError(f"linear_probe: no weights file at {Path(str(weights)).expanduser()} (a local {backbone} "
+                            "state dict: docs/realworld.md says where to get one; or say weights: random)")
 
     @classmethod
     def prepare_data(cls, dataset: Dataset, splits: Splits, options: dict[str, Any], device: torch.device) -> Splits:
@@ -70,20 +79,72 @@ class LinearProbe(Model):
         return extractor.splits(dataset, splits)
 
 
+# The frozen encoders the field now compares against, built by timm (the optional extra `bench[probe]`) with no hub
+# access, from a local weights file: backbone name -> (timm architecture, its options). Their features are the class
+# token after the final norm (timm's `num_classes=0`); CLIP's projection (timm's head) is left out. Any size of input
+# is taken (positions interpolated, the image padded to whole patches).
+TIMM_BACKBONES: dict[str, tuple[str, dict[str, Any]]] = {
+    "dinov2_vits14": ("vit_small_patch14_dinov2", {}),
+    "dinov2_vitb14": ("vit_base_patch14_dinov2", {}),
+    "dinov2_vitl14": ("vit_large_patch14_dinov2", {}),
+    "clip_vit_b32": ("vit_base_patch32_clip_224", {}),
+    "clip_vit_b16": ("vit_base_patch16_clip_224", {}),
+    "clip_vit_l14": ("vit_large_patch14_clip_224", {}),
+}
+
+
+def build_timm_backbone(name: str, weights: str) -> nn.Module:
+    """A DINOv2 or CLIP image encoder (`TIMM_BACKBONES`), frozen, in evaluation mode: timm's architecture with random
+    weights (torch seed 0), then the local file `weights` (a state dict, `.pth` or `.safetensors`: the official
+    release's, which timm's converter reads, or timm's own), every weight but the head's present with its shape."""
+    try:
+        import timm
+        from timm.models.vision_transformer import checkpoint_filter_fn
+    except ImportError:
+        raise UserError(f"linear_probe: backbone {name} is built by timm, which is not installed here: pip install "
+                        "'bench-ldmi[probe]' (or pip install timm)") from None
+    architecture, options = TIMM_BACKBONES[name]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        net = timm.create_model(architecture, pretrained=False, num_classes=0, dynamic_img_size=True,
+                                dynamic_img_pad=True, **options)
+    if weights != RANDOM:
+        path = Path(weights).expanduser()
+        try:
+            if path.suffix == ".safetensors":
+                from safetensors.torch import load_file
+
+                state = load_file(str(path))
+            else:
+                state = torch.load(path, map_location="cpu", weights_only=True)
+            loaded = net.load_state_dict(checkpoint_filter_fn(state, net), strict=False)
+            foreign = [k for k in loaded.unexpected_keys if not k.startswith("head.")]
+            if loaded.missing_keys or foreign:
+                raise ValueError(f"missing {loaded.missing_keys[:3]}, unexpected {foreign[:3]}")
+        except Exception as e:  # not a state dict (OpenAI's TorchScript archive: docs/realworld.md), or another net's
+            message = " ".join(str(e).split())[:200]
+            raise UserError(f"linear_probe: {path} is not a {name} ({architecture}) state dict ({message}); "
+                            "docs/realworld.md says which file to use") from None
+    return net.eval().requires_grad_(False)
+
+
 def build_backbone(name: str, weights: str) -> nn.Module:
-    """torchvision's `name` without its classification head, from the local state dict `weights` (or random weights,
-    drawn with torch seed 0), frozen, in evaluation mode. The state dict may lack the head or hold another one (a
-    self-supervised checkpoint such as DINO's ResNet-50, `dino_resnet50_pretrain.pth`): every other weight must be
-    there, with its shape."""
+    """A DINOv2 or CLIP encoder by timm (`build_timm_backbone`), else torchvision's `name` without its classification
+    head, from the local state dict `weights` (or random weights, drawn with torch seed 0), frozen, in evaluation mode.
+    The state dict may lack the head or hold another one (a self-supervised checkpoint such as DINO's ResNet-50,
+    `dino_resnet50_pretrain.pth`): every other weight must be there, with its shape."""
     import torchvision  # here, not at the top: the training core imports only torch and numpy
 
+    if name in TIMM_BACKBONES:
+        return build_timm_backbone(name, weights)
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             net = torchvision.models.get_model(name, weights=None)
     except ValueError:
-        raise UserError(f"linear_probe: unknown backbone {name!r}; use a torchvision classification architecture "
-                        f"({', '.join(torchvision.models.list_models(torchvision.models)[:8])}, ...)") from None
+        some = ", ".join(torchvision.models.list_models(torchvision.models)[:8])
+        raise UserError(f"linear_probe: unknown backbone {name!r}; use {', '.join(TIMM_BACKBONES)} or a torchvision "
+                        f"classification architecture ({some}, ...)") from None
     head = next((h for h in ("fc", "heads", "classifier", "head") if isinstance(getattr(net, h, None), nn.Module)),
                 None)
     if head is not None:
@@ -112,7 +173,7 @@ class Extractor:
 
     @staticmethod
     def weights_md5(weights: str) -> str:
-        return file_md5(Path(weights).expanduser())
+        return weights_md5(weights)
 
     def splits(self, dataset: Dataset, splits: Splits) -> Splits:
         # The dataset's own evaluation transform, kept: `keep_inputs` makes the dataset's pass features through, and
@@ -141,29 +202,49 @@ class Extractor:
         return out
 
     def cache_file(self, dataset: Dataset, split: Split, role: str) -> Path:
+        """The features' file, named by a hash of all they depend on (`fingerprint`: the inputs by content; the
+        transform and the protocol; the backbone and its weights by md5; the input size)."""
         h = hashlib.sha256()
+        switches = sorted((name, repr(s.setting)) for name, s in dataset.trial_protocol.switches.items())
         for part in (FEATURES_VERSION, dataset.name, type(dataset).version, role, len(split), self.backbone,
-                     self.weights_id, self.image_size):
+                     self.weights_id, self.image_size, switches):
             h.update(f"{part}\0".encode())
         h.update(fingerprint(split.x))
+        h.update(self.transform_fingerprint(dataset, split))
         base = os.environ.get("BENCH_CACHE")
         folder = (Path(base).expanduser() if base else Path.home() / ".cache" / "bench" / "cache") / "features"
         return folder / f"{dataset.name}-{role.replace('/', '-')}-{self.backbone}-{h.hexdigest()[:20]}.npy"
 
+    def transform_fingerprint(self, dataset: Dataset, split: Split) -> bytes:
+        """The evaluation transform by what it does: its class and the bytes it makes of the split's first inputs
+        (a changed normalisation, crop or `script_transform` gives other bytes), on the CPU in float64 so that the
+        key is the same on every device."""
+        h = hashlib.sha256(f"{type(dataset).__module__}.{type(dataset).__qualname__}".encode())
+        if len(split):
+            x = split.x[:2] if isinstance(split.x, torch.Tensor) else torch.stack([split.x[i]
+                                                                                  for i in range(min(2, len(split)))])
+            try:
+                out = self.transform(x.cpu())
+            except UserError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a transform that runs on its device only: keyed by its class
+                h.update(f"not on the CPU: {type(e).__name__}".encode())
+                return h.digest()
+            h.update(str(tuple(out.shape)).encode())
+            h.update(out.detach().to(torch.float64).contiguous().numpy().round(6).tobytes())
+        return h.digest()
+
     def features(self, dataset: Dataset, split: Split, role: str) -> torch.Tensor:
         path = self.cache_file(dataset, split, role)
-        if path.is_file():
-            return torch.from_numpy(np.load(path))
+        if (cached := read_cache(path, len(split))) is not None:
+            return cached
         if self.net is None:
             self.net = build_backbone(self.backbone, self.weights).to(self.device)
         try:
             out = torch.cat([self.net(x).float().flatten(1).cpu() for x in self.batches(dataset, split)])
         except UserError as e:  # a streamed image missing or damaged, raised in a DataLoader worker
             raise UserError(worker_message(e)) from None
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".npy.part") as tmp:
-            np.save(tmp, out.numpy())
-        Path(tmp.name).replace(path)  # atomic: a reader never sees half a file
+        write_cache(path, out.numpy())
         return out
 
     @torch.no_grad()
@@ -207,14 +288,70 @@ class Levels(Mapping[tuple[str, float], Splits]):
 
 
 def fingerprint(x: torch.Tensor | torch.utils.data.Dataset) -> bytes:
-    """What a split's inputs are, for the cache's key: the bytes of a tensor, or the root and image list of a streamed
-    set (`ImageFiles`); a stream of another kind by its type and length (its cache entry could outlive a change)."""
+    """What a split's inputs are, for the cache's key: the bytes of a tensor; for a streamed set of image files
+    (`ImageFiles`), its root, its image list and each image's size and modification time (an image changed in place
+    is another input; hashing every image's bytes would read the whole set for each trial); a stream of another kind
+    by its type and length (its cache entry could outlive a change)."""
     if isinstance(x, torch.Tensor):
         return hashlib.sha256(x.detach().cpu().contiguous().numpy().tobytes()).digest()
     keys, root = getattr(x, "keys", None), getattr(x, "root", None)
     if isinstance(keys, np.ndarray):
-        return hashlib.sha256(str(root).encode() + b"\0" + keys.tobytes()).digest()
+        h = hashlib.sha256(str(root).encode() + b"\0" + keys.tobytes() + f"\0{getattr(x, 'size', '')}".encode())
+        stats = np.zeros((len(keys), 2), dtype=np.int64)
+        for i, key in enumerate(keys):
+            try:
+                stat = os.stat(Path(root) / key.decode())
+                stats[i] = stat.st_size, stat.st_mtime_ns
+            except OSError:
+                stats[i] = -1  # missing: decoding it says so, in one line
+        return h.digest() + hashlib.sha256(stats.tobytes()).digest()
     return f"{type(x).__name__}:{len(x)}".encode()
+
+
+def read_cache(path: Path, rows: int) -> torch.Tensor | None:
+    """Cached features of `rows` examples, or None where there are none; a damaged file (cut short, not an array,
+    the wrong number of rows) is set aside under another name, said in one warning line, and recomputed."""
+    if not path.is_file():
+        return None
+    try:
+        array = np.load(path, allow_pickle=False)
+        if not isinstance(array, np.ndarray) or array.ndim != 2 or len(array) != rows:
+            raise ValueError(f"shape {getattr(array, 'shape', None)}, not {rows} rows of features")
+        return torch.from_numpy(array)
+    except (OSError, ValueError, EOFError) as e:
+        aside = path.with_name(f"{path.name}.damaged-{os.getpid()}-{time.time_ns()}")
+        with contextlib.suppress(OSError):
+            path.replace(aside)
+        print(f"bench: warning: feature cache {path} is damaged ({' '.join(str(e).split())[:120]}); moved it to "
+              f"{aside.name} and computing the features again", file=sys.stderr, flush=True)
+        return None
+
+
+def write_cache(path: Path, array: np.ndarray) -> None:
+    """Write features atomically: a unique temporary file beside `path`, then `os.replace`, so that a reader (or a
+    concurrent writer) never sees half a file, and a planted link at `path` is replaced, never written through. The
+    file is readable by the owner's group (0o640 at least, more where the umask allows): a shared cache."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, prefix=f".{path.name}.", suffix=".part") as tmp:
+        try:
+            np.save(tmp, array)
+            tmp.flush()
+            os.fchmod(tmp.fileno(), 0o640 | (0o644 & ~umask()))
+        except BaseException:
+            Path(tmp.name).unlink(missing_ok=True)
+            raise
+    os.replace(tmp.name, path)
+
+
+def umask() -> int:
+    """The process's umask, read without changing it (`os.umask` sets it while reading: a race with other threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
 
 
 def keep_inputs(dataset: Dataset, inputs: dict[int, Split]) -> None:

@@ -30,6 +30,16 @@ class Model(nn.Module):
     channels_last: ClassVar[bool] = False
     # Options (a trial's `model_args`) that `prepare_data` reads, not the constructor (the probe's backbone).
     data_options: ClassVar[tuple[str, ...]] = ()
+    # Options that name a local weights file the network starts from (ResNet-50's ImageNet weights, the probe's
+    # backbone): each file's md5 is part of the trial's identity and its row (`bench.trial.TrialConfig.weights`).
+    weights_options: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def options(cls) -> set[str]:
+        """The options (`model_args`) this network takes: its constructor's and its `data_options`."""
+        import inspect
+
+        return set(cls.data_options) | set(list(inspect.signature(cls.__init__).parameters)[2:])
 
     @classmethod
     def check_files(cls, options: dict[str, Any]) -> None:
@@ -54,10 +64,8 @@ def get_model(name: str) -> type[Model]:
 
 def check_args(name: str, args: dict[str, Any]) -> None:
     """Refuse, in one line, an option (`model_args`) that model `name` does not take."""
-    import inspect
-
     model = get_model(name)
-    accepted = set(model.data_options) | set(list(inspect.signature(model.__init__).parameters)[2:])
+    accepted = model.options()
     if unknown := sorted(set(args) - accepted):
         raise UserError(f"model {name} takes no option {unknown[0]!r}; its options: "
                         f"{', '.join(sorted(accepted)) or 'none'}")
@@ -330,6 +338,7 @@ class ResNet50(Model):
     name = "resnet50"
     packable = True
     channels_last = True
+    weights_options = ("weights",)
 
     def __init__(self, num_classes: int, weights: str | None = None) -> None:
         super().__init__()

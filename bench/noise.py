@@ -142,6 +142,20 @@ def noise_generator(dataset: str, pattern: str, r: float, seed: int) -> np.rando
     return np.random.Generator(np.random.PCG64(int.from_bytes(digest[:16], "little")))
 
 
+def check_labels(labels: np.ndarray, num_classes: int, what: str) -> np.ndarray:
+    """The one check every label passes where labels are drawn (`inject`, `inject_as_script`, instance-dependent noise
+    and `summarise`, which every noisy label reaches): a label outside [0, C) is refused in one line. A clean label
+    outside it (-1 unknown, `WRONG`) would index T's rows from the end and draw a wrong label silently; a noisy one
+    would train on a class that does not exist."""
+    labels = np.asarray(labels)
+    outside = (labels < 0) | (labels >= num_classes)
+    if outside.any():
+        raise UserError(f"{what}: {int(outside.sum()):,} of {len(labels):,} labels lie outside [0, {num_classes}) "
+                        f"(first: {int(labels[outside][0])}; -1 is unknown, {WRONG} known wrong): no label is drawn "
+                        "from or trained on them; a set without clean labels offers its own noise only")
+    return labels
+
+
 def sample_noisy_labels(labels: np.ndarray, t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Draw y~ ~ T[y, :] for every example at once (inverse-CDF on each example's row)."""
     labels = np.asarray(labels, dtype=np.int64)
@@ -198,7 +212,9 @@ def summarise(
     """What the noisy labels realised. A clean label < 0 is unknown (Clothing1M's noisy training set): the empirical
     T counts only the examples whose clean label is known, the noise rate those and the examples whose label is known
     to be wrong (`WRONG`: a human verified it so, without naming the right class) (NaN when there are none)."""
-    clean_train, noisy_train = np.asarray(clean_train), np.asarray(noisy_train)
+    clean_train = np.asarray(clean_train)
+    noisy_train = check_labels(noisy_train, num_classes, "noisy training labels")
+    check_labels(noisy_val, num_classes, "noisy validation labels")
     known = clean_train >= 0
     clean_known, noisy_known = clean_train[known], noisy_train[known]
     wrong = int(np.sum(clean_train == WRONG))
@@ -234,6 +250,8 @@ def inject(
     t: np.ndarray,
 ) -> NoisyLabels:
     """Sample noisy training then validation labels from T with the (dataset, pattern, r, seed) generator."""
+    check_labels(clean_train, t.shape[0], f"{dataset}: noise {pattern!r} on the clean training labels")
+    check_labels(clean_val, t.shape[0], f"{dataset}: noise {pattern!r} on the clean validation labels")
     rng = noise_generator(dataset, pattern, r, seed)
     noisy_train = sample_noisy_labels(clean_train, t, rng)
     noisy_val = sample_noisy_labels(clean_val, t, rng)
@@ -265,6 +283,8 @@ def inject_as_script(
         # searchsorted(cdf[label], u, side="right"), for every example at once
         return (cdf[np.asarray(clean)] <= u[:, None]).sum(axis=1).astype(np.int64)
 
+    check_labels(clean_train, len(rows), "the scripts' noise on the clean training labels")
+    check_labels(clean_val, len(rows), "the scripts' noise on the clean validation labels")
     rng = np.random.RandomState(seed % 2**32)
     noisy_train = draw(clean_train, rng)
     noisy_val = draw(clean_val, rng if validation == "continue" else np.random.RandomState(seed % 2**32))
@@ -301,8 +321,8 @@ def instance_dependent_probabilities(
     part's missing columns count as zeros). Scores are float64 sums of the features as given, a class and a chunk of
     rows at a time. With C = 2 the projection has no effect: the other class takes all of q_i, so the noise is
     instance-independent in law, symmetric at the mean flip rate."""
-    if any(len(y) and (y.min() < 0 or y.max() >= num_classes) for _, y in parts):
-        raise ValueError(f"instance-dependent noise needs clean labels in [0, {num_classes})")  # a row would be 0
+    for _, y in parts:  # a row of p would be 0
+        check_labels(y, num_classes, "instance-dependent noise on the clean labels")
     sizes = [len(y) for _, y in parts]
     rates = np.split(truncated_normal(r, IDN_STD, sum(sizes), rng), np.cumsum(sizes)[:-1])
     probs = [np.zeros((n, num_classes), dtype=np.float64) for n in sizes]

@@ -14,12 +14,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from bench import protocol
 from bench.config import Schedule, UserError
 from bench.data import get_dataset
+from bench.download import weights_md5
 from bench.methods import defaults_on, get_method
 
 # The arithmetic of a trial's forward passes (training and evaluation; `bench.exec.prepare.Prepared.autocast`):
@@ -80,6 +82,24 @@ class TrialConfig:
         args = ", ".join(f"{k}={v}" for k, v in self.model_args)
         return f"{self.network()}({args})" if args else self.network()
 
+    def weights(self) -> dict[str, str]:
+        """The md5 of each weights file the trial's network starts from, by option: the trial's own options that name
+        one (`Model.weights_options`: the probe's backbone, ResNet-50's ImageNet weights), else the file its dataset
+        hands the network from the environment (`Dataset.weights_env`: $BENCH_RESNET50_WEIGHTS for Food-101N's and
+        Clothing1M's ResNet-50), where the network takes that option. Part of the identity and the row."""
+        from bench.models import get_model
+
+        try:
+            model, own, dataset = get_model(self.network()), dict(self.model_args), get_dataset(self.dataset)
+        except UserError:  # an unknown network or dataset: refused before anything runs
+            return {}
+        files = {option: str(own[option]) for option in model.weights_options if option in own}
+        for option, variable in dataset.weights_env.items():
+            if option in model.weights_options and option not in model.data_options and option not in files \
+                    and os.environ.get(variable):
+                files[option] = os.environ[variable]
+        return {option: "random" if path == "random" else weights_md5(path) for option, path in sorted(files.items())}
+
     def resolved_protocol(self) -> protocol.Protocol:
         """The switches this trial's protocol turns on, as its dataset declares them (`Dataset.authors_protocol`)."""
         return get_dataset(self.dataset).protocol(self.protocol)
@@ -131,6 +151,8 @@ class TrialConfig:
         model = self.network()
         switches = {} if not proto.switches else \
             dict(switches={name: repr(switch.setting) for name, switch in sorted(proto.switches.items())})
+        weights = self.weights()  # none: the identity every trial without a weights file always had
+        d |= {} if not weights else dict(weights=weights)
         return d | dict(model=model, warmup=_canonical(warmup), method_stage=_canonical(stage),
                         method_params=sorted([key, value] for key, value in params.items()),
                         versions=[dataset.version, method.version]) | switches

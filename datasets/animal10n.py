@@ -54,6 +54,7 @@ class Animal10N(ImageCrops, Dataset):
     files = {"training/": None, "testing/": None}
     epoch_eval = False  # a pass over 45,000 decoded images per epoch would add half an epoch's cost
     instance_noise = False  # streamed, and no clean training label is known
+    clean_labels = False  # its clean training labels are unknown: its own noise only (`Dataset.accepted_noise`)
     source = ("the KAIST Data Mining Lab on request (https://dm.kaist.ac.kr/datasets/animal-10n; not downloadable "
               "without their agreement); unpack it so that DATA_ROOT/animal10n/training/ and testing/ hold the "
               "<label>_<number>.jpg images")

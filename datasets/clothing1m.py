@@ -29,7 +29,7 @@ import torch
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits
 from bench.datasets.cifar10 import IMAGENET_MEAN, IMAGENET_STD, crop_flip, normalise_channels
-from bench.datasets.image_files import ImageFiles, check_key, resnet50_weights
+from bench.datasets.image_files import WEIGHTS_ENV, ImageFiles, check_key, resnet50_weights
 
 CLASSES = ("T-Shirt", "Shirt", "Knitwear", "Chiffon", "Sweater", "Hoodie", "Windbreaker", "Jacket", "Down Coat",
            "Suit", "Shawl", "Dress", "Vest", "Underwear")
@@ -77,6 +77,8 @@ class Clothing1M(Dataset):
     folder = "clothing1M"
     epoch_eval = False  # a pass over 1M training images per epoch would double the cost (BENCH_EPOCH_EVAL=1)
     instance_noise = False  # the clean label of most training images is unknown, and the images are streamed
+    clean_labels = False  # its clean training labels are unknown: its own noise only (`Dataset.accepted_noise`)
+    weights_env = {"weights": WEIGHTS_ENV}  # the ResNet-50's ImageNet weights (`resnet50_weights`)
     files = {**{name: None for name in ANNOTATIONS}, "images/": None}
     source = ("Clothing1M's authors, on request only (Xiao et al., CVPR 2015, 'Learning from massive noisy "
               "labeled data for image classification'; see https://github.com/Cysu/noisy_label); unpack it so that "

@@ -38,7 +38,7 @@ import numpy as np
 from bench import noise
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits
-from bench.datasets.image_files import ImageCrops, ImageFiles, check_key, read_lines, resnet50_weights
+from bench.datasets.image_files import WEIGHTS_ENV, ImageCrops, ImageFiles, check_key, read_lines, resnet50_weights
 
 CLASSES = (  # Food-101's meta/classes.txt: alphabetical
     "apple_pie", "baby_back_ribs", "baklava", "beef_carpaccio", "beef_tartare", "beet_salad", "beignets",
@@ -79,6 +79,8 @@ class Food101N(ImageCrops, Dataset):
              f"{FOOD101}/meta/test.txt": None, f"{FOOD101}/images/": None}
     epoch_eval = False  # a pass over 305,000 decoded images per epoch would double the cost
     instance_noise = False
+    clean_labels = False  # its clean training labels are unknown: its own noise only (`Dataset.accepted_noise`)
+    weights_env = {"weights": WEIGHTS_ENV}  # the ResNet-50's ImageNet weights (`resnet50_weights`)
     source = ("https://kuanghuei.github.io/Food-101N (Food-101N, under Microsoft's research licence: not "
               "downloadable without accepting it) and https://data.vision.ee.ethz.ch/cvl/datasets_extra/food-101/ "
               "(Food-101, for its test split); unpack both under the data root (DATA_ROOT/Food-101N_release/, "

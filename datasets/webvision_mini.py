@@ -68,6 +68,7 @@ class WebVisionMini(ImageCrops, Dataset):
              "google/": None, "val_images_256/": None}
     epoch_eval = False
     instance_noise = False
+    clean_labels = False  # its clean training labels are unknown: its own noise only (`Dataset.accepted_noise`)
     source = ("https://data.vision.ee.ethz.ch/cvl/webvision/dataset2017.html (WebVision 1.0, the resized images "
               "and info/, for research under its terms: not downloadable without accepting them), unpacked as "
               "DATA_ROOT/webvision/info/, google/ and val_images_256/")

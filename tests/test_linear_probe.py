@@ -5,12 +5,15 @@ weights; other weights are another cache entry; bad options are one line; the tr
 
 from __future__ import annotations
 
+import dataclasses
+import shutil
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
 import torch
+from PIL import Image
 from test_datasets_extra import cifar_md5s, write_cifar10n, write_cifar_batches
 
 from bench import features
@@ -211,3 +214,200 @@ def test_probe_extracts_only_the_red_level_a_trial_asks_for(tmp_path: Path, monk
     assert sum(forwards) == 30 + 10 + 30  # the clean level 0 (the base splits), the test set, level 0.4: not ten
     (row,) = [pl.read_parquet(p).row(0, named=True) for p in (tmp_path / "results" / "trials").glob("*.parquet")]
     assert (row["status"], row["r"]) == ("ok", 0.4) and row["noise_rate"] > 0  # level 0.4's web images, not level 0
+
+
+def test_a_weights_files_md5_is_in_the_trial_id_the_row_and_mlflow(tiny: Path, monkeypatch) -> None:
+    """The probe's weights file and Food-101N's $BENCH_RESNET50_WEIGHTS: by content, not by name."""
+    import os
+
+    import torchvision
+    from mlflow import MlflowClient
+
+    from bench.store.mirror import Mirror
+
+    weights = tiny / "r18.pth"
+    torch.save(torchvision.models.resnet18().state_dict(), weights)
+    row = trial(tiny, "ce", "--model-arg", f"weights={weights}")
+    md5 = file_md5(weights)
+    assert row["weights"] == f"weights={md5}" and f'"weights": {{"weights": "{md5}"}}' in row["config_json"]
+    config = TrialConfig("cifar10n", "ce", "worse", 0.0, epochs_warmup=1, epochs=1, batch_size=16,
+                         model="linear_probe", model_args=(("backbone", "resnet18"), ("weights", str(weights))))
+    assert config.trial_id == row["trial_id"]
+    mirror = Mirror(f"sqlite:///{tiny / 'mlflow.db'}", tiny / "results")
+    assert mirror.log_row(row)
+    (run,) = MlflowClient(f"sqlite:///{tiny / 'mlflow.db'}").search_runs(
+        [mirror.experiment_id(row["experiment"])], f"tags.`bench.trial_id` = '{row['trial_id']}'")
+    assert run.data.params["weights"] == f"weights={md5}"
+    # Other weights in the same file: another trial.
+    torch.save(torchvision.models.resnet18(num_classes=7).state_dict(), weights)
+    os.utime(weights, ns=(1, 1))  # even with an old modification time
+    changed = dataclasses.replace(config)  # the same fields, its identity computed afresh
+    assert changed.weights() == {"weights": file_md5(weights)} != {"weights": md5}
+    assert changed.trial_id != config.trial_id
+
+    # Food-101N's ResNet-50 from $BENCH_RESNET50_WEIGHTS: by the file's content, wherever it lies.
+    def food(model: str | None = None) -> TrialConfig:
+        return TrialConfig("food101n", "ce", "real", 0.0, model=model)
+
+    monkeypatch.delenv("BENCH_RESNET50_WEIGHTS", raising=False)
+    scratch = food()
+    assert scratch.weights() == {} and "weights" not in scratch.identity() and scratch.trial_id
+    monkeypatch.setenv("BENCH_RESNET50_WEIGHTS", str(weights))
+    imagenet = food()
+    assert imagenet.weights() == {"weights": file_md5(weights)} and imagenet.trial_id != scratch.trial_id
+    moved = tiny / "elsewhere.pth"
+    moved.write_bytes(weights.read_bytes())
+    monkeypatch.setenv("BENCH_RESNET50_WEIGHTS", str(moved))
+    assert food().trial_id == imagenet.trial_id  # the same bytes under another name: the same trial
+    moved.write_bytes(b"other bytes")
+    assert food().trial_id not in (imagenet.trial_id, scratch.trial_id)
+    # A network that does not read them is the trial it is without them.
+    with_weights = food("resnet34_cifar")
+    monkeypatch.delenv("BENCH_RESNET50_WEIGHTS")
+    assert with_weights.weights() == {} and with_weights.trial_id == food("resnet34_cifar").trial_id
+
+
+def cached(root: Path) -> list[Path]:
+    return sorted((root / "cache" / "features").glob("*.npy"))
+
+
+def test_a_changed_image_transform_or_protocol_extracts_again(tmp_path: Path, monkeypatch, forwards) -> None:
+    """The cache is keyed by what made the features: an image changed in place (blackened, same name), the dataset's
+    evaluation transform, the trial's protocol switches."""
+    from test_datasets_realworld import write_animal10n
+
+    from bench.datasets import image_files
+
+    write_animal10n(tmp_path)
+    monkeypatch.setenv("BENCH_CACHE", str(tmp_path / "cache"))
+    args = ["trial", "--dataset", "animal10n", "--method", "ce", "--noise", "real", "--r", "0", "--epochs-warmup",
+            "1", "--epochs", "1", "--batch-size", "8", "--data-root", str(tmp_path), *PROBE]
+    assert main([*args, "--results", str(tmp_path / "r1")]) == 0
+    assert sum(forwards) == 50 and len(cached(tmp_path)) == 3
+    forwards.clear()
+    test_image = tmp_path / "animal10n" / "testing" / "3_00003.jpg"
+    Image.new("RGB", (64, 64)).save(test_image)  # blackened in place
+    assert main([*args, "--results", str(tmp_path / "r2")]) == 0
+    assert forwards == [10]  # the test split alone, again
+    forwards.clear()
+    # Another normalisation: every split again.
+    monkeypatch.setattr(image_files, "IMAGENET_MEAN", (0.5, 0.5, 0.5))
+    assert main([*args, "--results", str(tmp_path / "r3")]) == 0
+    assert sum(forwards) == 50 and len(cached(tmp_path)) == 3 + 1 + 3
+    forwards.clear()
+    assert main([*args, "--results", str(tmp_path / "r4")]) == 0
+    assert forwards == []  # nothing changed since: all from the cache
+
+
+def test_the_protocols_transform_is_its_own_cache_entry(tiny: Path, forwards) -> None:
+    """CIFAR-10 under `bench+script_transform` normalises as the script did: its features are not bench's."""
+    def run(protocol: str, results: str) -> None:
+        assert main(["trial", "--dataset", "cifar10", "--method", "ce", "--noise", "uniform", "--r", "0.2",
+                     "--epochs-warmup", "1", "--epochs", "1", "--batch-size", "16", "--data-root", str(tiny),
+                     "--results", str(tiny / results), "--protocol", protocol, *PROBE]) == 0
+
+    run("bench", "a")
+    assert sum(forwards) == 120
+    forwards.clear()
+    run("bench+script_transform", "b")
+    assert sum(forwards) == 120 and len(cached(tiny)) == 6
+    forwards.clear()
+    run("bench", "c")
+    assert forwards == []
+
+
+def test_a_damaged_cache_file_is_set_aside_and_recomputed(tiny: Path, forwards, capsys) -> None:
+    trial(tiny, "ce")
+    (train_file,) = [p for p in cached(tiny) if "-train-" in p.name]
+    good = np.load(train_file)
+    assert train_file.stat().st_mode & 0o040  # readable by the owner's group: a shared cache
+    for damage in (b"", train_file.read_bytes()[:100], b"\x93NUMPY garbage"):
+        train_file.write_bytes(damage)
+        forwards.clear()
+        capsys.readouterr()
+        row = trial(tiny, "gce")
+        assert row["status"] == "ok" and forwards == [80]  # the training split alone, computed again
+        warning = [line for line in capsys.readouterr().err.splitlines() if "feature cache" in line]
+        assert len(warning) == 1 and str(train_file) in warning[0] and "damaged" in warning[0]
+        np.testing.assert_array_equal(np.load(train_file), good)
+        for aside in train_file.parent.glob(f"{train_file.name}.damaged-*"):
+            assert aside.read_bytes() == damage
+            aside.unlink()
+        for result in tiny.glob("results-gce-*"):
+            shutil.rmtree(result)
+
+
+def test_writes_are_atomic_and_replace_a_planted_link(tmp_path: Path) -> None:
+    target = tmp_path / "victim.txt"
+    target.write_text("keep me")
+    path = tmp_path / "features" / "x.npy"
+    path.parent.mkdir()
+    path.symlink_to(target)
+    features.write_cache(path, np.ones((3, 2), dtype=np.float32))
+    assert target.read_text() == "keep me" and not path.is_symlink()
+    np.testing.assert_array_equal(np.load(path), np.ones((3, 2)))
+    assert sorted(p.name for p in path.parent.iterdir()) == ["x.npy"]  # no temporary file left
+    # Two writers at once: each through its own temporary file, the last replace wins, whole.
+    import threading
+
+    arrays = [np.full((2000, 64), i, dtype=np.float32) for i in range(8)]
+    threads = [threading.Thread(target=features.write_cache, args=(path, a)) for a in arrays]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    back = np.load(path)
+    assert back.shape == (2000, 64) and (back == back[0, 0]).all()
+    assert sorted(p.name for p in path.parent.iterdir()) == ["x.npy"]
+
+
+@pytest.mark.parametrize(("backbone", "small"), [
+    ("dinov2_vits14", {"depth": 1}),  # timm's smallest DINOv2 (ViT-S/14), one block
+    ("clip_vit_b16", {"depth": 1, "embed_dim": 64, "num_heads": 2}),  # CLIP's ViT-B/16 image tower, made small
+])
+def test_dinov2_and_clip_probes_train_from_a_local_weights_file(tiny: Path, forwards, monkeypatch, backbone: str,
+                                                                 small: dict) -> None:
+    """timm's architecture, a checkpoint saved here (other weights than the seed-0 initialisation): the features are
+    those of the loaded weights, and the row carries the file's md5. Without timm, one line naming the extra."""
+    pytest.importorskip("timm")
+    import sys
+
+    architecture, _ = features.TIMM_BACKBONES[backbone]
+    monkeypatch.setitem(features.TIMM_BACKBONES, backbone, (architecture, small))
+    with torch.random.fork_rng():
+        torch.manual_seed(1)
+        import timm
+
+        checkpoint = timm.create_model(architecture, pretrained=False, num_classes=0, dynamic_img_size=True,
+                                       dynamic_img_pad=True, **small)
+    weights = tiny / f"{backbone}.pth"
+    torch.save(checkpoint.state_dict(), weights)
+    probe = ["--model", "linear_probe", "--model-arg", f"backbone={backbone}", "--model-arg", f"weights={weights}"]
+    results = tiny / "results"
+    assert main(["trial", "--dataset", "cifar10n", "--method", "ce", "--noise", "worse", "--r", "0",
+                 "--epochs-warmup", "1", "--epochs", "1", "--batch-size", "16", "--data-root", str(tiny),
+                 "--results", str(results), *probe]) == 0
+    (path,) = (results / "trials").glob("*.parquet")
+    row = pl.read_parquet(path).row(0, named=True)
+    assert row["status"] == "ok" and row["weights"] == f"weights={file_md5(weights)}"
+    assert sum(forwards) == 120
+    # The cached training features are the checkpoint's (not the random initialisation's) on the evaluation transform.
+    ds = get_dataset("cifar10n")(tiny)
+    x = ds.eval_transform(ds.load().train.x)
+    (train_file,) = [p for p in cached(tiny) if "-train-" in p.name]
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(np.load(train_file)), checkpoint.eval()(x))
+        assert not torch.allclose(features.build_backbone(backbone, "random")(x), checkpoint(x))
+    # Another network's file: one line; timm missing: one line naming the extra.
+    with pytest.raises(UserError, match=rf"is not a {backbone} \({architecture}\) state dict"):
+        features.build_backbone(backbone, _save_resnet18(tiny / "r18.pth"))
+    monkeypatch.setitem(sys.modules, "timm", None)
+    with pytest.raises(UserError, match=r"built by timm, which is not installed here: pip install 'bench-ldmi\[probe"):
+        features.build_backbone(backbone, str(weights))
+
+
+def _save_resnet18(path: Path) -> str:
+    import torchvision
+
+    torch.save(torchvision.models.resnet18().state_dict(), path)
+    return str(path)

@@ -31,7 +31,8 @@ def test_the_declaration_groups_every_column_once() -> None:
                              "diagnostics_s", "pack_wall_s", "executor"]
     # What the MLflow mirror logged before the declaration, as params and as metrics (and the precision since).
     assert set(MLFLOW_PARAMS) == {"dataset", "model", "method", "noise", "r", "seed", "lr", "batch_size", "epochs",
-                                  "epochs_warmup", "train_subset", "trial_id", "device", "git_commit", "precision"}
+                                  "epochs_warmup", "train_subset", "trial_id", "device", "git_commit", "precision",
+                                  "weights"}
     assert set(MLFLOW_METRICS) == {"test_acc", "test_bal_acc", "last_test_acc", "last_test_bal_acc", "warmup_test_acc",
                                    "val_loss", "best_epoch", "noise_rate", "wall_s", "warmup_s", "method_s", "device_s",
                                    "epochs_trained", "networks"}

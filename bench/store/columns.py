@@ -72,6 +72,8 @@ MORE = (
     # `bench.trial.PRECISIONS`: rows written before precisions existed are fp32's
     _c("precision", TEXT, CONFIGURATION, "param", default="fp32"),
     _c("train_subset", INT, CONFIGURATION, "param"),
+    # The md5 of each weights file the network started from ("weights=<md5>"; `TrialConfig.weights`); "" for none
+    _c("weights", TEXT, CONFIGURATION, "param", default=""),
     _c("last_test_bal_acc", FLOAT, MEASUREMENT, "metric"), _c("warmup_test_acc", FLOAT, MEASUREMENT, "metric"),
     _c("warmup_s", FLOAT, COST, "metric"), _c("method_s", FLOAT, COST, "metric"),
     # Matrices as JSON: the generating T, the realised one, the method's estimate, the test confusion matrix.

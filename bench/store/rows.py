@@ -108,6 +108,7 @@ def make_row(
         switches=",".join(config.resolved_protocol().names()),
         precision=config.precision,
         train_subset=config.train_subset,
+        weights=", ".join(f"{option}={md5}" for option, md5 in config.weights().items()),
         privileged=bool(privileged),
         oracle=config.resolved_protocol().oracle(config.method),
         error=(outcome.error if outcome and outcome.error else error),
