@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from bench import noise
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits
-from bench.protocol import Selection, Switch
+from bench.protocol import Selection, Switch, titan_xp_float32
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 BATCHES = "cifar-10-batches-py"
@@ -271,6 +271,7 @@ class CIFAR10(Dataset):
                "training: RandomHorizontalFlip, RandomCrop(32, 4) padding the raw image with black, ToTensor, "
                "Normalize(ImageNet's mean and std); validation and test: ToTensor, Normalize",
                {"mean": IMAGENET_MEAN, "std": IMAGENET_STD}),
+        titan_xp_float32("Newbeeer/L_DMI, CIFAR-10/dataset.py:33 and CE.py:53 and DMI.py:17, commit 54e0d5d"),
     )
     authors_differences = (
         "FW.py and GCE.py sum their loss's batch means over the validation batches of 256 (FW.py:68-84, GCE.py:20-29, "

@@ -20,7 +20,7 @@ from bench import noise
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits
 from bench.datasets.cifar10 import normalise_channels
-from bench.protocol import Selection, Switch
+from bench.protocol import Selection, Switch, titan_xp_float32
 
 BAG = 8
 MIRROR = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
@@ -91,6 +91,7 @@ class FashionMNIST(Dataset):
         Switch("script_transform", "Newbeeer/L_DMI, fashion/fashion.py:102-105, 187-213, commit 7d5e4bc",
                "every split's transform: ToTensor (bytes / 255), then Normalize((0.1307,), (0.3081,))",
                {"mean": (0.1307,), "std": (0.3081,)}),
+        titan_xp_float32("Newbeeer/L_DMI, fashion/fashion.py:23 and main.py:20, 87, commit 7d5e4bc"),
     )
     authors_differences = (
         "torch is seeded from the trial's seed — the script seeds no torch generator (its runs were unseeded), so "
