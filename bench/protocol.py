@@ -90,9 +90,10 @@ SWITCHES = {
     "script_stream": SwitchKind(BOTH, (
         "data order, dropout and every loader's draws taken from torch's one global generator as the script's "
         "DataLoaders take them (each iterator a base-seed draw, a shuffled one also its sampler's seed), the method "
-        "stage continuing the stream the warm start left, as the script runs its stages in one process; such a "
-        "trial trains alone, not in a pack (bench: the order from the stage's own generator, the method stage "
-        "re-seeded)")),
+        "stage continuing the stream the warm start left, as the script runs its stages in one process, its test "
+        "passes drawing too (the setting: how many, where); the stream starts from the torch seed itself, where a "
+        "script seeds nothing the seed its run needs, declared; such a trial trains alone, not in a pack (bench: the "
+        "order from the stage's own generator, the warm start seeded from 1000 x seed, the method stage re-seeded)")),
     "full_float32": SwitchKind(BOTH, (
         "on CUDA, float32 convolutions and matrix products in full float32 (TF32 off for both: torch.backends.cuda."
         "matmul and cudnn), L_DMI's float32 product included, as the scripts' GPUs computed them; on a CPU nothing "
@@ -227,6 +228,12 @@ class Protocol:
 
     def warmup_selection(self) -> Selection:
         return WARMUP_BY_ACCURACY if self.on("warmup_by_accuracy") else BENCH_SELECTION
+
+    def script_passes(self, where: str) -> int:
+        """How many loader passes beyond its validation the script makes `where` ("warmup_epoch": after each CE
+        epoch; "method_start": before the method stage's first validation), each an unshuffled loader's iterator
+        taking its one base-seed draw from torch's global generator: its test passes (`script_stream`'s setting)."""
+        return int((self.setting("script_stream") or {}).get(where, 0))
 
     def torch_seed(self, seed: int) -> int:
         """The seed of initial weights, data order and dropout: the trial's, or the script's fixed one."""

@@ -327,7 +327,10 @@ def warm_start_key(p: Prepared, net_index: int) -> str:
 
 def warm_seed(p: Prepared, net_index: int) -> int:
     """The seed of a warm start (initial weights, data order, dropout) of network `net_index`: from the trial's
-    seed, or the scripts' fixed torch seed (`fixed_torch_seed`)."""
+    seed, or the scripts' fixed torch seed (`fixed_torch_seed`). Under `script_stream` the first network's is the
+    torch seed itself, the script's `torch.manual_seed(seed)` (declared where the script seeds nothing)."""
+    if net_index == 0 and p.protocol.on("script_stream"):
+        return p.protocol.torch_seed(p.config.seed)
     return p.protocol.torch_seed(p.config.seed) * 1000 + net_index
 
 
