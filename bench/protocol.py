@@ -90,9 +90,14 @@ SWITCHES = {
     "script_stream": SwitchKind(BOTH, (
         "data order, dropout and every loader's draws taken from torch's one global generator as the script's "
         "DataLoaders take them (each iterator a base-seed draw, a shuffled one also its sampler's seed), the method "
-        "stage continuing the stream the warm start left, as the script runs its stages in one process; such a "
-        "trial trains alone, not in a pack (bench: the order from the stage's own generator, the method stage "
-        "re-seeded)")),
+        "stage continuing the stream the warm start left, as the script runs its stages in one process, its test "
+        "passes drawing too (the setting: how many, where); the stream starts from the torch seed itself, where a "
+        "script seeds nothing the seed its run needs, declared; such a trial trains alone, not in a pack (bench: the "
+        "order from the stage's own generator, the warm start seeded from 1000 x seed, the method stage re-seeded)")),
+    "full_float32": SwitchKind(BOTH, (
+        "on CUDA, float32 convolutions and matrix products in full float32 (TF32 off for both: torch.backends.cuda."
+        "matmul and cudnn), L_DMI's float32 product included, as the scripts' GPUs computed them; on a CPU nothing "
+        "changes (bench: TF32 on unless BENCH_TF32=0)")),
 }
 
 
@@ -187,6 +192,16 @@ class Switch:
             raise ValueError(f"unknown switch {self.name!r}; known: {', '.join(SWITCHES)}")
 
 
+def titan_xp_float32(cite: str) -> Switch:
+    """The `full_float32` switch of a dataset the L_DMI scripts ran on CUDA (`cite`: where the script puts its model
+    and L_DMI's product on the GPU): the paper ran them all on NVIDIA TITAN Xp GPUs (its section 5), which have no
+    TF32 units, nor had the torch of 2019 (TF32 came with NVIDIA's Ampere GPUs and torch 1.7, both of 2020)."""
+    return Switch("full_float32", cite,
+                  "the script trains on CUDA, on the paper's NVIDIA TITAN Xp GPUs (Pascal; section 5: 'conduct all "
+                  "experiments on NVIDIA TITAN Xp GPUs'): every float32 convolution and product, L_DMI's onehot^T "
+                  "softmax included, in full float32, no TF32")
+
+
 @dataclass(frozen=True)
 class Protocol:
     """A trial's protocol: the spec as written and the switches it resolves to on the trial's dataset."""
@@ -214,6 +229,12 @@ class Protocol:
     def warmup_selection(self) -> Selection:
         return WARMUP_BY_ACCURACY if self.on("warmup_by_accuracy") else BENCH_SELECTION
 
+    def script_passes(self, where: str) -> int:
+        """How many loader passes beyond its validation the script makes `where` ("warmup_epoch": after each CE
+        epoch; "method_start": before the method stage's first validation), each an unshuffled loader's iterator
+        taking its one base-seed draw from torch's global generator: its test passes (`script_stream`'s setting)."""
+        return int((self.setting("script_stream") or {}).get(where, 0))
+
     def torch_seed(self, seed: int) -> int:
         """The seed of initial weights, data order and dropout: the trial's, or the script's fixed one."""
         return int(self.setting("fixed_torch_seed", seed))
@@ -227,7 +248,7 @@ class Protocol:
         return [name for name in self.names() if SWITCHES[name].on_warm_start]
 
 
-_SPEC = re.compile(r"(bench|authors)((?:[+-][a-z_]+)*)")
+_SPEC = re.compile(r"(bench|authors)((?:[+-][a-z][a-z0-9_]*)*)")
 
 
 def resolve(spec: str, declared: dict[str, Switch], dataset: str) -> Protocol:
@@ -238,7 +259,7 @@ def resolve(spec: str, declared: dict[str, Switch], dataset: str) -> Protocol:
         raise UserError(f"protocol {spec!r}: write bench, authors, bench+SWITCH[+SWITCH...] or "
                         f"authors-SWITCH[-SWITCH...]; switches: {', '.join(SWITCHES)}")
     base, rest = match.groups()
-    names = re.findall(r"([+-])([a-z_]+)", rest)
+    names = re.findall(r"([+-])([a-z][a-z0-9_]*)", rest)
     if base == AUTHORS and not declared:
         raise UserError(f"protocol {spec!r}: {dataset} declares no switches of its authors' scripts; use bench")
     chosen = dict(declared) if base == AUTHORS else {}
@@ -263,6 +284,6 @@ def canonical(spec: str) -> str:
     if not match:
         return str(spec)
     base, rest = match.groups()
-    names = sorted(set(re.findall(r"[+-]([a-z_]+)", rest)))
+    names = sorted(set(re.findall(r"[+-]([a-z][a-z0-9_]*)", rest)))
     sign = "+" if base == BENCH else "-"
     return base + "".join(sign + n for n in names)

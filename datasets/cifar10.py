@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from bench import noise
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits
-from bench.protocol import Selection, Switch
+from bench.protocol import Selection, Switch, titan_xp_float32
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 BATCHES = "cifar-10-batches-py"
@@ -239,34 +239,39 @@ class CIFAR10(Dataset):
         "volminnet": Schedule("sgd", 0.01, epochs=80, batch_size=128, momentum=0.9, weight_decay=1e-4,
                               milestones=(30, 60)),
     }
-    # How the paper's CIFAR-10 scripts ran it (github.com/Newbeeer/L_DMI at 7d5e4bc): the `authors` protocol. FW.py and
-    # GCE.py select on the whole validation set by their loss, strict (bench's rule, up to the last batch's weight).
+    # How the paper's CIFAR-10 scripts ran it (github.com/Newbeeer/L_DMI at 54e0d5d, 2020-07-08: the last commit whose
+    # scripts run; dce6c41 moved dataset.py's loaders into a get_loader that no script calls, so from there on, and at
+    # the 7d5e4bc the other sets cite, CE.py stops at import with a NameError on test_loader_; the scripts and
+    # model.py are the same at both, dataset.py the same code one indentation level out): the `authors` protocol.
+    # FW.py and GCE.py select on the whole validation set by their loss, strict (bench's rule, up to the last batch's
+    # weight).
     authors_protocol = (
-        Switch("warmup_by_accuracy", "Newbeeer/L_DMI, CIFAR-10/CE.py:52-72, commit 7d5e4bc",
+        Switch("warmup_by_accuracy", "Newbeeer/L_DMI, CIFAR-10/CE.py:52-72, commit 54e0d5d",
                "main_ce saves the model whenever noisy-validation accuracy >= the best so far (from 0)"),
         Switch("first_batch_selection", "Newbeeer/L_DMI, CIFAR-10/DMI.py:79-100, 103-122 and LCCN.py:42-56, 96, "
-               "143-151, commit 7d5e4bc",
+               "143-151, commit 54e0d5d",
                "validate_acc() stops after the first batch of 256 (i == 1: break); main_dmi keeps an epoch whose "
                "accuracy there is > the best, the warm-started model first; train_lccn keeps an epoch whose CE of "
                "the softmax outputs (CE(softmax(output), y), no phi), summed over the validation batches of 256, is "
                "< the best, the warm-started model's the first bar",
                {"dmi": Selection("accuracy", first=256), "lccn": Selection("softmax_ce", batch=256)}),
         Switch("optimizer_per_epoch", "Newbeeer/L_DMI, CIFAR-10/CE.py:63, DMI.py:112, FW.py:122, GCE.py:117, "
-               "LCCN.py:106, commit 7d5e4bc",
+               "LCCN.py:106, commit 54e0d5d",
                "every script builds a new SGD (momentum 0.9) at the start of each epoch"),
-        Switch("script_noise", "Newbeeer/L_DMI, CIFAR-10/dataset.py:40-58, 126-130, commit 7d5e4bc",
+        Switch("script_noise", "Newbeeer/L_DMI, CIFAR-10/dataset.py:39-57, 127-131, commit 54e0d5d",
                "each split's CIFAR10_ re-seeds np.random with the seed and calls np.random.choice per label, T a "
                "float32 tensor", {"validation": "reseed", "float32": True}),
-        Switch("ce_is_warm_start", "Newbeeer/L_DMI, CIFAR-10/CE.py:81-84, commit 7d5e4bc",
+        Switch("ce_is_warm_start", "Newbeeer/L_DMI, CIFAR-10/CE.py:81-84, commit 54e0d5d",
                "the CE result is evaluate('./model_ce_...'): the warm start itself"),
-        Switch("dmi_script_form", "Newbeeer/L_DMI, CIFAR-10/DMI.py:12-19, commit 7d5e4bc",
+        Switch("dmi_script_form", "Newbeeer/L_DMI, CIFAR-10/DMI.py:12-19, commit 54e0d5d",
                "DMI_loss: -log(|det(onehot^T softmax)| + 0.001), the matrix summed over the batch, in float32", "sum"),
-        Switch("warmup_batch_size", "Newbeeer/L_DMI, CIFAR-10/dataset.py:38, commit 7d5e4bc",
-               "get_loader's batch_size = 256 for every loader, the CE warm start's too", 256),
-        Switch("script_transform", "Newbeeer/L_DMI, CIFAR-10/dataset.py:200-226, commit 7d5e4bc",
+        Switch("warmup_batch_size", "Newbeeer/L_DMI, CIFAR-10/dataset.py:22, commit 54e0d5d",
+               "dataset.py's batch_size = 256 for every loader, the CE warm start's too", 256),
+        Switch("script_transform", "Newbeeer/L_DMI, CIFAR-10/dataset.py:203-224, commit 54e0d5d",
                "training: RandomHorizontalFlip, RandomCrop(32, 4) padding the raw image with black, ToTensor, "
                "Normalize(ImageNet's mean and std); validation and test: ToTensor, Normalize",
                {"mean": IMAGENET_MEAN, "std": IMAGENET_STD}),
+        titan_xp_float32("Newbeeer/L_DMI, CIFAR-10/dataset.py:33 and CE.py:53 and DMI.py:17, commit 54e0d5d"),
     )
     authors_differences = (
         "FW.py and GCE.py sum their loss's batch means over the validation batches of 256 (FW.py:68-84, GCE.py:20-29, "
@@ -277,6 +282,10 @@ class CIFAR10(Dataset):
         "model, as MR's script",
         "torch is seeded from the trial's seed — the scripts seed no torch generator (their runs were unseeded); "
         "bench draws a batch's crops, then its flips, the script each image's flip, then its crop: the same law",
+        "the network is bench's resnet34_cifar, the scripts' ResNet34 (model.py) with their initial weights bit for "
+        "bit, but its last pooling averages the 4 x 4 map with `mean` where theirs calls F.avg_pool2d(out, 4) "
+        "(model.py:95): the same average summed in another order, so the logits agree within float32 rounding, not "
+        "bit for bit (tests/test_script_same_weights.py derives the bound)",
     )
     folder = ""
     files = FILES
@@ -303,7 +312,7 @@ class CIFAR10(Dataset):
         )
 
     def eval_transform(self, x: torch.Tensor) -> torch.Tensor:
-        if self.script_transform:  # ToTensor, Normalize (dataset.py:200-201, 216-226)
+        if self.script_transform:  # ToTensor, Normalize (dataset.py:203-204, 215-224)
             return normalise_channels(to_tensor(x), self.script_transform["mean"], self.script_transform["std"])
         if self.normalise is None:
             raise RuntimeError(f"{self.name}: load() the data before transforming it (normalisation needs it)")

@@ -47,7 +47,7 @@ from bench.datasets.cifar10 import (
     random_shift_flip,
     to_tensor,
 )
-from bench.protocol import Selection, Switch
+from bench.protocol import Selection, Switch, titan_xp_float32
 
 IMAGE_SIZE = 64
 PADDING = 8
@@ -166,6 +166,7 @@ class DogsVsCats(Dataset):
                "RandomRotation(45) (nearest, black corners), ToTensor, Normalize(ImageNet's mean and std); "
                "validation and test: Resize, ToTensor, Normalize",
                {"size": 150, "flip": True, "rotation": 45, "mean": IMAGENET_MEAN, "std": IMAGENET_STD}),
+        titan_xp_float32("Newbeeer/L_DMI, dogcat/CE.py:52 and DMI.py:16, commit 7d5e4bc"),
     )
     authors_differences = (
         "the split — the scripts read train_file.csv, val_file.csv and test_file.csv (dogcat.py:43-47, 69-77), "

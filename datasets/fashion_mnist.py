@@ -20,7 +20,7 @@ from bench import noise
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits
 from bench.datasets.cifar10 import normalise_channels
-from bench.protocol import Selection, Switch
+from bench.protocol import Selection, Switch, titan_xp_float32
 
 BAG = 8
 MIRROR = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
@@ -91,10 +91,27 @@ class FashionMNIST(Dataset):
         Switch("script_transform", "Newbeeer/L_DMI, fashion/fashion.py:102-105, 187-213, commit 7d5e4bc",
                "every split's transform: ToTensor (bytes / 255), then Normalize((0.1307,), (0.3081,))",
                {"mean": (0.1307,), "std": (0.3081,)}),
+        titan_xp_float32("Newbeeer/L_DMI, fashion/fashion.py:23 and main.py:20, 87, commit 7d5e4bc"),
+        Switch("script_stream", "Newbeeer/L_DMI, fashion/fashion.py:215-225, 251 and main.py:30, 50, 71, 96-105, "
+               "110-124, 135-137, commit 7d5e4bc",
+               "the script seeds no torch generator: bench declares torch.manual_seed(seed) at the start of its "
+               "__main__ (main.py:135, before main_ce builds the model), the seed a seeded run needs; from there one "
+               "stream: each `enumerate(loader)` makes an iterator, which takes its base seed from the global "
+               "generator, the shuffled training loader then its RandomSampler's seed for a randperm; dropout draws "
+               "from the same generator; each main_ce epoch iterates the validation loader and the test loader "
+               "(main.py:98, 105), main_dmi tests the warm-started model once (main.py:111) before validating it "
+               "(main.py:113), continuing the stream main_ce left",
+               {"warmup_epoch": 1, "method_start": 1}),
     )
     authors_differences = (
-        "torch is seeded from the trial's seed — the script seeds no torch generator (its runs were unseeded), so "
-        "per-seed initialisation stands for its unseeded one",
+        "the seed — the script seeds no torch generator (its runs were unseeded): script_stream declares "
+        "torch.manual_seed(seed) at the start of its __main__, and with it a CE or L_DMI trial computes the "
+        "script's very numbers on a CPU at one thread (tests/test_fashion_authors_exact.py, the script run with the "
+        "shims listed there); an unseeded run's are other draws of the same law",
+        "the methods the script does not run (all but CE and L_DMI) train under its rules for L_DMI: their method "
+        "stage keeps the epoch of the lowest method loss on the first validation batch of 128, the warm-started "
+        "model's the first bar (first_batch_selection's '*'), with a new Adam each epoch, continuing the warm "
+        "start's stream as main_dmi does — the script has no rule of its own for them",
         "main_dmi saves no epoch-0 model (main.py:113): where no epoch beats the warm-started model's first-batch "
         "loss the script evaluates a stale or missing file — authors keeps the warm-started model, as MR's script",
     )

@@ -37,7 +37,7 @@ import torch
 from bench import noise
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits
-from bench.protocol import Selection, Switch
+from bench.protocol import Selection, Switch, titan_xp_float32
 
 PAD, UNKNOWN = 0, 1
 MIN_LENGTH = 5  # the widest filter: shorter sentences are padded up to it
@@ -183,6 +183,7 @@ class MovieReview(Dataset):
                "from the global generator, the shuffled training loader then its RandomSampler's seed for a "
                "randperm (torch/utils/data/dataloader.py, sampler.py); dropout draws from the same generator; "
                "main_dmi continues the stream main_ce left"),
+        titan_xp_float32("Newbeeer/L_DMI, MR/main.py:104, 187, commit 7d5e4bc"),
     )
     authors_differences = (
         "the method stages of GCE, FW and LCCN continue the stream the warm start left, as main_dmi does — the script "

@@ -328,7 +328,7 @@ def test_dry_run_of_the_dogs_vs_cats_grid_lists_its_switches(tmp_path: Path, cap
     assert main(["run", str(REPO / "tune_configs" / "dogs_vs_cats_protocols.yaml"), "--dry-run",
                  "--results", str(tmp_path / "r"), "--data-root", str(tmp_path / "none")]) == 0
     out = capsys.readouterr().out
-    assert "protocol authors: 7 switches of the authors' scripts" in out
+    assert "protocol authors: 8 switches of the authors' scripts" in out
     for name, switch in DOGCAT.switches().items():
         assert f"  {name}: {switch.what} ({switch.cite})" in out
     assert "clean test set (an oracle)" in out

@@ -1,5 +1,6 @@
-"""Fashion-MNIST and CIFAR-10: the same weights through bench and the authors' code (issue #36 item 2; their scripts
-seed nothing, so a whole run cannot be matched, but the weights, a forward pass, L_DMI and a step can).
+"""Fashion-MNIST and CIFAR-10: the same weights through bench and the authors' code (issue #36 item 2): the weights,
+a forward pass, L_DMI and a step. (Their scripts seed nothing; Fashion-MNIST's whole run, with a declared seed, is
+matched by tests/test_fashion_authors_exact.py.)
 
 The figures below were printed by the authors' own `CNNModel` (Newbeeer/L_DMI, fashion/fashion.py:227-254) and
 `DMI_loss` (fashion/main.py:15-23, the matrix averaged over the batch), commit 7d5e4bc, taken out of their modules
@@ -69,10 +70,10 @@ def _figures() -> dict[str, float]:
 
 
 # Printed by their CIFAR-10 `ResNet34` (CIFAR-10/model.py, imported as is) and `DMI_loss` (CIFAR-10/DMI.py:12-19,
-# taken out with ast: DMI.py loads the data at import), commit 7d5e4bc, this CPU, one thread: weights from
-# `torch.manual_seed(0)` at construction, 64 N(0, 1) images (generator seed 1) and labels (seed 2), a
-# training-mode forward (batch statistics). At initialisation the 10 x 10 matrix is near singular, so both give
-# -log(1e-3) exactly.
+# taken out with ast: DMI.py loads the data at import), commit 7d5e4bc (both files as at 54e0d5d, which
+# datasets/cifar10.py cites), this CPU, one thread: weights from `torch.manual_seed(0)` at construction, 64 N(0, 1)
+# images (generator seed 1) and labels (seed 2), a training-mode forward (batch statistics). At initialisation the
+# 10 x 10 matrix is near singular, so both give -log(1e-3) exactly.
 THEIR_CIFAR = {"init_sum": 8497.842005332033, "train_logits_sum": 2.201090484857559, "dmi_train": 6.907755374908447}
 
 

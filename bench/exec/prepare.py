@@ -33,10 +33,10 @@ from bench.trial import FP32, PRECISIONS, TrialConfig
 Log = Callable[[str], None]
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, full_float32: bool = False) -> torch.device:
     """The training device. On CUDA this is where precision fp32 is decided: float32 storage and accumulation, with
-    TF32 matrix units for convolutions and matrix products (10 bits of mantissa in the products) unless BENCH_TF32=0;
-    on a CPU fp32 is plain float32."""
+    TF32 matrix units for convolutions and matrix products (10 bits of mantissa in the products) unless BENCH_TF32=0
+    or `full_float32` (the `full_float32` switch: the authors' GPUs had no TF32); on a CPU fp32 is plain float32."""
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"--device {name}: no CUDA device is available here; use --device cpu")
     if name not in {"cpu", "cuda"} and not name.startswith("cuda:"):
@@ -45,9 +45,15 @@ def resolve_device(name: str) -> torch.device:
         # TF32 on the matrix units for float32 convolutions (torch's default) and matrix products (not its default):
         # the protocol's numbers (accuracies, selection) do not need float32's last bits, and L_DMI's determinant
         # is computed in float64 anyway. BENCH_TF32=0 keeps full float32 (the exactness tests use it).
-        tf32 = os.environ.get("BENCH_TF32", "1") != "0"
+        # Set for every trial, so that a trial after a `full_float32` one in the same process gets TF32 back.
+        tf32 = os.environ.get("BENCH_TF32", "1") != "0" and not full_float32
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
     return torch.device(name)
+
+
+def trial_device(config: TrialConfig) -> torch.device:
+    """A trial's training device, its float32 arithmetic as its protocol has it (`resolve_device`)."""
+    return resolve_device(config.device, config.resolved_protocol().on("full_float32"))
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -206,7 +212,7 @@ def load_data(config: TrialConfig, data_root: str | os.PathLike[str]) -> tuple[D
     """The dataset's splits, with tensor inputs moved to the training device once (a pack's members share them)."""
     dataset = get_dataset(config.dataset)(data_root, trial_protocol=config.resolved_protocol())
     splits = check_splits(dataset, dataset.load())
-    device = resolve_device(config.device)
+    device = trial_device(config)
     # A model may change what it trains on (`bench.features`: a frozen backbone's cached features).
     splits = models.get_model(config.network()).prepare_data(dataset, splits, dict(config.model_args), device)
     for split in (splits.train, splits.val, splits.test):
@@ -231,7 +237,7 @@ def prepare(
         raise UserError(f"--r must lie in [0, 1], got {config.r}")
     if config.precision not in PRECISIONS:
         raise UserError(f"--precision must be {' or '.join(PRECISIONS)}, got {config.precision!r}")
-    device = resolve_device(config.device)
+    device = trial_device(config)
     proto = config.resolved_protocol()
     warmup, method_stage = config.schedules()
     for label, value in (("--lr", method_stage.lr), ("--batch-size", method_stage.batch_size)):
@@ -326,7 +332,10 @@ def warm_start_key(p: Prepared, net_index: int) -> str:
 
 def warm_seed(p: Prepared, net_index: int) -> int:
     """The seed of a warm start (initial weights, data order, dropout) of network `net_index`: from the trial's
-    seed, or the scripts' fixed torch seed (`fixed_torch_seed`)."""
+    seed, or the scripts' fixed torch seed (`fixed_torch_seed`). Under `script_stream` the first network's is the
+    torch seed itself, the script's `torch.manual_seed(seed)` (declared where the script seeds nothing)."""
+    if net_index == 0 and p.protocol.on("script_stream"):
+        return p.protocol.torch_seed(p.config.seed)
     return p.protocol.torch_seed(p.config.seed) * 1000 + net_index
 
 

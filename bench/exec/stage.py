@@ -284,9 +284,11 @@ class SoloStage:
         selection_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         method: Method | None = None,
         turns: Turns = ALONE,
+        script_passes: int = 0,
     ) -> None:
         self.p, self.nets, self.schedule, self.turns = p, nets, schedule, turns
         self.step_loss, self.selection_loss, self.method = step_loss, selection_loss, method
+        self.script_passes = script_passes  # `script_stream`: the script's loader passes after each validation
         self.generator = torch.Generator().manual_seed(seed)  # the data order
         self.optimizer = make_optimizer([q for net in nets for q in net.parameters()], schedule)
         self.scheduler = torch.optim.lr_scheduler.MultiStepLR(
@@ -324,7 +326,8 @@ class SoloStage:
 
     def validate(self, selection: Selection = BENCH_SELECTION) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if self.p.protocol.on("script_stream"):
-            script_loader_draw()  # the script's validation loader draws as it is iterated
+            for _ in range(1 + self.script_passes):  # the script's validation loader, then its test passes, draw as
+                script_loader_draw()                 # they are iterated
         logits, labels = predict(self.nets[0], self.p.val), self.p.val.labels
         if selection.first is not None and not selection.own_pass:  # in split order, as the scripts' unshuffled
             logits, labels = logits[: selection.first], labels[: selection.first]  # loader gives its first batch

@@ -29,6 +29,7 @@ from bench.exec.prepare import (
     build_model,
     method_seed,
     prepare,
+    script_loader_draw,
     seed_everything,
     warm_seed,
     warm_start_key,
@@ -92,7 +93,7 @@ def warm_start(p: Prepared, net_index: int, log: Log, diagnose_seconds: list[flo
     seed_everything(seed)
     net = build_model(p)
     stage = SoloStage(p, [net], p.warmup, seed, _ce_summed_step if p.protocol.on("ce_summed") else _ce_step, _ce,
-                      turns=turns)
+                      turns=turns, script_passes=p.protocol.script_passes("warmup_epoch"))
     name = f"warmup{net_index}" if net_index else "warmup"
     result = run_stage(stage, name, p.warmup.epochs, log, initial_is_candidate=False, events=events,
                        selection=p.protocol.warmup_selection())
@@ -129,6 +130,8 @@ def train(
     seed_everything(method_seed(p))
     if stream:  # `script_stream`: torch's global generators go on where the warm start left them
         continue_stream(stream, p.device)
+        for _ in range(p.protocol.script_passes("method_start")):
+            script_loader_draw()  # the script's test pass of the warm-started model
     set_up_method(method, p, nets, lambda i: torch.softmax(predict(nets[i], p.train_eval), dim=1))
     stage = SoloStage(p, nets, p.method_stage, method_seed(p), method.train_loss, method.validation_loss,
                       method, turns)

@@ -253,8 +253,10 @@ class Streams(Executor):
         return None
 
     def group_key(self, trial: TrialConfig) -> tuple[Any, ...]:
-        """One dataset, one network, one device: members share a process, its device and its data's files."""
-        return (trial.dataset, trial.model_label(), trial.device)
+        """One dataset, one network, one device: members share a process, its device and its data's files, and its
+        float32 arithmetic (TF32 on or off is the process's: the `full_float32` switch)."""
+        key = (trial.dataset, trial.model_label(), trial.device)
+        return key + (("full_float32",) if trial.resolved_protocol().on("full_float32") else ())
 
 
 def own_stream(device: torch.device) -> contextlib.AbstractContextManager:
