@@ -20,8 +20,10 @@ PLUGIN_INTERFACES = {"bench.methods", "bench.data", "bench.models", "bench.dmi",
                      "bench.protocol", "bench.download",
                      "bench.config", "bench.baselines", "bench.datasets"}
 BARE_BOX_FORBIDDEN = {"ray", "mlflow", "yaml", "scipy", "matplotlib"}
-MODULE_LINES = 400
-FUNCTION_LINES = 60
+# DESIGN.md section 1 and issue #48: a module ends where its concept ends, at most 600 lines, a function at most 80;
+# the caps are a ceiling against a module that does too much, never the reason to cut one.
+MODULE_LINES = 600
+FUNCTION_LINES = 80
 LONG_FUNCTIONS_ALLOWED = 0
 INNER_IMPORTS_ALLOWED = 20
 
