@@ -275,6 +275,12 @@ class Dataset:
                 shutil.unpack_archive(str(target), str(self.root))
         self.check_files()
 
+    def prepare(self, source: Path) -> list[str]:
+        """`bench datasets --prepare NAME --from SOURCE`: assemble under the data root what the owners publish only
+        as parts to put together (images from a list of URLs, images to sort into folders), from `source`; lines
+        saying what was done. Only the datasets that need it have one."""
+        raise UserError(f"{self.name} has nothing to prepare: {self.how_to_get()}")
+
     def load(self) -> Splits:
         raise NotImplementedError
 

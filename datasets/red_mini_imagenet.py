@@ -44,16 +44,19 @@ No checksums are published for the images (they are fetched from the web); the i
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from bench import noise
-from bench.config import Schedule
+from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits, deterministic_permutation
 from bench.datasets.cifar10 import normalise_channels, random_shift_flip
 from bench.datasets.image_files import ImageCrops, ImageFiles, key_label_lines
+from bench.download import fetch_many
 
 # The 100 classes by their ImageNet synsets, in label order (TensorFlow Datasets' controlled_noisy_web_labels.py
 # `_IMNET_MINI_SYNSETS`, less its test-only n01440764: a label is its synset's index there).
@@ -155,6 +158,38 @@ class RedMiniImageNet(ImageCrops, Dataset):
         levels = {("red", float(level)): self.level(level, test) for level in LEVELS}
         clean = levels["red", 0.0]
         return Splits(clean.train, clean.val, test, clean.human_labels, noise_splits=levels)
+
+    def prepare(self, source: Path) -> list[str]:
+        """`bench datasets --prepare red_mini_imagenet --from mini-imagenet-annotations.json`: fetch the web images
+        that the split files name from the URLs the annotations list (TFDS's builder reads the same file: its
+        `data` entries' `image/id` and `image/uri`) into `all_images/<id>.jpg`, resumably, each file's sha256 kept
+        (`bench.download.fetch_many`). Mini-ImageNet's clean images (`n<synset>...jpg`) and `validation/` come from
+        ILSVRC-2012, on the owners' agreement: not fetched here."""
+        missing = super().missing_files()
+        if missing:
+            raise UserError(f"{self.name}: missing {', '.join(missing)} under {self.root}: unpack "
+                            "dataset_no_images.zip's mini-imagenet/ there first (the split files name the images)")
+        try:
+            entries = json.loads(source.read_text(encoding="utf-8"))["data"]
+            urls = {entry[0]["image/id"]: entry[0]["image/uri"] for entry in entries}
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+            raise UserError(f"{self.name}: cannot read the web images' URLs from {source} ({type(e).__name__}: {e}); "
+                            "give dataset_no_images.zip's mini-imagenet-annotations.json") from None
+        wanted = sorted({key for level in LEVELS for key, _ in key_label_lines(
+            self.root / "split" / f"red_noise_nl_{level}", self.name, self.num_classes) if not CLEAN_NAME.match(key)})
+        unlisted = [key for key in wanted if Path(key).stem not in urls]
+        if unlisted:
+            raise UserError(f"{self.name}: {source} lists no URL for {len(unlisted)} web images the split files name "
+                            f"(first: {unlisted[0]}); give the annotations file of the same release")
+        done = fetch_many({key: urls[Path(key).stem] for key in wanted}, self.root / "all_images")
+        lines = [f"{self.name}: {len(wanted):,} web images in {self.root / 'all_images'}: {len(done['fetched']):,} "
+                 f"fetched, {len(done['kept']):,} already there and intact, {len(done['failed']):,} failed"]
+        if done["failed"]:
+            lines.append(f"{self.name}: the failed URLs are in {self.root / 'all_images' / '.failed.tsv'}; run the "
+                         "same command again to retry them (a trial stops, naming the image, where one is missing)")
+        lines.append(f"{self.name}: Mini-ImageNet's clean images (n<synset>...jpg) go in all_images/ and "
+                     "clean_validation's in validation/, from ILSVRC-2012 (https://image-net.org, on agreement)")
+        return lines
 
     def describe(self) -> list[str]:
         """`bench datasets`: what is missing, or each level's realised noise rate (its share of web images)."""
