@@ -305,12 +305,57 @@ class VGG16BN(Model):
         return self.classifier(self.features(x).flatten(1))
 
 
-class VGG19BN(VGG16BN):
-    """VGG-19 with batch norm (16 conv layers: 2/2/4/4/4 in the five blocks), the same head as `VGG16BN`: the
-    network ANIMAL-10N's papers train from scratch on its 64 x 64 images (SELFIE; PLC's animal10/vgg.py)."""
+class VGG19BN(Model):
+    """VGG-19 with batch norm as PLC trains it from scratch on ANIMAL-10N's 64 x 64 images (github.com/pxiangwu/PLC
+    animal10/vgg.py, 8c2bcfd: torchvision's VGG, `vgg19_bn(pretrained=False)` in animal10/train.py line 90): 16 3x3
+    conv + BN + ReLU layers (2/2/4/4/4 in five blocks, each closed by a 2x2 max-pool), average pooling to 7 x 7
+    (vgg.py line 39; a 64-pixel image's 2 x 2 features are each repeated), then the head of lines 40-48: linear
+    25088 -> 4096, ReLU, dropout 0.5, linear 4096 -> 4096, ReLU, dropout 0.5, linear 4096 -> C; initialised as lines
+    59-70: convolutions Kaiming-normal (fan_out) with zero biases, BN weights 1 and biases 0, linear layers N(0, 0.01)
+    with zero biases. SELFIE's VGG-19 (github.com/kaist-dmlab/SELFIE SELFIE/network/VGG/VGG19.py lines 133-145,
+    b99f8cf) has the same 4096-4096-C head, with batch norm and leaky ReLU before each dropout (keep 0.5); bench follows
+    PLC, whose schedule ANIMAL-10N runs. Any image of at least 32 pixels fits (the pooling fixes the head's width).
+    `width` (the first block's channels, 64) and `hidden` (4096) shrink it for tests and CPU benchmarks."""
 
     name = "vgg19_bn"
+    packable = False  # BatchNorm and dropout: the fused BatchNorm packs (bench.exec.grouped) take no dropout
+    channels_last = True
+
     LAYERS = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M", 512, 512, 512, 512, "M")
+
+    def __init__(self, num_classes: int, image_size: int = 64, width: int = 64, hidden: int = 4096) -> None:
+        super().__init__()
+        if image_size < 32:
+            raise UserError(f"vgg19_bn needs images of at least 32 pixels (five 2x2 max-pools), got {image_size}")
+        layers: list[nn.Module] = []
+        in_channels = 3
+        for item in self.LAYERS:
+            if item == "M":
+                layers.append(nn.MaxPool2d(2))
+            else:
+                channels = int(item) * width // 64
+                layers += [nn.Conv2d(in_channels, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU()]
+                in_channels = channels
+        self.features = nn.Sequential(*layers)
+        self.avgpool = nn.AdaptiveAvgPool2d((7, 7))
+        self.classifier = nn.Sequential(
+            nn.Linear(in_channels * 7 * 7, hidden), nn.ReLU(), Dropout(0.5),
+            nn.Linear(hidden, hidden), nn.ReLU(), Dropout(0.5),
+            nn.Linear(hidden, num_classes),
+        )
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0, 0.01)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
 
 
 class ResNet18CIFAR(ResNet34CIFAR):

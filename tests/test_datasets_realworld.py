@@ -356,9 +356,26 @@ def test_new_networks_shapes() -> None:
     vgg = create("vgg19_bn", 10, image_size=64).eval()
     convs = [m for m in vgg.modules() if isinstance(m, torch.nn.Conv2d)]
     assert len(convs) == 16
+    # PLC's head (animal10/vgg.py lines 40-48, torchvision's VGG): 512 x 7 x 7 -> 4096 -> 4096 -> C, ReLU and
+    # dropout 0.5 after each hidden layer; its initialisation: linear weights N(0, 0.01), biases 0.
+    linears = [m for m in vgg.modules() if isinstance(m, torch.nn.Linear)]
+    assert [(m.in_features, m.out_features) for m in linears] == [(512 * 7 * 7, 4096), (4096, 4096), (4096, 10)]
+    assert [type(m).__name__ for m in vgg.classifier] == ["Linear", "ReLU", "Dropout", "Linear", "ReLU", "Dropout",
+                                                          "Linear"]
+    assert all(m.p == 0.5 for m in vgg.classifier if type(m).__name__ == "Dropout")
+    weights = linears[1].weight.detach()
+    assert abs(weights.std().item() - 0.01) < 0.0002 and abs(weights.mean().item()) < 0.0002  # 16.8M draws
+    assert all(float(m.bias.detach().abs().max()) == 0 for m in linears + convs)
+    # Kaiming normal, fan_out: std sqrt(2 / (out_channels * 9)); the last conv has 512 x 512 x 9 weights.
+    assert abs(convs[-1].weight.std().item() / (2 / (512 * 9)) ** 0.5 - 1) < 0.01
     resnet = create("resnet18_cifar", 100).eval()
     blocks = [m for m in resnet.modules() if type(m).__name__ == "_BasicBlock"]
     assert len(blocks) == 8
     with torch.no_grad():
         assert vgg(torch.zeros(2, 3, 64, 64)).shape == (2, 10)
+        for size in (32, 224, 299):  # Red Mini-ImageNet's, Food-101N's and mini-WebVision's crops (`--model vgg19_bn`)
+            small = create("vgg19_bn", 3, image_size=size, width=8, hidden=16).eval()
+            assert small(torch.zeros(1, 3, size, size)).shape == (1, 3)
+    with pytest.raises(UserError, match=r"vgg19_bn needs images of at least 32 pixels .*got 28"):
+        create("vgg19_bn", 10, image_size=28)
         assert resnet(torch.zeros(2, 3, 32, 32)).shape == (2, 100)
