@@ -358,6 +358,51 @@ class VGG19BN(Model):
         return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
 
 
+def inception_side(size: int) -> int:
+    """The side of Inception-ResNet-v2's last features for a `size`-pixel input: its unpadded 3x3 convolutions and
+    poolings (conv2d_1a, conv2d_2a, maxpool_3a, conv2d_4a, maxpool_5a, and the stride-2 branches of mixed_6a and
+    mixed_7a) each take their pixels off."""
+    for stride in (2, 1, 2, 1, 2, 2, 2):
+        size = (size - 3) // stride + 1
+    return size
+
+
+INCEPTION_MIN = next(size for size in range(3, 1000) if inception_side(size) >= 1)  # 75
+
+
+class InceptionResNetV2(Model):
+    """Inception-ResNet-v2 (Szegedy et al., AAAI 2017), the network DivideMix and ELR train from scratch on
+    mini-WebVision (github.com/LiJunnan1992/DivideMix InceptionResNetV2.py, d9d3058, `InceptionResNetV2(num_classes=
+    args.num_class)` in Train_webvision.py line 205; github.com/shengliu66/ELR ELR_plus/model/InceptionResNetV2.py).
+    Its layers are timm's `inception_resnet_v2` with `pretrained=False` (random weights; nothing is downloaded),
+    the same network: both are ports of Cadene's pretrained-models one, with the same stem, 10 / 20 / 9 blocks scaled
+    0.17 / 0.10 / 0.20, BatchNorm eps 0.001 and a 1536 -> C linear head. DivideMix's pools the 8 x 8 features of a
+    299-pixel input with AvgPool2d(8) (line 275), timm's globally: the same there. timm is an optional dependency
+    (`pip install 'bench[models]'`); without it the model is refused in one line. Its valid convolutions need inputs
+    of at least 75 pixels (`image_size`, checked when it is built, and each batch's size)."""
+
+    name = "inception_resnet_v2"
+    channels_last = True
+
+    def __init__(self, num_classes: int, image_size: int = 299) -> None:
+        super().__init__()
+        if image_size < INCEPTION_MIN:
+            raise UserError(f"inception_resnet_v2 needs images of at least {INCEPTION_MIN} pixels (its "
+                            f"convolutions are unpadded), got {image_size}; choose another --model")
+        try:
+            import timm  # here: an optional dependency, and the training core imports only torch and numpy
+        except ImportError:
+            raise UserError("inception_resnet_v2 is built by timm, which is not installed: pip install "
+                            "'bench[models]' (or timm), or choose another --model (resnet50)") from None
+        self.net = timm.create_model("inception_resnet_v2", pretrained=False, num_classes=num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if min(x.shape[-2:]) < INCEPTION_MIN:
+            raise UserError(f"inception_resnet_v2 needs images of at least {INCEPTION_MIN} pixels, got "
+                            f"{tuple(x.shape[-2:])}; choose another --model for this dataset")
+        return self.net(x)
+
+
 class ResNet18CIFAR(ResNet34CIFAR):
     """ResNet-18 for 32 x 32 images: `ResNet34CIFAR` with 2/2/2/2 basic blocks (Red Mini-ImageNet at 32 pixels)."""
 
