@@ -396,6 +396,16 @@ class InceptionResNetV2(Model):
                             "'bench[models]' (or timm), or choose another --model (resnet50)") from None
         self.net = timm.create_model("inception_resnet_v2", pretrained=False, num_classes=num_classes)
 
+    @classmethod
+    def prepare_data(cls, dataset: Dataset, splits: Splits, options: dict[str, Any], device: torch.device) -> Splits:
+        """Refuse, before anything trains, a dataset whose inputs (one test example through its evaluation transform)
+        are not images of at least `INCEPTION_MIN` pixels (`--model inception_resnet_v2` on Red Mini-ImageNet's 32)."""
+        x = dataset.eval_transform(torch.as_tensor(splits.test.x[0])[None])
+        if x.ndim != 4 or min(x.shape[-2:]) < INCEPTION_MIN:
+            raise UserError(f"inception_resnet_v2 needs images of at least {INCEPTION_MIN} pixels; {dataset.name}'s "
+                            f"inputs are {tuple(x.shape[1:])}: choose another --model for this dataset")
+        return splits
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if min(x.shape[-2:]) < INCEPTION_MIN:
             raise UserError(f"inception_resnet_v2 needs images of at least {INCEPTION_MIN} pixels, got "

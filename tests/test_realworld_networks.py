@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from test_datasets_realworld import write_animal10n, write_webvision
+from test_datasets_realworld import write_animal10n, write_red, write_webvision
 
 from bench.cli.main import main
 from bench.config import UserError
@@ -66,6 +66,18 @@ def test_inception_resnet_v2_on_small_images_is_refused_before_training(tmp_path
                  "--data-root", str(tmp_path), "--results", str(tmp_path / "results")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "inception_resnet_v2 needs images of at least 75" in err
+    assert not list((tmp_path / "results").rglob("*.parquet"))
+
+
+def test_inception_resnet_v2_on_red_mini_imagenet_is_refused_when_the_data_loads(tmp_path: Path, capsys) -> None:
+    pytest.importorskip("timm")
+    write_red(tmp_path, n=10)  # 32-pixel inputs; the dataset passes no image size
+    code = main(["trial", "--dataset", "red_mini_imagenet", "--method", "ce", "--noise", "red", "--r", "0.2",
+                 "--model", "inception_resnet_v2", "--epochs-warmup", "1", "--epochs", "1", "--batch-size", "8",
+                 "--data-root", str(tmp_path), "--results", str(tmp_path / "results")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "inception_resnet_v2 needs images of at least 75 pixels; red_mini_imagenet's inputs are (3, 32, 32)" in err
     assert not list((tmp_path / "results").rglob("*.parquet"))
 
 
