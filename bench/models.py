@@ -378,7 +378,7 @@ class InceptionResNetV2(Model):
     the same network: both are ports of Cadene's pretrained-models one, with the same stem, 10 / 20 / 9 blocks scaled
     0.17 / 0.10 / 0.20, BatchNorm eps 0.001 and a 1536 -> C linear head. DivideMix's pools the 8 x 8 features of a
     299-pixel input with AvgPool2d(8) (line 275), timm's globally: the same there. timm is an optional dependency
-    (`pip install 'bench[models]'`); without it the model is refused in one line. Its valid convolutions need inputs
+    (`pip install -e '.[models]'`); without it the model is refused in one line. Its valid convolutions need inputs
     of at least 75 pixels (`image_size`, checked when it is built, and each batch's size)."""
 
     name = "inception_resnet_v2"
@@ -392,8 +392,9 @@ class InceptionResNetV2(Model):
         try:
             import timm  # here: an optional dependency, and the training core imports only torch and numpy
         except ImportError:
-            raise UserError("inception_resnet_v2 is built by timm, which is not installed: pip install "
-                            "'bench[models]' (or timm), or choose another --model (resnet50)") from None
+            raise UserError("inception_resnet_v2 is built by timm, which is not installed: pip install -e "
+                            "'.[models]' in the repository (or pip install timm), or choose another --model "
+                            "(resnet50)") from None
         self.net = timm.create_model("inception_resnet_v2", pretrained=False, num_classes=num_classes)
 
     @classmethod

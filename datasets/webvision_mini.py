@@ -18,7 +18,7 @@ WebVision publishes no clean training labels: the realised noise rate is unknown
 80 epochs (25, 232): our warm start is that epoch, of batches of 64 (its warm-up loader's batch_size*2,
 dataloader_webvision.py line 141), our method stage the 80 (lr / 10 from its 40th, index 39).
 The network is DivideMix's Inception-ResNet-v2 from scratch (Train_webvision.py line 205; ELR's too,
-ELR_plus/config_webvision.json), built by timm (`bench.models.InceptionResNetV2`; `pip install 'bench[models]'`,
+ELR_plus/config_webvision.json), built by timm (`bench.models.InceptionResNetV2`; `pip install -e '.[models]'`,
 else `--model resnet50`, the ResNet-50 several later papers use). Training inputs as dataloader_webvision.py
 (lines 116-122) makes them: RandomResizedCrop(299) (area 8-100%, aspect 3/4-4/3) and a flip, ImageNet's
 normalisation; testing: the centre 299 of the image resized to 320 (lines 123-128). DivideMix's own settings on

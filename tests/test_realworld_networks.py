@@ -54,7 +54,7 @@ def test_inception_resnet_v2_is_dividemix_network() -> None:
 
 def test_inception_resnet_v2_without_timm_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "timm", None)  # import timm now fails as if it were not installed
-    with pytest.raises(UserError, match=r"built by timm, which is not installed: pip install 'bench\[models\]'"):
+    with pytest.raises(UserError, match=r"built by timm, which is not installed: pip install -e '\.\[models\]'"):
         create("inception_resnet_v2", 50)
 
 
