@@ -125,16 +125,10 @@ class RedMiniImageNet(ImageCrops, Dataset):
     def missing_files(self) -> list[str]:
         return super().missing_files() + [rel for rel in self.image_folders() if not (self.root / rel).is_dir()]
 
-    def train_key(self, level: str, key: str, label: int) -> str:
-        """Where a level's training image lies under the root, in the layout present."""
-        return f"{FAMUS_TRAIN}/red_noise_nl_{level}/{label}/{key}" if self.famus_layout() else f"all_images/{key}"
-
-    def test_key(self, key: str, label: int) -> str:
-        return f"{FAMUS_TEST}/{label}/{key}" if self.famus_layout() else f"validation/{key}"
-
-    def level(self, level: str, test: Split) -> Splits:
+    def level(self, level: str, test: Split, famus: bool) -> Splits:
         """One level's splits: its training images less 10% that validate (clean labels: the label, or `noise.WRONG`
-        for a web image), their noisy labels as the human labels of `red`, and the shared test set."""
+        for a web image), their noisy labels as the human labels of `red`, and the shared test set; the images where
+        the layout puts them (`famus`: FaMUS's, else all_images/)."""
         pairs = key_label_lines(self.root / "split" / f"red_noise_nl_{level}", self.name, self.num_classes)
         labels = np.array([label for _, label in pairs], dtype=np.int64)
         clean = np.array([label if CLEAN_NAME.match(key) else noise.WRONG for key, label in pairs], dtype=np.int64)
@@ -143,7 +137,8 @@ class RedMiniImageNet(ImageCrops, Dataset):
         train_idx, val_idx = np.sort(order[n_val:]), np.sort(order[:n_val])
 
         def split(idx: np.ndarray) -> Split:
-            keys = [self.train_key(level, *pairs[i]) for i in idx]
+            keys = [f"{FAMUS_TRAIN}/red_noise_nl_{level}/{pairs[i][1]}/{pairs[i][0]}" if famus
+                    else f"all_images/{pairs[i][0]}" for i in idx]
             return Split(ImageFiles(self.root, keys, SIZE, self.name), clean[idx])
 
         return Splits(split(train_idx), split(val_idx), test, {"red": (labels[train_idx], labels[val_idx])},
@@ -153,9 +148,11 @@ class RedMiniImageNet(ImageCrops, Dataset):
     def load(self) -> Splits:
         self.check_files()
         test_pairs = key_label_lines(self.root / "split" / "clean_validation", self.name, self.num_classes)
-        test = Split(ImageFiles(self.root, [self.test_key(k, label) for k, label in test_pairs], SIZE, self.name),
+        famus = self.famus_layout()
+        test_keys = [f"{FAMUS_TEST}/{label}/{key}" if famus else f"validation/{key}" for key, label in test_pairs]
+        test = Split(ImageFiles(self.root, test_keys, SIZE, self.name),
                      np.array([label for _, label in test_pairs], dtype=np.int64))
-        levels = {("red", float(level)): self.level(level, test) for level in LEVELS}
+        levels = {("red", float(level)): self.level(level, test, famus) for level in LEVELS}
         clean = levels["red", 0.0]
         return Splits(clean.train, clean.val, test, clean.human_labels, noise_splits=levels)
 
