@@ -202,8 +202,13 @@ class Dataset:
         own = {name: build for name, build in cls.noise_patterns.items() if build is not None}
         return noise.transition_matrix(pattern, r, cls.num_classes, {**own, **noise.GENERIC}, explicit)
 
+    def expected_files(self) -> list[str]:
+        """Every file and folder the dataset reads: its `files`, and those of the layout present where it reads
+        more than one (Red Mini-ImageNet's image folders)."""
+        return list(self.files)
+
     def missing_files(self) -> list[str]:
-        return [rel for rel in self.files if not (self.root / rel).exists()]
+        return [rel for rel in self.expected_files() if not (self.root / rel).exists()]
 
     def wrong_files(self) -> list[str]:
         """What makes present files unusable whatever their checksums say, one line each: a folder where a file
@@ -320,7 +325,7 @@ class Dataset:
         """`ready` (present and, unless checksums are off, intact), `missing ...` or `damaged ...`."""
         missing = self.missing_files()
         if missing:
-            return f"missing {len(missing)} of {len(self.files)} files"
+            return f"missing {len(missing)} of {len(self.expected_files())} files"
         if wrong := self.wrong_files():
             return f"damaged: {len(wrong)} of {len(self.files)} files not the published ones"
         damaged = self.damaged_files()

@@ -122,8 +122,8 @@ class RedMiniImageNet(ImageCrops, Dataset):
             return [f"{FAMUS_TRAIN}/red_noise_nl_{level}/" for level in LEVELS] + [f"{FAMUS_TEST}/"]
         return ["all_images/", "validation/"]
 
-    def missing_files(self) -> list[str]:
-        return super().missing_files() + [rel for rel in self.image_folders() if not (self.root / rel).is_dir()]
+    def expected_files(self) -> list[str]:
+        return [*self.files, *self.image_folders()]
 
     def level(self, level: str, test: Split, famus: bool) -> Splits:
         """One level's splits: its training images less 10% that validate (clean labels: the label, or `noise.WRONG`
@@ -162,7 +162,7 @@ class RedMiniImageNet(ImageCrops, Dataset):
         `data` entries' `image/id` and `image/uri`) into `all_images/<id>.jpg`, resumably, each file's sha256 kept
         (`bench.download.fetch_many`). Mini-ImageNet's clean images (`n<synset>...jpg`) and `validation/` come from
         ILSVRC-2012, on the owners' agreement: not fetched here."""
-        missing = super().missing_files()
+        missing = [rel for rel in self.files if not (self.root / rel).is_file()]  # the split files, not the images
         if missing:
             raise UserError(f"{self.name}: missing {', '.join(missing)} under {self.root}: unpack "
                             "dataset_no_images.zip's mini-imagenet/ there first (the split files name the images)")

@@ -346,6 +346,7 @@ def test_red_mini_imagenet_famus_layout_missing_level_folder(tmp_path: Path) -> 
     shutil.rmtree(tmp_path / "mini-imagenet" / "training_s32" / "red_noise_nl_0.15")
     ds = get_dataset("red_mini_imagenet")(tmp_path)
     assert ds.missing_files() == ["training_s32/red_noise_nl_0.15/"]
+    assert ds.status() == "missing 1 of 22 files"  # 10 levels + clean_validation, and each one's folder + the test's
     with pytest.raises(UserError, match=r"missing training_s32/red_noise_nl_0\.15/ under .*training_s32/red_noise"):
         ds.load()
 
