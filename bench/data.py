@@ -215,8 +215,13 @@ class Dataset:
         own = {name: build for name, build in cls.noise_patterns.items() if build is not None}
         return noise.transition_matrix(pattern, r, cls.num_classes, {**own, **noise.GENERIC}, explicit)
 
+    def expected_files(self) -> list[str]:
+        """Every file and folder the dataset reads: its `files`, and those of the layout present where it reads
+        more than one (Red Mini-ImageNet's image folders)."""
+        return list(self.files)
+
     def missing_files(self) -> list[str]:
-        return [rel for rel in self.files if not (self.root / rel).exists()]
+        return [rel for rel in self.expected_files() if not (self.root / rel).exists()]
 
     def wrong_files(self) -> list[str]:
         """What makes present files unusable whatever their checksums say, one line each: a folder where a file
@@ -288,6 +293,12 @@ class Dataset:
                 shutil.unpack_archive(str(target), str(self.root))
         self.check_files()
 
+    def prepare(self, source: Path) -> list[str]:
+        """`bench datasets --prepare NAME --from SOURCE`: assemble under the data root what the owners publish only
+        as parts to put together (images from a list of URLs, images to sort into folders), from `source`; lines
+        saying what was done. Only the datasets that need it have one."""
+        raise UserError(f"{self.name} has nothing to prepare: {self.how_to_get()}")
+
     def load(self) -> Splits:
         raise NotImplementedError
 
@@ -327,7 +338,7 @@ class Dataset:
         """`ready` (present and, unless checksums are off, intact), `missing ...` or `damaged ...`."""
         missing = self.missing_files()
         if missing:
-            return f"missing {len(missing)} of {len(self.files)} files"
+            return f"missing {len(missing)} of {len(self.expected_files())} files"
         if wrong := self.wrong_files():
             return f"damaged: {len(wrong)} of {len(self.files)} files not the published ones"
         damaged = self.damaged_files()

@@ -1,13 +1,17 @@
 """A dataset's published files fetched and checked: the download (atomic, with its progress on stderr) and the md5
-a file is checked against. `bench.data.Dataset.download` and the datasets that verify releases use them."""
+a file is checked against. `bench.data.Dataset.download` and the datasets that verify releases use them; `fetch_many`
+fetches the many images a dataset publishes as a list of URLs (`Dataset.prepare`), resumably."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import shutil
 import sys
 import tempfile
+import threading
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TextIO
 
@@ -84,3 +88,69 @@ class DownloadProgress:
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()
+
+
+MANIFEST = ".fetched.tsv"  # `fetch_many`'s record of what it fetched: `name<TAB>bytes<TAB>sha256` a line
+
+
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fetch_many(items: dict[str, str], folder: Path, workers: int = 8, timeout: float = 30.0) -> dict[str, list[str]]:
+    """Fetch many files (name in `folder` -> URL), the kind of list a dataset publishes instead of its images.
+
+    Resumable and checked: each file is written atomically, then its size and sha256 are appended to
+    `folder/.fetched.tsv`; a later call keeps every file that still matches its line there and fetches the rest (not
+    yet fetched, failed before, or changed since). Names must stay inside `folder`. A URL that fails (the web's images
+    disappear) is not fatal: it is counted and named in `folder/.failed.tsv` (`name<TAB>url<TAB>error`), and the next
+    call tries it again. Returns the names `fetched`, `kept` (present and matching) and `failed`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in items:
+        if Path(name).is_absolute() or ".." in Path(name).parts or not name:
+            raise UserError(f"cannot fetch {name!r} into {folder}: a name must be a path inside the folder")
+    recorded: dict[str, tuple[int, str]] = {}
+    if (folder / MANIFEST).is_file():
+        for line in (folder / MANIFEST).read_text(encoding="utf-8").splitlines():
+            parts = line.split("\t")
+            if len(parts) == 3 and parts[1].isdigit():
+                recorded[parts[0]] = (int(parts[1]), parts[2])
+
+    def intact(name: str) -> bool:
+        path, known = folder / name, recorded.get(name)
+        return known is not None and path.is_file() and path.stat().st_size == known[0] \
+            and file_sha256(path) == known[1]
+
+    result: dict[str, list[str]] = {"fetched": [], "kept": [], "failed": []}
+    result["kept"] = [name for name in items if intact(name)]
+    todo = [name for name in items if name not in set(result["kept"])]
+    lock = threading.Lock()
+    failures: list[str] = []
+
+    def one(name: str) -> None:
+        target = folder / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".part")
+        try:
+            with urllib.request.urlopen(items[name], timeout=timeout) as response, open(tmp, "wb") as out:
+                shutil.copyfileobj(response, out)
+        except (OSError, ValueError) as e:  # HTTP and URL errors are OSErrors; a malformed URL a ValueError
+            tmp.unlink(missing_ok=True)
+            with lock:
+                result["failed"].append(name)
+                failures.append(f"{name}\t{items[name]}\t{' '.join(str(e).split())}")
+            return
+        tmp.replace(target)
+        line = f"{name}\t{target.stat().st_size}\t{file_sha256(target)}\n"
+        with lock, open(folder / MANIFEST, "a", encoding="utf-8") as manifest:
+            manifest.write(line)
+            result["fetched"].append(name)
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        list(pool.map(one, todo))
+    (folder / ".failed.tsv").write_text("".join(f"{line}\n" for line in sorted(failures)), encoding="utf-8")
+    return {key: sorted(names) for key, names in result.items()}

@@ -313,12 +313,113 @@ class VGG16BN(Model):
         return self.classifier(self.features(x).flatten(1))
 
 
-class VGG19BN(VGG16BN):
-    """VGG-19 with batch norm (16 conv layers: 2/2/4/4/4 in the five blocks), the same head as `VGG16BN`: the
-    network ANIMAL-10N's papers train from scratch on its 64 x 64 images (SELFIE; PLC's animal10/vgg.py)."""
+class VGG19BN(Model):
+    """VGG-19 with batch norm as PLC trains it from scratch on ANIMAL-10N's 64 x 64 images (github.com/pxiangwu/PLC
+    animal10/vgg.py, 8c2bcfd: torchvision's VGG, `vgg19_bn(pretrained=False)` in animal10/train.py line 90): 16 3x3
+    conv + BN + ReLU layers (2/2/4/4/4 in five blocks, each closed by a 2x2 max-pool), average pooling to 7 x 7
+    (vgg.py line 39; a 64-pixel image's 2 x 2 features are each repeated), then the head of lines 40-48: linear
+    25088 -> 4096, ReLU, dropout 0.5, linear 4096 -> 4096, ReLU, dropout 0.5, linear 4096 -> C; initialised as lines
+    59-70: convolutions Kaiming-normal (fan_out) with zero biases, BN weights 1 and biases 0, linear layers N(0, 0.01)
+    with zero biases. SELFIE's VGG-19 (github.com/kaist-dmlab/SELFIE SELFIE/network/VGG/VGG19.py lines 133-145,
+    b99f8cf) has the same 4096-4096-C head, with batch norm and leaky ReLU before each dropout (keep 0.5); bench follows
+    PLC, whose schedule ANIMAL-10N runs. Any image of at least 32 pixels fits (the pooling fixes the head's width).
+    `width` (the first block's channels, 64) and `hidden` (4096) shrink it for tests and CPU benchmarks."""
 
     name = "vgg19_bn"
+    packable = False  # BatchNorm and dropout: the fused BatchNorm packs (bench.exec.grouped) take no dropout
+    channels_last = True
+
     LAYERS = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M", 512, 512, 512, 512, "M")
+
+    def __init__(self, num_classes: int, image_size: int = 64, width: int = 64, hidden: int = 4096) -> None:
+        super().__init__()
+        if image_size < 32:
+            raise UserError(f"vgg19_bn needs images of at least 32 pixels (five 2x2 max-pools), got {image_size}")
+        layers: list[nn.Module] = []
+        in_channels = 3
+        for item in self.LAYERS:
+            if item == "M":
+                layers.append(nn.MaxPool2d(2))
+            else:
+                channels = int(item) * width // 64
+                layers += [nn.Conv2d(in_channels, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU()]
+                in_channels = channels
+        self.features = nn.Sequential(*layers)
+        self.avgpool = nn.AdaptiveAvgPool2d((7, 7))
+        self.classifier = nn.Sequential(
+            nn.Linear(in_channels * 7 * 7, hidden), nn.ReLU(), Dropout(0.5),
+            nn.Linear(hidden, hidden), nn.ReLU(), Dropout(0.5),
+            nn.Linear(hidden, num_classes),
+        )
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0, 0.01)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
+
+
+def inception_side(size: int) -> int:
+    """The side of Inception-ResNet-v2's last features for a `size`-pixel input: its unpadded 3x3 convolutions and
+    poolings (conv2d_1a, conv2d_2a, maxpool_3a, conv2d_4a, maxpool_5a, and the stride-2 branches of mixed_6a and
+    mixed_7a) each take their pixels off."""
+    for stride in (2, 1, 2, 1, 2, 2, 2):
+        size = (size - 3) // stride + 1
+    return size
+
+
+INCEPTION_MIN = next(size for size in range(3, 1000) if inception_side(size) >= 1)  # 75
+
+
+class InceptionResNetV2(Model):
+    """Inception-ResNet-v2 (Szegedy et al., AAAI 2017), the network DivideMix and ELR train from scratch on
+    mini-WebVision (github.com/LiJunnan1992/DivideMix InceptionResNetV2.py, d9d3058, `InceptionResNetV2(num_classes=
+    args.num_class)` in Train_webvision.py line 205; github.com/shengliu66/ELR ELR_plus/model/InceptionResNetV2.py).
+    Its layers are timm's `inception_resnet_v2` with `pretrained=False` (random weights; nothing is downloaded),
+    the same network: both are ports of Cadene's pretrained-models one, with the same stem, 10 / 20 / 9 blocks scaled
+    0.17 / 0.10 / 0.20, BatchNorm eps 0.001 and a 1536 -> C linear head. DivideMix's pools the 8 x 8 features of a
+    299-pixel input with AvgPool2d(8) (line 275), timm's globally: the same there. timm is an optional dependency
+    (`pip install -e '.[models]'`); without it the model is refused in one line. Its valid convolutions need inputs
+    of at least 75 pixels (`image_size`, checked when it is built, and each batch's size)."""
+
+    name = "inception_resnet_v2"
+    channels_last = True
+
+    def __init__(self, num_classes: int, image_size: int = 299) -> None:
+        super().__init__()
+        if image_size < INCEPTION_MIN:
+            raise UserError(f"inception_resnet_v2 needs images of at least {INCEPTION_MIN} pixels (its "
+                            f"convolutions are unpadded), got {image_size}; choose another --model")
+        try:
+            import timm  # here: an optional dependency, and the training core imports only torch and numpy
+        except ImportError:
+            raise UserError("inception_resnet_v2 is built by timm, which is not installed: pip install -e "
+                            "'.[models]' in the repository (or pip install timm), or choose another --model "
+                            "(resnet50)") from None
+        self.net = timm.create_model("inception_resnet_v2", pretrained=False, num_classes=num_classes)
+
+    @classmethod
+    def prepare_data(cls, dataset: Dataset, splits: Splits, options: dict[str, Any], device: torch.device) -> Splits:
+        """Refuse, before anything trains, a dataset whose inputs (one test example through its evaluation transform)
+        are not images of at least `INCEPTION_MIN` pixels (`--model inception_resnet_v2` on Red Mini-ImageNet's 32)."""
+        x = dataset.eval_transform(torch.as_tensor(splits.test.x[0])[None])
+        if x.ndim != 4 or min(x.shape[-2:]) < INCEPTION_MIN:
+            raise UserError(f"inception_resnet_v2 needs images of at least {INCEPTION_MIN} pixels; {dataset.name}'s "
+                            f"inputs are {tuple(x.shape[1:])}: choose another --model for this dataset")
+        return splits
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if min(x.shape[-2:]) < INCEPTION_MIN:
+            raise UserError(f"inception_resnet_v2 needs images of at least {INCEPTION_MIN} pixels, got "
+                            f"{tuple(x.shape[-2:])}; choose another --model for this dataset")
+        return self.net(x)
 
 
 class ResNet18CIFAR(ResNet34CIFAR):

@@ -11,8 +11,10 @@ realised noise rate is unknown (NaN in the row); the authors estimate about 8% f
 Split: the 50,000 training images less a noisy validation set of 5,000 drawn by a fixed permutation of the sorted
 names (bench selects on noisy validation; the papers train on all 50,000 and report the last epoch), and the 5,000
 test images. Model and schedule as PLC ran it (animal10/train.py, 8c2bcfd): VGG-19 with batch norm from scratch
-(line 90), SGD without momentum (93), lr 0.1, weight decay 1e-3 (43), batch 128, 100 epochs (193-196), lr x 0.2 at
-epochs 50 and 75 (39, 44); augmentation: horizontal flips only (52-56), ImageNet's channel statistics. PLC's warm-up
+(line 90) with torchvision's head, as PLC's animal10/vgg.py builds it (lines 39-48: average pooling to 7 x 7, then
+linear 25088 -> 4096 -> 4096 -> 10 with ReLU and dropout 0.5 after each hidden layer; `bench.models.VGG19BN`),
+SGD without momentum (93), lr 0.1, weight decay 1e-3 (43), batch 128, 100 epochs (193-196), lr x 0.2 at epochs 50
+and 75 (39, 44); augmentation: horizontal flips only (52-56), ImageNet's channel statistics. PLC's warm-up
 (40 epochs of CE, line 190) is our warm start; the method stage is PLC's remaining 60 epochs (its milestones shifted
 by 40). SGD without momentum keeps no state, so splitting the run in two changes nothing of it. SELFIE's own paper
 trains the same VGG-19 and DenseNet (L=25, k=12) with lr 0.1 for 100 epochs.
@@ -52,6 +54,7 @@ class Animal10N(ImageCrops, Dataset):
     method_stage = Schedule("sgd", 0.1, epochs=60, batch_size=128, weight_decay=1e-3, milestones=(10, 35), gamma=0.2)
     folder = "animal10n"
     files = {"training/": None, "testing/": None}
+    version = 2  # 2: vgg19_bn has PLC's three-layer head (1: one linear layer)
     epoch_eval = False  # a pass over 45,000 decoded images per epoch would add half an epoch's cost
     instance_noise = False  # streamed, and no clean training label is known
     clean_labels = False  # its clean training labels are unknown: its own noise only (`Dataset.accepted_noise`)

@@ -8,20 +8,25 @@ https://data.vision.ee.ethz.ch/cvl/datasets_extra/food-101/):
 and `meta/verified_val.tsv` (a `class_name/key<TAB>verification_label` header, then one verified image a line: 1 =
 the class is right for the image, 0 = wrong), `images/<class>/<key>.jpg` (shorter side 320, the release's README);
 `food-101/meta/test.txt` (one `class/id` a line, 25,250) and `food-101/images/<class>/<id>.jpg`. PLC reads the same
-files the same way (github.com/pxiangwu/PLC food101/dataset.py `gen_train_list`, `gen_test_list`, 8c2bcfd): every
-image of imagelist.tsv trains with its folder's class, and Food-101's test split tests.
+files the same way (github.com/pxiangwu/PLC food101/dataset.py, 8c2bcfd): `gen_train_list` (lines 79-112) numbers
+classes.txt's lines from 0, its `class_name` header included, so the 101 classes are 1-101, and gives every image of
+imagelist.tsv its folder's class; `gen_test_list` (115-137) does the same for Food-101's test split; the loader
+subtracts 1 from every label (line 49), so the labels are 0-100, ours, and the network has 101 outputs
+(food101/train.py line 75). Each image is read with its shorter side resized to 256, bicubic (dataset.py lines
+11-34, 56).
 
 Split: training = imagelist.tsv less the images of verified_val.tsv, whose images (with their noisy labels) are the
 noisy validation set; test = Food-101's test split (clean). The clean label of an image is known where a human
 verified it: the label itself where verification_label is 1, `noise.WRONG` where it is 0 (the right class is not
 named), unknown elsewhere; so the realised noise rate in the row counts the verified training images (about 20% in
 the paper's estimate). Model and schedule as PLC ran it (food101/train.py, 8c2bcfd): ResNet-50 from ImageNet weights
-(line 93; set BENCH_RESNET50_WEIGHTS as for Clothing1M), SGD without momentum (96), lr 0.002, weight decay 1e-3 (45),
-batch 32, 30 epochs (195-198), lr x 0.1 at epochs 10 and 20 (41, 46); random 224 crop and flip for training, the
-centre 224 for testing (54-64). PLC's warm-up (4 epochs, line 192) is our warm start, the method stage the remaining
-26 epochs (milestones shifted by 4). Differences: images are stored at 256 (shorter side) and cropped from the centre
-256 x 256, where PLC crops the 320-pixel thumbnails (and Food-101's 512-pixel images) directly; PLC's loader also
-counts classes.txt's header as a class (102 outputs), we do not.
+(line 93; set BENCH_RESNET50_WEIGHTS as for Clothing1M), SGD without momentum (96), weight decay 1e-3 (45), lr 0.005
+as PLC's README runs it (food101/readme.md: `--lr 0.005`; the argparse default, line 198, is 0.002), batch 32, 30
+epochs (195-196), lr x 0.1 at epochs 10 and 20 (41, 46); a random 224 crop and flip for training, the centre 224
+for testing (54-65). PLC's warm-up (4 epochs, line 192 and the README's `--warm_up 4`) is our warm start, the method
+stage the remaining 26 epochs (milestones shifted by 4). Differences: images are stored at 256 (shorter side,
+bilinear) and the centre 256 x 256 is kept, where PLC keeps the whole resized image (bicubic) and crops 224 anywhere
+in it; every 224 crop here lies in the centre square.
 
 Checksums: only of the archives, which unpacking leaves behind: Food-101N_release.zip md5
 596b41b48de43342ef1efbb2fd508e06 (as DeepMind's dm_nevis records it, github.com/deepmind/dm_nevis,
@@ -72,8 +77,8 @@ class Food101N(ImageCrops, Dataset):
     model = "resnet50"
     noise_patterns = {"real": None}  # each image's search query (its folder)
     paper_noise = "real"  # its published results (bench/report/literature_results.csv) are our cells (real, 0)
-    warmup = Schedule("sgd", 0.002, epochs=4, batch_size=32, weight_decay=1e-3)
-    method_stage = Schedule("sgd", 0.002, epochs=26, batch_size=32, weight_decay=1e-3, milestones=(6, 16))
+    warmup = Schedule("sgd", 0.005, epochs=4, batch_size=32, weight_decay=1e-3)
+    method_stage = Schedule("sgd", 0.005, epochs=26, batch_size=32, weight_decay=1e-3, milestones=(6, 16))
     folder = ""
     files = {**{f"{RELEASE}/meta/{name}": None for name in META}, f"{RELEASE}/images/": None,
              f"{FOOD101}/meta/test.txt": None, f"{FOOD101}/images/": None}

@@ -10,11 +10,13 @@ papers do). Errors name the file and the dataset in one line.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 
 from bench.config import UserError
@@ -134,3 +136,48 @@ class ImageCrops:
         left = torch.randint(0, x.shape[-1] - self.crop + 1, (n,), device=device, generator=generator)
         flip = torch.rand(n, device=device, generator=generator) < 0.5
         return self.normalise(crop_flip(x, top, left, flip, self.crop, self.crop))
+
+
+def random_resized_boxes(n: int, height: int, width: int, generator: torch.Generator | None = None,
+                         device: torch.device | str = "cpu", scale: tuple[float, float] = (0.08, 1.0),
+                         ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> torch.Tensor:
+    """torchvision's `RandomResizedCrop.get_params` for a batch: each row (top, left, h, w) is the first of ten tries
+    whose box fits in the image, a box of area U(scale) x height x width and of aspect ratio (w / h) log-uniform in
+    `ratio`, placed uniformly; where none of the ten fits, the whole image clamped to `ratio` (the whole image for a
+    square one), centred. The draws are torchvision's, not its random stream."""
+    tries = 10
+    area = height * width * torch.empty(n, tries, device=device).uniform_(*scale, generator=generator)
+    log_ratio = torch.empty(n, tries, device=device).uniform_(math.log(ratio[0]), math.log(ratio[1]),
+                                                             generator=generator)
+    aspect = torch.exp(log_ratio)
+    w = torch.round(torch.sqrt(area * aspect)).long()
+    h = torch.round(torch.sqrt(area / aspect)).long()
+    fits = (w > 0) & (w <= width) & (h > 0) & (h <= height)
+    first = torch.argmax(fits.int(), dim=1)  # the first try that fits (0 where none does)
+    w, h = w.gather(1, first[:, None])[:, 0], h.gather(1, first[:, None])[:, 0]
+    u = torch.rand(n, 2, device=device, generator=generator)
+    top = torch.floor(u[:, 0] * (height - h + 1)).long()
+    left = torch.floor(u[:, 1] * (width - w + 1)).long()
+    none = ~fits.any(dim=1)
+    if none.any():  # the fallback: the whole image, its ratio clamped to `ratio`, centred
+        in_ratio = width / height
+        fw, fh = (width, round(width / ratio[0])) if in_ratio < ratio[0] else \
+            (round(height * ratio[1]), height) if in_ratio > ratio[1] else (width, height)
+        w, h = torch.where(none, fw, w), torch.where(none, fh, h)
+        top, left = torch.where(none, (height - fh) // 2, top), torch.where(none, (width - fw) // 2, left)
+    return torch.stack([top, left, h, w], dim=1)
+
+
+def resized_crops(x: torch.Tensor, boxes: torch.Tensor, size: int) -> torch.Tensor:
+    """Each image's box (top, left, h, w) cut out and resized to size x size, bilinear with half-pixel centres and
+    no antialiasing, reading only inside the box (`F.interpolate(crop, size, mode="bilinear", align_corners=False)`
+    of each crop), for the whole batch in one `grid_sample`."""
+    n, _, height, width = x.shape
+    x = x if x.is_floating_point() else x.float()
+    steps = (torch.arange(size, device=x.device, dtype=x.dtype) + 0.5) / size  # each output pixel's centre, 0..1
+    top, left, h, w = (boxes[:, i, None].to(x.dtype) for i in range(4))
+    cols = torch.minimum(torch.clamp(left + steps * w - 0.5, min=left), left + w - 1)  # N x size, in pixels
+    rows = torch.minimum(torch.clamp(top + steps * h - 0.5, min=top), top + h - 1)
+    grid = torch.stack(torch.broadcast_tensors((2 * cols[:, None, :] + 1) / width - 1,
+                                               (2 * rows[:, :, None] + 1) / height - 1), dim=-1)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)

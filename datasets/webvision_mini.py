@@ -15,11 +15,18 @@ DivideMix selects nothing and reports its last epoch); test = WebVision's 2,500 
 WebVision publishes no clean training labels: the realised noise rate is unknown (the WebVision paper estimates about
 20% for the whole set). Schedule as DivideMix ran it (Train_webvision.py, d9d3058): SGD momentum 0.9, weight decay
 5e-4 (222-223), lr 0.01 divided by 10 from epoch 40 (20, 232-235), batch 32 (19), one warm-up epoch of CE (212) then
-80 epochs (25, 232): our warm start is that epoch, our method stage the 80 (lr / 10 from its 40th, index 39).
-Differences: DivideMix trains Inception-ResNet-v2 from scratch (205), which torchvision does not have: the default
-model here is torchvision's ResNet-50 from scratch (ResNet-50 is what several later papers use on mini-WebVision);
-images are stored at 320 (shorter side, as its Resize(320)) and cropped to 299 at random with a flip, where
-DivideMix draws RandomResizedCrop(299) (lines 123-129); the optimiser's momentum restarts after the warm-up epoch.
+80 epochs (25, 232): our warm start is that epoch, of batches of 64 (its warm-up loader's batch_size*2,
+dataloader_webvision.py line 141), our method stage the 80 (lr / 10 from its 40th, index 39).
+The network is DivideMix's Inception-ResNet-v2 from scratch (Train_webvision.py line 205; ELR's too,
+ELR_plus/config_webvision.json), built by timm (`bench.models.InceptionResNetV2`; `pip install -e '.[models]'`,
+else `--model resnet50`, the ResNet-50 several later papers use). Training inputs as dataloader_webvision.py
+(lines 116-122) makes them: RandomResizedCrop(299) (area 8-100%, aspect 3/4-4/3) and a flip, ImageNet's
+normalisation; testing: the centre 299 of the image resized to 320 (lines 123-128). DivideMix's own settings on
+WebVision (alpha 0.5, lambda_u 0: Train_webvision.py lines 21-22) are this dataset's `method_defaults`.
+Differences: images are stored at 320 (shorter side, as its Resize(320)) and only their centre 320 x 320 is kept, so
+the random crop is drawn in that square, where DivideMix draws it in the whole resized image; the crop is resized
+bilinearly without antialiasing (torchvision resizes the PIL image with it); the optimiser's momentum restarts after
+the warm-up epoch.
 
 No checksums are published. The images are decoded from disk on demand, like Clothing1M's.
 """
@@ -29,10 +36,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits, deterministic_permutation
-from bench.datasets.image_files import ImageCrops, ImageFiles, key_label_lines, read_lines
+from bench.datasets.image_files import (
+    ImageCrops,
+    ImageFiles,
+    key_label_lines,
+    random_resized_boxes,
+    read_lines,
+    resized_crops,
+)
 
 CLASSES = 50
 # ILSVRC-2012's first 50 classes (WebVision 1.0's labels 0-49: info/synsets.txt's first 50 lines).
@@ -57,11 +72,11 @@ class WebVisionMini(ImageCrops, Dataset):
     num_classes = CLASSES
     class_names = NAMES
     split_sizes = (62_647, 3_297, 2_500)  # nominal (65,944 Google images of the 50 classes); the files decide
-    model = "resnet50"
+    model = "inception_resnet_v2"
     noise_patterns = {"real": None}  # each image's search query
     paper_noise = "real"  # its published results (bench/report/literature_results.csv) are our cells (real, 0)
     stored, crop = 320, 299
-    warmup = Schedule("sgd", 0.01, epochs=1, batch_size=32, momentum=0.9, weight_decay=5e-4)
+    warmup = Schedule("sgd", 0.01, epochs=1, batch_size=64, momentum=0.9, weight_decay=5e-4)
     method_stage = Schedule("sgd", 0.01, epochs=80, batch_size=32, momentum=0.9, weight_decay=5e-4, milestones=(39,))
     folder = "webvision"
     files = {"info/train_filelist_google.txt": None, "info/val_filelist.txt": None, "info/synsets.txt": None,
@@ -69,9 +84,22 @@ class WebVisionMini(ImageCrops, Dataset):
     epoch_eval = False
     instance_noise = False
     clean_labels = False  # its clean training labels are unknown: its own noise only (`Dataset.accepted_noise`)
+    # DivideMix's WebVision settings (Train_webvision.py lines 21-22: alpha 0.5, lambda_u 0; its CIFAR ones are 4
+    # and 25); the others (p_threshold 0.5, T 0.5, lines 23-24) are its defaults. ELR's WebVision config
+    # (ELR_plus/config_webvision.json: beta 0.7, lambda 3) is ELR's defaults already.
+    method_defaults = {"dividemix": {"alpha": 0.5, "lambda_u": 0.0}}
+    version = 2  # 2: DivideMix's RandomResizedCrop (1: a random 299 window of the 320 square)
     source = ("https://data.vision.ee.ethz.ch/cvl/webvision/dataset2017.html (WebVision 1.0, the resized images "
               "and info/, for research under its terms: not downloadable without accepting them), unpacked as "
               "DATA_ROOT/webvision/info/, google/ and val_images_256/")
+
+    def train_transform(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """DivideMix's RandomResizedCrop(299) and flip (dataloader_webvision.py lines 116-122), on the stored 320 x 320
+        centre (module docstring)."""
+        boxes = random_resized_boxes(x.shape[0], x.shape[-2], x.shape[-1], generator, x.device)
+        flip = torch.rand(x.shape[0], device=x.device, generator=generator) < 0.5
+        crops = resized_crops(x, boxes, self.crop)
+        return self.normalise(torch.where(flip[:, None, None, None], crops.flip(-1), crops))
 
     def synsets(self) -> list[str]:
         synsets = [line.split()[0] for line in read_lines(self.root / "info" / "synsets.txt", self.name)]

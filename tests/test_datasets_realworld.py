@@ -94,9 +94,10 @@ def write_webvision(root: Path, n_train: int = 40) -> dict[str, list]:
     return {"train": train, "val": val}
 
 
-def write_red(root: Path, n: int = 30) -> dict[str, list]:
+def write_red(root: Path, n: int = 30, layout: str = "all_images") -> dict[str, list]:
     """`mini-imagenet/split/red_noise_nl_{p}` for the ten levels (level p: round(p n) web images, the rest
-    Mini-ImageNet's `n<synset>...jpg`), `split/clean_validation`, `all_images/`, `validation/`."""
+    Mini-ImageNet's `n<synset>...jpg`), `split/clean_validation`, and the images: `all_images/` and `validation/`
+    (84 x 84), or FaMUS's `training_s32/red_noise_nl_{p}/<label>/` and `validation_s32/<label>/` (32 x 32)."""
     base = root / "mini-imagenet"
     levels = {}
     for level in ("0.0", "0.05", "0.1", "0.15", "0.2", "0.3", "0.4", "0.5", "0.6", "0.8"):
@@ -104,13 +105,18 @@ def write_red(root: Path, n: int = 30) -> dict[str, list]:
         rows = [(f"{i:016x}.jpg" if i < web else f"n0{1000000 + i}{i:08d}.jpg", i % 5) for i in range(n)]
         levels[level] = rows
         for key, label in rows:
-            if not (base / "all_images" / key).exists():
-                write_image(base / "all_images" / key, label, (84, 84))
+            path = (base / "all_images" / key if layout == "all_images"
+                    else base / "training_s32" / f"red_noise_nl_{level}" / str(label) / key)
+            if not path.exists():
+                write_image(path, label, (84, 84) if layout == "all_images" else (32, 32))
         (base / "split").mkdir(parents=True, exist_ok=True)
         (base / "split" / f"red_noise_nl_{level}").write_text("".join(f"{k} {lab}\n" for k, lab in rows))
     test = [(f"ILSVRC2012_val_{i:08d}.jpg", i % 5) for i in range(10)]
     for key, label in test:
-        write_image(base / "validation" / key, label, (84, 84))
+        if layout == "all_images":
+            write_image(base / "validation" / key, label, (84, 84))
+        else:
+            write_image(base / "validation_s32" / str(label) / key, label, (32, 32))
     (base / "split" / "clean_validation").write_text("".join(f"{k} {lab}\n" for k, lab in test))
     return {"levels": levels, "test": test}
 
@@ -276,18 +282,24 @@ def test_webvision_mini_missing_ilsvrc_folder_is_named(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- Red Mini-ImageNet
 
 
-def test_red_mini_imagenet_levels_rates_and_trial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    written = write_red(tmp_path)
+@pytest.mark.parametrize("layout", ["all_images", "training_s32"])
+def test_red_mini_imagenet_levels_rates_and_trial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  layout: str) -> None:
+    written = write_red(tmp_path, layout=layout)
     ds = get_dataset("red_mini_imagenet")(tmp_path)
+    assert ds.status() == "ready"
     splits = ds.load()
     for level in ("0.2", "0.8"):
         view = splits.for_noise("red", float(level))
         rows = dict(written["levels"][level])
+        # Each image where its layout puts it: all_images/<image>, or FaMUS's training_s32/<level>/<label>/<image>.
+        where = {k: (f"all_images/{k}" if layout == "all_images" else f"training_s32/red_noise_nl_{level}/{lab}/{k}")
+                 for k, lab in rows.items()}
         keys = [k.decode() for k in view.train.x.keys] + [k.decode() for k in view.val.x.keys]
-        assert sorted(keys) == sorted(rows) and len(view.val) == 3  # each level's own images, 10% validating
+        assert sorted(keys) == sorted(where.values()) and len(view.val) == 3  # each level's own images, 10% validate
         noisy_train, _ = view.human_labels["red"]
-        np.testing.assert_array_equal(noisy_train, [rows[k.decode()] for k in view.train.x.keys])
-        web = np.array([not k.decode().startswith("n") for k in view.train.x.keys])
+        np.testing.assert_array_equal(noisy_train, [rows[Path(k.decode()).name] for k in view.train.x.keys])
+        web = np.array([not Path(k.decode()).name.startswith("n") for k in view.train.x.keys])
         assert noise.summarise(view.train.y, noisy_train, noisy_train, 100, None).noise_rate == web.mean()
         assert view.test is splits.test
     assert splits.for_noise("uniform", 0.3) is splits  # a generic pattern draws on the clean level
@@ -296,6 +308,16 @@ def test_red_mini_imagenet_levels_rates_and_trial(tmp_path: Path, monkeypatch: p
                                         r"r = 0, 0.05, .*0.8; got r = 0.25"):
         RedMiniImageNet.check_level("red", 0.25)
     assert splits.test.x[0].shape == (3, 32, 32)
+    test_where = [f"validation/{k}" if layout == "all_images" else f"validation_s32/{lab}/{k}"
+                  for k, lab in written["test"]]
+    assert [k.decode() for k in splits.test.x.keys] == test_where
+    np.testing.assert_array_equal(splits.test.y, [lab for _, lab in written["test"]])
+    # FaMUS's normalisation (its dataloader's Normalize((0.507, 0.487, 0.441), (0.267, 0.256, 0.276))), as
+    # torchvision computes it on a PIL image: ToTensor (bytes / 255), then (x - mean) / std per channel.
+    batch = torch.stack([splits.test.x[i] for i in range(2)])
+    famus = (batch.float() / 255 - torch.tensor((0.507, 0.487, 0.441)).view(1, 3, 1, 1)) \
+        / torch.tensor((0.267, 0.256, 0.276)).view(1, 3, 1, 1)
+    torch.testing.assert_close(ds.eval_transform(batch), famus)
     (line,) = ds.describe()  # level p: round(30 p) web images of 30
     assert line.startswith("red, realised noise rate (web images) at r = 0.0 0.0%, 0.05 6.7%, 0.1 10.0%")
 
@@ -303,7 +325,8 @@ def test_red_mini_imagenet_levels_rates_and_trial(tmp_path: Path, monkeypatch: p
     row = run_trial(tmp_path, tmp_path / "results", "red_mini_imagenet", "red", 0.4)
     view = splits.for_noise("red", 0.4)
     assert row["status"] == "ok" and (row["noise"], row["r"]) == ("red", 0.4)
-    assert row["noise_rate"] == pytest.approx(np.mean([not k.decode().startswith("n") for k in view.train.x.keys]))
+    assert row["noise_rate"] == pytest.approx(np.mean([not Path(k.decode()).name.startswith("n")
+                                                       for k in view.train.x.keys]))
 
 
 def test_red_mini_imagenet_missing_level_file(tmp_path: Path, capsys) -> None:
@@ -316,15 +339,44 @@ def test_red_mini_imagenet_missing_level_file(tmp_path: Path, capsys) -> None:
     assert "controlled-noisy-web-labels" in err and not (tmp_path / "results" / "trials").exists()
 
 
+def test_red_mini_imagenet_famus_layout_missing_level_folder(tmp_path: Path) -> None:
+    write_red(tmp_path, n=10, layout="training_s32")
+    import shutil
+
+    shutil.rmtree(tmp_path / "mini-imagenet" / "training_s32" / "red_noise_nl_0.15")
+    ds = get_dataset("red_mini_imagenet")(tmp_path)
+    assert ds.missing_files() == ["training_s32/red_noise_nl_0.15/"]
+    assert ds.status() == "missing 1 of 22 files"  # 10 levels + clean_validation, and each one's folder + the test's
+    with pytest.raises(UserError, match=r"missing training_s32/red_noise_nl_0\.15/ under .*training_s32/red_noise"):
+        ds.load()
+
+
 def test_new_networks_shapes() -> None:
     from bench.models import create
 
     vgg = create("vgg19_bn", 10, image_size=64).eval()
     convs = [m for m in vgg.modules() if isinstance(m, torch.nn.Conv2d)]
     assert len(convs) == 16
+    # PLC's head (animal10/vgg.py lines 40-48, torchvision's VGG): 512 x 7 x 7 -> 4096 -> 4096 -> C, ReLU and
+    # dropout 0.5 after each hidden layer; its initialisation: linear weights N(0, 0.01), biases 0.
+    linears = [m for m in vgg.modules() if isinstance(m, torch.nn.Linear)]
+    assert [(m.in_features, m.out_features) for m in linears] == [(512 * 7 * 7, 4096), (4096, 4096), (4096, 10)]
+    assert [type(m).__name__ for m in vgg.classifier] == ["Linear", "ReLU", "Dropout", "Linear", "ReLU", "Dropout",
+                                                          "Linear"]
+    assert all(m.p == 0.5 for m in vgg.classifier if type(m).__name__ == "Dropout")
+    weights = linears[1].weight.detach()
+    assert abs(weights.std().item() - 0.01) < 0.0002 and abs(weights.mean().item()) < 0.0002  # 16.8M draws
+    assert all(float(m.bias.detach().abs().max()) == 0 for m in linears + convs)
+    # Kaiming normal, fan_out: std sqrt(2 / (out_channels * 9)); the last conv has 512 x 512 x 9 weights.
+    assert abs(convs[-1].weight.std().item() / (2 / (512 * 9)) ** 0.5 - 1) < 0.01
     resnet = create("resnet18_cifar", 100).eval()
     blocks = [m for m in resnet.modules() if type(m).__name__ == "_BasicBlock"]
     assert len(blocks) == 8
     with torch.no_grad():
         assert vgg(torch.zeros(2, 3, 64, 64)).shape == (2, 10)
+        for size in (32, 224, 299):  # Red Mini-ImageNet's, Food-101N's and mini-WebVision's crops (`--model vgg19_bn`)
+            small = create("vgg19_bn", 3, image_size=size, width=8, hidden=16).eval()
+            assert small(torch.zeros(1, 3, size, size)).shape == (1, 3)
+    with pytest.raises(UserError, match=r"vgg19_bn needs images of at least 32 pixels .*got 28"):
+        create("vgg19_bn", 10, image_size=28)
         assert resnet(torch.zeros(2, 3, 32, 32)).shape == (2, 100)

@@ -104,6 +104,13 @@ def cmd_datasets(args: argparse.Namespace) -> int:
     from bench.data import get_dataset, registry
 
     root = _data_root(args)
+    if args.prepare:
+        if args.source is None:
+            raise UserError(f"--prepare {args.prepare} needs --from PATH: what to prepare it from (see `bench "
+                            "datasets`'s source line for the dataset)")
+        for line in get_dataset(args.prepare)(root).prepare(Path(args.source).expanduser()):
+            print(line)
+        return 0
     if args.download:
         for name in args.download:
             get_dataset(name)(root).download()
@@ -165,6 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("datasets", help="list the datasets and whether their files are present")
     p.add_argument("--download", nargs="+", metavar="NAME", default=None,
                    help="download these datasets' published files (needs internet) and verify checksums")
+    p.add_argument("--prepare", metavar="NAME", default=None,
+                   help="assemble what a dataset's owners publish only as parts (red_mini_imagenet: its web images "
+                        "from the URL list; webvision_mini_ilsvrc12: ILSVRC-2012's validation images sorted by class)")
+    p.add_argument("--from", dest="source", metavar="PATH", default=None,
+                   help="with --prepare: red_mini_imagenet: mini-imagenet-annotations.json; webvision_mini_ilsvrc12: "
+                        "the folder of ILSVRC2012_val_*.JPEG and ILSVRC2012_devkit_t12/")
     _add_data_root(p)
     p.set_defaults(func=cmd_datasets)
 

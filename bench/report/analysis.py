@@ -54,7 +54,9 @@ USABLE_STATUS = ("ok", "diverged")
 REFERENCE = "dmi"
 REFERENCE_CSV = "reference_results.csv"
 # Published results on the datasets beyond the paper (mini-WebVision, ANIMAL-10N, Food-101N, Red Mini-ImageNet), each
-# row citing its paper and table: the paper-vs-measured comparison reads them beside the paper's own.
+# row citing its paper (`source`) and `table`, the `network` it trained (`model`: the registered bench model of that
+# network, empty where bench has none), its training `budget`, and `checked`: how the number was checked against its
+# source, or that it could not be. The paper-vs-measured comparison reads them beside the paper's own.
 LITERATURE_CSV = "literature_results.csv"
 # `bench leaderboard --metric`: the checkpoint selected on the noisy validation set (the protocol), or the last one.
 METRICS = {"selected": "test_acc", "last": "last_test_acc"}
@@ -338,17 +340,38 @@ def read_reference(name: str = REFERENCE_CSV) -> pl.DataFrame:
 
 
 def read_published() -> pl.DataFrame:
-    """Every published result a run is shown beside: the paper's table, then the literature's on the other datasets."""
-    return pl.concat([read_reference(), read_reference(LITERATURE_CSV)])
+    """Every published result a run is shown beside: the paper's table (its network: each dataset's own model, which
+    the paper trains), then the literature's on the other datasets, with their networks."""
+    from bench.data import get_dataset
+
+    paper = read_reference().with_columns(
+        pl.col("dataset").map_elements(lambda name: get_dataset(name).model, return_dtype=pl.String).alias("model"))
+    paper = paper.with_columns(pl.col("model").alias("network"), pl.lit("the L_DMI paper").alias("table"))
+    return pl.concat([paper, read_reference(LITERATURE_CSV)], how="diagonal_relaxed")
+
+
+def network_note(ours: str | None, network: str | None, model: str | None) -> str:
+    """What the panel says where our network is not the published one: a linear probe, another registered network,
+    or a network bench does not have ("" where they are the same, or nothing was measured)."""
+    if not ours:
+        return ""
+    base = ours.split("(")[0]
+    if base == "linear_probe":
+        return f"ours: a linear probe on frozen features ({ours}), not a trained {network}"
+    if not model:
+        return f"ours: {ours}; the published {network} is not in bench"
+    return "" if base == model else f"ours: {ours}, not {network}"
 
 
 def paper_comparison(grid: pl.DataFrame) -> pl.DataFrame:
     """Every published row of the datasets we have results for, with our number beside it (null: not measured),
-    the difference and a flag where |diff| exceeds the combined std sqrt(ours^2 + paper^2)."""
+    the difference and a flag where |diff| exceeds the combined std sqrt(ours^2 + paper^2); beside each, the network
+    it was published with and ours (`network_note` says where they differ: another network, or a linear probe), and
+    its source, table and how it was checked."""
     ours = grid.filter(
         pl.struct("dataset", "noise").map_elements(
             lambda s: paper_noise(s["dataset"]) == s["noise"], return_dtype=pl.Boolean)
-    ).select("dataset", "r", "method", "acc_mean", "acc_std", "n")
+    ).select("dataset", "r", "method", "acc_mean", "acc_std", "n", pl.col("model").alias("ours_model"))
     paper = read_published().with_columns(pl.col("noise_r").fill_null(0.0).round(6).alias("r"))
     paper = paper.filter(pl.col("dataset").is_in(grid["dataset"].unique().to_list()))
     joined = paper.join(ours, on=["dataset", "r", "method"], how="left").with_columns(
@@ -357,10 +380,12 @@ def paper_comparison(grid: pl.DataFrame) -> pl.DataFrame:
         (pl.col("acc_std_right").fill_null(0.0).pow(2) + pl.col("acc_std").fill_null(0.0).pow(2))
         .sqrt().alias("combined_std"),
     )
-    return joined.select(
+    notes = [network_note(*row) for row in joined.select("ours_model", "network", "model").iter_rows()]
+    return joined.with_columns(pl.Series("network_note", notes, dtype=pl.String)).select(
         "dataset", "r", "method",
         pl.col("acc_mean").alias("paper_mean"), pl.col("acc_std").alias("paper_std"),
         pl.col("acc_mean_right").alias("ours_mean"), pl.col("acc_std_right").alias("ours_std"),
         pl.col("n").fill_null(0).alias("ours_n"), "diff", "combined_std",
         (pl.col("diff").abs() > pl.col("combined_std")).alias("flag"),
+        pl.col("network").alias("paper_network"), "ours_model", "network_note", "source", "table", "checked",
     )

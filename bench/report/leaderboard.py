@@ -133,14 +133,15 @@ def to_markdown(tabs: list[Table], wtl: pl.DataFrame, comparison: pl.DataFrame, 
     if comparison.is_empty():
         lines.append(f"No measured dataset has a table in the paper (its tables: {', '.join(paper_datasets())}).")
     else:
-        lines += ["| dataset | r | method | paper | measured | diff | flag |", "|---|---|---|---|---|---|---|"]
+        lines += ["| dataset | r | method | paper | measured | diff | flag | network | source |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for c in comparison.iter_rows(named=True):
             paper = fmt(c["paper_mean"]) + ("" if c["paper_std"] is None else f" ± {fmt(c['paper_std'])}")
             ours = MISSING if c["ours_mean"] is None else fmt(c["ours_mean"]) + (
                 "" if c["ours_std"] is None else f" ± {fmt(c['ours_std'])}")
             diff = MISSING if c["diff"] is None else f"{c['diff']:+.2f}"
             lines.append(f"| {md(c['dataset'])} | {fmt_r(c['r'])} | {md(c['method'])} | {paper} | {ours} | {diff} | "
-                         f"{'beyond std' if c['flag'] else ''} |")
+                         f"{'beyond std' if c['flag'] else ''} | {md(network_cell(c))} | {md(c['source'] or '')} |")
     lines.append("")
     if estimates is not None and not estimates.is_empty():
         lines += ["## Transition-matrix estimates", "", ESTIMATES_NOTE, "",
@@ -203,6 +204,11 @@ def _detail_row(head: str, r: float, c: dict[str, Any], p: dict[str, Any]) -> st
     ]) + "</tr>"
 
 
+def network_cell(c: dict) -> str:
+    """The published network and, where ours differs, what ours is (`analysis.network_note`)."""
+    return (c["paper_network"] or MISSING) + (f" ({c['network_note']})" if c["network_note"] else "")
+
+
 def _paper_html(comparison: pl.DataFrame) -> list[str]:
     """The paper's published cells beside ours."""
     body: list[str] = []
@@ -218,9 +224,11 @@ def _paper_html(comparison: pl.DataFrame) -> list[str]:
                 td(fmt(c["ours_mean"]), "missing" if c["ours_mean"] is None else ""), td(fmt(c["ours_std"])),
                 td(c["ours_n"]), td(MISSING if c["diff"] is None else f"{c['diff']:+.2f}", value=c["diff"]),
                 td("beyond std" if c["flag"] else "", "flag" if c["flag"] else ""),
+                td(network_cell(c), "l flag" if c["network_note"] else "l"),
+                td(c["source"], "l", title=c["checked"] or ""),
             ]) + "</tr>")
-        body.append(html_table(["dataset", "r", "method", "paper", "std", "measured", "std", "n", "diff", "flag"],
-                                rows))
+        body.append(html_table(["dataset", "r", "method", "paper", "std", "measured", "std", "n", "diff", "flag",
+                                "network", "source"], rows))
     return body
 
 
