@@ -337,14 +337,26 @@ def read_reference(name: str = REFERENCE_CSV) -> pl.DataFrame:
                        schema_overrides={"noise_r": pl.Float64, "acc_mean": pl.Float64, "acc_std": pl.Float64})
 
 
+PAPER, LITERATURE = "paper", "literature"  # `read_published`'s `table`: whose table a published row is from
+
+
 def read_published() -> pl.DataFrame:
-    """Every published result a run is shown beside: the paper's table, then the literature's on the other datasets."""
-    return pl.concat([read_reference(), read_reference(LITERATURE_CSV)])
+    """Every published result a run is shown beside: the paper's table, then the literature's on the other datasets;
+    `table` says which of the two each row is from (`PAPER` or `LITERATURE`; `source` cites the table itself)."""
+    return pl.concat([read_reference().with_columns(pl.lit(PAPER).alias("table")),
+                      read_reference(LITERATURE_CSV).with_columns(pl.lit(LITERATURE).alias("table"))])
+
+
+def published_datasets() -> dict[str, list[str]]:
+    """The datasets each published table covers: {PAPER: the paper's tables', LITERATURE: the literature's}."""
+    published = read_published()
+    return {t: sorted(published.filter(table=t)["dataset"].unique().to_list()) for t in (PAPER, LITERATURE)}
 
 
 def paper_comparison(grid: pl.DataFrame) -> pl.DataFrame:
-    """Every published row of the datasets we have results for, with our number beside it (null: not measured),
-    the difference and a flag where |diff| exceeds the combined std sqrt(ours^2 + paper^2)."""
+    """Every published row of the datasets we have results for, with whose table it is (`table`: the paper's or the
+    literature's, `source` citing it), our number beside it (null: not measured), the difference and a flag where
+    |diff| exceeds the combined std sqrt(ours^2 + paper^2)."""
     ours = grid.filter(
         pl.struct("dataset", "noise").map_elements(
             lambda s: paper_noise(s["dataset"]) == s["noise"], return_dtype=pl.Boolean)
@@ -358,7 +370,7 @@ def paper_comparison(grid: pl.DataFrame) -> pl.DataFrame:
         .sqrt().alias("combined_std"),
     )
     return joined.select(
-        "dataset", "r", "method",
+        "dataset", "r", "method", "table", "source",
         pl.col("acc_mean").alias("paper_mean"), pl.col("acc_std").alias("paper_std"),
         pl.col("acc_mean_right").alias("ours_mean"), pl.col("acc_std_right").alias("ours_std"),
         pl.col("n").fill_null(0).alias("ours_n"), "diff", "combined_std",

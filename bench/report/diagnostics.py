@@ -24,7 +24,10 @@ A cell's hyper-parameter setting is always the one chosen on noisy validation (`
 only the epoch rule differs.
 
 Cost: a trial's device-seconds are its wall time on its one device (its share of a pack's) less the time its
-per-epoch diagnostics took; networks are those the method stage trains.
+per-epoch diagnostics took, with its CE warm start shared: a warm start is trained once per (data, noise, seed,
+warm-start settings) and loaded by the other trials of that cell, so the seconds every trial of the results folder
+spent in it (`warmup_s`: the training, the loads) are summed and split evenly over those trials
+(`shared_device_seconds`); networks are those the method stage trains.
 
 The per-epoch numbers themselves are computed on the training device by `bench.exec.diagnostics`; this module reads
 them back from the epochs table. The report's panel: `DiagnosticsPanel`.
@@ -43,7 +46,7 @@ import polars as pl
 
 from bench.report.analysis import CELL, fmt
 from bench.report.panel import Context, Panel
-from bench.report.render import fmt_r, html_table, md, png, td
+from bench.report.render import fmt_r, fmt_whole, html_table, md, png, td
 from bench.store.columns import DIAGNOSTIC_COLUMNS
 
 ORACLE = "†"
@@ -64,11 +67,20 @@ DETECTION_NOTE = (
     "flips. Precision and recall of the examples they flag, AUROC of their noise score (0.5: chance), at the epoch "
     "selected on noisy validation and at the last epoch; mean over seeds."
 )
+NO_DETECTION = ("Detection quality: left out, no method here flags or down-weights training examples (or the "
+                "epochs table holds no detection numbers).")
 COST_NOTE = (
-    "Device-seconds: a trial's wall time on its device (its share of a pack's), without the per-epoch diagnostics; "
-    "mean per trial of the selected setting. Accuracy per device-hour: mean test accuracy at the selected epoch "
-    "divided by the mean device-hours of a trial. Networks: trained in the method stage."
+    "Device-seconds: a trial's wall time on its device (its share of a pack's), without the per-epoch diagnostics, "
+    "its CE warm start shared: a warm start is trained once and loaded by every other trial (method and setting) of "
+    "its data, noise and seed, so its seconds are split evenly over all the trials that use it, whichever trained "
+    "it; mean per trial of the selected setting (warm start: its share). Accuracy per device-hour: mean test "
+    "accuracy at the selected epoch divided by the mean device-hours of a trial. Networks: trained in the method "
+    "stage."
 )
+# The columns that tell which CE warm start a trial used (`bench.exec.prepare.warm_start_key` from its row): its data,
+# noise and seed, the labels drawn, the warm start's schedule, precision and protocol.
+WARM_START = ["dataset", "model", "noise", "r", "seed", "noise_hash", "train_subset", "epochs_warmup", "precision",
+              "protocol"]
 
 
 # -- tables over a results folder (polars) -----------------------------------------------------------------------
@@ -122,6 +134,7 @@ def analyse(trials: pl.DataFrame, epochs: pl.DataFrame, settings: pl.DataFrame) 
         if column not in chosen.columns:
             chosen = chosen.with_columns(pl.lit(None, dtype=pl.Float64).alias(column))
     chosen = chosen.with_columns(pl.col("device_s").cast(pl.Float64).fill_null(pl.col("wall_s").cast(pl.Float64)))
+    chosen = chosen.join(shared_device_seconds(trials), on="trial_id", how="left")
     per_trial = chosen.join(trial_rules(epochs), on="trial_id")
     rules = per_trial.group_by(CELL, maintain_order=True).agg(
         pl.len().alias("n"),
@@ -177,13 +190,34 @@ def _detection(chosen: pl.DataFrame, epochs: pl.DataFrame) -> pl.DataFrame:
     return selected.join(last, on=CELL, how="full", coalesce=True).sort(CELL)
 
 
+def shared_device_seconds(trials: pl.DataFrame) -> pl.DataFrame:
+    """Per trial (`trial_id`): its device-seconds with its CE warm start shared (`device_s_shared`), and that share
+    (`warm_share_s`). The seconds the trials of one warm start (`WARM_START`) spent in it, training it or loading it,
+    summed and split evenly over them; its own seconds are the rest of its device-seconds. A row without `warmup_s`
+    (failed before it ended, or written before the column) keeps its device-seconds and takes no share."""
+    frame = trials.with_columns(pl.lit(None).alias(c) for c in WARM_START + ["warmup_s", "device_s"]
+                                if c not in trials.columns)
+    frame = frame.with_columns(
+        pl.col("device_s").cast(pl.Float64).fill_null(pl.col("wall_s").cast(pl.Float64)).alias("_device"),
+        pl.col("warmup_s").cast(pl.Float64).alias("_warm"))
+    has = pl.col("_warm").is_not_null()
+    share = (pl.col("_warm").sum() / has.sum()).over([pl.col(c).fill_null(-1) if c == "train_subset" else c
+                                                      for c in WARM_START] + [has])
+    return frame.select(
+        "trial_id",
+        pl.when(has).then(share).alias("warm_share_s"),
+        pl.when(has).then((pl.col("_device") - pl.col("_warm")).clip(lower_bound=0.0) + share)
+        .otherwise(pl.col("_device")).alias("device_s_shared"))
+
+
 def _cost(chosen: pl.DataFrame) -> pl.DataFrame:
 
-    return chosen.group_by(CELL).agg(
+    return chosen.with_columns(pl.col("device_s_shared").alias("device_s")).group_by(CELL).agg(
         pl.len().alias("n"), pl.col("device").unique().sort().str.join(", ").alias("devices"),
         (pl.col("epochs_warmup").cast(pl.String) + "+" + pl.col("epochs").cast(pl.String)).first().alias("epochs"),
         pl.col("networks").max().alias("networks"), pl.col("wall_s").mean().alias("wall_s_mean"),
-        pl.col("device_s").mean().alias("device_s_mean"), (pl.col("device_s").sum() / 3600).alias("device_h_total"),
+        pl.col("device_s").mean().alias("device_s_mean"), pl.col("warm_share_s").mean().alias("warm_share_s_mean"),
+        (pl.col("device_s").sum() / 3600).alias("device_h_total"),
         pl.col("test_acc").mean().alias("acc_mean"),
     ).with_columns((pl.col("acc_mean") / (pl.col("device_s_mean") / 3600)).alias("acc_per_device_hour")).sort(CELL)
 
@@ -251,7 +285,8 @@ def _rules_html(diag: Diagnostics, labels: dict[str, str]) -> list[str]:
             td(fmt(c["last_mean"]), value=c["last_mean"]), td(fmt(c["oracle_mean"]), "flag", c["oracle_mean"]),
             td(f"{c['last_gap']:+.2f}", value=c["last_gap"]), td(f"{c['oracle_gap']:+.2f}", "flag",
                                                                      c["oracle_gap"]),
-            td(fmt(c["selected_epoch_mean"], 1)), td(fmt(c["oracle_epoch_mean"], 1), "flag")]) + link + "</tr>")
+            td(fmt_whole(c["selected_epoch_mean"]), value=c["selected_epoch_mean"]),
+            td(fmt_whole(c["oracle_epoch_mean"]), "flag", c["oracle_epoch_mean"])]) + link + "</tr>")
     body.append(html_table(["dataset", "noise", "r", "method", "n", "selected (headline)", "last epoch",
                              f"best test epoch {ORACLE}", "last − sel.", f"{ORACLE} − sel.", "sel. epoch",
                              f"{ORACLE} epoch", "labels"], rows, left=2))
@@ -284,11 +319,13 @@ def _cost_html(diag: Diagnostics, labels: dict[str, str]) -> list[str]:
         td(c["n"]), td(c["devices"], "l"), td(c["epochs"]), td(c["networks"]),
         td(fmt(c["wall_s_mean"], 1), value=c["wall_s_mean"]),
         td(fmt(c["device_s_mean"], 1), value=c["device_s_mean"]),
+        td(fmt(c["warm_share_s_mean"], 1), value=c["warm_share_s_mean"]),
         td(fmt(c["device_h_total"], 4), value=c["device_h_total"]), td(fmt(c["acc_mean"])),
         td(fmt(c["acc_per_device_hour"], 0), value=c["acc_per_device_hour"])]) + "</tr>"
         for c in diag.cost.iter_rows(named=True)]
     body.append(html_table(["dataset", "noise", "r", "method", "n", "device", "epochs", "networks",
-                             "wall s / trial", "device-s / trial", "device-h (all seeds)", "test acc",
+                             "wall s / trial", "device-s / trial", "of which warm-start share",
+                             "device-h (all seeds)", "test acc",
                              "acc. per device-hour"], rows, left=2))
     return body
 
@@ -322,6 +359,8 @@ def to_html(diag: Diagnostics, figures: dict[str, Path], labels: dict[str, str])
     if not diag.detection.is_empty():
         body += _detection_html(diag, labels)
         body += [png(path) for name, path in figures.items() if name.startswith("detection")]
+    else:
+        body.append(f"<p class=note>{html.escape(NO_DETECTION)}</p>")
     if not diag.cost.is_empty():
         body += _cost_html(diag, labels)
     if not diag.labels.is_empty():
@@ -344,7 +383,9 @@ def to_markdown(diag: Diagnostics, labels: dict[str, str]) -> str:
                   f"{fmt(c['oracle_mean'])} {ORACLE} | {c['last_gap']:+.2f} | {c['oracle_gap']:+.2f} {ORACLE} |"
                   for c in diag.rules.iter_rows(named=True)]
         lines.append("")
-    if not diag.detection.is_empty():
+    if diag.detection.is_empty():
+        lines += [md(NO_DETECTION), ""]
+    else:
         lines += ["## Detection quality", "", DETECTION_NOTE, "",
                   "| dataset | noise | r | method | n | precision | recall | AUROC | last-epoch AUROC |",
                   "|---|---|---|---|---|---|---|---|---|"]
@@ -355,9 +396,10 @@ def to_markdown(diag: Diagnostics, labels: dict[str, str]) -> str:
     if not diag.cost.is_empty():
         lines += ["## Cost", "", COST_NOTE, "", f"The grid: {diag.totals['device_h'].sum():.3f} device-hours.", "",
                   "| dataset | noise | r | method | n | device | epochs | networks | device-s / trial | "
-                  "accuracy per device-hour |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "of which warm-start share | accuracy per device-hour |", "|---" * 11 + "|"]
         lines += [f"{head(c)} {c['n']} | {md(c['devices'])} | {c['epochs']} | {c['networks'] or '—'} | "
-                  f"{fmt(c['device_s_mean'], 1)} | {fmt(c['acc_per_device_hour'], 0)} |"
+                  f"{fmt(c['device_s_mean'], 1)} | {fmt(c['warm_share_s_mean'], 1)} | "
+                  f"{fmt(c['acc_per_device_hour'], 0)} |"
                   for c in diag.cost.iter_rows(named=True)]
         lines.append("")
     if not diag.labels.is_empty():
