@@ -55,7 +55,7 @@ def _trial_excerpt(runs: list[list[str]]) -> list[str]:
 def _variation_excerpt(runs: list[list[str]]) -> list[str]:
     """A one-cell variation of the demo: how the grid changed, what it runs, its first status line, its trials."""
     lines = runs[0]
-    status = next(line for line in lines if line.startswith("status: ") and " running" in line)
+    status = next(line for line in lines if line.startswith("status: ") and " | " in line)  # trials in flight
     trials = [line for line in lines if re.match(r"\[ *\d+/\d+\] ", line)]
     return [lines[0], lines[1], lines[2], status, *trials]
 

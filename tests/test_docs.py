@@ -322,16 +322,20 @@ def _samples_module():
 
 
 def test_readme_samples_are_excerpts_of_real_runs() -> None:
-    """Each sample block of the README is the excerpt of the file that docs/make_samples.py wrote from a real run,
-    and the file's first line is the command the sample names."""
+    """Each sample block of the README and the docs is the excerpt of the file that docs/make_samples.py wrote from a
+    real run, and the file's first line is the command the sample names; a sample the tests do not re-run (it takes
+    minutes) names the commit that made it, where it was made since samples say so."""
     samples = _samples_module()
-    blocks = samples.readme_samples((REPO / "README.md").read_text(encoding="utf-8"))
-    assert set(blocks) == set(samples.SAMPLES), "every sample is shown, and only samples are"
-    for name, block in blocks.items():
-        assert block == samples.readme_block(name), f"README's sample {name} differs from docs/samples/{name}.txt; " \
-            "run `python docs/make_samples.py --readme-only`"
+    shown = [(page, name, block) for page in samples.DOCS
+             for name, block in samples.readme_samples(page.read_text(encoding="utf-8")).items()]
+    assert sorted(name for _, name, _ in shown) == sorted(samples.SAMPLES), "every sample shown once, only samples"
+    for page, name, block in shown:
+        assert block == samples.readme_block(name), f"{page.name}'s sample {name} differs from " \
+            f"docs/samples/{name}.txt; run `python docs/make_samples.py --readme-only`"
         recorded = (REPO / "docs" / "samples" / f"{name}.txt").read_text().splitlines()
         assert recorded[0] == "$ " + " ".join(samples.SAMPLES[name][0][0])
+    made = (REPO / "docs" / "samples" / "variation.txt").read_text().splitlines()[-1]
+    assert re.fullmatch(r"# made by docs/make_samples.py at commit [0-9a-f]{12}", made), made
 
 
 def test_the_sample_check_fails_on_a_changed_readme() -> None:
