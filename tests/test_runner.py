@@ -188,10 +188,12 @@ def test_shipped_configs_validate_against_the_registries():
             assert {"ce", "fw", "gce", "lccn", "mentornet", "vat", "dmi"} <= {m.name for m in exp.methods}
 
 
-def test_demo_dry_run(capsys):
+def test_demo_dry_run(capsys, tmp_path):
+    # Without Fashion-MNIST (an empty data root) the dry run prints its plan, then ends as the run would (exit 2).
     assert main(["run", str(REPO / "tune_configs" / "demo.yaml"), "--dry-run", "--results",
-                 tempfile.mkdtemp(prefix="demo-dry")]) == 0
-    out = capsys.readouterr().out
+                 tempfile.mkdtemp(prefix="demo-dry"), "--data-root", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("bench: error: fashion_mnist: missing ")
     assert "grid: 16 trials = 8 ce + 8 dmi" in out
     assert "8 CE warm starts shared by 16 trials" in out
 
