@@ -376,6 +376,17 @@ def test_quick_samples_reproduce(name: str, tmp_path: Path, monkeypatch: pytest.
     assert normalised(fresh) == normalised(recorded)
 
 
+def test_the_reproduction_check_fails_on_a_broken_copy() -> None:
+    """A recorded sample with one number changed (an accuracy, a loss) no longer matches: normalising masks times and
+    paths only, so the comparison of `test_quick_samples_reproduce` fails on it."""
+    recorded = (REPO / "docs" / "samples" / "trial.txt").read_text().splitlines()
+    accuracy = next(i for i, line in enumerate(recorded) if line.startswith("  clean test accuracy"))
+    for i, old, new in ((accuracy, "%", "1%"), (2, " val ", " val 9")):
+        broken = list(recorded)
+        broken[i] = broken[i].replace(old, new, 1)
+        assert broken != recorded and normalised(broken) != normalised(recorded)
+
+
 def test_the_readme_grid_is_the_demo_file() -> None:
     """The YAML the README shows is tune_configs/demo.yaml, key for key."""
     text = (REPO / "README.md").read_text(encoding="utf-8")
