@@ -6,10 +6,11 @@ RESULTS ?= results/demo
 
 .PHONY: demo test install lint clean
 
-$(BIN)/bench: pyproject.toml
+# The tested versions (constraints.txt) of the compatible ranges in pyproject.toml; the UI extra for `bench ui`; the probe extra (timm) for the DINOv2, CLIP and Inception-ResNet-v2 tests.
+$(BIN)/bench: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,ui,probe]'
 	touch $(BIN)/bench
 
 install: $(BIN)/bench

@@ -1,11 +1,11 @@
-"""Write the sample outputs that README.md shows, from real runs of the commands it documents.
+"""Write the sample outputs that README.md and docs/ show, from real runs of the commands they document.
 
 Each sample is a command run for real; its whole output is kept in docs/samples/<name>.txt (the first line is the
-command), and the README shows an excerpt of it between `<!-- sample: NAME -->` and `<!-- /sample -->`.
-tests/test_docs.py checks that each README excerpt is the excerpt of its file, and re-runs the quick samples to
-compare their output with the file, times and paths aside.
+command; a sample that takes minutes ends with the commit that made it), and a page shows an excerpt of it between
+`<!-- sample: NAME -->` and `<!-- /sample -->`. tests/test_docs.py checks that each excerpt is the excerpt of its
+file, and re-runs the quick samples to compare their output with the file, times and paths aside.
 
-    BENCH_DATA=/path/to/data .venv/bin/python docs/make_samples.py            # every sample (the demo: ~10 CPU minutes)
+    BENCH_DATA=/path/to/data .venv/bin/python docs/make_samples.py            # every sample (the demo: see its file)
     BENCH_DATA=/path/to/data .venv/bin/python docs/make_samples.py trial      # one sample
     .venv/bin/python docs/make_samples.py --readme-only                       # refresh README from the files
 
@@ -52,6 +52,14 @@ def _trial_excerpt(runs: list[list[str]]) -> list[str]:
     return [*dmi[:2], warm, "...", last_epoch, *summary, ce[0], ce_accuracy]
 
 
+def _variation_excerpt(runs: list[list[str]]) -> list[str]:
+    """A one-cell variation of the demo: how the grid changed, what it runs, its first status line, its trials."""
+    lines = runs[0]
+    status = next(line for line in lines if line.startswith("status: ") and " | " in line)  # trials in flight
+    trials = [line for line in lines if re.match(r"\[ *\d+/\d+\] ", line)]
+    return [lines[0], lines[1], lines[2], status, *trials]
+
+
 def _trial(method: str) -> list[str]:
     return ["bench", "trial", "--dataset", "synthetic", "--method", method, "--noise", "case3", "--r", "0.6",
             "--seed", "0"]
@@ -62,7 +70,11 @@ SAMPLES: dict[str, tuple[list[list[str]], Callable[[list[list[str]]], list[str]]
     "demo": ([["bench", "run", "tune_configs/demo.yaml", "--results", "results/demo"],
               ["bench", "report", "results/demo"]], _demo_excerpt, False),
     "trial": ([_trial("dmi"), _trial("ce")], _trial_excerpt, True),
+    "variation": ([["bench", "run", "tune_configs/demo.yaml", "--set", "r=[0.6]", "--seeds", "0", "--set", "epochs=3",
+                    "--set", "epochs_warmup=2", "--results", "results/variation"]], _variation_excerpt, False),
 }
+# The files whose `<!-- sample: NAME -->` blocks show a sample: the README and the docs.
+DOCS = [README, *sorted((REPO / "docs").glob("*.md"))]
 
 
 def run_sample(name: str, cwd: Path = WORKDIR) -> list[str]:
@@ -84,6 +96,15 @@ def run_sample(name: str, cwd: Path = WORKDIR) -> list[str]:
             raise SystemExit(f"make_samples: `{' '.join(argv)}` failed ({done.returncode}):\n{done.stderr[-2000:]}")
         lines += [f"$ {' '.join(argv)}", *done.stdout.rstrip("\n").splitlines()]
     return relative(lines, cwd)
+
+
+def commit() -> str:
+    """The commit the samples are made from (with -dirty where the tree has changes): a sample that takes minutes
+    says which code made it, as the quick ones are re-run by the tests."""
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                           text=True)
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
 def relative(lines: list[str], cwd: Path) -> list[str]:
@@ -116,12 +137,15 @@ def readme_samples(text: str) -> dict[str, str]:
 
 
 def update_readme() -> None:
-    text = README.read_text()
-    def block(m: re.Match) -> str:  # a sample not yet recorded keeps what README shows
+    """Every sample block of the README and the docs, from its file."""
+    def block(m: re.Match) -> str:  # a sample not yet recorded keeps what the page shows
         recorded = (SAMPLES_DIR / f"{m.group(2)}.txt").is_file()
         return m.group(1) + (readme_block(m.group(2)) if recorded else m.group(3)) + m.group(4)
 
-    README.write_text(BLOCK.sub(block, text))
+    for page in DOCS:
+        text = page.read_text()
+        if (new := BLOCK.sub(block, text)) != text:
+            page.write_text(new)
 
 
 def main() -> int:
@@ -133,7 +157,8 @@ def main() -> int:
     if not args.readme_only:
         for name in args.names or SAMPLES:
             print(f"running sample {name} ...", flush=True)
-            (SAMPLES_DIR / f"{name}.txt").write_text("\n".join(run_sample(name)) + "\n")
+            made = [] if SAMPLES[name][2] else [f"# made by docs/make_samples.py at commit {commit()}"]
+            (SAMPLES_DIR / f"{name}.txt").write_text("\n".join(run_sample(name) + made) + "\n")
     update_readme()
     print(f"README.md samples refreshed from {SAMPLES_DIR.relative_to(REPO)}/")
     return 0

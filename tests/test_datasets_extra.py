@@ -552,8 +552,9 @@ def test_dogs_vs_cats_and_mr_methods_take_their_scripts_schedules(dataset, metho
 
 def test_the_dry_run_shows_each_methods_schedule(tmp_path: Path, capsys) -> None:
     config = Path(__file__).parents[1] / "tune_configs" / "cifar10.yaml"
+    # No data here: the plan is printed, then the run's missing-data line ends the dry run (exit 2, as the run).
     assert main(["run", str(config), "--dry-run", "--results", str(tmp_path / "r"), "--data-root",
-                 str(tmp_path / "data")]) == 0
+                 str(tmp_path / "data")]) == 2
     prefix = "method stage of "
     stage = {line.removeprefix(prefix).split(":")[0]: line.split(": ", 1)[1]
              for line in capsys.readouterr().out.splitlines() if line.startswith(prefix)}

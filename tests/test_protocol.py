@@ -314,8 +314,11 @@ def test_dry_run_lists_the_switches_of_each_protocol(tmp_path: Path, capsys: pyt
     grid = tmp_path / "g.yaml"
     grid.write_text("name: g\ndataset: mr\nnoise: pos_to_neg\nr: [0.4]\nseeds: 2\nprotocol: [bench, authors]\n"
                     "methods: {ce: {}, dmi: {}}\n")
-    assert main(["run", str(grid), "--dry-run", "--results", str(tmp_path / "r")]) == 0
-    out = capsys.readouterr().out
+    # No data here: the dry run prints its plan, then ends as the run would, on the missing files (exit 2).
+    assert main(["run", str(grid), "--dry-run", "--results", str(tmp_path / "r"), "--data-root",
+                 str(tmp_path / "none")]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("bench: error: mr: missing ")
     assert "grid: 8 trials" in out
     assert "protocol authors: 12 switches of the authors' scripts" in out
     for name, switch in get_dataset("mr").switches().items():

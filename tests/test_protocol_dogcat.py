@@ -326,8 +326,9 @@ def test_the_protocol_panel_marks_oracle_cells(tmp_path: Path) -> None:
 def test_dry_run_of_the_dogs_vs_cats_grid_lists_its_switches(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                                              ) -> None:
     assert main(["run", str(REPO / "tune_configs" / "dogs_vs_cats_protocols.yaml"), "--dry-run",
-                 "--results", str(tmp_path / "r"), "--data-root", str(tmp_path / "none")]) == 0
-    out = capsys.readouterr().out
+                 "--results", str(tmp_path / "r"), "--data-root", str(tmp_path / "none")]) == 2
+    out, err = capsys.readouterr()  # the plan, then the run's one line on the missing data
+    assert err.startswith("bench: error: dogs_vs_cats: missing ")
     assert "protocol authors: 8 switches of the authors' scripts" in out
     for name, switch in DOGCAT.switches().items():
         assert f"  {name}: {switch.what} ({switch.cite})" in out

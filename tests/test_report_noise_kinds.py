@@ -172,7 +172,9 @@ def test_no_row_without_both_kinds(tmp_path: Path) -> None:
     df = analysis.load_trials(write(tmp_path / "a", only_sym))
     assert noise_kinds.compare(df, analysis.aggregate(df)).is_empty()
     written = build_report(tmp_path / "a", tmp_path / "out", log=lambda s: None)
-    assert noise_kinds.TITLE not in written["leaderboard.md"].read_text(encoding="utf-8")
+    md = written["leaderboard.md"].read_text(encoding="utf-8")  # left out, with one line why
+    assert f"## {noise_kinds.TITLE}" not in md and md.count(noise_kinds.TITLE) == 1
+    assert f"{noise_kinds.TITLE}: left out" in md
     assert pl.read_csv(written["noise_kinds csv"]).height == 0
     # idn beside real (human) noise only: human noise has no T, so it is not a class-conditional arm.
     human = [r for r in fashion_rows() if r["noise"] in ("idn", "human")]

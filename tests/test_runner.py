@@ -188,10 +188,12 @@ def test_shipped_configs_validate_against_the_registries():
             assert {"ce", "fw", "gce", "lccn", "mentornet", "vat", "dmi"} <= {m.name for m in exp.methods}
 
 
-def test_demo_dry_run(capsys):
+def test_demo_dry_run(capsys, tmp_path):
+    # Without Fashion-MNIST (an empty data root) the dry run prints its plan, then ends as the run would (exit 2).
     assert main(["run", str(REPO / "tune_configs" / "demo.yaml"), "--dry-run", "--results",
-                 tempfile.mkdtemp(prefix="demo-dry")]) == 0
-    out = capsys.readouterr().out
+                 tempfile.mkdtemp(prefix="demo-dry"), "--data-root", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("bench: error: fashion_mnist: missing ")
     assert "grid: 16 trials = 8 ce + 8 dmi" in out
     assert "8 CE warm starts shared by 16 trials" in out
 
@@ -217,13 +219,16 @@ def test_grid_writes_one_row_and_one_mlflow_run_per_trial(grid):
             row["method"], row["lr"], row["r"], row["seed"])
         assert run.data.tags["bench.cell"] == f"synthetic/case3/r={row['r']:g}"
         assert run.data.metrics["test_acc"] == pytest.approx(row["test_acc"])
-        assert run.data.tags["mlflow.parentRunId"]
-    assert len({r.data.tags["mlflow.parentRunId"] for r in runs}) == 2  # one parent run per (noise, r) cell
+        # Flat: no parent run; the trial's own times (ms: its wall time to the millisecond).
+        assert "mlflow.parentRunId" not in run.data.tags
+        assert run.info.end_time - run.info.start_time == round(row["wall_s"] * 1000)
+        assert (p["protocol"], p["train_subset"]) == ("bench", "none") and p["selection"].startswith("Selection(")
 
-    # `bench ui` links each experiment's runs table (MLflow 3 opens an experiment on its GenAI overview).
+    # `bench ui` links each experiment's runs table in the UI's machine-learning view (MLflow 3 opens an experiment
+    # on its GenAI overview).
     from bench.store.mirror import runs_links
     assert runs_links(f"sqlite:///{results / 'mlflow.db'}", "http://127.0.0.1:5000") == [
-        f"syn: http://127.0.0.1:5000/#/experiments/{runs[0].info.experiment_id}/runs"]
+        f"syn: http://127.0.0.1:5000/#/experiments/{runs[0].info.experiment_id}/runs?workflowType=machine_learning"]
 
 
 def test_warm_start_is_shared_by_the_methods_of_a_cell(grid):

@@ -297,7 +297,8 @@ def _add_results_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("results", help="print the merged result table, or write it to one parquet file")
     p.add_argument("results", help="results folder")
     p.add_argument("--wide", action="store_true",
-                   help="every column of the rows (default: the columns that fit a terminal)")
+                   help="every column of the rows, one line per trial, texts cut at 40 characters (default: the "
+                        "columns that fit a terminal; --out FILE keeps every value whole)")
     p.add_argument("--out", default=None, help="write all rows to this .parquet (or .csv) file")
     p.set_defaults(func=_later("bench.cli.results", "cmd_results"), needs=("pyarrow", "polars"))
 

@@ -4,6 +4,8 @@ be written or read, one call into `bench.store.mirror` (`backfill`, `serve`), an
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.metadata
 from pathlib import Path
 
 from bench.config import UserError
@@ -26,7 +28,23 @@ def cmd_sync_mlflow(args: argparse.Namespace) -> int:
     return 0
 
 
+def ui_missing() -> str | None:
+    """Why `bench ui` cannot serve here (None: it can): the UI is the full `mlflow` package's (its server, Flask,
+    the page's scripts), and bench's core installs `mlflow-skinny`, which logs only."""
+    try:
+        importlib.metadata.distribution("mlflow")
+        server = importlib.import_module("flask") is not None  # the UI's server, which only full mlflow brings
+    except (importlib.metadata.PackageNotFoundError, ImportError):
+        server = False
+    if not server:
+        return ("`bench ui` serves MLflow's UI, which the full mlflow package has (bench's core installs "
+                "mlflow-skinny, which logs only): pip install 'bench-ldmi[ui]'")
+    return None
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
+    if why := ui_missing():
+        raise UserError(why)
     uri = mirror.tracking_uri(folder.absolute(args.results), args.mlflow_uri)
     if uri is None:
         raise UserError(f"{args.results} is not a local folder: name the MLflow store with --mlflow-uri")

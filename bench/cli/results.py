@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.config import UserError
-from bench.store.columns import CORE_COLUMNS
+from bench.store.columns import ROW
 from bench.store.folder import check_output, read_table, replace_file
 
 
@@ -31,24 +31,39 @@ def cmd_results(args: argparse.Namespace) -> int:
         print(f"{table.height} rows -> {out}")
         return 0
     order = [c for c in ("experiment", "dataset", "noise", "r", "method", "seed") if c in table.columns]
-    if args.wide:
-        columns = [c for c in CORE_COLUMNS if c in table.columns]
-        with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=250, tbl_hide_column_data_types=True,
-                       float_precision=4):
-            print(table.select(columns).sort(order))
+    if args.wide:  # every column: the declared ones in row order, then any other a file holds
+        columns = [c for c in ROW if c in table.columns] + [c for c in table.columns if c not in ROW]
+        shown = {c: (c, _cut(COMPACT_COLUMNS.get(c, ("", _shown()))[1])) for c in columns}
+        _print(table.sort(order), columns, shown)
+        print(f"{table.height} rows, all {len(columns)} columns (texts cut at {WIDE_TEXT} characters; --out FILE "
+              "keeps them whole)")
         return 0
     one = [c for c in ("experiment", "dataset") if c in table.columns and table[c].n_unique() == 1]
     columns = [c for c in COMPACT_COLUMNS if c in table.columns and c not in one]
-    rows = [[COMPACT_COLUMNS[c][1](v) for c, v in row.items()]
-            for row in table.sort(order).select(columns).iter_rows(named=True)]
-    header = [COMPACT_COLUMNS[c][0] for c in columns]
+    _print(table.sort(order), columns, COMPACT_COLUMNS)
+    common = "".join(f", {c} {table[c][0]}" for c in one)
+    print(f"{table.height} rows{common}; --wide: every column")
+    return 0
+
+
+def _print(table: object, columns: list[str], shown: dict[str, tuple[str, Callable[[object], str]]]) -> None:
+    """`columns` of the rows as aligned text, each headed and its values shown as `shown` says."""
+    rows = [[shown[c][1](v) for c, v in row.items()] for row in table.select(columns).iter_rows(named=True)]
+    header = [shown[c][0] for c in columns]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     for line in [header, ["-" * w for w in widths], *rows]:
         print("  ".join(text.rjust(w) if i else text.ljust(w)
                         for i, (text, w) in enumerate(zip(line, widths, strict=True))))
-    common = "".join(f", {c} {table[c][0]}" for c in one)
-    print(f"{table.height} rows{common}; --wide: every column")
-    return 0
+
+
+WIDE_TEXT = 40  # `--wide` cuts a longer text (a matrix, the configuration) here: a row stays one line
+
+
+def _cut(show: Callable[[object], str]) -> Callable[[object], str]:
+    def text(value: object) -> str:
+        s = " ".join(show(value).split())
+        return s if len(s) <= WIDE_TEXT else s[:WIDE_TEXT - 1] + "…"
+    return text
 
 
 def _shown(digits: int | None = None) -> Callable[[object], str]:

@@ -43,13 +43,27 @@ _Loader.add_implicit_resolver(
 )
 
 
+def yaml_problem(error: yaml.YAMLError) -> tuple[str, str]:
+    """Where a YAML error is (", line L, column C", 1-based, or "") and what it is, in one line: PyYAML's own text names
+    its input "<unicode string>" and spreads over several lines with a caret under the fault."""
+    if not isinstance(error, yaml.MarkedYAMLError) or error.problem_mark is None:
+        return "", " ".join(str(error).split())
+    mark = error.problem_mark
+    what = " ".join(str(error.problem).split())
+    if error.context and error.context_mark is not None:
+        context = error.context_mark
+        what += f" ({' '.join(error.context.split())} at line {context.line + 1}, column {context.column + 1})"
+    return f", line {mark.line + 1}, column {mark.column + 1}", what
+
+
 def read_yaml(path: str | Path) -> Any:
     path = Path(path)
     text = read_text_file(path, "experiment file")
     try:
         return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
-        raise UserError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+        where, what = yaml_problem(e)
+        raise UserError(f"{path}{where}: not valid YAML: {what}") from None
 
 
 @dataclass(frozen=True)
@@ -103,7 +117,8 @@ def _yaml_value(flag: str, text: str) -> Any:
     try:
         return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
-        raise UserError(f"{flag}: the value is not valid YAML: {' '.join(str(e).split())}") from None
+        where, what = yaml_problem(e)
+        raise UserError(f"{flag}: the value is not valid YAML{where}: {what}") from None
 
 
 def _set_path(data: dict[str, Any], parts: list[str], value: Any) -> None:

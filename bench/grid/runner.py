@@ -225,6 +225,9 @@ def run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None] = pr
     when another driver holds the results folder."""
     results = folder.absolute(s.results)
     check_results(results)
+    if s.address is None:  # before the folder's lock and the MLflow store: a run refused here writes nothing
+        pending = Plan.make(exp, results, device=trial_device(exp, s.gpus_per_trial)[1]).pending
+        check_data({t.dataset for t in pending}, s.data_root, pending)
     with GridStop() as stop, folder.Store(results).hold(), warnings.catch_warnings():
         # Ray Tune leaves the logs of units a signal stopped to the garbage collector: not the user's concern.
         warnings.simplefilter("ignore", ResourceWarning)
@@ -321,8 +324,6 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
     if not pending:
         out(f"{exp.name}: all {len(plan.trials)} trials already have a result row in {results}; nothing to run")
         return tally
-    if s.address is None:
-        check_data({t.dataset for t in pending}, s.data_root, pending)
     if exp.text:  # a grid changed on the command line: the folder keeps it as a file `bench run` can take
         where = folder.Store(results)
         where.write_bytes(where.path(f"{exp.name}.yaml"), exp.text.encode())

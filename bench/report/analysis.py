@@ -339,15 +339,27 @@ def read_reference(name: str = REFERENCE_CSV) -> pl.DataFrame:
                        schema_overrides={"noise_r": pl.Float64, "acc_mean": pl.Float64, "acc_std": pl.Float64})
 
 
+PAPER, LITERATURE = "paper", "literature"  # `read_published`'s `published_by`: whose table a published row is from
+
+
 def read_published() -> pl.DataFrame:
     """Every published result a run is shown beside: the paper's table (its network: each dataset's own model, which
-    the paper trains), then the literature's on the other datasets, with their networks."""
+    the paper trains), then the literature's on the other datasets, with their networks. `published_by` says whose
+    each row is (`PAPER` or `LITERATURE`); `source` and `table` cite the table itself."""
     from bench.data import get_dataset
 
     paper = read_reference().with_columns(
         pl.col("dataset").map_elements(lambda name: get_dataset(name).model, return_dtype=pl.String).alias("model"))
-    paper = paper.with_columns(pl.col("model").alias("network"), pl.lit("the L_DMI paper").alias("table"))
-    return pl.concat([paper, read_reference(LITERATURE_CSV)], how="diagonal_relaxed")
+    paper = paper.with_columns(pl.col("model").alias("network"), pl.lit("the L_DMI paper").alias("table"),
+                               pl.lit(PAPER).alias("published_by"))
+    literature = read_reference(LITERATURE_CSV).with_columns(pl.lit(LITERATURE).alias("published_by"))
+    return pl.concat([paper, literature], how="diagonal_relaxed")
+
+
+def published_datasets() -> dict[str, list[str]]:
+    """The datasets each published table covers: {PAPER: the paper's tables', LITERATURE: the literature's}."""
+    published = read_published()
+    return {t: sorted(published.filter(published_by=t)["dataset"].unique().to_list()) for t in (PAPER, LITERATURE)}
 
 
 def network_note(ours: str | None, network: str | None, model: str | None) -> str:
@@ -364,10 +376,11 @@ def network_note(ours: str | None, network: str | None, model: str | None) -> st
 
 
 def paper_comparison(grid: pl.DataFrame) -> pl.DataFrame:
-    """Every published row of the datasets we have results for, with our number beside it (null: not measured),
-    the difference and a flag where |diff| exceeds the combined std sqrt(ours^2 + paper^2); beside each, the network
-    it was published with and ours (`network_note` says where they differ: another network, or a linear probe), and
-    its source, table and how it was checked."""
+    """Every published row of the datasets we have results for, with whose table it is (`published_by`: the paper's
+    or the literature's), our number beside it (null: not measured), the difference and a flag where |diff| exceeds
+    the combined std sqrt(ours^2 + paper^2); beside each, the network it was published with and ours
+    (`network_note` says where they differ: another network, or a linear probe), and its source, table and how it
+    was checked."""
     ours = grid.filter(
         pl.struct("dataset", "noise").map_elements(
             lambda s: paper_noise(s["dataset"]) == s["noise"], return_dtype=pl.Boolean)
@@ -382,7 +395,7 @@ def paper_comparison(grid: pl.DataFrame) -> pl.DataFrame:
     )
     notes = [network_note(*row) for row in joined.select("ours_model", "network", "model").iter_rows()]
     return joined.with_columns(pl.Series("network_note", notes, dtype=pl.String)).select(
-        "dataset", "r", "method",
+        "dataset", "r", "method", "published_by",
         pl.col("acc_mean").alias("paper_mean"), pl.col("acc_std").alias("paper_std"),
         pl.col("acc_mean_right").alias("ours_mean"), pl.col("acc_std_right").alias("ours_std"),
         pl.col("n").fill_null(0).alias("ours_n"), "diff", "combined_std",

@@ -88,9 +88,11 @@ def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str,
                                        frozenset(t.privileged))
         figures[(t.dataset, t.noise)] = png
         written[f"plot {t.dataset} {t.noise}"], written[f"plot {t.dataset} {t.noise} svg"] = png, svg
-    log("plot: difference to the paper")
-    heat_png, heat_svg = plots.paper_heatmap(comparison, ctx.folder / "paper_difference")
-    written["heatmap"], written["heatmap svg"] = heat_png, heat_svg
+    heat_png = None
+    if leaderboard.comparison_left_out(comparison) is None:  # a figure with nothing to show is left out
+        log("plot: difference to the published results")
+        heat_png, heat_svg = plots.paper_heatmap(comparison, ctx.folder / "paper_difference", ctx.labels)
+        written["heatmap"], written["heatmap svg"] = heat_png, heat_svg
     tables = {"cells": grid, "paired": paired, "win_tie_loss": wtl, "paper_vs_measured": comparison,
               "transition_estimates": estimates}
     markdown = [leaderboard.to_markdown(tabs, wtl, comparison, summary, estimates)]
@@ -119,4 +121,4 @@ def terminal_leaderboard(results: str, metric: str = "selected", bold: bool = Fa
     grid = analysis.aggregate(df)
     paired = analysis.paired_comparison(df, grid, metric=analysis.METRICS[metric])
     return leaderboard.to_terminal(leaderboard.tables(grid, paired, metric), _summary(df, grid, results, every),
-                                   bold=bold)
+                                   bold=bold, metric=metric)

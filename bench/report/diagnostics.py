@@ -24,7 +24,10 @@ A cell's hyper-parameter setting is always the one chosen on noisy validation (`
 only the epoch rule differs.
 
 Cost: a trial's device-seconds are its wall time on its one device (its share of a pack's) less the time its
-per-epoch diagnostics took; networks are those the method stage trains.
+per-epoch diagnostics took, with its CE warm start shared: a warm start is trained once per (data, noise, seed,
+warm-start settings) and loaded by the other trials of that cell, so the seconds every trial of the results folder
+spent in it (`warmup_s`: the training, the loads) are summed and split evenly over those trials
+(`shared_device_seconds`); networks are those the method stage trains.
 
 The per-epoch numbers themselves are computed on the training device by `bench.exec.diagnostics`; this module reads
 them back from the epochs table. The report's panel: `DiagnosticsPanel`.
@@ -42,8 +45,9 @@ from typing import Any
 import polars as pl
 
 from bench.report.analysis import CELL, fmt
+from bench.report.cost import COST_NOTE, cost_table, shared_device_seconds, totals
 from bench.report.panel import Context, Panel
-from bench.report.render import fmt_r, html_table, md, png, td
+from bench.report.render import fmt_r, fmt_whole, html_table, md, png, td
 from bench.store.columns import DIAGNOSTIC_COLUMNS
 
 ORACLE = "†"
@@ -64,11 +68,9 @@ DETECTION_NOTE = (
     "flips. Precision and recall of the examples they flag, AUROC of their noise score (0.5: chance), at the epoch "
     "selected on noisy validation and at the last epoch; mean over seeds."
 )
-COST_NOTE = (
-    "Device-seconds: a trial's wall time on its device (its share of a pack's), without the per-epoch diagnostics; "
-    "mean per trial of the selected setting. Accuracy per device-hour: mean test accuracy at the selected epoch "
-    "divided by the mean device-hours of a trial. Networks: trained in the method stage."
-)
+NO_DETECTION = ("Detection quality: left out, no method here flags or down-weights training examples (or the "
+                "epochs table holds no detection numbers).")
+
 
 
 # -- tables over a results folder (polars) -----------------------------------------------------------------------
@@ -122,6 +124,7 @@ def analyse(trials: pl.DataFrame, epochs: pl.DataFrame, settings: pl.DataFrame) 
         if column not in chosen.columns:
             chosen = chosen.with_columns(pl.lit(None, dtype=pl.Float64).alias(column))
     chosen = chosen.with_columns(pl.col("device_s").cast(pl.Float64).fill_null(pl.col("wall_s").cast(pl.Float64)))
+    chosen = chosen.join(shared_device_seconds(trials), on="trial_id", how="left")
     per_trial = chosen.join(trial_rules(epochs), on="trial_id")
     rules = per_trial.group_by(CELL, maintain_order=True).agg(
         pl.len().alias("n"),
@@ -133,7 +136,7 @@ def analyse(trials: pl.DataFrame, epochs: pl.DataFrame, settings: pl.DataFrame) 
         pl.col("selected_epoch").mean().alias("selected_epoch_mean"),
     ).sort(CELL)
     return Diagnostics(rules=rules, curves=_curves(trials, chosen, epochs), detection=_detection(chosen, epochs),
-                       cost=_cost(chosen), totals=_totals(trials), labels=_labels(trials))
+                       cost=cost_table(chosen), totals=totals(trials), labels=_labels(trials))
 
 
 def _curves(trials: pl.DataFrame, chosen: pl.DataFrame, epochs: pl.DataFrame) -> pl.DataFrame:
@@ -175,26 +178,6 @@ def _detection(chosen: pl.DataFrame, epochs: pl.DataFrame) -> pl.DataFrame:
     last = at.sort("epoch").group_by(["trial_id", *CELL]).last().group_by(CELL).agg(
         *[pl.col(m).mean().alias(f"last_{m[4:]}") for m in metrics])
     return selected.join(last, on=CELL, how="full", coalesce=True).sort(CELL)
-
-
-def _cost(chosen: pl.DataFrame) -> pl.DataFrame:
-
-    return chosen.group_by(CELL).agg(
-        pl.len().alias("n"), pl.col("device").unique().sort().str.join(", ").alias("devices"),
-        (pl.col("epochs_warmup").cast(pl.String) + "+" + pl.col("epochs").cast(pl.String)).first().alias("epochs"),
-        pl.col("networks").max().alias("networks"), pl.col("wall_s").mean().alias("wall_s_mean"),
-        pl.col("device_s").mean().alias("device_s_mean"), (pl.col("device_s").sum() / 3600).alias("device_h_total"),
-        pl.col("test_acc").mean().alias("acc_mean"),
-    ).with_columns((pl.col("acc_mean") / (pl.col("device_s_mean") / 3600)).alias("acc_per_device_hour")).sort(CELL)
-
-
-def _totals(trials: pl.DataFrame) -> pl.DataFrame:
-    """The whole grid's cost per device: every trial, every setting, failed ones included."""
-
-    seconds = pl.col("device_s").cast(pl.Float64) if "device_s" in trials.columns else pl.lit(None, pl.Float64)
-    frame = trials.with_columns(seconds.fill_null(pl.col("wall_s").cast(pl.Float64)).alias("_s"))
-    return frame.group_by("device").agg(pl.len().alias("trials"), (pl.col("_s").sum() / 3600).alias("device_h"),
-                                        ).sort("device")
 
 
 def _labels(trials: pl.DataFrame) -> pl.DataFrame:
@@ -251,7 +234,8 @@ def _rules_html(diag: Diagnostics, labels: dict[str, str]) -> list[str]:
             td(fmt(c["last_mean"]), value=c["last_mean"]), td(fmt(c["oracle_mean"]), "flag", c["oracle_mean"]),
             td(f"{c['last_gap']:+.2f}", value=c["last_gap"]), td(f"{c['oracle_gap']:+.2f}", "flag",
                                                                      c["oracle_gap"]),
-            td(fmt(c["selected_epoch_mean"], 1)), td(fmt(c["oracle_epoch_mean"], 1), "flag")]) + link + "</tr>")
+            td(fmt_whole(c["selected_epoch_mean"]), value=c["selected_epoch_mean"]),
+            td(fmt_whole(c["oracle_epoch_mean"]), "flag", c["oracle_epoch_mean"])]) + link + "</tr>")
     body.append(html_table(["dataset", "noise", "r", "method", "n", "selected (headline)", "last epoch",
                              f"best test epoch {ORACLE}", "last − sel.", f"{ORACLE} − sel.", "sel. epoch",
                              f"{ORACLE} epoch", "labels"], rows, left=2))
@@ -284,11 +268,13 @@ def _cost_html(diag: Diagnostics, labels: dict[str, str]) -> list[str]:
         td(c["n"]), td(c["devices"], "l"), td(c["epochs"]), td(c["networks"]),
         td(fmt(c["wall_s_mean"], 1), value=c["wall_s_mean"]),
         td(fmt(c["device_s_mean"], 1), value=c["device_s_mean"]),
+        td(fmt(c["warm_share_s_mean"], 1), value=c["warm_share_s_mean"]),
         td(fmt(c["device_h_total"], 4), value=c["device_h_total"]), td(fmt(c["acc_mean"])),
         td(fmt(c["acc_per_device_hour"], 0), value=c["acc_per_device_hour"])]) + "</tr>"
         for c in diag.cost.iter_rows(named=True)]
     body.append(html_table(["dataset", "noise", "r", "method", "n", "device", "epochs", "networks",
-                             "wall s / trial", "device-s / trial", "device-h (all seeds)", "test acc",
+                             "wall s / trial", "device-s / trial", "of which warm-start share",
+                             "device-h (all seeds)", "test acc",
                              "acc. per device-hour"], rows, left=2))
     return body
 
@@ -322,6 +308,8 @@ def to_html(diag: Diagnostics, figures: dict[str, Path], labels: dict[str, str])
     if not diag.detection.is_empty():
         body += _detection_html(diag, labels)
         body += [png(path) for name, path in figures.items() if name.startswith("detection")]
+    else:
+        body.append(f"<p class=note>{html.escape(NO_DETECTION)}</p>")
     if not diag.cost.is_empty():
         body += _cost_html(diag, labels)
     if not diag.labels.is_empty():
@@ -344,7 +332,9 @@ def to_markdown(diag: Diagnostics, labels: dict[str, str]) -> str:
                   f"{fmt(c['oracle_mean'])} {ORACLE} | {c['last_gap']:+.2f} | {c['oracle_gap']:+.2f} {ORACLE} |"
                   for c in diag.rules.iter_rows(named=True)]
         lines.append("")
-    if not diag.detection.is_empty():
+    if diag.detection.is_empty():
+        lines += [md(NO_DETECTION), ""]
+    else:
         lines += ["## Detection quality", "", DETECTION_NOTE, "",
                   "| dataset | noise | r | method | n | precision | recall | AUROC | last-epoch AUROC |",
                   "|---|---|---|---|---|---|---|---|---|"]
@@ -355,9 +345,10 @@ def to_markdown(diag: Diagnostics, labels: dict[str, str]) -> str:
     if not diag.cost.is_empty():
         lines += ["## Cost", "", COST_NOTE, "", f"The grid: {diag.totals['device_h'].sum():.3f} device-hours.", "",
                   "| dataset | noise | r | method | n | device | epochs | networks | device-s / trial | "
-                  "accuracy per device-hour |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "of which warm-start share | accuracy per device-hour |", "|---" * 11 + "|"]
         lines += [f"{head(c)} {c['n']} | {md(c['devices'])} | {c['epochs']} | {c['networks'] or '—'} | "
-                  f"{fmt(c['device_s_mean'], 1)} | {fmt(c['acc_per_device_hour'], 0)} |"
+                  f"{fmt(c['device_s_mean'], 1)} | {fmt(c['warm_share_s_mean'], 1)} | "
+                  f"{fmt(c['acc_per_device_hour'], 0)} |"
                   for c in diag.cost.iter_rows(named=True)]
         lines.append("")
     if not diag.labels.is_empty():

@@ -8,6 +8,7 @@ panels follow them, `bench.report.page` frames all) and aligned terminal text. T
 from __future__ import annotations
 
 import html
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,7 +17,6 @@ from typing import Any
 
 import polars as pl
 
-from bench.data import paper_datasets
 from bench.report import analysis
 from bench.report.analysis import MISSING, REFERENCE, fmt, label
 from bench.report.render import fmt_r, html_table, md, pm, png, td, tex
@@ -61,6 +61,32 @@ class Table:
         for r in self.rs:
             yield r, [self.entries[(r, m)] for m in self.methods]
 
+    def winners(self) -> str:
+        """Which hyper-parameters each method's numbers are of: per method, each setting selected and the r's it was
+        selected at, and how many settings its cells tried."""
+        parts = []
+        for m, head in zip(self.methods, self.header(), strict=True):
+            at: dict[str, list[float]] = {}
+            cells = [self.entries[(r, m)].cell for r in self.rs]
+            for r, c in zip(self.rs, cells, strict=True):
+                if c["n"]:
+                    at.setdefault(setting_text(c), []).append(r)
+            if not at:
+                continue
+            tried = max(c["settings_tried"] for c in cells)
+            where = ["at every r" if len(at) == 1 and len(rs) == len(self.rs) else "at r " + ", ".join(map(fmt_r, rs))
+                     for rs in at.values()]
+            parts.append(f"{head}: " + "; ".join(f"{text} {w}" for text, w in zip(at, where, strict=True))
+                         + f" (of {tried} setting{'s' if tried != 1 else ''} tried)")
+        return "Hyper-parameters selected (lowest mean noisy-validation loss): " + " · ".join(parts) + "."
+
+
+def setting_text(cell: dict[str, Any]) -> str:
+    """A cell's selected setting in words: learning rate, batch size and the method's own parameters."""
+    params = json.loads(cell["method_params"] or "{}")
+    return ", ".join([f"lr {cell['lr']:g}", f"batch {cell['batch_size']}"]
+                     + [f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in sorted(params.items())])
+
 
 def tables(grid: pl.DataFrame, paired: pl.DataFrame, metric: str = "selected") -> list[Table]:
     """One wide table per (dataset, noise): rows r, columns methods, best (non-privileged) mean in bold."""
@@ -97,8 +123,12 @@ def _mark(entry: Entry) -> str:
     return f" {entry.marker}" if entry.marker else ""
 
 
-def legend() -> str:
-    return ("Clean test accuracy (%) at the checkpoint selected on the noisy validation set: mean ± std over seeds "
+# What each `analysis.METRICS` key's numbers are: the caption names the metric the tables show.
+CAPTIONS = {"selected": "at the checkpoint selected on the noisy validation set", "last": "at the last epoch trained"}
+
+
+def legend(metric: str = "selected") -> str:
+    return (f"Clean test accuracy (%) {CAPTIONS[metric]}: mean ± std over seeds "
             "for the hyper-parameters with the lowest mean noisy-validation loss. Best per row in bold; * / ** / ***: "
             f"paired test against {label(REFERENCE)} (matched seeds) p < 0.05 / 0.01 / 0.001; † privileged (uses the "
             f"true T, not a fair competitor); ‡ oracle (its epoch kept by clean test accuracy, as the authors' Dogs vs "
@@ -114,6 +144,24 @@ ESTIMATES_NOTE = (
 )
 
 
+COMPARISON = "Published results vs measured"
+
+
+def comparison_left_out(comparison: pl.DataFrame) -> str | None:
+    """Why the published-results section is left out (None: it is shown): no measured cell has a published
+    counterpart. Names the paper's tables and the literature's apart."""
+    if comparison.filter(pl.col("ours_mean").is_not_null()).height:
+        return None
+    published = analysis.published_datasets()
+    return (f"{COMPARISON}: left out, no measured cell has a published counterpart (the paper's tables cover "
+            f"{', '.join(published[analysis.PAPER])}; the literature's, in {analysis.LITERATURE_CSV}, cover "
+            f"{', '.join(published[analysis.LITERATURE])}).")
+
+
+def _published_in(c: dict[str, Any]) -> str:
+    return "the paper" if c["published_by"] == analysis.PAPER else "literature"
+
+
 def to_markdown(tabs: list[Table], wtl: pl.DataFrame, comparison: pl.DataFrame, summary: str,
                 estimates: pl.DataFrame | None = None) -> str:
     lines = ["# Leaderboard", "", legend(), "", summary, ""]
@@ -122,26 +170,27 @@ def to_markdown(tabs: list[Table], wtl: pl.DataFrame, comparison: pl.DataFrame, 
                   "|---|" + "---|" * len(t.methods)]
         lines += [f"| {fmt_r(r)} | " + " | ".join((f"**{e.text}**" if e.best else e.text) + _mark(e) for e in entries)
                   + " |" for r, entries in t.rows()]
-        lines.append("")
+        lines += ["", md(t.winners()), ""]
     if not wtl.is_empty():
         lines += [f"## {label(REFERENCE)} against each baseline (cells won / tied / lost, paired tests)", "",
                   "| dataset | baseline | win | tie | loss | untested | missing |", "|---|---|---|---|---|---|---|"]
-        lines += [f"| {md(w['dataset'])} | {md(w['method'])} | {w['win']} | {w['tie']} | {w['loss']} | "
+        lines += [f"| {md(w['dataset'])} | {md(label(w['method']))} | {w['win']} | {w['tie']} | {w['loss']} | "
                   f"{w['untested']} | {w['missing']} |" for w in wtl.iter_rows(named=True)]
         lines.append("")
-    lines += ["## Paper vs measured", ""]
-    if comparison.is_empty():
-        lines.append(f"No measured dataset has a table in the paper (its tables: {', '.join(paper_datasets())}).")
+    if why := comparison_left_out(comparison):
+        lines += [md(why), ""]
     else:
-        lines += ["| dataset | r | method | paper | measured | diff | flag | network | source |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"## {COMPARISON}", "",
+                  "| dataset | r | method | published in | published | measured | diff | flag | network | source |",
+                  "|---" * 10 + "|"]
         for c in comparison.iter_rows(named=True):
             paper = fmt(c["paper_mean"]) + ("" if c["paper_std"] is None else f" ± {fmt(c['paper_std'])}")
             ours = MISSING if c["ours_mean"] is None else fmt(c["ours_mean"]) + (
                 "" if c["ours_std"] is None else f" ± {fmt(c['ours_std'])}")
             diff = MISSING if c["diff"] is None else f"{c['diff']:+.2f}"
-            lines.append(f"| {md(c['dataset'])} | {fmt_r(c['r'])} | {md(c['method'])} | {paper} | {ours} | {diff} | "
-                         f"{'beyond std' if c['flag'] else ''} | {md(network_cell(c))} | {md(c['source'] or '')} |")
+            lines.append(f"| {md(c['dataset'])} | {fmt_r(c['r'])} | {md(label(c['method']))} | {_published_in(c)} | "
+                         f"{paper} | {ours} | {diff} | {'beyond std' if c['flag'] else ''} | {md(network_cell(c))} | "
+                         f"{md(c['source'] or '')} |")
     lines.append("")
     if estimates is not None and not estimates.is_empty():
         lines += ["## Transition-matrix estimates", "", ESTIMATES_NOTE, "",
@@ -209,17 +258,18 @@ def network_cell(c: dict) -> str:
     return (c["paper_network"] or MISSING) + (f" ({c['network_note']})" if c["network_note"] else "")
 
 
-def _paper_html(comparison: pl.DataFrame) -> list[str]:
-    """The paper's published cells beside ours."""
+def _paper_html(comparison: pl.DataFrame, heatmap: Path | None) -> list[str]:
+    """The published cells (the paper's, the literature's) beside ours, or one line why there are none."""
     body: list[str] = []
-    body.append("<h2>Paper vs measured</h2>")
-    if comparison.is_empty():
-        body.append(f"<p>No measured dataset has a table in the paper (its tables: {', '.join(paper_datasets())}).</p>")
+    if why := comparison_left_out(comparison):
+        body.append(f"<p class=note>{html.escape(why)}</p>")
     else:
+        body.append(f"<h2>{COMPARISON}</h2>")
         rows = []
         for c in comparison.iter_rows(named=True):
             rows.append("<tr>" + "".join([
-                td(c["dataset"], "l"), td(fmt_r(c['r']), value=c["r"]), td(c["method"], "l"),
+                td(c["dataset"], "l"), td(fmt_r(c['r']), value=c["r"]), td(label(c["method"]), "l"),
+                td(_published_in(c), "l", title=c["source"] or ""),
                 td(fmt(c["paper_mean"])), td(fmt(c["paper_std"])),
                 td(fmt(c["ours_mean"]), "missing" if c["ours_mean"] is None else ""), td(fmt(c["ours_std"])),
                 td(c["ours_n"]), td(MISSING if c["diff"] is None else f"{c['diff']:+.2f}", value=c["diff"]),
@@ -227,8 +277,10 @@ def _paper_html(comparison: pl.DataFrame) -> list[str]:
                 td(network_cell(c), "l flag" if c["network_note"] else "l"),
                 td(c["source"], "l", title=c["checked"] or ""),
             ]) + "</tr>")
-        body.append(html_table(["dataset", "r", "method", "paper", "std", "measured", "std", "n", "diff", "flag",
-                                "network", "source"], rows))
+        body.append(html_table(["dataset", "r", "method", "published in", "published", "std", "measured", "std", "n",
+                                "diff", "flag", "network", "source"], rows))
+        if heatmap is not None:
+            body.append(png(heatmap))
     return body
 
 
@@ -249,7 +301,7 @@ def _estimates_html(estimates: pl.DataFrame) -> list[str]:
 
 
 def to_html(tabs: list[Table], paired: pl.DataFrame, wtl: pl.DataFrame, comparison: pl.DataFrame,
-            plots: dict[tuple[str, str], Path], heatmap: Path, summary: str,
+            plots: dict[tuple[str, str], Path], heatmap: Path | None, summary: str,
             estimates: pl.DataFrame | None = None) -> str:
     """The page's leading sections (the panels follow them; `bench.report.page` frames all): the title, legend and
     summary, one accuracy table per (dataset, noise) with its figure and every cell's provenance, the win/tie/loss
@@ -262,6 +314,7 @@ def to_html(tabs: list[Table], paired: pl.DataFrame, wtl: pl.DataFrame, comparis
             td(e.text + _mark(e), "best" if e.best else "missing" if e.mean is None else "", e.mean,
                 _provenance(e.cell)) for e in entries) + "</tr>" for r, entries in t.rows()]
         body.append(html_table(["r", *t.header()], rows))
+        body.append(f"<p class=note>{html.escape(t.winners())}</p>")
         body.append(png(plots[(t.dataset, t.noise)]))
         detail = []
         for r, entries in t.rows():
@@ -273,18 +326,19 @@ def to_html(tabs: list[Table], paired: pl.DataFrame, wtl: pl.DataFrame, comparis
              "method params", "epochs", "commit", "versions"], detail) + "</details>")
     if not wtl.is_empty():
         body.append(f"<h2>{label(REFERENCE)} against each baseline</h2>")
-        rows = ["<tr>" + "".join(td(w[k], "l" if k in ("dataset", "method") else "") for k in wtl.columns)
+        rows = ["<tr>" + "".join(td(label(w[k]) if k == "method" else w[k], "l" if k in ("dataset", "method") else "")
+                                 for k in wtl.columns)
                 + "</tr>" for w in wtl.iter_rows(named=True)]
         body.append(html_table(wtl.columns, rows, left=2))
-    body += _paper_html(comparison)
-    body.append(png(heatmap))
+    body += _paper_html(comparison, heatmap)
     if estimates is not None and not estimates.is_empty():
         body += _estimates_html(estimates)
     return "".join(body)
 
 
-def to_terminal(tabs: list[Table], summary: str, bold: bool = False) -> str:
-    """Aligned text tables for a terminal; the best cell of a row is starred (or bold on a tty)."""
+def to_terminal(tabs: list[Table], summary: str, bold: bool = False, metric: str = "selected") -> str:
+    """Aligned text tables for a terminal; the best cell of a row is starred (or bold on a tty); `metric` the
+    `analysis.METRICS` key the tables show, which the caption names."""
     lines = [summary, ""]
     for t in tabs:
         header = ["r", *t.header()]
@@ -296,5 +350,5 @@ def to_terminal(tabs: list[Table], summary: str, bold: bool = False) -> str:
         for row in rows:
             lines.append("  ".join(f"\033[1m{text.rjust(w)}\033[0m" if best and bold else text.rjust(w)
                                    for (text, best), w in zip(row, widths, strict=True)))
-        lines.append("")
-    return "\n".join(lines + [legend().replace("in bold", "marked <" if not bold else "in bold")])
+        lines += [t.winners(), ""]
+    return "\n".join(lines + [legend(metric).replace("in bold", "marked <" if not bold else "in bold")])

@@ -135,11 +135,15 @@ def _diff(row: dict[str, Any]) -> str:
 def _classes_text(c: int | None) -> str:
     return MISSING if c is None else f"{c} (control)" if c == 2 else str(c)
 
+# One line where the panel has no row.
+LEFT_OUT = (f"{TITLE}: left out, no dataset here has both class-conditional and instance-dependent noise at "
+            "one r.")
+
 
 def to_markdown(panel: pl.DataFrame) -> str:
-    """The panel as a Markdown section (nothing where it has no row)."""
+    """The panel as a Markdown section (one line why where it has no row)."""
     if panel.is_empty():
-        return ""
+        return f"{md(LEFT_OUT)}\n\n"
     lines = ["", f"## {TITLE}", "", NOTE, "",
              "| dataset | C | class-conditional | r | method | class-conditional acc | n | instance-dependent | "
              "instance-dependent acc | n | idn − class-cond. (paired) | class-cond. rate | idn rate | flag |",
@@ -154,9 +158,9 @@ def to_markdown(panel: pl.DataFrame) -> str:
 
 
 def to_html(panel: pl.DataFrame) -> str:
-    """The panel as an HTML section (nothing where it has no row)."""
+    """The panel as an HTML section (one line why where it has no row)."""
     if panel.is_empty():
-        return ""
+        return f"<p class=note>{html.escape(LEFT_OUT)}</p>"
     rows = ["<tr>" + "".join([
         td(p["dataset"], "l"), td(_classes_text(p["classes"]), value=p["classes"]), td(p["noise"], "l"),
         td(fmt_r(p["r"]), value=p["r"]), td(_method(p), "l"),

@@ -104,20 +104,23 @@ def _cells_of(p: dict[str, Any]) -> list[str]:
             pm(p["bench_mean"], p["bench_std"]), str(p["bench_n"]), p["protocol"],
             pm(p["other_mean"], p["other_std"]), str(p["other_n"]), _diff(p)]
 
+# One line where the panel has no row.
+LEFT_OUT = f"{TITLE}: left out, no cell holds trials of bench and of another protocol."
+
 
 def to_markdown(panel: pl.DataFrame) -> str:
-    """The panel as a Markdown section (nothing where it has no row)."""
+    """The panel as a Markdown section (one line why where it has no row)."""
     if panel.is_empty():
-        return ""
+        return f"{md(LEFT_OUT)}\n\n"
     lines = ["", f"## {TITLE}", "", NOTE, "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(md(c) for c in _cells_of(p)) + " |" for p in panel.iter_rows(named=True)]
     return "\n".join(lines + ["", ""])
 
 
 def to_html(panel: pl.DataFrame) -> str:
-    """The panel as an HTML section (nothing where it has no row)."""
+    """The panel as an HTML section (one line why where it has no row)."""
     if panel.is_empty():
-        return ""
+        return f"<p class=note>{html.escape(LEFT_OUT)}</p>"
     rows = []
     for p in panel.iter_rows(named=True):
         text = _cells_of(p)

@@ -25,6 +25,13 @@ def pm(mean: float | None, std: float | None, digits: int = 2) -> str:
     return fmt(mean, digits) + ("" if std is None or math.isnan(std) else f" ± {fmt(std, digits)}")
 
 
+def fmt_whole(x: float | None, digits: int = 1) -> str:
+    """A mean of whole numbers (epochs, counts): an integer where it is one ("3", not "3.0"), else `digits` decimals."""
+    if x is not None and not math.isnan(x) and float(x).is_integer():
+        return str(int(x))
+    return fmt(x, digits)
+
+
 def fmt_r(r: float) -> str:
     """A noise level as the paper prints it: 0.0, 0.3, 0.25."""
     return f"{r:.1f}" if round(r, 1) == r else f"{r:g}"

@@ -1,4 +1,4 @@
-"""MLflow mirror of the parquet results: one experiment per config, one run per trial, a parent run per grid cell.
+"""MLflow mirror of the parquet results: one experiment per config, one run per trial, all side by side.
 
 Parquet is the source of truth; MLflow is a view of it. The runner logs from the driver after a trial's row has
 landed, so an MLflow store that is down or failing loses nothing: the trial still finishes and writes parquet, a
@@ -8,8 +8,13 @@ an incomplete or outdated run (a killed driver, a trial re-run after failing) is
 
 Store: `--mlflow-uri`, else `MLFLOW_TRACKING_URI`, else the embedded default `sqlite:///RESULTS/mlflow.db` (artifacts
 in `RESULTS/mlartifacts`). MLflow 3.17 refuses its file store without MLFLOW_ALLOW_FILE_STORE, hence sqlite.
-A grid cell is (dataset, noise, r): the runs of every method, hyper-parameter and seed at that noise level are
-nested under one parent run named after the cell, so the UI compares methods cell by cell.
+Runs are flat: no parent run per grid cell, so the runs table lists every trial at once and a comparison across
+methods, cells and settings starts from it (MLflow folds child runs under their parent, and a parent holds no numbers).
+The cell (dataset, noise, r) is a tag (`bench.cell`) and params, to filter or group by. What a run holds, its params
+(every input that changes its numbers) and its start and end times (the trial's own, so that MLflow's Duration is the
+trial's time), is `bench.store.mlflow_run`'s.
+Experiments are tagged as classic machine-learning ones (`EXPERIMENT_KIND`), and `bench ui` links each one's runs
+table with the UI's machine-learning view (`runs_links`): MLflow 3 otherwise opens an experiment on its GenAI overview.
 
 `bench sync-mlflow RESULTS` backfills (`backfill`) and `bench ui RESULTS` serves the MLflow UI on 127.0.0.1 (`serve`);
 their commands are `bench.cli.mlflow`'s.
@@ -35,14 +40,18 @@ import polars as pl
 from bench.config import UserError
 from bench.schema import check_name
 from bench.store import folder
-from bench.store.columns import DIAGNOSTIC_COLUMNS, MLFLOW_METRICS, MLFLOW_PARAMS, ROW
+from bench.store.columns import DIAGNOSTIC_COLUMNS, MLFLOW_METRICS, ROW
 from bench.store.folder import is_local, local_path
+from bench.store.mlflow_run import cell_of, run_name, trial_params, trial_times
 
 # MLflow's HTTP client retries for minutes by default; a team server that is down must not stall a grid.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
 
 TAG = "bench."
+# MLflow 3's experiment kind: a classic ML experiment, whose page is its runs table (not the GenAI overview).
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+ML_VIEW = "workflowType=machine_learning"  # the 3.17 UI's switch to the same view (it reads this before the tag)
 
 def _quiet_sqlalchemy() -> None:
     try:
@@ -75,19 +84,6 @@ def tracking_uri(results: str | os.PathLike[str], uri: str | None = None) -> str
 URI_SPECIAL = "%?#"  # characters a URL path does not carry as themselves
 
 
-def cell_of(row: dict[str, Any]) -> str:
-    return f"{row['dataset']}/{row['noise']}/r={float(row['r']):g}"
-
-
-def run_name(row: dict[str, Any]) -> str:
-    """A trial's MLflow run name: its method, hyper-parameters, noise, r and seed, so that `mlflow runs list` tells
-    the trials of two cells apart."""
-    params = json.loads(row.get("method_params") or "{}")
-    extra = "".join(f" {k}={v}" for k, v in sorted(params.items()))
-    return (f"{row['method']} lr={row['lr']:g} bs={row['batch_size']}{extra} {row['noise']} r={float(row['r']):g} "
-            f"seed={row['seed']}")
-
-
 class Mirror:
     """Logs result rows to one MLflow store. After the first failure it stops trying and says how to backfill."""
 
@@ -104,7 +100,6 @@ class Mirror:
         self.failed: str | None = None
         self.warn = warn or (lambda msg: print(f"bench: warning: {msg}", file=sys.stderr, flush=True))
         self._experiments: dict[str, str] = {}
-        self._parents: dict[tuple[str, str], str] = {}
         self._logged: dict[str, dict[str, tuple[str, str]]] = {}
 
     # -- failure handling -------------------------------------------------------------------------------------
@@ -132,9 +127,13 @@ class Mirror:
             found = self.client.get_experiment_by_name(name)
             if found is not None:
                 self._experiments[name] = found.experiment_id
+                for key, value in EXPERIMENT_KIND.items():  # made by an older bench, or by hand
+                    if found.tags.get(key) != value:
+                        self.client.set_experiment_tag(found.experiment_id, key, value)
             else:
                 location = (local_path(self.results) / "mlartifacts" / name).as_uri() if self.embedded else None
-                self._experiments[name] = self.client.create_experiment(name, artifact_location=location)
+                self._experiments[name] = self.client.create_experiment(name, artifact_location=location,
+                                                                        tags=EXPERIMENT_KIND)
         return self._experiments[name]
 
     def _search(self, experiment_id: str, filter_string: str) -> list[Any]:
@@ -158,18 +157,6 @@ class Mirror:
             self._logged[experiment] = done
         return self._logged[experiment]
 
-    def _parent(self, exp_id: str, cell: str) -> str:
-        key = (exp_id, cell)
-        if key not in self._parents:
-            found = self._search(exp_id, f"tags.`{TAG}kind` = 'cell' and tags.`{TAG}cell` = '{cell}'")
-            if found:
-                self._parents[key] = found[0].info.run_id
-            else:
-                run = self.client.create_run(exp_id, run_name=cell, tags={f"{TAG}kind": "cell", f"{TAG}cell": cell})
-                self.client.set_terminated(run.info.run_id, "FINISHED")
-                self._parents[key] = run.info.run_id
-        return self._parents[key]
-
     # -- logging ----------------------------------------------------------------------------------------------
     def log_row(self, row: dict[str, Any], epochs: pl.DataFrame | None = None) -> bool:
         """Log one trial (skipped if already logged with the same status). True if it is in MLflow now."""
@@ -190,7 +177,6 @@ class Mirror:
 
     def _log_row(self, row: dict[str, Any], epochs: pl.DataFrame | None) -> bool:
         from mlflow.entities import Metric, Param
-        from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
         experiment = row.get("experiment") or "adhoc"
         exp_id = self.experiment_id(experiment)
@@ -204,19 +190,17 @@ class Mirror:
         logged.pop(trial_id, None)
 
         cell = cell_of(row)
-        tags = {f"{TAG}kind": "trial", f"{TAG}trial_id": trial_id, f"{TAG}cell": cell,
-                f"{TAG}status": row["status"], MLFLOW_PARENT_RUN_ID: self._parent(exp_id, cell)}
+        tags = {f"{TAG}kind": "trial", f"{TAG}trial_id": trial_id, f"{TAG}cell": cell, f"{TAG}status": row["status"]}
         tags.update({k: str(row[k]) for k in ("dataset", "method", "noise", "r", "seed")})
         # The protocol and its switches (`bench.protocol`); rows written before protocols existed were bench's.
         tags.update({f"{TAG}{k}": str(row.get(k) or ROW[k].default) for k in ("protocol", "switches")})
         if row.get("oracle"):  # selected on the clean test set (`bench.protocol.Selection.oracle`): no result
             tags[f"{TAG}oracle"] = "true"
-        run = self.client.create_run(exp_id, run_name=run_name(row), tags=tags)
+        start, end = trial_times(row) or (None, None)  # the trial's own times: MLflow's Duration is its wall time
+        run = self.client.create_run(exp_id, start_time=start, run_name=run_name(row), tags=tags)
         run_id = run.info.run_id
 
-        params = {k: row.get(k) for k in MLFLOW_PARAMS}
-        params.update(json.loads(row.get("method_params") or "{}"))
-        now = int(time.time() * 1000)
+        now = int(time.time() * 1000) if end is None else end
         metrics = [Metric(k, float(row[k]), now, 0) for k in MLFLOW_METRICS if row.get(k) is not None]
         if epochs is not None and epochs.height:
             for e in epochs.iter_rows(named=True):
@@ -224,7 +208,7 @@ class Mirror:
                 for name in ("train_loss", "val_loss", "val_acc", "seconds", *DIAGNOSTIC_COLUMNS):
                     if e.get(name) is not None:
                         metrics.append(Metric(f"{prefix}epoch_{name}", float(e[name]), now, int(e["epoch"])))
-        param_list = [Param(k, str(v)) for k, v in params.items() if v is not None]
+        param_list = [Param(k, v) for k, v in trial_params(row).items()]
         for start in range(0, len(param_list), 100):  # MLflow's per-call limits: 100 params, 1000 metrics
             self.client.log_batch(run_id, params=param_list[start:start + 100])
         for start in range(0, len(metrics), 1000):
@@ -240,7 +224,7 @@ class Mirror:
         if row.get("error"):
             self.client.log_text(run_id, row["error"], "error.txt")
         self.client.set_tag(run_id, f"{TAG}complete", "true")
-        self.client.set_terminated(run_id, "FINISHED" if row["status"] != "failed" else "FAILED")
+        self.client.set_terminated(run_id, "FINISHED" if row["status"] != "failed" else "FAILED", end_time=end)
         logged[trial_id] = (run_id, row["status"])
         return True
 
@@ -268,8 +252,8 @@ class Mirror:
 
 
 def runs_links(uri: str, address: str) -> list[str]:
-    """'name: link' to the runs table of each experiment in the store. MLflow 3's UI opens an experiment on its
-    GenAI overview, where a grid's trials do not show; the runs table is where they are."""
+    """'name: link' to the runs table of each experiment in the store, in the UI's machine-learning view (`ML_VIEW`).
+    MLflow 3's UI opens an experiment on its GenAI overview, where a grid's trials do not show."""
     _quiet_sqlalchemy()
     from mlflow.tracking import MlflowClient
 
@@ -277,7 +261,8 @@ def runs_links(uri: str, address: str) -> list[str]:
         experiments = MlflowClient(tracking_uri=uri).search_experiments()
     except Exception as e:  # noqa: BLE001 - the server can still start; the links are a convenience
         return [f"(could not list the experiments: {type(e).__name__})"]
-    return [f"{e.name}: {address}/#/experiments/{e.experiment_id}/runs" for e in experiments if e.name != "Default"]
+    return [f"{e.name}: {address}/#/experiments/{e.experiment_id}/runs?{ML_VIEW}" for e in experiments
+            if e.name != "Default"]
 
 
 def open_mirror(results: str | os.PathLike[str], uri: str | None, warn=None) -> Mirror | None:
