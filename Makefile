@@ -6,7 +6,8 @@ RESULTS ?= results/demo
 
 .PHONY: demo test install lint clean
 
-# The tested versions (constraints.txt) of the compatible ranges in pyproject.toml; the UI extra for `bench ui`; the probe extra (timm) for the DINOv2, CLIP and Inception-ResNet-v2 tests.
+# The tested versions (constraints.txt) of the compatible ranges in pyproject.toml; the UI extra for `bench ui`;
+# the probe extra (timm) for the DINOv2, CLIP and Inception-ResNet-v2 tests.
 $(BIN)/bench: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
