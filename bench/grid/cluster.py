@@ -95,7 +95,7 @@ def probe(address: str, timeout: float | None = None) -> None:
     connection at HOST:PORT or ray://HOST:PORT, or what does is not a gRPC server as a Ray head is (an HTTP server, a
     silent listener, an SSH banner). `auto` and other forms pass, as does a cluster with TLS (RAY_USE_TLS)."""
     host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if not sep or not port.isdigit() or not host or "://" in host:
+    if not sep or not (port.isascii() and port.isdigit()) or not host or "://" in host:
         return
     timeout = HANDSHAKE_TIMEOUT if timeout is None else timeout
     deadline = time.monotonic() + timeout
