@@ -7,6 +7,8 @@ Each test fails on the code before that issue."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import struct
 import threading
@@ -19,6 +21,9 @@ from test_faults import one_error_line, write_config
 
 from bench.cli.main import main
 from bench.grid import cluster
+from bench.grid.files import load_experiment
+from bench.grid.runner import Settings, run_experiment
+from bench.store.folder import read_table
 
 
 # -- --address at an HTTP/2 server that is not Ray ----------------------------------------------------------------
@@ -110,3 +115,53 @@ def test_an_http2_server_that_is_not_ray_is_one_line_within_the_bound(tmp_path, 
                                    "answered, but "), line
             assert "ray start --head --port" in line
     assert not (tmp_path / "res").exists()
+
+
+# -- what a stop did, counted and mirrored ---------------------------------------------------------------------------
+def signal_when(condition, sig: int, timeout: float = 120.0) -> threading.Thread:
+    """A thread that sends `sig` to this process once `condition()` holds."""
+    def wait() -> None:
+        deadline = time.monotonic() + timeout
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), sig)
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_rows_that_land_during_a_stop_are_counted_and_in_mlflow_before_the_driver_exits(ray_session, tmp_path):
+    """A unit hears of the stop at its next report (here: its closing one), so the trial in flight finishes and
+    writes its row while the grid stops. That row was counted, but reached MLflow only at a later run's backfill,
+    its warm start counted neither trained nor reused ("0 trained, 0 reused"), and the summary asked to run the
+    command again with nothing left to run."""
+    config = write_config(tmp_path, r=[0.0], epochs=8)
+    results = tmp_path / "results"
+    lines: list[str] = []
+    settings = Settings(results=str(results), data_root=tmp_path, max_concurrent=1, report_every=1000.0)
+    sender = signal_when(lambda: any((results / "checkpoints").glob("*.pt")), signal.SIGTERM)
+    tally = run_experiment(load_experiment(config), settings, lines.append)
+    sender.join()
+    assert tally.interrupted == signal.SIGTERM
+    rows = read_table(results)
+    assert rows.height == 1  # it landed during the stop
+    text = "\n".join(lines)
+    assert "warm-start cache: 1 trained, 0 reused" in text, text
+    assert "stopped by SIGTERM: all 1 trials have their row; nothing is left to run" in text, text
+    assert "run the same command again" not in text, text
+    assert "MLflow: 1 runs logged to" in text, text
+    runs = mlflow_runs(results)
+    assert sorted(runs) == sorted(rows["trial_id"].to_list())
+
+
+def mlflow_runs(results) -> list[str]:
+    """The trial ids of the runs in the results folder's MLflow store, read with MLflow's own client."""
+    from mlflow.tracking import MlflowClient
+
+    from bench.store.mirror import tracking_uri
+
+    client = MlflowClient(tracking_uri(str(results), None))
+    experiments = client.search_experiments()
+    runs = client.search_runs([e.experiment_id for e in experiments])
+    return [r.data.tags["bench.trial_id"] for r in runs if r.data.tags.get("bench.complete")]

@@ -8,11 +8,13 @@ Bad input prints one line starting with "bench: error:" and exits with code 2, h
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import signal
 import sys
+import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
@@ -323,12 +325,33 @@ def _add_results_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    with output.prepared() as errors:  # closed or refusing stdout / stderr: bench.cli.output
+    with output.prepared() as errors, _terminable():  # closed or refusing stdout / stderr: bench.cli.output
         try:
             return _main(argv, errors)
         except output.Unwritable as e:  # `> /dev/full`: one line where it can go (`bench run` goes on instead)
             output.refused(e, errors)
             return EXIT_USAGE
+
+
+@contextlib.contextmanager
+def _terminable() -> Iterator[None]:
+    """SIGTERM stops every command as Ctrl-C does (`KeyboardInterrupt`: one line, exit 143), not by its default
+    action (no line, and a `bench trial` or a dry run cut wherever it was); `bench run` and `bench ui` hold it in
+    their own way while they run (bench.grid.stop, bench.store.mirror.serve)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    from bench.grid.stop import Interrupted  # the standard library only
+
+    raise Interrupted(signum)
 
 
 def _main(argv: list[str] | None, errors: TextIO | None) -> int:
