@@ -7,17 +7,22 @@ Each test fails on the code before that issue."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
-from test_faults import one_error_line, write_config
+from test_faults import TRIAL, one_error_line, write_config
 
 from bench.cli.main import main
 from bench.grid import cluster
@@ -165,3 +170,117 @@ def mlflow_runs(results) -> list[str]:
     experiments = client.search_experiments()
     runs = client.search_runs([e.experiment_id for e in experiments])
     return [r.data.tags["bench.trial_id"] for r in runs if r.data.tags.get("bench.complete")]
+
+
+# -- a signal at every moment, to a real driver in its own session --------------------------------------------------
+BENCH = str(Path(sys.executable).parent / "bench")
+
+
+def session_processes(session: int) -> list[str]:
+    """The processes left in a session this test started (the leader's pid is the session id): the driver's Ray
+    (GCS, raylet, workers, agents) stays in it."""
+    out = subprocess.run(["ps", "-ww", "-eo", "pid=,sid=,args="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if int(line.split()[1]) == session]
+
+
+def catches(pid: int, sig: int) -> bool:
+    """Whether process `pid` has a handler for `sig` (its SigCgt mask): the command's own, installed."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = int(re.search(r"^SigCgt:\s*([0-9a-f]+)", status, re.M)[1], 16)
+    return bool(mask >> (sig - 1) & 1)
+
+
+def children_named(pid: int, name: str) -> bool:
+    out = subprocess.run(["ps", "-ww", "-eo", "ppid=,args="], capture_output=True, text=True).stdout
+    return any(int(line.split()[0]) == pid and name in line for line in out.splitlines())
+
+
+@contextmanager
+def driver(args: list[str]) -> Iterator[subprocess.Popen]:
+    """`bench ARGS` in its own session; whatever of that session is left at the end is killed."""
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([BENCH, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True, env=env)
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.communicate()
+        for line in session_processes(process.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(line.split()[0]), signal.SIGKILL)
+
+
+def wait_for(process: subprocess.Popen, condition, timeout: float = 300.0) -> None:
+    """Until `condition()` holds, while `process` runs (a loaded machine starts Ray in tens of seconds)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "the moment to signal never came"
+        time.sleep(0.05)
+
+
+def assert_stopped(process: subprocess.Popen, sig: int, within: float = 30.0) -> str:
+    """The command ended with 128 + `sig` and one line on stderr, and nothing of its session is left within
+    seconds; its stdout."""
+    out, err = process.communicate(timeout=within)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert process.returncode == 128 + sig, (process.returncode, err[-2000:])
+    assert lines == [f"bench: interrupted ({signal.Signals(sig).name}); run the same command again to go on"], lines
+    deadline = time.monotonic() + 5
+    while (left := session_processes(process.pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, left
+    return out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_ray_starts_is_a_clean_stop(tmp_path, sig):
+    """SIGTERM while `ray.init` ran met Ray's own handler (sys.exit(15): exit 15, no line), and Ray's processes
+    started so far could outlive the driver."""
+    config = write_config(tmp_path)
+    with driver(["run", str(config), "--results", str(tmp_path / "res"), "--no-mlflow", "--num-cpus", "1"]) as run:
+        wait_for(run, lambda: children_named(run.pid, "gcs_server"))  # Ray is starting: its GCS is up
+        run.send_signal(sig)
+        assert_stopped(run, sig)
+    assert not list((tmp_path / "res").glob("trials/*.parquet"))
+
+
+def test_sigterm_to_a_dry_run_is_a_clean_stop(tmp_path):
+    config = write_config(tmp_path)
+    with driver(["run", str(config), "--results", str(tmp_path / "res"), "--dry-run"]) as run:
+        wait_for(run, lambda: catches(run.pid, signal.SIGTERM))
+        run.send_signal(signal.SIGTERM)
+        assert "trials" not in assert_stopped(run, signal.SIGTERM)  # stopped before its plan was printed
+
+
+def test_sigterm_to_bench_trial_is_a_clean_stop(tmp_path):
+    """`bench trial` (no Ray) was ended by SIGTERM's default action: no line."""
+    with driver([*TRIAL[:-4], "--epochs-warmup", "1", "--epochs", "400", "--results", str(tmp_path / "res")]) as run:
+        wait_for(run, lambda: catches(run.pid, signal.SIGTERM))
+        time.sleep(2)  # into its training
+        run.send_signal(signal.SIGTERM)
+        assert_stopped(run, signal.SIGTERM)
+    assert not list((tmp_path / "res").glob("trials/*.parquet"))
+
+
+def test_a_double_sigterm_leaves_no_ray_process_not_even_its_agents(tmp_path):
+    """After `SIGTERM` twice the driver exits at once; Ray's dashboard and runtime-env agents (the raylet's
+    children) outlived it by 53 s to 2 min."""
+    config = write_config(tmp_path, r=[0.0, 0.2, 0.4, 0.6], epochs=30)
+    with driver(["run", str(config), "--results", str(tmp_path / "res"), "--no-mlflow", "--num-cpus", "1",
+                 "--max-concurrent", "1"]) as run:
+        wait_for(run, lambda: any((tmp_path / "res" / "checkpoints").glob("*.pt")))  # the grid trains
+        assert any("ray::" in line for line in session_processes(run.pid))  # workers and agents are up
+        for _ in range(2):
+            run.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+        run.communicate(timeout=30)
+        assert run.returncode in (143, -signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while (left := session_processes(run.pid)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not left, left

@@ -331,6 +331,14 @@ def main(argv: list[str] | None = None) -> int:
         except output.Unwritable as e:  # `> /dev/full`: one line where it can go (`bench run` goes on instead)
             output.refused(e, errors)
             return EXIT_USAGE
+        except KeyboardInterrupt as e:  # while the command line was read
+            return _interrupted(e, errors)
+
+
+def _interrupted(e: KeyboardInterrupt, errors: TextIO | None) -> int:
+    signum = getattr(e, "signum", signal.SIGINT)
+    print(f"bench: interrupted ({signal.Signals(signum).name}); run the same command again to go on", file=errors)
+    return 128 + signum
 
 
 @contextlib.contextmanager
@@ -376,9 +384,7 @@ def _main(argv: list[str] | None, errors: TextIO | None) -> int:
         print(f"bench: error: {e}", file=errors)
         return EXIT_USAGE
     except KeyboardInterrupt as e:  # Ctrl-C, or a signal `bench run` holds (bench.grid.stop.Interrupted)
-        signum = getattr(e, "signum", signal.SIGINT)
-        print(f"bench: interrupted ({signal.Signals(signum).name}); run the same command again to go on", file=errors)
-        return 128 + signum
+        return _interrupted(e, errors)
     except BrokenPipeError:  # `bench datasets | head`: the reader left; say nothing more
         output.silence_stdout()  # keeps the interpreter's final flush quiet
         return 0

@@ -9,6 +9,7 @@ import contextlib
 import io
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -44,11 +45,24 @@ def start_ray(address: str | None, num_cpus: int | None) -> bool:
 
         clusters = ray_constants.ENABLE_RAY_CLUSTER
         ray_constants.ENABLE_RAY_CLUSTER = False
+        captured = io.StringIO()
         try:
-            ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", **kwargs)
+            with captured_stderr() as captured:
+                ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", **kwargs)
         finally:
             ray_constants.ENABLE_RAY_CLUSTER = clusters
+            sys.stderr.write(without_signal_dump(captured.read()))
     return True
+
+
+_DUMP = re.compile(r"(\[[^]]*\] logging\.cc:\d+: )?(\*\*\* SIG[A-Z]+ received at|PC: @ |    @ )")
+
+
+def without_signal_dump(text: str) -> str:
+    """Ray's C++ core, while `ray.init` connects the driver, has its own SIGTERM handler, which prints a stack dump
+    ("*** SIGTERM received ...", then Ray's Python handler ends the start: `bench.grid.stop.GridStop.start`); the
+    stop is one line, so the dump goes. Anything else Ray said on stderr while starting stays."""
+    return "".join(line for line in text.splitlines(keepends=True) if not _DUMP.match(line))
 
 
 AUTH_HINT = ("a cluster started with `ray start` expects RAY_AUTH_MODE=token and the cluster's token (RAY_AUTH_TOKEN "

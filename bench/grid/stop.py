@@ -91,19 +91,41 @@ class GridStop:
         here Ray is shut down and its processes ended before the stop goes on."""
         self.others = set(ray_processes())  # a Ray of someone else's in this process's tree (a test's cluster)
         try:
-            started = start()
+            with self._noting_ray_handlers():
+                started = start()
             self.hold()
             return started
-        except SystemExit as e:  # Ray's handler: sys.exit(SIGTERM)
-            if e.code != signal.SIGTERM:
+        except SystemExit:  # Ray's handlers end with sys.exit: ray.init's (15), its node's (1, its processes killed)
+            if self.signum is None:
                 raise
-            signum = int(signal.SIGTERM)
+            signum = self.signum
         except Interrupted as e:  # ours, before Ray's was installed (SIGTERM) or at any time (SIGINT)
             signum = e.signum
         self.hold()
         self.signum = signum
         self.end_ray()
         raise Interrupted(signum)
+
+    @contextlib.contextmanager
+    def _noting_ray_handlers(self) -> Any:
+        """While Ray starts, each SIGTERM handler it installs (`ray._private.utils.set_sigterm_handler`: ray.init's,
+        then its node's) first notes the signal here, so that the `SystemExit` it ends with is told from others."""
+        from ray._private import utils
+
+        install = utils.set_sigterm_handler
+
+        def noting(handler: Callable[[int, FrameType | None], Any]) -> None:
+            def handle(signum: int, frame: FrameType | None) -> None:
+                self.signum = self.signum or signum
+                handler(signum, frame)
+
+            install(handle)
+
+        utils.set_sigterm_handler = noting
+        try:
+            yield
+        finally:
+            utils.set_sigterm_handler = install
 
     def ray_processes(self) -> list[int]:
         """The processes of the Ray this driver started (`ray_processes`, less those that were there before)."""
@@ -177,10 +199,12 @@ def ray_processes() -> list[int]:
     """The Ray processes this driver started: its descendants whose command line names Ray (the GCS, the raylet, the
     workers `ray::...`, and the dashboard and runtime-env agents, which the raylet starts). Taken before Ray stops:
     the agents outlived the driver by 53 s to 2 min, each waiting to notice that its raylet was gone, and once the
-    raylet is gone they are nobody's descendants. Another Ray on the machine (another user's) is never among them;
-    one that this process had started before (`GridStop.others`) is left out by the caller."""
+    raylet is gone they are nobody's descendants. Whole command lines (`ps -ww`: a $COLUMNS would cut them). Another
+    Ray on the machine (another user's) is never among them; one that this process had started before
+    (`GridStop.others`) is left out by the caller."""
     try:
-        table = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True, timeout=10).stdout
+        table = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,args="], capture_output=True, text=True,
+                               timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     children: dict[int, list[int]] = defaultdict(list)
