@@ -174,6 +174,7 @@ def mlflow_runs(results) -> list[str]:
 
 # -- a signal at every moment, to a real driver in its own session --------------------------------------------------
 BENCH = str(Path(sys.executable).parent / "bench")
+REPO = Path(__file__).resolve().parents[1]
 
 
 def session_processes(session: int) -> list[str]:
@@ -284,3 +285,39 @@ def test_a_double_sigterm_leaves_no_ray_process_not_even_its_agents(tmp_path):
         while (left := session_processes(run.pid)) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not left, left
+
+
+# -- the acceptance script stops as the grid does ----------------------------------------------------------------------
+@pytest.mark.slow
+def test_sigterm_to_the_acceptance_script_stops_its_grid_and_writes_the_summary(tmp_path):
+    """It ran its grid under `timeout` in a process group of its own with no trap: SIGTERM ended the script at once
+    while the grid and its Ray ran on, and Ctrl-C did not reach the grid. Now the signal goes once to the grid, which
+    stops at its checkpoints with its Ray, and the script writes the summary of what ran and exits 143."""
+    out = tmp_path / "acceptance"
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    env.pop("BENCH_EXECUTOR_TABLE", None)
+    args = ["bash", str(REPO / "benchmarks" / "gpu_acceptance.sh"), "--tiny", "--out", str(out),
+            "--data-root", str(tmp_path / "no-data")]  # the synthetic grid: 2 trials, MR or not
+    script = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        wait_for(script, lambda: (out / "grid.log").is_file() and "running 2 of 2 trials" in (out / "grid.log")
+                 .read_text(), timeout=540)  # the grid has started its Ray
+        script.send_signal(signal.SIGTERM)  # the script alone, as a scheduler does
+        stdout, stderr = script.communicate(timeout=60)
+        assert script.returncode == 143, stderr[-3000:]
+        assert "gpu_acceptance: stopped by SIGTERM" in stderr
+        steps = dict(line.split("\t")[:2] for line in (out / "steps.tsv").read_text().splitlines())
+        assert steps["grid"] == "143" and "report" not in steps
+        text = (out / "summary.md").read_text()
+        assert "grid exit 143" in text and text in stdout
+        deadline = time.monotonic() + 5
+        while (left := session_processes(script.pid)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not left, left  # the grid, its Ray and its agents: gone
+    finally:
+        script.kill()
+        script.communicate()
+        for line in session_processes(script.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(line.split()[0]), signal.SIGKILL)

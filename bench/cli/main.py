@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import os
 import signal
 import sys
 import threading
@@ -338,6 +339,11 @@ def main(argv: list[str] | None = None) -> int:
 def _interrupted(e: KeyboardInterrupt, errors: TextIO | None) -> int:
     signum = getattr(e, "signum", signal.SIGINT)
     print(f"bench: interrupted ({signal.Signals(signum).name}); run the same command again to go on", file=errors)
+    if getattr(e, "at_once", False):  # a Ray start cut short: its C++ core may abort at the interpreter's exit
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(128 + signum)
     return 128 + signum
 
 

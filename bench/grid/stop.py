@@ -39,6 +39,7 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+        self.at_once = False  # the command exits without the interpreter's exit hooks (`bench.cli.main`)
 
 
 def say(line: str) -> None:
@@ -104,7 +105,9 @@ class GridStop:
         self.hold()
         self.signum = signum
         self.end_ray()
-        raise Interrupted(signum)
+        stopped = Interrupted(signum)
+        stopped.at_once = True  # Ray's core, cut short while it connected, may abort in the interpreter's exit
+        raise stopped
 
     @contextlib.contextmanager
     def _noting_ray_handlers(self) -> Any:
