@@ -8,6 +8,7 @@ import dataclasses
 import errno
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,42 @@ def disk_full(error: BaseException | None) -> bool:
 
 
 EXIT_USAGE = 2
+
+# [0-9], never \d: a str pattern's \d is every Unicode digit, as int() and float() take them ('٣' is 3 to both) and
+# str.isdigit() says '²' is one (which int() then refuses with a traceback).
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?(?:inf|infinity|nan)",
+                     re.IGNORECASE)
+
+
+def integer(text: str) -> int:
+    """The one way bench reads an integer a user wrote (a flag, a list file's label, an environment variable, a
+    table's count): ASCII digits with an optional sign, blanks around them aside; else ValueError. (int() alone also
+    takes '٣', '1_0' and 5,000-digit numbers.) Named for argparse, which says "invalid integer value"."""
+    if not isinstance(text, str) or not _INTEGER.fullmatch(text.strip()):
+        raise ValueError(f"not an integer in ASCII digits: {str(text)[:40]!r}")
+    return int(text)
+
+
+def number(text: str) -> float:
+    """The one way bench reads a real number a user wrote: ASCII digits, a point, an exponent (or the words inf and
+    nan, so that the caller's own check names them: "must be finite"); else ValueError."""
+    if not isinstance(text, str) or not _NUMBER.fullmatch(text.strip()):
+        raise ValueError(f"not a number in ASCII digits: {str(text)[:40]!r}")
+    return float(text)
+
+
+def whole_number(value: object, what: str, low: int, high: int, fix: str = "") -> int:
+    """A count or a size the user gave (text, or an int read from YAML) as an int in [low, high], else one
+    `UserError` naming `what`, the bounds and `fix`."""
+    try:
+        n = value if isinstance(value, int) and not isinstance(value, bool) else integer(value)  # type: ignore[arg-type]
+    except ValueError:
+        n = None
+    if n is None or not low <= n <= high:
+        raise UserError(f"{what} must be a whole number from {low:,} to {high:,} in ASCII digits, got "
+                        f"{str(value)[:40]!r}" + (f"; {fix}" if fix else ""))
+    return n
 
 
 def discover(base: type, places: tuple[str, ...]) -> dict[str, Any]:

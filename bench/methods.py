@@ -60,7 +60,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bench.config import Schedule, UserError, discover, lookup
+from bench.config import Schedule, UserError, discover, integer, lookup, number
 from bench.data import protocol_record
 from bench.data import registry as dataset_registry
 from bench.protocol import Protocol
@@ -275,9 +275,9 @@ def _from_text(kind: type, text: str) -> Any:
             return False
         raise ValueError
     if kind is int:
-        return int(text.strip(), 10)
+        return integer(text)
     if kind is float:
-        return float(text)
+        return number(text)
     return text
 
 

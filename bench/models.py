@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from bench.config import UserError, discover, lookup
+from bench.config import UserError, discover, lookup, whole_number
 from bench.data import Dataset, Splits
 
 
@@ -62,6 +62,9 @@ def get_model(name: str) -> type[Model]:
     return lookup(registry(), "model", name)
 
 
+IMAGE_SIZES = (32, 1024)  # an `image_size` option's bounds: VGG's five max-pools need 32; 1024 is past any backbone's
+
+
 def check_args(name: str, args: dict[str, Any]) -> None:
     """Refuse, in one line, an option (`model_args`) that model `name` does not take."""
     model = get_model(name)
@@ -71,6 +74,9 @@ def check_args(name: str, args: dict[str, Any]) -> None:
                         f"{', '.join(sorted(accepted)) or 'none'}")
     if bad := next((k for k, v in args.items() if not isinstance(v, str | int | float | bool)), None):
         raise UserError(f"model {name}: option {bad!r} must be a single value, got {args[bad]!r}")
+    if "image_size" in args:  # 0 read as "no resize", 100000 as an interpolation far past any memory
+        whole_number(args["image_size"], f"model {name}: option image_size", *IMAGE_SIZES,
+                     "the pixels a side of the images the network sees (e.g. 224); leave it out for the default")
 
 
 def create(name: str, num_classes: int, device: torch.device | str = "cpu", **kwargs: Any) -> nn.Module:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.config import UserError, read_text_file
+from bench.config import UserError, number, read_text_file
 
 # How a pattern builds T from the noise level r and the number of classes C. A dataset declares its own patterns
 # (name -> builder, in its file under datasets/); the generic ones below are accepted by every dataset.
@@ -109,7 +109,7 @@ def read_transition_file(path: str | Path) -> np.ndarray:
         if path.suffix.lower() == ".json":
             return np.asarray(json.loads(text), dtype=np.float64)
         rows = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-        return np.asarray([[float(v) for v in line.split(",")] for line in rows], dtype=np.float64)
+        return np.asarray([[number(v) for v in line.split(",")] for line in rows], dtype=np.float64)
     except (ValueError, TypeError) as e:
         raise UserError(f"--transition {path}: not a matrix of numbers ({e})") from None
 

@@ -21,6 +21,10 @@
 # same --out resumes the grid (trials with a result row are skipped). The 700 trials it starts with (CE and L_DMI's
 # six settings x 10 r x 5 seeds x 2 protocols) are the issue's 20 CE and L_DMI cells per protocol.
 #
+# SIGTERM or SIGINT (Ctrl-C) stops it as they stop `bench run`: the signal goes once to the step that runs (the grid
+# stops at its trials' last checkpoints, its Ray with it), the summary of what ran is written, and the script exits
+# 143 or 130; running it again with the same --out resumes the grid.
+#
 # --tiny: the same steps on the CPU in a few minutes: calibration of 3 steps an epoch (ResNet-34's on batches of 4),
 # the grid cut to r 0.4, seed 0, one setting of L_DMI, 1 + 1 epochs on 256 training sentences; MR from the data root
 # when present, else the generated `synthetic` set under protocol bench alone (it has no authors' scripts).
@@ -48,14 +52,46 @@ out=$(cd "$out" && pwd)
 start=$(date +%s)
 : > "$out/steps.tsv"
 
+# Signals: each step runs in a process group of its own (set -m), so that Ctrl-C (the terminal's group) and a
+# scheduler's SIGTERM reach the script alone, and the trap hands the signal to the running step once: the grid's
+# `timeout --foreground` passes it on to `bench run` once (without --foreground it sends it twice, to the command and
+# to its process group, and a second signal stops a grid at once, not at its checkpoints). Bash runs a trap only
+# between commands, so a step is waited for in the background (`wait` returns on a signal).
+set -m
+stopped="" child=""
+forward() { stopped=$1; [ -z "$child" ] || kill -s "$1" "$child" 2>/dev/null; }
+trap 'forward INT' INT
+trap 'forward TERM' TERM
+grid_t0=""
+
 step() {  # step NAME COMMAND...: run it, its output into DIR/NAME.log and on the terminal, its exit code and time
   local name=$1 t0 rc; shift
   echo "== $name: $*"
   t0=$(date +%s)
-  "$@" 2>&1 | tee "$out/$name.log"
-  rc=${PIPESTATUS[0]}
+  "$@" > >(tee "$out/$name.log") 2>&1 &
+  child=$!
+  while kill -0 "$child" 2>/dev/null; do wait "$child"; done
+  wait "$child"; rc=$?
+  child=""
   printf '%s\t%s\t%s\n' "$name" "$rc" "$(( $(date +%s) - t0 ))" >> "$out/steps.tsv"
+  stop_here
   return "$rc"
+}
+
+summarize() {  # the summary of what ran: DIR/summary.md, printed
+  local wall=0
+  [ -z "$grid_t0" ] || wall=$(( ${grid_wall:-$(( $(date +%s) - grid_t0 ))} ))
+  "$python" benchmarks/acceptance_summary.py "$out" --grid-wall-s "$wall" \
+    --total-wall-s "$(( $(date +%s) - start ))" --mode "$( [ $tiny = 1 ] && echo tiny || echo full )"
+}
+
+stop_here() {  # after a signal: the summary of what ran, then exit 128 + the signal's number, as `bench run` does
+  [ -n "$stopped" ] || return 0
+  trap '' INT TERM  # the summary is written whatever comes now
+  summarize
+  echo "gpu_acceptance: stopped by SIG$stopped; what ran is in $out/summary.md (running the script again with" \
+       "--out $out resumes the grid)" >&2
+  exit $(( 128 + $(kill -l "$stopped") ))
 }
 
 # 1. What is installed; the carried wheels where something is missing.
@@ -85,7 +121,7 @@ if ! "$python" -c "import bench.datasets, bench.baselines" 2>/dev/null; then
   "$python" -m pip install -q --no-deps --no-build-isolation -e . || { echo "gpu_acceptance: cannot install bench" \
     "(pip install --no-deps -e . failed)" >&2; exit 2; }
 fi
-bench() { "$python" -m bench.cli.main "$@"; }
+bench=("$python" -m bench.cli.main)  # an array, not a function: a step runs it as its own process (signals)
 if [ -z "$data_root" ]; then
   for d in shared/data ../shared/data /work/shared/data; do [ -d "$d/MR" ] && data_root=$(cd "$d" && pwd) && break; done
 fi
@@ -124,23 +160,22 @@ else
   models=mlp; data=(--set dataset=synthetic --set noise=case1 --set "protocol=[bench]")
 fi
 # ${a[@]+"${a[@]}"}: an array that may be empty, under set -u
-step calibrate bench calibrate --device "$device" --models "$models" ${quick[@]+"${quick[@]}"} \
+step calibrate "${bench[@]}" calibrate --device "$device" --models "$models" ${quick[@]+"${quick[@]}"} \
   --budget-s "$cal_s" --out "$out/executors.csv" --figures "$out/figures_grid.csv" --data-root "$data_root"
-step calibrate_resnet bench calibrate --device "$device" --models resnet34_cifar ${quick[@]+"${quick[@]}"} \
+step calibrate_resnet "${bench[@]}" calibrate --device "$device" --models resnet34_cifar ${quick[@]+"${quick[@]}"} \
   ${res_batch[@]+"${res_batch[@]}"} --budget-s "$res_s" --out "$out/executors.csv" \
   --figures "$out/figures_resnet.csv" --data-root "$data_root"
 methods=(--methods ce,dmi); [ "$full" = 1 ] && methods=()
 export BENCH_EXECUTOR_TABLE="$out/executors.csv"  # the grid plans from the rows measured above
-t0=$(date +%s)
-step grid timeout -s INT -k 60 "$grid_s" "$python" -m bench.cli.main run tune_configs/mr.yaml --set name=acceptance \
+grid_t0=$(date +%s)
+step grid timeout --foreground -s INT -k 60 "$grid_s" "$python" -m bench.cli.main run tune_configs/mr.yaml --set name=acceptance \
   ${data[@]+"${data[@]}"} ${methods[@]+"${methods[@]}"} ${shrink[@]+"${shrink[@]}"} --yes \
   --results "$out/results" --mlflow-uri "sqlite:///$out/mlflow.db" --data-root "$data_root"
-grid_wall=$(( $(date +%s) - t0 ))
+grid_wall=$(( $(date +%s) - grid_t0 ))
 
 # 5. The report, 6. the summary.
-step report bench report "$out/results" --out "$out/report"
-"$python" benchmarks/acceptance_summary.py "$out" --grid-wall-s "$grid_wall" \
-  --total-wall-s "$(( $(date +%s) - start ))" --mode "$( [ $tiny = 1 ] && echo tiny || echo full )"
+step report "${bench[@]}" report "$out/results" --out "$out/report"
+summarize
 # The grid stopped at --grid-s (timeout's 124) is no failure: the summary counts what ended, a rerun resumes it.
 failed=$(awk -F'\t' '$2 != 0 && !($1 == "grid" && $2 == 124) {print $1}' "$out/steps.tsv" | tr '\n' ' ')
 [ -z "$failed" ] || { echo "gpu_acceptance: failed steps: $failed(logs in $out)" >&2; exit 1; }

@@ -33,7 +33,7 @@ from bench.data import Dataset, Split, Splits, deterministic_permutation
 from bench.datasets.image_files import ImageCrops, ImageFiles
 
 CLASSES = ("cat", "lynx", "wolf", "coyote", "cheetah", "jaguar", "chimpanzee", "orangutan", "hamster", "guinea pig")
-NAME = re.compile(r"^(\d)_[^/]+\.(jpe?g|png)$", re.IGNORECASE)
+NAME = re.compile(r"^([0-9])_[^/]+\.(jpe?g|png)$", re.IGNORECASE)
 SIZE = 64
 VALIDATION = 5_000
 

@@ -29,7 +29,7 @@ import torch
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits
 from bench.datasets.cifar10 import IMAGENET_MEAN, IMAGENET_STD, crop_flip, normalise_channels
-from bench.datasets.image_files import WEIGHTS_ENV, ImageFiles, check_key, resnet50_weights
+from bench.datasets.image_files import WEIGHTS_ENV, ImageFiles, check_key, label_of, resnet50_weights
 
 CLASSES = ("T-Shirt", "Shirt", "Knitwear", "Chiffon", "Sweater", "Hoodie", "Windbreaker", "Jacket", "Down Coat",
            "Suit", "Shawl", "Dress", "Vest", "Underwear")
@@ -50,10 +50,10 @@ def read_kv(path: Path) -> dict[str, int]:
         parts = line.split()
         if not parts:
             continue
-        if len(parts) != 2 or not parts[1].isdigit() or int(parts[1]) >= len(CLASSES):
+        if len(parts) != 2 or not 0 <= label_of(parts[1]) < len(CLASSES):
             raise UserError(f"clothing1m: {path}, line {number}: expected `images/... label` with a label in "
                             f"0..{len(CLASSES) - 1}, got {line!r}")
-        labels[check_key(parts[0], path, number, "clothing1m")] = int(parts[1])
+        labels[check_key(parts[0], path, number, "clothing1m")] = label_of(parts[1])
     return labels
 
 

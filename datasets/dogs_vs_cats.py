@@ -53,7 +53,7 @@ IMAGE_SIZE = 64
 PADDING = 8
 FULL_SET = 25_000
 CACHE_FORMAT = 1  # bump when the decoding changes, so that old caches are not reused
-NAME = re.compile(r"^(cat|dog)\.(\d+)\.jpe?g$", re.IGNORECASE)
+NAME = re.compile(r"^(cat|dog)\.([0-9]+)\.jpe?g$", re.IGNORECASE)
 CLASS_OF = {"dog": 0, "cat": 1}
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 
-from bench.config import UserError
+from bench.config import UserError, integer
 from bench.datasets.cifar10 import IMAGENET_MEAN, IMAGENET_STD, crop_flip, normalise_channels
 
 # A local torchvision ResNet-50 state dict (ImageNet weights) for the sets whose papers fine-tune one; nothing is ever
@@ -68,17 +69,28 @@ def key_label_lines(path: Path, dataset: str, num_classes: int, sep: str | None 
     pairs = []
     for number, line in enumerate(read_lines(path, dataset), 1):
         parts = line.split(sep)
-        if len(parts) != 2 or not parts[1].strip().isdigit() or int(parts[1]) >= num_classes:
+        if len(parts) != 2 or not 0 <= label_of(parts[1]) < num_classes:
             raise UserError(f"{dataset}: {path}, line {number}: expected `key label` with a label in "
                             f"0..{num_classes - 1}, got {line!r}; the file is damaged, get it again")
-        pairs.append((check_key(parts[0].strip(), path, number, dataset), int(parts[1])))
+        pairs.append((check_key(parts[0].strip(), path, number, dataset), label_of(parts[1])))
     return pairs
+
+
+def label_of(text: str) -> int:
+    """A list file's class label in ASCII digits, else -1 (a '²' or '٣' there is damage, not a class)."""
+    try:
+        return integer(text) if text.strip().isdigit() else -1
+    except ValueError:
+        return -1
 
 
 def decode(path: Path, size: int, dataset: str) -> torch.Tensor:
     """One image file: shorter side resized to `size`, the centre size x size, as 3 x size x size uint8."""
     try:
         with Image.open(path) as img:
+            # past the decoder's pixel limit: an error (PIL only warns up to twice the limit), not gigabytes decoded
+            if Image.MAX_IMAGE_PIXELS and img.width * img.height > Image.MAX_IMAGE_PIXELS:
+                raise Image.DecompressionBombError(f"{img.width} x {img.height} pixels")
             img.draft("RGB", (size, size))
             img = img.convert("RGB")
             w, h = img.size
@@ -91,8 +103,14 @@ def decode(path: Path, size: int, dataset: str) -> torch.Tensor:
             array = np.asarray(img.crop((left, top, left + size, top + size)))
     except FileNotFoundError:
         raise UserError(f"{dataset}: missing image {path}; the image folders are incomplete") from None
-    except (UnidentifiedImageError, OSError) as e:
-        raise UserError(f"{dataset}: cannot decode {path} ({e}); delete it and get it again") from None
+    except Image.DecompressionBombError as e:
+        raise UserError(f"{dataset}: the image {path} is larger than the decoder's limit of "
+                        f"{Image.MAX_IMAGE_PIXELS:,} pixels ({' '.join(str(e).split())[:120]}); it is not one of the "
+                        "data set's images: replace it with the published file") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError, struct.error) as e:
+        # PIL's decoders raise all of these for a damaged file (SyntaxError: a malformed header)
+        raise UserError(f"{dataset}: cannot decode {path} ({' '.join(str(e).split())[:120]}); delete it and get it "
+                        "again") from None
     return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
 
 

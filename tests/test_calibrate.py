@@ -141,7 +141,8 @@ def _no_cuda() -> list[tuple[list[str], str]]:
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--device", "cpu", "--models", "mlp,nope"], "unknown model 'nope'"),
-    (["--device", "cpu", "--models", "mlp", "--members", "1,2"], "--members must be whole numbers >= 2"),
+    (["--device", "cpu", "--models", "mlp", "--members", "1,2"],
+     "--members (trials a unit, separated by commas: '1,2') must be a whole number from 2 to 256"),
     (["--device", "cpu", "--models", "mlp", "--budget-s", "0"], "--budget-s must be"),
     (["--device", "cpu", "--models", "mlp", "--out", "{tmp}"], "is a folder, not a file"),
     (["--device", "cpu", "--models", "mlp", "--out", "{tmp}/file/t.csv"], "is a file, not a folder"),

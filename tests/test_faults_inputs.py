@@ -274,8 +274,8 @@ MR_TRIAL = ["trial", "--dataset", "mr", "--method", "ce", "--noise", "pos_to_neg
 
 @pytest.mark.parametrize("damage, says", [
     ("a folder", "rt-polarity.pos is a folder, not the published file"),
-    ("line ends lost", f"rt-polarity.pos holds 0 lines in {300 * (len(SENTENCE.format('pos')) + 1):,} bytes, "
-                       "where the published file holds 5,331 in 626,168: were its line ends lost?"),
+    ("line ends lost", f"rt-polarity.pos, line 1: {300 * (len(SENTENCE.format('pos')) + 1):,} bytes on one line, "
+                       "where the published file's longest holds 269: were its line ends lost?"),
 ])
 def test_an_mr_file_that_cannot_be_the_published_one_is_one_line(tmp_path, monkeypatch, capsys, damage, says):
     """A folder named rt-polarity.pos (a traceback, and `bench datasets` said ready), or the file with its line ends

@@ -13,13 +13,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.config import UserError
+from bench.config import UserError, integer, number, whole_number
 from bench.store.folder import replace_file
 
 if TYPE_CHECKING:
     import torch
 
     from bench.exec.calibrate import Calibration
+
+# Bounds of the command's numbers: a value past them is a typo, and would run far past any budget.
+MAX_BUDGET_S = 86_400
+MAX_STEPS, MAX_ROUNDS, MAX_BATCH = 100_000, 100, 65_536
 
 FIGURE_COLUMNS = ["model", "device", "arm", "executor", "members", "as_run", "images_per_s", "vs_solo", "rounds"]
 
@@ -36,12 +40,12 @@ def add_calibrate(sub: argparse._SubParsersAction, add_data_root: Callable[[argp
     p.add_argument("--device", default="cuda", help="cpu or cuda (default: cuda)")
     p.add_argument("--members", default=None, metavar="K,K",
                    help="trials a unit to time packs and streams units at (default: 2,4,8,16 on CUDA, 2,4 on a CPU)")
-    p.add_argument("--budget-s", type=float, default=300.0,
+    p.add_argument("--budget-s", type=number, default=300.0,
                    help="seconds to measure for (default 300): rounds are cut to fit and models skipped once it is "
                         "spent (never the first); the command says what it skipped")
-    p.add_argument("--steps", type=int, default=20, help="optimiser steps an epoch (default 20)")
-    p.add_argument("--rounds", type=int, default=3, help="timed rounds at most, the best counts (default 3)")
-    p.add_argument("--batch", type=int, default=None, help="batch size (default: the dataset's method stage's)")
+    p.add_argument("--steps", type=integer, default=20, help="optimiser steps an epoch (default 20)")
+    p.add_argument("--rounds", type=integer, default=3, help="timed rounds at most, the best counts (default 3)")
+    p.add_argument("--batch", type=integer, default=None, help="batch size (default: the dataset's method stage's)")
     p.add_argument("--out", default=None, help="put the rows into this executor table (made from the table in "
                    "force when absent); default: print them")
     p.add_argument("--figures", default=None, help="also write every arm's images/s to this CSV file")
@@ -65,16 +69,20 @@ def models_of(args: argparse.Namespace) -> list[str]:
     return list(dict.fromkeys(t.network() for t in files.load_experiment(args.config).trials()))
 
 
+def pack_most() -> int:
+    # the layers load when the command runs, so that `bench --help` stays light
+    from bench.exec.executors.pack import Pack
+
+    return Pack.most
+
+
 def members_of(text: str | None, device: torch.device) -> list[int]:
     if text is None:
         return [2, 4, 8, 16] if device.type == "cuda" else [2, 4]
-    try:
-        ks = sorted({int(k) for k in text.split(",")})
-    except ValueError:
-        ks = []
-    if not ks or ks[0] < 2:
-        raise UserError(f"--members must be whole numbers >= 2 separated by commas (trials a unit), got {text!r}")
-    return ks
+    # at most a pack's most: every member's data and weights are held at once, so 1,000,000 ran out of memory
+    most = pack_most()
+    return sorted({whole_number(k, f"--members (trials a unit, separated by commas: {text[:40]!r})", 2, most,
+                                f"a grid packs at most {most} trials a unit") for k in text.split(",")})
 
 
 def check_args(args: argparse.Namespace) -> tuple[list[str], torch.device, list[int]]:
@@ -84,11 +92,12 @@ def check_args(args: argparse.Namespace) -> tuple[list[str], torch.device, list[
     from bench.grid import executor_table
     from bench.store import folder
 
-    if not args.budget_s > 0:
-        raise UserError(f"--budget-s must be a number of seconds > 0, got {args.budget_s:g}")
-    for flag, value in (("--steps", args.steps), ("--rounds", args.rounds), ("--batch", args.batch or 1)):
-        if value < 1:
-            raise UserError(f"{flag} must be >= 1, got {value}")
+    if not 0 < args.budget_s <= MAX_BUDGET_S:
+        raise UserError(f"--budget-s must be a number of seconds > 0 and at most {MAX_BUDGET_S:,} (a day), got "
+                        f"{args.budget_s:g}")
+    for flag, value, most in (("--steps", args.steps, MAX_STEPS), ("--rounds", args.rounds, MAX_ROUNDS),
+                              ("--batch", args.batch or 1, MAX_BATCH)):
+        whole_number(value, flag, 1, most)
     device = prepare.resolve_device(args.device)
     models = models_of(args)
     ks = members_of(args.members, device)

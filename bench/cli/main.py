@@ -8,18 +8,21 @@ Bad input prints one line starting with "bench: error:" and exits with code 2, h
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import signal
 import sys
+import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
 from bench import __version__
 from bench.cli import output
 from bench.cli.calibrate import add_calibrate
-from bench.config import EXIT_USAGE, UserError, default_data_root
+from bench.config import EXIT_USAGE, UserError, default_data_root, integer, number
 from bench.schema import GRID_LIMIT
 
 # What `bench run`, `report`, `results`, `sync-mlflow` and `ui` need beyond the training core; each command names
@@ -54,11 +57,19 @@ def _parse_params(method: str, items: list[str]) -> dict[str, object]:
 
 
 def _parse_model_args(items: list[str]) -> dict[str, object]:
-    """--model-arg key=value pairs; a value that reads as an integer is one (image_size=224)."""
+    """--model-arg key=value pairs; a value in ASCII digits is an integer (image_size=224), any other text stays text
+    (the model's own check refuses it where it wants a number)."""
     pairs = [(key.strip(), sep, value.strip()) for key, sep, value in (item.partition("=") for item in items)]
     if bad := next((item for item, (key, sep, _) in zip(items, pairs, strict=True) if not sep or not key), None):
         raise UserError(f"--model-arg expects key=value, got {bad!r}")
-    return {key: int(value) if value.isdigit() else value for key, _, value in pairs}
+    return {key: _integer_or_text(value) for key, _, value in pairs}
+
+
+def _integer_or_text(value: str) -> int | str:
+    try:
+        return integer(value)
+    except ValueError:
+        return value
 
 
 def cmd_trial(args: argparse.Namespace) -> int:
@@ -207,17 +218,17 @@ def _add_trial(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--noise", required=True,
                    help="noise pattern: uniform, symmetric, idn (instance-dependent), the dataset's own (e.g. "
                         "case3), or transition")
-    p.add_argument("--r", type=float, required=True, help="noise level in [0, 1]")
-    p.add_argument("--seed", type=int, default=0, help="seeds the noise, the model and the data order")
+    p.add_argument("--r", type=number, required=True, help="noise level in [0, 1]")
+    p.add_argument("--seed", type=integer, default=0, help="seeds the noise, the model and the data order")
     p.add_argument("--transition", type=Path, default=None,
                    help="explicit transition matrix T (CSV rows or a JSON list of rows; rows = true class)")
-    p.add_argument("--epochs-warmup", type=int, default=None, help="CE warm-start epochs (default: the paper's)")
-    p.add_argument("--epochs", type=int, default=None, help="method-stage epochs (default: the paper's)")
-    p.add_argument("--lr", type=float, default=None, help="method-stage learning rate (default: the paper's)")
-    p.add_argument("--batch-size", type=int, default=None, help="method-stage batch size (default: the paper's)")
+    p.add_argument("--epochs-warmup", type=integer, default=None, help="CE warm-start epochs (default: the paper's)")
+    p.add_argument("--epochs", type=integer, default=None, help="method-stage epochs (default: the paper's)")
+    p.add_argument("--lr", type=number, default=None, help="method-stage learning rate (default: the paper's)")
+    p.add_argument("--batch-size", type=integer, default=None, help="method-stage batch size (default: the paper's)")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a method hyper-parameter (repeatable), e.g. --param q=0.7")
-    p.add_argument("--train-subset", type=int, default=None, help="use only the first N training examples")
+    p.add_argument("--train-subset", type=integer, default=None, help="use only the first N training examples")
     p.add_argument("--model", help="the network, where not the dataset's: e.g. linear_probe (a linear head on a "
                    "frozen torchvision backbone's cached features)")
     p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE", help="an option of --model "
@@ -249,17 +260,17 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--results", default=None, help="results folder or pyarrow URI (default: results/<name>)")
     p.add_argument("--address", default=None, help="Ray cluster address (default: start Ray locally)")
     p.add_argument("--dry-run", action="store_true", help="print the grid, the trials and the work; run nothing")
-    p.add_argument("--max-concurrent", type=int, default=None, help="at most N trials at once")
+    p.add_argument("--max-concurrent", type=integer, default=None, help="at most N trials at once")
     p.add_argument("--mlflow-uri", default=None,
                    help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite inside the results folder)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow (parquet only)")
-    p.add_argument("--cpus-per-trial", type=float, default=None, help="override resources.cpu")
-    p.add_argument("--gpus-per-trial", type=float, default=None,
+    p.add_argument("--cpus-per-trial", type=number, default=None, help="override resources.cpu")
+    p.add_argument("--gpus-per-trial", type=number, default=None,
                    help="override resources.gpu (> 0 runs on cuda, 0 on the CPU); fractions share a GPU")
-    p.add_argument("--retries", type=int, default=None,
+    p.add_argument("--retries", type=integer, default=None,
                    help="retries of a trial whose worker died (a lost node, an out-of-memory kill; default 2); an "
                         "error in a trial's code is not retried: its row is failed, with the reason")
-    p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
+    p.add_argument("--num-cpus", type=integer, default=None, help="CPUs of the local Ray (default: all)")
     p.add_argument("--executor", default=None, metavar="auto|solo|pack[:K]|streams[:K]|NAME[:K]",
                    help="how trials train together: auto (default: the executor and trials a unit "
                         "that the executor table gives for the model and GPU kind: on CUDA, packs that fill every "
@@ -280,8 +291,8 @@ def _add_labels(sub: argparse._SubParsersAction) -> None:
         "with the hash the result rows record")
     p.add_argument("--dataset", required=True, help="dataset name (see `bench datasets`)")
     p.add_argument("--noise", required=True, help="noise pattern (as for `bench trial`)")
-    p.add_argument("--r", type=float, required=True, help="noise level in [0, 1]")
-    p.add_argument("--seed", type=int, default=0, help="the trial seed (it seeds the noise)")
+    p.add_argument("--r", type=number, required=True, help="noise level in [0, 1]")
+    p.add_argument("--seed", type=integer, default=0, help="the trial seed (it seeds the noise)")
     p.add_argument("--transition", type=Path, default=None,
                    help="explicit transition matrix T (CSV rows or a JSON list of rows; rows = true class)")
     p.add_argument("--protocol", default="bench",
@@ -323,18 +334,52 @@ def _add_results_commands(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("ui", help="serve the MLflow UI of a results folder on 127.0.0.1")
     p.add_argument("results", help="results folder")
-    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--port", type=integer, default=5000)
     p.add_argument("--mlflow-uri", default=None, help="MLflow store (default as for `bench run`)")
     p.set_defaults(func=_later("bench.cli.mlflow", "cmd_ui"), needs=("mlflow",))
 
 
 def main(argv: list[str] | None = None) -> int:
-    with output.prepared() as errors:  # closed or refusing stdout / stderr: bench.cli.output
+    with output.prepared() as errors, _terminable():  # closed or refusing stdout / stderr: bench.cli.output
         try:
             return _main(argv, errors)
         except output.Unwritable as e:  # `> /dev/full`: one line where it can go (`bench run` goes on instead)
             output.refused(e, errors)
             return EXIT_USAGE
+        except KeyboardInterrupt as e:  # while the command line was read
+            return _interrupted(e, errors)
+
+
+def _interrupted(e: KeyboardInterrupt, errors: TextIO | None) -> int:
+    signum = getattr(e, "signum", signal.SIGINT)
+    print(f"bench: interrupted ({signal.Signals(signum).name}); run the same command again to go on", file=errors)
+    if getattr(e, "at_once", False):  # a Ray start cut short: its C++ core may abort at the interpreter's exit
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(128 + signum)
+    return 128 + signum
+
+
+@contextlib.contextmanager
+def _terminable() -> Iterator[None]:
+    """SIGTERM stops every command as Ctrl-C does (`KeyboardInterrupt`: one line, exit 143), not by its default
+    action (no line, and a `bench trial` or a dry run cut wherever it was); `bench run` and `bench ui` hold it in
+    their own way while they run (bench.grid.stop, bench.store.mirror.serve)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    from bench.grid.stop import Interrupted  # the standard library only
+
+    raise Interrupted(signum)
 
 
 def _main(argv: list[str] | None, errors: TextIO | None) -> int:
@@ -359,9 +404,7 @@ def _main(argv: list[str] | None, errors: TextIO | None) -> int:
         print(f"bench: error: {e}", file=errors)
         return EXIT_USAGE
     except KeyboardInterrupt as e:  # Ctrl-C, or a signal `bench run` holds (bench.grid.stop.Interrupted)
-        signum = getattr(e, "signum", signal.SIGINT)
-        print(f"bench: interrupted ({signal.Signals(signum).name}); run the same command again to go on", file=errors)
-        return 128 + signum
+        return _interrupted(e, errors)
     except BrokenPipeError:  # `bench datasets | head`: the reader left; say nothing more
         output.silence_stdout()  # keeps the interpreter's final flush quiet
         return 0

@@ -22,7 +22,7 @@ import torch.utils._pytree as pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bench.config import UserError
+from bench.config import UserError, number
 from bench.exec.packed import EVAL_IMAGES, PackedStage, device_generator
 from bench.exec.prepare import Prepared, build_model
 from bench.exec.stage import Log
@@ -39,6 +39,7 @@ WORKSPACE = 1.5
 EVAL_CHUNK = 256  # member-examples of the smaller of the two measured evaluation passes
 
 
+MIN_BUDGET_GIB = 1 / 1024  # 1 MiB: less is a typo (no network of ours fits in it)
 MAX_BUDGET_GIB = 1_048_576  # 1 PiB: more than any GPU (or node) holds; a larger value is a typo
 
 
@@ -48,12 +49,15 @@ def memory_budget() -> int | None:
     if not (value := os.environ.get("BENCH_PACK_MEMORY_GB", "")):
         return None
     try:
-        gib = float(value)
+        gib = number(value)
     except ValueError:
         gib = -1.0
     if not (gib > 0 and math.isfinite(gib)):
         raise UserError(f"BENCH_PACK_MEMORY_GB must be a positive number of GiB, got {value[:40]!r}: set it to the GiB "
                         "a pack may take on a GPU (e.g. 20), or unset it")
+    if gib < MIN_BUDGET_GIB:  # 1e-300 GiB is 0 bytes: no pack, and no solo trial either
+        raise UserError(f"BENCH_PACK_MEMORY_GB must be at least {MIN_BUDGET_GIB:g} GiB (1 MiB), got {value[:40]!r}: "
+                        "set it to the GiB a pack may take on a GPU (e.g. 20), or unset it")
     if gib > MAX_BUDGET_GIB:  # in bytes it would overflow (1.7e299 and up) or mean nothing
         raise UserError(f"BENCH_PACK_MEMORY_GB must be at most {MAX_BUDGET_GIB:,} GiB (1 PiB, more than any GPU "
                         f"holds), got {value[:40]!r}: set it to the GiB a pack may take on a GPU (e.g. 20), or "

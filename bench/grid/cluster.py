@@ -1,7 +1,7 @@
 """Joining Ray for `bench run`: a local Ray on 127.0.0.1, or a cluster at `--address` (`connect`), with every
 failure to reach it one line within seconds: nothing listening, something that is not Ray (`probe`: gRPC's HTTP/2
-handshake within `HANDSHAKE_TIMEOUT`), a refused token; and what the cluster offers (`check_resources`,
-`cluster_gpus`). `bench.grid.runner` drives the grid on it."""
+handshake, then Ray's own first call to the head, `gcs_call`, all within `HANDSHAKE_TIMEOUT`), a refused token; and
+what the cluster offers (`check_resources`, `cluster_gpus`). `bench.grid.runner` drives the grid on it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import contextlib
 import io
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -44,11 +45,24 @@ def start_ray(address: str | None, num_cpus: int | None) -> bool:
 
         clusters = ray_constants.ENABLE_RAY_CLUSTER
         ray_constants.ENABLE_RAY_CLUSTER = False
+        captured = io.StringIO()
         try:
-            ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", **kwargs)
+            with captured_stderr() as captured:
+                ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", **kwargs)
         finally:
             ray_constants.ENABLE_RAY_CLUSTER = clusters
+            sys.stderr.write(without_signal_dump(captured.read()))
     return True
+
+
+_DUMP = re.compile(r"(\[[^]]*\] logging\.cc:\d+: )?(\*\*\* SIG[A-Z]+ received at|PC: @ |    @ )")
+
+
+def without_signal_dump(text: str) -> str:
+    """Ray's C++ core, while `ray.init` connects the driver, has its own SIGTERM handler, which prints a stack dump
+    ("*** SIGTERM received ...", then Ray's Python handler ends the start: `bench.grid.stop.GridStop.start`); the
+    stop is one line, so the dump goes. Anything else Ray said on stderr while starting stays."""
+    return "".join(line for line in text.splitlines(keepends=True) if not _DUMP.match(line))
 
 
 AUTH_HINT = ("a cluster started with `ray start` expects RAY_AUTH_MODE=token and the cluster's token (RAY_AUTH_TOKEN "
@@ -95,7 +109,7 @@ def probe(address: str, timeout: float | None = None) -> None:
     connection at HOST:PORT or ray://HOST:PORT, or what does is not a gRPC server as a Ray head is (an HTTP server, a
     silent listener, an SSH banner). `auto` and other forms pass, as does a cluster with TLS (RAY_USE_TLS)."""
     host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if not sep or not port.isdigit() or not host or "://" in host:
+    if not sep or not (port.isascii() and port.isdigit()) or not host or "://" in host:
         return
     timeout = HANDSHAKE_TIMEOUT if timeout is None else timeout
     deadline = time.monotonic() + timeout
@@ -110,12 +124,51 @@ def probe(address: str, timeout: float | None = None) -> None:
                         "the head node's address and the port of its `ray start --head --port` (or start the "
                         "cluster first)") from None
     if answer is not None and len(answer) >= 9 and answer[3] == 4:
+        if not address.startswith("ray://"):  # Ray Client's server (ray://) has no GCS: its HTTP/2 answer must do
+            gcs_call(address, max(1.0, deadline - time.monotonic()), timeout)
         return
     what = (f"no answer to a Ray handshake in {timeout:g}s" if answer is None else
             "it closed the connection" if not answer else
             f"it answered {answer[:24].decode('ascii', 'replace')!r}")
     raise UserError(f"nothing at {address} answers as a Ray cluster ({what}); give the head node's address and the "
                     "port of its `ray start --head --port` (default 6379; ray://HOST:10001 for Ray Client)")
+
+
+# The first call `ray.init` makes to the head: Ray's own GCS client (the C++ one `ray.init` uses, with the token and
+# the TLS settings of this environment) asks for the cluster's id. A child process makes it, so that the deadline holds
+# whatever answers (Ray's client retries for 30-40 s, and `ray.init` for minutes, where an HTTP/2 server acknowledges
+# PING but serves no Ray call: any HTTP/2 server, or a gRPC server with other services or none).
+_GCS_CALL = """
+import sys
+from ray._raylet import GcsClient
+try:
+    print("ray", GcsClient(address=sys.argv[1], cluster_id=None).cluster_id.hex(), flush=True)
+except Exception as e:
+    text = " ".join(str(e).split())
+    print("ray" if "nauthenticated" in text or "InvalidAuthToken" in text else "error", type(e).__name__, text[:200])
+"""
+
+
+def gcs_call(address: str, timeout: float, bound: float | None = None) -> None:
+    """Make Ray's first call to the head at `address` within `timeout` seconds (what is left of the handshake's
+    `bound`, the time the error states), or raise a `UserError` naming the
+    address and what answered (an HTTP/2 server that is not Ray's GCS). A refused token passes: it is Ray, and
+    `connect` names the token's problem."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _GCS_CALL, address], capture_output=True, text=True,
+                              timeout=timeout, env={**os.environ, "RAY_BACKEND_LOG_LEVEL": "fatal"},
+                              start_new_session=True)  # its whole group goes at the deadline (Ray's threads)
+        said = (done.stdout.strip().splitlines() or [""])[-1]
+    except subprocess.TimeoutExpired:
+        said = None
+    if said is not None and said.startswith("ray"):
+        return
+    what = (f"no answer to Ray's first call, for its cluster id, in {bound or timeout:g}s" if said is None else
+            f"Ray's first call, for its cluster id, failed: {said.removeprefix('error ')}" if said else
+            "Ray's client could not run here")
+    raise UserError(f"nothing at {address} answers as a Ray cluster (an HTTP/2 server answered, but {what}); give "
+                    "the head node's address and the port of its `ray start --head --port` (default 6379; "
+                    "ray://HOST:10001 for Ray Client)")
 
 
 def _handshake(sock: socket.socket, deadline: float) -> bytes | None:

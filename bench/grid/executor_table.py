@@ -18,11 +18,12 @@ import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from bench.config import UserError
+from bench.config import UserError, integer, number
 from bench.store.folder import replace_file
 
 DEFAULT = Path(__file__).resolve().parent / "executors.csv"
 ANY_MODEL, CPU, ANY_GPU = "*", "cpu", "cuda"
+TRIALS_MOST = 999_999  # trials a unit at most: a unit of trials on one device
 
 
 @dataclass(frozen=True)
@@ -85,13 +86,30 @@ def _choice(row: dict[str | None, str | None], where: str) -> Choice:
         raise UserError(f"{where}: {count} fields where the header has {len(COLUMNS)} ({', '.join(COLUMNS)}); quote "
                         "a field that holds a comma")
     trials = row["trials"] or ""
-    if not (trials.isascii() and trials.isdigit()) or int(trials[:9]) < 1:  # '²' is a digit to str.isdigit
+    if not trials.isdigit() or _count(trials[:9]) < 1:  # unsigned, and ASCII ('²' and '٣' are digits to isdigit)
         raise UserError(f"{where}: trials must be a whole number >= 1, got {trials[:40]!r}")
-    if len(trials) > 6:
-        raise UserError(f"{where}: trials must be at most 999999 (a unit of trials on one device), got {trials[:40]!r}")
+    if len(trials) > len(str(TRIALS_MOST)):
+        raise UserError(f"{where}: trials must be at most {TRIALS_MOST} (a unit of trials on one device), got "
+                        f"{trials[:40]!r}")
     if not row["model"] or not row["device"] or not row["executor"]:
         raise UserError(f"{where}: model, device and executor must each be given")
+    if (rate := row["images_per_s"] or "") and not 0 < _rate(rate) < float("inf"):
+        raise UserError(f"{where}: images_per_s must be a number > 0 (the measured rate) or empty, got {rate[:40]!r}")
     return Choice(**{**row, "trials": int(trials)})  # type: ignore[arg-type]
+
+
+def _count(text: str) -> int:
+    try:
+        return integer(text)
+    except ValueError:
+        return 0
+
+
+def _rate(text: str) -> float:
+    try:
+        return number(text)
+    except ValueError:
+        return float("nan")
 
 
 def choose(model: str, device: str, gpu_kind: str | None, table: tuple[Choice, ...] | None = None) -> Choice | None:

@@ -16,13 +16,15 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bench.config import UserError
+from bench.config import UserError, integer
 from bench.exec.executor import Unit, executors, get_executor
 from bench.grid import executor_table
 from bench.grid.validate import check_trials
 from bench.methods import get_method
 from bench.store.folder import Store
 from bench.trial import FP32, TrialConfig
+
+UNIT_MOST = executor_table.TRIALS_MOST  # trials a unit at most, as a table row may say
 
 if TYPE_CHECKING:  # the planner takes an Experiment; it need not import the experiment files' YAML reader
     from bench.grid.experiment import Experiment
@@ -198,13 +200,21 @@ def unit_spec(spec: str | int) -> tuple[str, int | None]:
         return "solo", 1
     if isinstance(spec, int):
         return "pack", spec
-    name, _, count = str(spec).partition(":")
-    if name == "auto" and not count:
+    name, colon, count = str(spec).partition(":")
+    if name == "auto" and not colon:
         return "auto", None
-    if name not in executors() or (count and not (count.isdigit() and int(count) >= 1)):
+    try:  # `pack:` (no K) and `pack:²` are typos, not "as many as fit"
+        k = integer(count) if colon else None
+    except ValueError:
+        k = 0
+    if name not in executors() or (k is not None and not 1 <= k <= UNIT_MOST):
         raise UserError(f"--executor must be auto or an executor's name with at most K trials a unit "
-                        f"(NAME or NAME:K, K >= 1), got {spec!r}; executors: {', '.join(executors())}")
-    return name, int(count) if count else (1 if name == "solo" else None)
+                        f"(NAME or NAME:K, K from 1 to {UNIT_MOST:,} in ASCII digits), got {spec!r}; executors: "
+                        f"{', '.join(executors())}")
+    if name == "solo" and k not in (None, 1):
+        raise UserError(f"--executor solo trains one trial a unit, got {spec!r}; give solo, or pack:{k} or "
+                        f"streams:{k} for {k} trials a unit")
+    return name, k if k is not None else (1 if name == "solo" else None)
 
 
 def parse_executor(executor: str | None, pack: str | None = None) -> str:
@@ -219,6 +229,11 @@ def parse_executor(executor: str | None, pack: str | None = None) -> str:
         return spec
     if pack in ("auto", "off"):
         return "auto" if pack == "auto" else "solo"
-    if pack.isdigit() and int(pack) >= 1:
-        return f"pack:{int(pack)}"
-    raise UserError(f"--pack must be auto, off or a number of trials per pack (>= 1), got {pack!r}")
+    try:
+        k = integer(pack)
+    except ValueError:
+        k = 0
+    if 1 <= k <= UNIT_MOST:
+        return f"pack:{k}"
+    raise UserError(f"--pack must be auto, off or a number of trials per pack (1 to {UNIT_MOST:,} in ASCII digits), "
+                    f"got {pack!r}")

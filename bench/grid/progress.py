@@ -61,6 +61,9 @@ class UnitReporter:
         self.state: dict[str, Any] = dict(progress=1, stage="loading data", epoch=None, epochs=None, val_loss=None,
                                           val_acc=None, work=0)
         self.last = -float("inf")
+        # The unit's warm-start cache use so far (`WarmStartCache.stats`), on every record: a unit a signal stops
+        # sends no closing report, and its warm starts, trained or reused, still count in the stop's summary.
+        self.stats: Callable[[], dict[str, Any]] = dict
 
     def start(self) -> None:
         self._send(force=True)
@@ -90,7 +93,7 @@ class UnitReporter:
         now = time.monotonic()
         if force or now - self.last >= self.every:
             self.last = now
-            self.report(dict(self.state))
+            self.report({**self.state, **self.stats()})
 
 
 # -- in the driver: the tally, the live status, the finished lines ---------------------------------------------------
@@ -119,6 +122,15 @@ class Tally:
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
+
+    def count_unfinished(self) -> None:
+        """Add the warm starts of the units that never finished (a signal stopped them) by their latest progress
+        record: the callbacks count a unit's when it finishes (`RunProgress._finish`)."""
+        for record in self.running.values():
+            self.warm_hits += int(record.get("warm_hits", 0))
+            self.warm_misses += int(record.get("warm_misses", 0))
+            self.warm_saved_s += float(record.get("warm_saved_s", 0.0))
+        self.running.clear()
 
     def progress(self, unit: str, record: dict[str, Any]) -> None:
         self.running[unit] = record
@@ -336,7 +348,10 @@ def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: C
         f"trial compute {fmt_seconds(tally.compute_s)}, {tally.compute_s / max(elapsed, 1e-9):.1f}x wall")
     out(f"warm-start cache: {tally.warm_misses} trained, {tally.warm_hits} reused, "
         f"saving {fmt_seconds(tally.warm_saved_s)} of compute")
-    if tally.interrupted is not None:
+    if tally.interrupted is not None and tally.done >= tally.total:  # the last rows landed while it stopped
+        out(f"stopped by {signal_name(tally.interrupted)}: all {tally.total} trials have their row; nothing is left "
+            "to run")
+    elif tally.interrupted is not None:
         out(f"stopped by {signal_name(tally.interrupted)}: {tally.done} of {tally.total} trials have their row, "
             f"{tally.total - tally.done} did not finish (cut at their last epoch checkpoint, or not started): run "
             "the same command again to finish them from there")

@@ -58,7 +58,7 @@ from bench.grid.progress import (
     make_callback,
     print_summary,
 )
-from bench.grid.stop import GridStop
+from bench.grid.stop import GridStop, end_processes
 from bench.grid.validate import check_data, check_results
 from bench.store import folder
 from bench.store.mirror import open_mirror
@@ -86,6 +86,7 @@ def ray_unit(config: dict[str, Any], units: dict[str, Unit], data_root: str, res
     progress.start()
     with log:
         cache = WarmStartCache(results, log=log)
+        progress.stats = cache.stats
         checkpoints = folder.Checkpoints(results, unit, log)
 
         def closing(**report: Any) -> dict[str, Any]:
@@ -282,19 +283,24 @@ def _tuner(exp: Experiment, s: Settings, units: dict[str, Unit], results: str, c
     )
 
 
-def count_landed(tally: Tally, results: str, trials: list[Any]) -> None:
+def count_landed(tally: Tally, results: str, trials: list[Any]) -> set[str]:
     """Count the rows on disk that the callbacks did not see: a grid stopped by a signal ends its units while
-    some still write their rows. A `failed` row counts as failed; a trial without a row is not finished."""
+    some still write their rows. A `failed` row counts as failed; a trial without a row is not finished. Also the
+    warm starts of the units stopped on the way (`Tally.count_unfinished`). Returns the trials of those rows."""
     store = folder.Store(results)
+    landed = set()
     for t in trials:
         if t.trial_id in tally.seen:
             continue
         row, _ = store.read_row(t.trial_id)
         if row is not None:
+            landed.add(t.trial_id)
             tally.seen.add(t.trial_id)
             tally.done += 1
             tally.statuses[row["status"]] += 1
             tally.compute_s += float(row["wall_s"] or 0.0)
+    tally.count_unfinished()
+    return landed
 
 
 def trial_device(exp: Experiment, gpus_per_trial: float | None) -> tuple[float, str | None]:
@@ -333,8 +339,7 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
         f"{w['method_epochs']} method-stage epochs + {w['warm_epochs']} warm-start epochs "
         f"({w['warm_starts']} warm starts); per-epoch logs in {folder.Store(results).logs_hint()}")
 
-    started_here = start_ray(s.address, s.num_cpus)
-    stop.hold()  # Ray's start installed its own handlers
+    started_here = stop.start(lambda: start_ray(s.address, s.num_cpus))  # then takes the signals back from Ray
     board = StatusBoard(out, live=s.live, every=s.status_every)
     try:
         units = plan_on_cluster(pending, s, gpu, out)
@@ -350,13 +355,15 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
         stop.run(tuner.fit)
         tally.interrupted, tally.ray_left = stop.signum, stop.abandoned
         if stop.signum is not None or tally.halt is not None:  # rows that landed while it stopped, unseen so far
-            count_landed(tally, results, pending)
+            landed = count_landed(tally, results, pending)
+            if mirror is not None and landed:  # in MLflow before the driver exits, not at the next run's backfill
+                tally.mlflow_logged += mirror.sync(results, trial_ids=landed)
     finally:
         board.close()
-        if started_here and not stop.abandoned:  # else Ray's processes end with the driver (bench.cli.run)
-            import ray
-
-            ray.shutdown()
+        if started_here and not stop.abandoned:
+            stop.end_ray()  # its agents too
             stop.hold()  # Ray's shutdown leaves SIGTERM to its default action
+        elif started_here:  # Ray did not stop in time: its processes end here, and the driver exits (bench.cli.run)
+            end_processes(stop.ray_processes())
     print_summary(exp, plan, tally, mirror, out)
     return tally

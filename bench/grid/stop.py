@@ -20,8 +20,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -37,6 +39,7 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+        self.at_once = False  # the command exits without the interpreter's exit hooks (`bench.cli.main`)
 
 
 def say(line: str) -> None:
@@ -60,6 +63,7 @@ class GridStop:
         self.deferred = False
         self.abandoned = False  # Ray did not stop within STOP_GRACE: the driver leaves it (bench.cli.run exits)
         self._previous: dict[int, Any] = {}
+        self.others: set[int] = set()  # Ray processes under this driver before it started its own (`start`)
 
     def __enter__(self) -> GridStop:
         self.hold()
@@ -81,9 +85,69 @@ class GridStop:
     def stop_requested(self) -> bool:
         return self.signum is not None
 
+    def start(self, start: Callable[[], bool]) -> bool:
+        """Start Ray (`start`, which says whether it started one), then take both signals back. A signal while it
+        starts is the same stop as before the grid (`Interrupted`): Ray's own SIGTERM handler, which `ray.init`
+        installs first, would end the driver with `sys.exit(15)` (exit 15, no line) and leave what it had started;
+        here Ray is shut down and its processes ended before the stop goes on."""
+        self.others = set(ray_processes())  # a Ray of someone else's in this process's tree (a test's cluster)
+        try:
+            with self._noting_ray_handlers():
+                started = start()
+            self.hold()
+            return started
+        except SystemExit:  # Ray's handlers end with sys.exit: ray.init's (15), its node's (1, its processes killed)
+            if self.signum is None:
+                raise
+            signum = self.signum
+        except Interrupted as e:  # ours, before Ray's was installed (SIGTERM) or at any time (SIGINT)
+            signum = e.signum
+        self.hold()
+        self.signum = signum
+        self.end_ray()
+        stopped = Interrupted(signum)
+        stopped.at_once = True  # Ray's core, cut short while it connected, may abort in the interpreter's exit
+        raise stopped
+
+    @contextlib.contextmanager
+    def _noting_ray_handlers(self) -> Any:
+        """While Ray starts, each SIGTERM handler it installs (`ray._private.utils.set_sigterm_handler`: ray.init's,
+        then its node's) first notes the signal here, so that the `SystemExit` it ends with is told from others."""
+        from ray._private import utils
+
+        install = utils.set_sigterm_handler
+
+        def noting(handler: Callable[[int, FrameType | None], Any]) -> None:
+            def handle(signum: int, frame: FrameType | None) -> None:
+                self.signum = self.signum or signum
+                handler(signum, frame)
+
+            install(handle)
+
+        utils.set_sigterm_handler = noting
+        try:
+            yield
+        finally:
+            utils.set_sigterm_handler = install
+
+    def ray_processes(self) -> list[int]:
+        """The processes of the Ray this driver started (`ray_processes`, less those that were there before)."""
+        return [pid for pid in ray_processes() if pid not in self.others]
+
+    def end_ray(self) -> None:
+        """Shut down the Ray this driver started (where `ray.init` got that far), then end its processes that are
+        still there: its agents, and what a start cut short had launched."""
+        import ray
+
+        pids = self.ray_processes()
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        end_processes(pids)
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.signum is not None:  # the second signal: at once, Ray's processes go with the driver
+        if self.signum is not None:  # the second signal: at once, Ray's processes (its agents too) with the driver
             say(f"bench: {signal_name(signum)} again: stopped at once; run the same command again to finish the grid")
+            end_processes(self.ray_processes())
             os._exit(128 + signum)
         self.signum, self.since = signum, time.monotonic()
         if not self.deferred:
@@ -132,3 +196,39 @@ class GridStop:
                 return hold.stop_requested() or halted()
 
         return OnSignal()
+
+
+def ray_processes() -> list[int]:
+    """The Ray processes this driver started: its descendants whose command line names Ray (the GCS, the raylet, the
+    workers `ray::...`, and the dashboard and runtime-env agents, which the raylet starts). Taken before Ray stops:
+    the agents outlived the driver by 53 s to 2 min, each waiting to notice that its raylet was gone, and once the
+    raylet is gone they are nobody's descendants. Whole command lines (`ps -ww`: a $COLUMNS would cut them). Another
+    Ray on the machine (another user's) is never among them; one that this process had started before
+    (`GridStop.others`) is left out by the caller."""
+    try:
+        table = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,args="], capture_output=True, text=True,
+                               timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    children: dict[int, list[int]] = defaultdict(list)
+    args: dict[int, str] = {}
+    for line in table.splitlines():
+        fields = line.split(None, 2)
+        if len(fields) >= 2 and fields[0].isdigit() and fields[1].isdigit():
+            children[int(fields[1])].append(int(fields[0]))
+            args[int(fields[0])] = fields[2] if len(fields) > 2 else ""
+    found, todo = [], [os.getpid()]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            todo.append(child)
+            if "ray" in args[child]:
+                found.append(child)
+    return found
+
+
+def end_processes(pids: list[int]) -> None:
+    """SIGKILL each of `pids` that is still there."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
