@@ -417,8 +417,9 @@ class InceptionResNetV2(Model):
         are not images of at least `INCEPTION_MIN` pixels (`--model inception_resnet_v2` on Red Mini-ImageNet's 32)."""
         x = dataset.eval_transform(torch.as_tensor(splits.test.x[0])[None])
         if x.ndim != 4 or min(x.shape[-2:]) < INCEPTION_MIN:
-            raise UserError(f"inception_resnet_v2 needs images of at least {INCEPTION_MIN} pixels; {dataset.name}'s "
-                            f"inputs are {tuple(x.shape[1:])}: choose another --model for this dataset")
+            raise UserError(f"--model inception_resnet_v2 cannot take {dataset.name}'s inputs {tuple(x.shape[1:])}: "
+                            f"inception_resnet_v2 needs images of at least {INCEPTION_MIN} pixels; choose another "
+                            "--model for this dataset")
         return splits
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ from bench.config import Schedule, UserError
 from bench.data import get_dataset
 from bench.download import weights_md5
 from bench.methods import defaults_on, get_method
+from bench.models import get_model
 
 # The arithmetic of a trial's forward passes (training and evaluation; `bench.exec.prepare.Prepared.autocast`):
 # fp32, float32 (on CUDA with TF32 matrix units, `bench.exec.prepare.resolve_device`), or bf16, under bf16 autocast
@@ -87,8 +88,6 @@ class TrialConfig:
         one (`Model.weights_options`: the probe's backbone, ResNet-50's ImageNet weights), else the file its dataset
         hands the network from the environment (`Dataset.weights_env`: $BENCH_RESNET50_WEIGHTS for Food-101N's and
         Clothing1M's ResNet-50), where the network takes that option. Part of the identity and the row."""
-        from bench.models import get_model
-
         try:
             model, own, dataset = get_model(self.network()), dict(self.model_args), get_dataset(self.dataset)
         except UserError:  # an unknown network or dataset: refused before anything runs

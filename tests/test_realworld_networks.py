@@ -77,7 +77,8 @@ def test_inception_resnet_v2_on_red_mini_imagenet_is_refused_when_the_data_loads
                  "--data-root", str(tmp_path), "--results", str(tmp_path / "results")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
-    assert "inception_resnet_v2 needs images of at least 75 pixels; red_mini_imagenet's inputs are (3, 32, 32)" in err
+    assert ("--model inception_resnet_v2 cannot take red_mini_imagenet's inputs (3, 32, 32): inception_resnet_v2 needs "
+            "images of at least 75 pixels" in err)
     assert not list((tmp_path / "results").rglob("*.parquet"))
 
 

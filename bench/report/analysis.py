@@ -35,7 +35,7 @@ import numpy as np
 import polars as pl
 
 from bench.config import UserError
-from bench.data import paper_noise
+from bench.data import get_dataset, paper_noise
 from bench.methods import registry
 from bench.noise import is_instance_dependent
 from bench.report.statistics import ALPHA, MIN_CI_SEEDS, accuracy_interval, marker, paired_test
@@ -346,8 +346,6 @@ def read_published() -> pl.DataFrame:
     """Every published result a run is shown beside: the paper's table (its network: each dataset's own model, which
     the paper trains), then the literature's on the other datasets, with their networks. `published_by` says whose
     each row is (`PAPER` or `LITERATURE`); `source` and `table` cite the table itself."""
-    from bench.data import get_dataset
-
     paper = read_reference().with_columns(
         pl.col("dataset").map_elements(lambda name: get_dataset(name).model, return_dtype=pl.String).alias("model"))
     paper = paper.with_columns(pl.col("model").alias("network"), pl.lit("the L_DMI paper").alias("table"),
