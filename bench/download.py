@@ -18,12 +18,17 @@ from typing import TextIO
 from bench.config import UserError
 
 
-def file_md5(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.md5()
+def file_digest(path: Path, algorithm: str = "md5", chunk: int = 1 << 20) -> str:
+    """The hex digest of a file's bytes, read in chunks (a weights file or an image set's archive is gigabytes)."""
+    h = hashlib.new(algorithm)
     with open(path, "rb") as f:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def file_md5(path: Path) -> str:
+    return file_digest(path, "md5")
 
 
 def weights_md5(path: str | Path) -> str:
@@ -93,14 +98,6 @@ class DownloadProgress:
 MANIFEST = ".fetched.tsv"  # `fetch_many`'s record of what it fetched: `name<TAB>bytes<TAB>sha256` a line
 
 
-def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def fetch_many(items: dict[str, str], folder: Path, workers: int = 8, timeout: float = 30.0) -> dict[str, list[str]]:
     """Fetch many files (name in `folder` -> URL), the kind of list a dataset publishes instead of its images.
 
@@ -123,7 +120,7 @@ def fetch_many(items: dict[str, str], folder: Path, workers: int = 8, timeout: f
     def intact(name: str) -> bool:
         path, known = folder / name, recorded.get(name)
         return known is not None and path.is_file() and path.stat().st_size == known[0] \
-            and file_sha256(path) == known[1]
+            and file_digest(path, "sha256") == known[1]
 
     result: dict[str, list[str]] = {"fetched": [], "kept": [], "failed": []}
     result["kept"] = [name for name in items if intact(name)]
@@ -145,7 +142,7 @@ def fetch_many(items: dict[str, str], folder: Path, workers: int = 8, timeout: f
                 failures.append(f"{name}\t{items[name]}\t{' '.join(str(e).split())}")
             return
         tmp.replace(target)
-        line = f"{name}\t{target.stat().st_size}\t{file_sha256(target)}\n"
+        line = f"{name}\t{target.stat().st_size}\t{file_digest(target, 'sha256')}\n"
         with lock, open(folder / MANIFEST, "a", encoding="utf-8") as manifest:
             manifest.write(line)
             result["fetched"].append(name)

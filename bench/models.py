@@ -287,6 +287,20 @@ class ResNet34CIFAR(Model):
         return self.classifier(self.layers(self.stem(x)).mean(dim=(2, 3)))
 
 
+def vgg_features(plan: tuple, in_channels: int, width: int) -> tuple[nn.Sequential, int]:
+    """VGG's convolutional body with batch norm: a number in `plan` is a 3x3 conv + BN + ReLU of that many channels
+    (scaled by width / 64), "M" a 2x2 max-pool; with the channels it ends on."""
+    layers: list[nn.Module] = []
+    for item in plan:
+        if item == "M":
+            layers.append(nn.MaxPool2d(2))
+        else:
+            channels = int(item) * width // 64
+            layers += [nn.Conv2d(in_channels, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU()]
+            in_channels = channels
+    return nn.Sequential(*layers), in_channels
+
+
 class VGG16BN(Model):
     """VGG-16 with batch norm: 13 3x3 conv + BN + ReLU layers in five blocks, each closed by a 2x2 max-pool, then,
     as in the L_DMI authors' Dogs vs Cats network, one linear layer on the flattened features. Its width follows the
@@ -304,15 +318,7 @@ class VGG16BN(Model):
         super().__init__()
         if image_size < 32:
             raise UserError(f"vgg16_bn needs images of at least 32 pixels (five 2x2 max-pools), got {image_size}")
-        layers: list[nn.Module] = []
-        for item in self.LAYERS:
-            if item == "M":
-                layers.append(nn.MaxPool2d(2))
-            else:
-                channels = int(item) * width // 64
-                layers += [nn.Conv2d(in_channels, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU()]
-                in_channels = channels
-        self.features = nn.Sequential(*layers)
+        self.features, in_channels = vgg_features(self.LAYERS, in_channels, width)
         self.classifier = nn.Linear(in_channels * (image_size // 32) ** 2, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -341,16 +347,7 @@ class VGG19BN(Model):
         super().__init__()
         if image_size < 32:
             raise UserError(f"vgg19_bn needs images of at least 32 pixels (five 2x2 max-pools), got {image_size}")
-        layers: list[nn.Module] = []
-        in_channels = 3
-        for item in self.LAYERS:
-            if item == "M":
-                layers.append(nn.MaxPool2d(2))
-            else:
-                channels = int(item) * width // 64
-                layers += [nn.Conv2d(in_channels, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU()]
-                in_channels = channels
-        self.features = nn.Sequential(*layers)
+        self.features, in_channels = vgg_features(self.LAYERS, 3, width)
         self.avgpool = nn.AdaptiveAvgPool2d((7, 7))
         self.classifier = nn.Sequential(
             nn.Linear(in_channels * 7 * 7, hidden), nn.ReLU(), Dropout(0.5),
