@@ -149,6 +149,8 @@ def main() -> None:
             numbers[name].add(script_numbers(out) if cwd is not None else bench_numbers(results))
             print(f"round {i + 1}: {name:24s} CPU {c:7.1f} s  wall {w:7.1f} s", flush=True)
     shutil.rmtree(scratch, ignore_errors=True)
+    if args.script:
+        shutil.rmtree(main_py.parent.parent, ignore_errors=True)
 
     print(f"\n{'arm':24s} {'CPU best':>9s} {'median':>8s} {'wall best':>10s} {'median':>8s}   test acc (CE, L_DMI)")
     for name in names:

@@ -270,7 +270,7 @@ def test_diagnostics_switch_off_leaves_the_training_unchanged(tmp_path: Path, mo
 
 
 def test_the_samples_curves_lie_within_their_standard_error_of_the_whole_sets(tmp_path: Path, monkeypatch) -> None:
-    """The same trial diagnosed on the default sample (`train_sample`: 2,000 of the synthetic set's 4,000 training
+    """The same trial diagnosed on the default sample (`train_sample`: 1,500 of the synthetic set's 4,000 training
     examples) and on the whole training set (BENCH_EPOCH_EVAL=full). Training never reads the sample, so every
     other number is bit-equal. Each share measured on the sample is a draw without replacement from the whole
     set's: for a share p over M examples of which the sample holds m, its standard error is
@@ -281,7 +281,7 @@ def test_the_samples_curves_lie_within_their_standard_error_of_the_whole_sets(tm
     torch.manual_seed(123)
     stream = torch.get_rng_state()
     sample = train_sample(4000, "synthetic")
-    assert torch.equal(torch.get_rng_state(), stream) and len(sample) == exec_diagnostics.TRAIN_SAMPLE == 2000
+    assert torch.equal(torch.get_rng_state(), stream) and len(sample) == exec_diagnostics.TRAIN_SAMPLE == 1500
     by_sample = run_trial(config, "unused", results=tmp_path / "sample", **QUIET)
     monkeypatch.setenv("BENCH_EPOCH_EVAL", "full")
     whole = run_trial(config, "unused", results=tmp_path / "whole", **QUIET)
