@@ -54,9 +54,10 @@ class Splits:
     human_labels: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     model_args: dict[str, Any] = field(default_factory=dict)  # e.g. the vocabulary size for WordCNN
     notes: list[str] = field(default_factory=list)  # said to the user (e.g. "subset: proportional splits")
-    # The per-epoch diagnostics' training sample of the first n training examples (n -> split), gathered once and
-    # shared by the trials that share these splits: a pack of 256 Fashion-MNIST members held 256 copies (8 GB).
-    samples: dict[int, Split] = field(default_factory=dict, repr=False)
+    # The per-epoch diagnostics' training sample of the first n training examples ((n, sample size) -> split),
+    # gathered once and shared by the trials that share these splits: a pack of 256 Fashion-MNIST members held 256
+    # copies (8 GB).
+    samples: dict[tuple[int, int], Split] = field(default_factory=dict, repr=False)
     # The noisy labels drawn on these splits, by (noise, r, seed, explicit T): a pack's members that share a label
     # cell draw them once (an idn draw projects every input: 0.6 s for CIFAR-10, per member before).
     noisy_labels: dict[tuple[Any, ...], noise.NoisyLabels] = field(default_factory=dict, repr=False)
@@ -123,8 +124,8 @@ class Dataset:
     archive_md5: ClassVar[dict[str, str]] = {}  # md5 of downloaded archives (path relative to `folder`)
     source: ClassVar[str] = ""  # where a user gets the files by hand
     # Evaluate the test set and a sample of the training set (`diagnostics.train_sample`) after every epoch (test
-    # accuracy per epoch, memorisation, detection quality): cheap for the small sets; BENCH_EPOCH_EVAL=1 or 0
-    # overrides it.
+    # accuracy per epoch, memorisation, detection quality): cheap for the small sets; BENCH_EPOCH_EVAL=1, 0 or full
+    # (the whole training set) overrides it.
     epoch_eval: ClassVar[bool] = True
     # Whether instance-dependent noise (`noise.INSTANCE_DEPENDENT`) can be drawn: it reads every training and
     # validation input (`noise_features`) and needs every clean label.

@@ -1,5 +1,5 @@
 """The cost of the per-epoch diagnostics: a trial's `diagnostics_s` with the training-set sample of
-`bench.exec.diagnostics.TRAIN_SAMPLE` (10,000) examples against the whole training set, in the same run.
+`bench.exec.diagnostics.TRAIN_SAMPLE` (2,000) examples against the whole training set, in the same run.
 
     python benchmarks/diagnostics_cost.py --data-root DIR [--device cpu|cuda --epochs 1 --rounds 2]
 

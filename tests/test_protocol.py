@@ -280,6 +280,30 @@ def test_authors_word_cnn_equals_batches_padded_to_their_longest_sentence() -> N
     assert not torch.allclose(got[:128], _unmasked(net, tokens[:128], 30), atol=1e-3)  # padding counts: masked
 
 
+def test_authors_word_cnn_reads_a_batch_cut_after_its_longest_sentence() -> None:
+    """`shortened` drops the padding past a batch's longest sentence (at least 5 tokens), which the model masks out
+    of its max: the same logits from shorter inputs, in evaluation one 128-row group at a time (as `predict` feeds
+    it) and in training (one batch, the same dropout draws)."""
+    torch.manual_seed(0)
+    net = WordCNNAuthors(2, vocab_size=50)
+    lengths = torch.randint(1, 12, (200,))
+    tokens = torch.zeros(200, 30, dtype=torch.int64)
+    for i, n in enumerate(lengths.tolist()):
+        tokens[i, :n] = torch.randint(2, 50, (n,))
+    cut = net.shortened(tokens)
+    assert cut.shape[1] == max(5, int(lengths.max())) < 30 and torch.equal(cut, tokens[:, : cut.shape[1]])
+    assert net.shortened(tokens[lengths <= 3]).shape[1] == 5  # never below the widest filter's reach
+    with torch.no_grad():
+        net.eval()
+        whole = torch.cat([net(tokens[s:s + 128]) for s in (0, 128)])
+        assert torch.allclose(torch.cat([net(net.shortened(tokens[s:s + 128])) for s in (0, 128)]), whole, atol=1e-6)
+        net.train()
+        torch.manual_seed(1)
+        full = net(tokens[:128])
+        torch.manual_seed(1)
+        assert torch.allclose(net(net.shortened(tokens[:128])), full, atol=1e-6)
+
+
 def _unmasked(net: WordCNNAuthors, batch: torch.Tensor, length: int | None = None) -> torch.Tensor:
     length = length or max(5, int((batch != 0).sum(1).max()))
     h = net.embedding(batch[:, :length]).transpose(1, 2)

@@ -17,16 +17,22 @@ import torch
 from bench.store.columns import DIAGNOSTIC_COLUMNS
 
 # -- per epoch: torch and numpy only -----------------------------------------------------------------------------
-TRAIN_SAMPLE = 10_000  # training examples the per-epoch diagnostics evaluate, at most
+# Training examples the per-epoch diagnostics evaluate, at most. A share p measured on m examples drawn without
+# replacement has a standard error sqrt(p (1 - p) / m) <= 0.5 / sqrt(m) (less the finite-population correction):
+# 1.3 points for `train_clean_acc` on 1,500, and 0.5 / sqrt(rho * 1,500) for the flipped examples at a realised noise
+# rate rho (2.4 points on MR's 450 flipped of the sample at r = 0.6). Why not more: one evaluation pass over an
+# example costs about a third of a training step on it (measured on MR's CNN), so that a sample of 1,500 and MR's
+# 1,067 test sentences are about a tenth of an epoch over its 7,676 training sentences (docs/reports.md).
+TRAIN_SAMPLE = 1_500
+WHOLE = "full"  # BENCH_EPOCH_EVAL=full: the whole training set, as before the sample
 
 
-def train_sample(n: int, dataset: str) -> np.ndarray:
-    """The training examples (sorted indices) the per-epoch diagnostics evaluate: all of them up to `TRAIN_SAMPLE`,
-    else a fixed random sample of that many, the same for every trial of the dataset, so that methods, seeds and r
-    are compared on the same examples. Why a sample: a pass over the whole training set every epoch costs a third
-    of a training epoch (18% of a Fashion-MNIST pack's time on an H100 with all 50,000); 10,000 examples estimate
-    the curves to about one point."""
-    if n <= TRAIN_SAMPLE:
+def train_sample(n: int, dataset: str, whole: bool = False) -> np.ndarray:
+    """The training examples (sorted indices) the per-epoch diagnostics evaluate: all of them up to `TRAIN_SAMPLE`
+    (or with `whole`), else a fixed random sample of that many, the same for every trial of the dataset, so that
+    methods, seeds and r are compared on the same examples and a pack's members share one input. It is drawn from
+    its own generator, seeded from the dataset's name, never from the global streams a trial trains with."""
+    if whole or n <= TRAIN_SAMPLE:
         return np.arange(n)
     seed = int.from_bytes(hashlib.sha256(f"{dataset}-diagnostics".encode()).digest()[:8], "little")
     return np.sort(np.random.default_rng(seed).choice(n, TRAIN_SAMPLE, replace=False))

@@ -203,9 +203,15 @@ class Prepared:
 
 def epoch_eval_enabled(dataset: type[Dataset]) -> bool:
     """Whether trials evaluate the test and training sets after every epoch: the dataset's `epoch_eval` (on for
-    the small sets, off for Clothing1M), overridden by BENCH_EPOCH_EVAL=1 or 0 where the trials run."""
+    the small sets, off for Clothing1M), overridden by BENCH_EPOCH_EVAL=1 or 0 where the trials run (`full`: on,
+    over the whole training set, `epoch_eval_whole`)."""
     flag = os.environ.get("BENCH_EPOCH_EVAL", "")
     return dataset.epoch_eval if flag == "" else flag != "0"
+
+
+def epoch_eval_whole() -> bool:
+    """BENCH_EPOCH_EVAL=full: the diagnostics evaluate the whole training set, not `diagnostics.train_sample`'s."""
+    return os.environ.get("BENCH_EPOCH_EVAL", "") == diagnostics.WHOLE
 
 
 def load_data(config: TrialConfig, data_root: str | os.PathLike[str]) -> tuple[Dataset, Splits]:
@@ -258,15 +264,16 @@ def prepare(
     if config.train_subset:
         train_split, noisy_train = train_split.subset(config.train_subset), noisy_train[: config.train_subset]
     epoch_eval = epoch_eval_enabled(dataset_cls)
-    # Without the per-epoch diagnostics the sample is empty: it would otherwise hold up to 10,000 inputs on the device.
-    sample = diagnostics.train_sample(len(noisy_train), config.dataset) if epoch_eval else np.arange(0)
-    diag_split = splits.samples.get(len(noisy_train)) if len(sample) else None
+    # Without the per-epoch diagnostics the sample is empty: it would otherwise hold its inputs on the device.
+    sample = (diagnostics.train_sample(len(noisy_train), config.dataset, epoch_eval_whole()) if epoch_eval
+              else np.arange(0))
+    diag_split = splits.samples.get((len(noisy_train), len(sample))) if len(sample) else None
     if diag_split is None:
         diag_split = (Split(train_split.x[torch.from_numpy(sample)], train_split.y[sample])
                       if isinstance(train_split.x, torch.Tensor) else Split(Subset(train_split.x, sample.tolist()),
                                                                              train_split.y[sample]))
         if len(sample):
-            splits.samples[len(noisy_train)] = diag_split
+            splits.samples[(len(noisy_train), len(sample))] = diag_split
     return Prepared(
         config=config, dataset=dataset, splits=splits, labels=labels, device=device,
         train=SplitLoader(train_split, noisy_train, dataset, device, config.precision),

@@ -30,16 +30,27 @@ from bench.methods import Batch, Method
 from bench.protocol import BENCH_SELECTION, Selection
 
 
+def _shortened(net: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    return getattr(net, "shortened", lambda x: x)  # `bench.models.Model.shortened`; a bare module reads it all
+
+
 @torch.no_grad()
-def predict(net: nn.Module, loader: SplitLoader, batch_size: int = 1024) -> torch.Tensor:
-    """Logits for a whole split, in evaluation mode (no dropout, BN running statistics), as float32, computed at the
-    trial's precision (the loader's)."""
+def predict(net: nn.Module, loader: SplitLoader, batch_size: int = 1024, rows: int | None = None) -> torch.Tensor:
+    """Logits for a whole split (or its first `rows`), in evaluation mode (no dropout, BN running statistics), as
+    float32, computed at the trial's precision (the loader's). A network that reads each `eval_group` rows as one
+    batch gets one such group at a time, cut to what it reads (`Model.shortened`)."""
     was_training = net.training
     net.eval()
+    shortened, out, done = _shortened(net), [], 0
+    batch_size = getattr(net, "eval_group", None) or batch_size
     with loader.forward_precision([net]):
-        out = torch.cat([net(x).float() for x, _, _ in loader.batches(batch_size, train=False)])
+        for x, _, _ in loader.batches(batch_size, train=False):
+            out.append(net(shortened(x)).float())
+            done += len(x)
+            if rows is not None and done >= rows:  # the chunks up to that row are those of the whole split
+                break
     net.train(was_training)
-    return out
+    return torch.cat(out)[:rows]
 
 
 def accuracy(logits: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[float, float, np.ndarray]:
@@ -76,10 +87,11 @@ def train_epoch(
     total = torch.zeros((), dtype=torch.float64, device=loader.device)
     steps = 0
     params = [q for group in optimizer.param_groups for q in group["params"]]
+    shortened = _shortened(nets[0])
     # The precision's hooks are on the networks' forward passes only, so one set serves the whole epoch.
     with loader.forward_precision(nets):
         for x, y, idx in loader.batches(batch_size, train=True, generator=generator, order=order):
-            loss = step_loss(nets, Batch(x=x, y=y, index=idx, epoch=epoch))
+            loss = step_loss(nets, Batch(x=shortened(x), y=y, index=idx, epoch=epoch))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if max_grad_norm is not None:
@@ -328,9 +340,9 @@ class SoloStage:
         if self.p.protocol.on("script_stream"):
             for _ in range(1 + self.script_passes):  # the script's validation loader, then its test passes, draw as
                 script_loader_draw()                 # they are iterated
-        logits, labels = predict(self.nets[0], self.p.val), self.p.val.labels
-        if selection.first is not None and not selection.own_pass:  # in split order, as the scripts' unshuffled
-            logits, labels = logits[: selection.first], labels[: selection.first]  # loader gives its first batch
+        # The rule's first examples in split order (as the scripts' unshuffled loader gives its first batch), or all.
+        first = selection.first if not selection.own_pass else None
+        logits, labels = predict(self.nets[0], self.p.val, rows=first), self.p.val.labels[:first]
         with torch.no_grad():
             loss = np.array([float(self.selection_loss(logits, labels))])
         acc = np.array([accuracy(logits, labels, self.p.dataset.num_classes)[0]])

@@ -24,9 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TextIO
-
-import polars as pl
+from typing import TYPE_CHECKING, Any, TextIO
 
 from bench.config import UserError
 from bench.exec.events import EpochRecord, Event, Resumed, StageStart
@@ -34,8 +32,10 @@ from bench.exec.executor import Unit
 from bench.grid.experiment import Experiment
 from bench.grid.plan import Plan
 from bench.grid.stop import signal_name
-from bench.report import analysis
 from bench.store.folder import Store
+
+if TYPE_CHECKING:
+    import polars as pl
 
 REPORT_EVERY = 2.0  # seconds between a unit's progress reports (each is a round trip to the driver)
 REDRAW_EVERY = 1.0  # seconds between redraws of the live table on a terminal
@@ -383,6 +383,12 @@ def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: C
             where += f"; view with `bench ui {plan.results}`"
         out(where)
     out(f"results: {plan.results}/trials (`bench results {plan.results}`)")
+    # Imported here, the summary's alone: a Ray worker imports this module for its reporter (`UnitReporter`), and
+    # polars and bench.report (SciPy) would cost it seconds of start-up for nothing.
+    import polars as pl
+
+    from bench.report import analysis
+
     try:
         table = analysis.load_trials(plan.results)
     except UserError:
@@ -400,6 +406,10 @@ def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: C
 def _accuracy_table(grid: pl.DataFrame, out: Callable[[str], None], which: str) -> None:
     """Mean clean test accuracy per cell and method, by the one selection rule (bench.report.analysis.select_settings,
     behind `bench report` and `bench leaderboard`) and the one rounding (bench.report.analysis.fmt)."""
+    import polars as pl
+
+    from bench.report import analysis
+
     cells = analysis.aggregate(grid).filter(pl.col("acc_mean").is_not_null())
     if cells.is_empty():
         return

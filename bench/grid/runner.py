@@ -37,6 +37,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ from bench.grid.progress import (
 from bench.grid.stop import GridStop, end_processes
 from bench.grid.validate import check_data, check_results
 from bench.store import folder
-from bench.store.mirror import open_mirror
+from bench.store.mirror import Mirror, open_mirror
 from bench.store.rows import write_trial
 from bench.trial import TrialConfig
 
@@ -309,6 +310,24 @@ def trial_device(exp: Experiment, gpus_per_trial: float | None) -> tuple[float, 
     return gpu, None if gpus_per_trial is None else ("cuda" if gpu > 0 else "cpu")
 
 
+def in_background(fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    """`fn(*args)` in a thread of its own; its result (or its exception) from the future."""
+    pool = ThreadPoolExecutor(1)
+    try:
+        return pool.submit(fn, *args)
+    finally:
+        pool.shutdown(wait=False)  # the thread ends with its one task
+
+
+def mirror_ready(opening: Future[Mirror | None] | None, plan: Plan, results: str,
+                 out: Callable[[str], None]) -> Mirror | None:
+    """The MLflow mirror opened in the background, once open, the finished trials it lacks logged to it."""
+    mirror = opening.result() if opening is not None else None
+    if mirror is not None and plan.done and (backfilled := mirror.sync(results, trial_ids=set(plan.done))):
+        out(f"MLflow: backfilled {backfilled} runs of finished trials")
+    return mirror
+
+
 def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], stop: GridStop) -> Tally:
     cpu = s.cpus_per_trial if s.cpus_per_trial is not None else exp.resources.cpu
     gpu, device = trial_device(exp, s.gpus_per_trial)
@@ -322,12 +341,13 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
         out(note)
     pending = plan.pending
 
-    mirror = open_mirror(results, s.mlflow_uri) if s.mlflow else None
-    if mirror is not None and plan.done and (backfilled := mirror.sync(results, trial_ids=set(plan.done))):
-        out(f"MLflow: backfilled {backfilled} runs of finished trials")
+    # Opening MLflow takes seconds (its import; a fresh sqlite store builds its tables): it goes on in a thread of its
+    # own while Ray starts, and the grid waits for it just before its first unit (`mirror_ready`).
+    opening = in_background(open_mirror, results, s.mlflow_uri) if s.mlflow else None
 
     tally = Tally(total=len(pending))
     if not pending:
+        mirror_ready(opening, plan, results, out)
         out(f"{exp.name}: all {len(plan.trials)} trials already have a result row in {results}; nothing to run")
         return tally
     if exp.text:  # a grid changed on the command line: the folder keeps it as a file `bench run` can take
@@ -342,6 +362,7 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
     started_here = stop.start(lambda: start_ray(s.address, s.num_cpus))  # then takes the signals back from Ray
     board = StatusBoard(out, live=s.live, every=s.status_every)
     try:
+        mirror = mirror_ready(opening, plan, results, out)
         units = plan_on_cluster(pending, s, gpu, out)
         check_resources({describe_size(u, gpu): unit_bundles(u, cpu, gpu) for u in units.values()})
         if s.address is None:  # the trials run here (on a cluster each worker checks its own)

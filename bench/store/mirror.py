@@ -33,9 +33,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
-
-import polars as pl
+from typing import TYPE_CHECKING, Any
 
 from bench.config import UserError
 from bench.schema import check_name
@@ -43,6 +41,9 @@ from bench.store import folder
 from bench.store.columns import DIAGNOSTIC_COLUMNS, MLFLOW_METRICS, ROW
 from bench.store.folder import is_local, local_path
 from bench.store.mlflow_run import cell_of, run_name, trial_params, trial_times
+
+if TYPE_CHECKING:  # imported where used: a Ray worker imports this module, and polars costs it start-up
+    import polars as pl
 
 # MLflow's HTTP client retries for minutes by default; a team server that is down must not stall a grid.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
@@ -244,7 +245,7 @@ class Mirror:
                 break
             if row["trial_id"] in known and known[row["trial_id"]][1] == row["status"]:
                 continue
-            curve = epochs.filter(pl.col("trial_id") == row["trial_id"]) if epochs.height else None
+            curve = epochs.filter(epochs["trial_id"] == row["trial_id"]) if epochs.height else None
             if not self.log_row(row, curve):
                 break
             count += 1
