@@ -31,11 +31,13 @@ import polars as pl
 from bench.config import UserError
 from bench.exec.events import EpochRecord, Event, Resumed, StageStart
 from bench.exec.executor import Unit
+from bench.grid.cluster import node_lost
 from bench.grid.experiment import Experiment
 from bench.grid.plan import Plan
 from bench.grid.stop import signal_name
 from bench.report import analysis
 from bench.store.folder import Store
+from bench.store.rows import ray_node_id
 
 REPORT_EVERY = 2.0  # seconds between a unit's progress reports (each is a round trip to the driver)
 REDRAW_EVERY = 1.0  # seconds between redraws of the live table on a terminal
@@ -59,7 +61,7 @@ class UnitReporter:
         self.report, self.every = report, every
         self.members = 1  # trained side by side in the current stage
         self.state: dict[str, Any] = dict(progress=1, stage="loading data", epoch=None, epochs=None, val_loss=None,
-                                          val_acc=None, work=0)
+                                          val_acc=None, work=0, node=ray_node_id())  # where it runs: a lost node
         self.last = -float("inf")
 
     def start(self) -> None:
@@ -116,6 +118,9 @@ class Tally:
     halt: str | None = None  # why the grid ends early without a signal: a full disk
     warned: set[str] = field(default_factory=set)  # the kinds of worker warnings printed (once each)
     ray_left: bool = False  # Ray did not stop in time after the signal: the command exits without waiting on it
+    # Trials whose unit Ray retried (`--retries`), by why: "node" (the node it ran on was lost) or "worker" (its
+    # worker died, or a fault of Ray's own); a trial retried for both counts under "node".
+    retried: dict[str, str] = field(default_factory=dict)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -315,8 +320,15 @@ class RunProgress:
         self._finish(trial, errored=True)
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self.tally.running.pop(trial.config["unit"], None)
-        self.board.line(f"      {trial.config['unit']} crashed; Ray retries it from its last epoch checkpoint")
+        unit = trial.config["unit"]
+        self.tally.running.pop(unit, None)
+        node = (trial.last_result or {}).get("node")  # the node of the attempt that died, from its reports
+        cause = "node" if node and node_lost(node) else "worker"
+        for trial_id in self.units[unit]:
+            if self.tally.retried.get(trial_id) != "node":
+                self.tally.retried[trial_id] = cause
+        why = "its node was lost" if cause == "node" else "its worker died"
+        self.board.line(f"      {unit} crashed ({why}); Ray retries it from its last epoch checkpoint")
 
 
 def make_callback(tally: Tally, results: str, units: dict[str, Unit], board: StatusBoard) -> Any:
@@ -336,6 +348,12 @@ def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: C
         f"trial compute {fmt_seconds(tally.compute_s)}, {tally.compute_s / max(elapsed, 1e-9):.1f}x wall")
     out(f"warm-start cache: {tally.warm_misses} trained, {tally.warm_hits} reused, "
         f"saving {fmt_seconds(tally.warm_saved_s)} of compute")
+    if tally.retried:
+        causes = Counter(tally.retried.values())
+        node, worker = causes["node"], causes["worker"]
+        out(f"Ray retried {len(tally.retried)} trials from their last epoch checkpoint (--retries): "
+            f"{node} trial{'s' * (node != 1)} retried because {'its' if node == 1 else 'their'} node was lost, "
+            f"{worker} because {'its' if worker == 1 else 'their'} worker died")
     if tally.interrupted is not None:
         out(f"stopped by {signal_name(tally.interrupted)}: {tally.done} of {tally.total} trials have their row, "
             f"{tally.total - tally.done} did not finish (cut at their last epoch checkpoint, or not started): run "
