@@ -18,12 +18,14 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -178,37 +180,45 @@ class Cluster:
         return {name: self.nodes.pop(name).stop() for name in [n for n in ("second", "head") if n in self.nodes]}
 
 
-@pytest.fixture
-def fashion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A data root with a 3,000 + 300 image Fashion-MNIST in torchvision's raw layout: big enough that a trial of
-    1 + 1 epochs trains for a few seconds on one CPU (a node can be lost while it trains one), small enough for CI."""
+@pytest.fixture(scope="module")
+def fashion(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data root with a 1,000 + 200 image Fashion-MNIST in torchvision's raw layout (the nodes' and drivers'
+    environment turns checksums off): big enough that a trial of 1 + 1 epochs trains for some seconds on one CPU
+    (a node can be lost while it trains one), small enough for CI."""
     rng = np.random.default_rng(0)
-    raw = tmp_path / "data" / "FashionMNIST" / "raw"
+    root = tmp_path_factory.mktemp("data")
+    raw = root / "FashionMNIST" / "raw"
     raw.mkdir(parents=True)
-    for prefix, n in (("train", 3000), ("t10k", 300)):
+    for prefix, n in (("train", 1000), ("t10k", 200)):
         labels = rng.integers(0, 10, n)
         images = rng.integers(0, 50, (n, 28, 28))
         images[np.arange(n), labels, :] = 250  # each class a bright row of its own
         write_idx(raw / f"{prefix}-images-idx3-ubyte.gz", images)
         write_idx(raw / f"{prefix}-labels-idx1-ubyte.gz", labels)
-    monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "0")
-    return tmp_path / "data"
+    return root
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    """A head and a second node; both stopped afterwards, by their process groups, nothing of them left behind."""
-    c = Cluster(tmp_path, clean_env())
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A head and a second node for the module (the tests that lose the second node start it again); both stopped
+    at the end by their process groups, nothing of them left behind."""
+    c = Cluster(tmp_path_factory.mktemp("cluster"), clean_env())
     try:
         c.start_head()
         c.start_second()
         yield c
     finally:
         left = c.stop()
-        import shutil
-
         shutil.rmtree(c.temp_dir, ignore_errors=True)
     assert not any(left.values()), f"processes left behind by the nodes: {left}"
+
+
+@pytest.fixture
+def two_nodes(cluster: Cluster) -> Cluster:
+    """The module's cluster with both nodes up (the second started again where a test lost it)."""
+    if "second" not in cluster.nodes:
+        cluster.start_second()
+    return cluster
 
 
 def grid_config(folder: Path, **changes: object) -> Path:
@@ -239,14 +249,16 @@ def busy_workers(node: Node) -> list[int]:
     return [pid for pid in node.pids if re.search(r"ray::ImplicitFunc\.\w", cmdline(pid))]
 
 
-def mlflow_trial_runs(uri: str, experiment: str = "mn") -> Counter:
-    """trial_id -> the active (not deleted) trial runs the MLflow store holds for it."""
+def mlflow_trial_runs(uri: str, experiment: str = "mn", complete: bool = False) -> Counter:
+    """trial_id -> the active (not deleted) trial runs the MLflow store holds for it (`complete`: only those whose
+    logging finished, tagged so last)."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
     assert exp is not None
-    runs = client.search_runs([exp.experiment_id], f"tags.`{TAG}kind` = 'trial'", max_results=1000)
+    query = f"tags.`{TAG}kind` = 'trial'" + (f" and tags.`{TAG}complete` = 'true'" if complete else "")
+    runs = client.search_runs([exp.experiment_id], query, max_results=1000)
     return Counter(r.data.tags[f"{TAG}trial_id"] for r in runs)
 
 
@@ -273,13 +285,126 @@ def summary_figure(run: str, pattern: str) -> int:
     return int(found.group(1))
 
 
+def test_a_driver_killed_and_relaunched_against_the_cluster_resumes(two_nodes: Cluster, fashion: Path,
+                                                                  tmp_path: Path) -> None:
+    """`bench run --address` SIGKILLed once two rows have landed, then the same command again: the relaunch runs
+    only the trials without a row, on both nodes, and every trial ends with one row and one MLflow run."""
+    cluster, results, env = two_nodes, tmp_path / "r", clean_env()
+    cmd = bench_run(cluster, results, fashion)
+    driver = start_driver(cmd, tmp_path / "first.log", env)
+    try:
+        wait_for(lambda: len(rows(results)) >= 2 or driver.poll() is not None, 600, "two rows landed")
+        assert driver.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=60)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    done = len(rows(results))
+    assert done < N_TRIALS
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
+    assert f"running {N_TRIALS - done} of {N_TRIALS} trials ({done} already done)" in again.stdout
+    landed = check_grid(results, again.stdout, f"sqlite:///{results}/mlflow.db")
+    assert {r["node_id"] for r in landed} == set(cluster.node_ids().values())
+
+
+# -- a real MLflow tracking server, stopped and started again mid-grid ---------------------------------------------
+@dataclass
+class Server:
+    """`mlflow server` on 127.0.0.1 (sqlite backend, a local artifact root), in a session of its own."""
+
+    folder: Path
+    port: int = field(default_factory=free_port)
+    node: Node | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        log = self.folder / "mlflow-server.log"
+        with open(log, "a") as out:
+            process = subprocess.Popen(
+                [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+                 "--backend-store-uri", f"sqlite:///{self.folder}/server.db",
+                 "--default-artifact-root", str(self.folder / "artifacts")],
+                # MLflow 3's job runner (GenAI jobs: seven huey consumers) is not what a tracking server needs
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env=clean_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"))
+        self.node = Node("mlflow", process, log)
+        wait_for(lambda: answers(f"{self.uri}/health") or process.poll() is not None, 180, "mlflow server answered",
+                 log)
+        assert process.poll() is None, log.read_text()[-3000:]
+
+    def stop(self) -> list[int]:
+        node, self.node = self.node, None
+        return node.stop() if node else []
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def test_a_grid_logs_to_an_mlflow_server_that_restarts_mid_grid(two_nodes: Cluster, fashion: Path,
+                                                               tmp_path: Path) -> None:
+    """`bench run --address ... --mlflow-uri http://...`: trials on both nodes, the server stopped (SIGTERM to its
+    process group) once a row has landed and started again at once on the same store (some 15 seconds down):
+    the grid ends with exit 0 and every trial has exactly one run in the server, nothing doubled: the mirror tries
+    the store again when the grid ends and backfills what it missed; where the server was not back by then, the
+    summary says so and `bench sync-mlflow` (docs/running.md) backfills exactly the runs that are missing."""
+    cluster, results = two_nodes, tmp_path / "r"
+    server = Server(tmp_path)
+    server.start()
+    try:
+        driver = start_driver(bench_run(cluster, results, fashion, "--mlflow-uri", server.uri), tmp_path / "run.log",
+                              clean_env())
+        try:
+            wait_for(lambda: len(rows(results)) >= 1 or driver.poll() is not None, 600, "a row landed")
+            assert driver.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
+            assert not server.stop(), "SIGTERM to the mlflow server's process group left processes behind"
+            down = len(rows(results))
+            server.start()
+            up = len(rows(results))
+            driver.wait(timeout=900)
+        finally:
+            if driver.poll() is None:
+                os.killpg(driver.pid, signal.SIGKILL)
+        run = (tmp_path / "run.log").read_text()
+        assert driver.returncode == 0, run[-4000:]
+        landed = rows(results)
+        assert len(landed) == N_TRIALS and {r["status"] for r in landed} == {"ok"}, run[-4000:]
+        assert {r["node_id"] for r in landed} == set(cluster.node_ids().values())
+        before, complete = mlflow_trial_runs(server.uri), mlflow_trial_runs(server.uri, complete=True)
+        assert set(before.values()) <= {1}, before  # nothing doubled, even before any backfill
+        missing = N_TRIALS - len(complete)
+        failed_again = "store FAILED" in run
+        assert (missing > 0) == failed_again, run[-3000:]  # runs missing only where the summary says so
+        sync = subprocess.run([str(BIN / "bench"), "sync-mlflow", str(results), "--mlflow-uri", server.uri],
+                              capture_output=True, text=True, timeout=300, env=clean_env())
+        assert sync.returncode == 0, sync.stdout + sync.stderr
+        assert f"logged {missing} missing runs" in sync.stdout
+        assert mlflow_trial_runs(server.uri) == Counter({r["trial_id"]: 1 for r in landed})
+        backfilled = re.search(r"(\d+) more when the grid ended", run)
+        logged = summary_figure(run, r"MLflow: (\d+) runs logged")
+        print(f"\n[mlflow server] down from {down} rows to {up}; the grid's mirror: {logged} runs as they landed, "
+              f"{backfilled.group(1) if backfilled else 0} when the grid ended; {missing} by bench sync-mlflow")
+    finally:
+        assert not server.stop(), "the mlflow server left processes behind"
+
+
 # -- two nodes, one lost ----------------------------------------------------------------------------------------------
-def test_a_grid_spreads_over_two_nodes_and_survives_losing_one(cluster: Cluster, fashion: Path,
+def test_a_grid_spreads_over_two_nodes_and_survives_losing_one(two_nodes: Cluster, fashion: Path,
                                                              tmp_path: Path) -> None:
     """An undisturbed grid first (its rows name both nodes), then the same grid in another folder with the second
     node SIGKILLed (its whole process group) while it trains a trial: the grid ends on the head with exit 0, every
     trial one row and one MLflow run, each warm start trained once, and the summary says how many trials were
     retried because their node was lost: as many as the second node had in flight."""
+    cluster = two_nodes
     ids = cluster.node_ids()
     env = clean_env()
     (tmp_path / "calm").mkdir()
@@ -325,27 +450,3 @@ def test_a_grid_spreads_over_two_nodes_and_survives_losing_one(cluster: Cluster,
     print(f"\n[node loss] second node SIGKILLed {killed_at:.0f}s into the grid with {in_flight} trial in flight; "
           f"{retried} trial retried; wall {loss_s:.0f}s vs {calm_s:.0f}s undisturbed: the loss cost "
           f"{loss_s - calm_s:+.0f}s (machine loaded: figures indicative)")
-
-
-def test_a_driver_killed_and_relaunched_against_the_cluster_resumes(cluster: Cluster, fashion: Path,
-                                                                  tmp_path: Path) -> None:
-    """`bench run --address` SIGKILLed once two rows have landed, then the same command again: the relaunch runs
-    only the trials without a row, on both nodes, and every trial ends with one row and one MLflow run."""
-    results, env = tmp_path / "r", clean_env()
-    cmd = bench_run(cluster, results, fashion)
-    driver = start_driver(cmd, tmp_path / "first.log", env)
-    try:
-        wait_for(lambda: len(rows(results)) >= 2 or driver.poll() is not None, 600, "two rows landed")
-        assert driver.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-        os.killpg(driver.pid, signal.SIGKILL)
-        driver.wait(timeout=60)
-    finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
-    done = len(rows(results))
-    assert done < N_TRIALS
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
-    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
-    assert f"running {N_TRIALS - done} of {N_TRIALS} trials ({done} already done)" in again.stdout
-    landed = check_grid(results, again.stdout, f"sqlite:///{results}/mlflow.db")
-    assert {r["node_id"] for r in landed} == set(cluster.node_ids().values())

@@ -107,6 +107,7 @@ class Tally:
     warm_saved_s: float = 0.0
     compute_s: float = 0.0
     mlflow_logged: int = 0
+    mlflow_backfilled: int = 0  # runs logged when the grid ended, after the store had failed during it
     rejected: dict[str, str] = field(default_factory=dict)  # trial_id -> the error a worker's check raised
     rowless: int = 0  # finished trials (failed) that wrote no result row
     work_total: int = 0  # trial-epochs the pending trials imply (Plan.work)
@@ -378,6 +379,8 @@ def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: C
             "the next `bench run` runs them again")
     if mirror is not None:
         where = f"MLflow: {tally.mlflow_logged} runs logged to {mirror.uri} (experiment {exp.name})"
+        if tally.mlflow_backfilled:
+            where += f", {tally.mlflow_backfilled} more when the grid ended, once the store answered again"
         if not mirror.ok:
             target = "" if mirror.embedded else f" --mlflow-uri {mirror.uri}"
             where += (f"; store FAILED ({mirror.failed}): run `bench sync-mlflow {plan.results}{target}` to "
