@@ -3,11 +3,12 @@ killed and relaunched against the same cluster, and a real `mlflow server` stopp
 
 Ray tests its own multi-node behaviour with several raylets on one machine; so do these tests, with real processes:
 a head (`ray start --head --block`, one CPU) and a second node (`ray start --address ... --block`, one CPU and a
-custom resource that tells it apart), each in a session and process group of its own, on 127.0.0.1, without tokens
-(a private cluster, docs/cluster.md section 4). A node is stopped by signalling its own process group, never with
-`ray stop`; each test checks that no process of its nodes (or of its MLflow server) is left behind.
+custom resource that tells it apart), each in a session and process group of its own, with token authentication
+(docs/cluster.md section 4: a multi-node Ray listens on the machine's network address, whatever --node-ip-address).
+A node is stopped by signalling its own process group, never with `ray stop`; each test checks that no process of its
+nodes (or of its MLflow server) is left behind.
 
-Each grid is eight tiny Fashion-MNIST trials (CE and L_DMI, two noise rates, two seeds, 1 + 1 epochs: four warm
+Each grid is eight small Fashion-MNIST trials (CE and L_DMI, two noise rates, two seeds, 1 + 1 epochs: four warm
 starts) run by `bench run --address` in a process of its own, as a user runs it. Run with -s to see the measured
 figures (trials retried, the wall time the loss cost).
 """
@@ -18,6 +19,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -44,6 +46,7 @@ GRID = dict(name="mn", dataset="fashion_mnist", noise="case3", r=[0.2, 0.4], see
             resources={"cpu": 1}, methods={"ce": {}, "dmi": {"lr": 1e-3}})
 N_TRIALS = 8
 SECOND = "second_node"  # the second node's custom resource
+TOKEN = secrets.token_hex(32)  # the clusters' token
 pytestmark = pytest.mark.slow
 LIST_NODES = """import json, sys, ray
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
@@ -58,9 +61,12 @@ def free_port() -> int:
 
 
 def clean_env(**extra: str) -> dict[str, str]:
+    """The environment of every node and driver: token authentication with the module's token (RAY_AUTH_TOKEN: no
+    file under ~/.ray is read or written). A cluster of several nodes listens on the machine's network address, not
+    on 127.0.0.1 (Ray turns a loopback node address into that one unless clusters are off), hence the token."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "MLFLOW_"))}
     return {**env, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",
-            "RAY_AUTH_MODE": "disabled", "BENCH_VERIFY_CHECKSUMS": "0", **extra}
+            "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN, "BENCH_VERIFY_CHECKSUMS": "0", **extra}
 
 
 def session_pids(session: int) -> list[int]:
@@ -180,13 +186,11 @@ class Cluster:
         return {name: self.nodes.pop(name).stop() for name in [n for n in ("second", "head") if n in self.nodes]}
 
 
-@pytest.fixture(scope="module")
-def fashion(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def write_fashion(root: Path) -> Path:
     """A data root with a 1,000 + 200 image Fashion-MNIST in torchvision's raw layout (the nodes' and drivers'
     environment turns checksums off): big enough that a trial of 1 + 1 epochs trains for some seconds on one CPU
     (a node can be lost while it trains one), small enough for CI."""
     rng = np.random.default_rng(0)
-    root = tmp_path_factory.mktemp("data")
     raw = root / "FashionMNIST" / "raw"
     raw.mkdir(parents=True)
     for prefix, n in (("train", 1000), ("t10k", 200)):
@@ -196,6 +200,11 @@ def fashion(tmp_path_factory: pytest.TempPathFactory) -> Path:
         write_idx(raw / f"{prefix}-images-idx3-ubyte.gz", images)
         write_idx(raw / f"{prefix}-labels-idx1-ubyte.gz", labels)
     return root
+
+
+@pytest.fixture(scope="module")
+def fashion(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_fashion(tmp_path_factory.mktemp("data"))
 
 
 @pytest.fixture(scope="module")
