@@ -265,7 +265,8 @@ def mlflow_trial_runs(uri: str, experiment: str = "mn", complete: bool = False) 
 
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
-    assert exp is not None
+    if exp is None:  # nothing logged yet (the server went down before the first run)
+        return Counter()
     query = f"tags.`{TAG}kind` = 'trial'" + (f" and tags.`{TAG}complete` = 'true'" if complete else "")
     runs = client.search_runs([exp.experiment_id], query, max_results=1000)
     return Counter(r.data.tags[f"{TAG}trial_id"] for r in runs)
