@@ -324,7 +324,7 @@ class RunProgress:
         unit = trial.config["unit"]
         self.tally.running.pop(unit, None)
         node = (trial.last_result or {}).get("node")  # the node of the attempt that died, from its reports
-        cause = "node" if node and node_lost(node) else "worker"
+        cause = "node" if node_lost(node or None) else "worker"
         for trial_id in self.units[unit]:
             if self.tally.retried.get(trial_id) != "node":
                 self.tally.retried[trial_id] = cause
