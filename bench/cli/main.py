@@ -311,6 +311,9 @@ def _add_results_commands(sub: argparse._SubParsersAction) -> None:
                    help="every column of the rows, one line per trial, texts cut at 40 characters (default: the "
                         "columns that fit a terminal; --out FILE keeps every value whole)")
     p.add_argument("--out", default=None, help="write all rows to this .parquet (or .csv) file")
+    p.add_argument("--by-node", action="store_true",
+                   help="one line per node and device that ran trials: how many, their statuses, mean wall time and "
+                        "test accuracy (to find a bad node)")
     p.set_defaults(func=_later("bench.cli.results", "cmd_results"), needs=("pyarrow", "polars"))
 
     p = sub.add_parser(

@@ -1,15 +1,17 @@
-"""`bench results RESULTS [--wide | --out FILE]`: the merged result table, as a compact terminal table, every column,
-or one parquet/CSV file."""
+"""`bench results RESULTS [--wide | --by-node | --out FILE]`: the merged result table, as a compact terminal table,
+every column, one line per node that ran trials, or one parquet/CSV file."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from bench.config import UserError
-from bench.store.columns import ROW
+from bench.store.columns import ROW, conform
 from bench.store.folder import check_output, read_table, replace_file
 
 
@@ -30,6 +32,9 @@ def cmd_results(args: argparse.Namespace) -> int:
             replace_file(out, table.write_parquet)
         print(f"{table.height} rows -> {out}")
         return 0
+    if args.by_node:
+        print_by_node(table)
+        return 0
     order = [c for c in ("experiment", "dataset", "noise", "r", "method", "seed") if c in table.columns]
     if args.wide:  # every column: the declared ones in row order, then any other a file holds
         columns = [c for c in ROW if c in table.columns] + [c for c in table.columns if c not in ROW]
@@ -46,10 +51,34 @@ def cmd_results(args: argparse.Namespace) -> int:
     return 0
 
 
+NODE = ("host", "node_id", "device_model", "device_uuid")  # a node and the device a trial ran on
+
+
+def print_by_node(table: Any) -> None:
+    """One line per node and device: its trials, their statuses, their mean wall seconds and mean test accuracy
+    (of the rows with one). Rows written before the provenance columns existed have them empty ("-")."""
+    import polars as pl
+
+    table = conform(table)
+    nodes = (table.with_columns(pl.col(c).fill_null("-").replace("", "-") for c in NODE)
+             .group_by(NODE).agg(pl.len().alias("trials"), pl.col("status").sort().alias("statuses"),
+                                 pl.col("wall_s").mean(), pl.col("test_acc").mean())
+             .sort("host", "node_id", "device_model", "device_uuid"))
+    header = ["host", "node", "device", "uuid", "trials", "statuses", "wall s", "test %"]
+    rows = [[n["host"], n["node_id"], n["device_model"], n["device_uuid"], str(n["trials"]),
+             ", ".join(f"{k} {v}" for k, v in sorted(Counter(n["statuses"]).items())),
+             _shown(0)(n["wall_s"]), _shown(2)(n["test_acc"])] for n in nodes.iter_rows(named=True)]
+    _print_table(header, rows)
+    print(f"{table.height} rows on {nodes.height} node/device pairs")
+
+
 def _print(table: object, columns: list[str], shown: dict[str, tuple[str, Callable[[object], str]]]) -> None:
     """`columns` of the rows as aligned text, each headed and its values shown as `shown` says."""
     rows = [[shown[c][1](v) for c, v in row.items()] for row in table.select(columns).iter_rows(named=True)]
-    header = [shown[c][0] for c in columns]
+    _print_table([shown[c][0] for c in columns], rows)
+
+
+def _print_table(header: list[str], rows: list[list[str]]) -> None:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     for line in [header, ["-" * w for w in widths], *rows]:
         print("  ".join(text.rjust(w) if i else text.ljust(w)

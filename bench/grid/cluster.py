@@ -310,3 +310,23 @@ def local_gpu_kind() -> str | None:
         return None
     names = {line.strip() for line in out.stdout.splitlines() if line.strip()}
     return names.pop() if out.returncode == 0 and len(names) == 1 else None
+
+
+def node_lost(node_id: str | None, timeout: float = 2.0) -> bool:
+    """Whether a node of the connected cluster is gone: the cluster lists it dead, or its raylet no longer takes a
+    connection (refused: its processes died; silent for `timeout`: its machine is off or cut off). A trial's worker
+    that died alone (an out-of-memory kill) leaves its raylet answering. Ray's own verdict comes later: the head
+    marks a node dead only after a run of missed health checks (some 30 seconds by default). `node_id` None (a
+    unit that died before its first report named its node): whether any node the cluster still lists as alive has
+    just stopped answering."""
+    import ray
+
+    for node in ray.nodes():
+        if node_id is None and node["Alive"] or node["NodeID"] == node_id:
+            if not node["Alive"]:
+                return True
+            try:
+                socket.create_connection((node["NodeManagerAddress"], node["NodeManagerPort"]), timeout).close()
+            except OSError:
+                return True
+    return False

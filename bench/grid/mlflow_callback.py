@@ -19,7 +19,7 @@ class MlflowMirroring:
     `make_mlflow_callback` makes it one."""
 
     def __init__(self, tally: Tally, results: str, units: dict[str, list[str]], mirror: Mirror) -> None:
-        self.tally, self.units, self.mirror = tally, units, mirror
+        self.tally, self.units, self.mirror, self.results = tally, units, mirror, results
         self.store = Store(results)
 
     def log_trial_end(self, trial: Any, failed: bool = False) -> None:
@@ -29,6 +29,17 @@ class MlflowMirroring:
             row, epochs = self.store.read_row(trial_id)
             if row is not None and self.mirror.log_row(row, epochs):
                 self.tally.mlflow_logged += 1
+
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        """A store that failed during the grid (a server restarted, a network cut) is tried once more when the grid
+        ends: the grid's rows it lacks are backfilled (a partial run of a trial is replaced, never doubled); where it
+        fails again, the summary says how to backfill."""
+        if self.mirror.ok:
+            return
+        self.mirror.retry()
+        trial_ids = {trial_id for members in self.units.values() for trial_id in members}
+        self.tally.mlflow_backfilled = self.mirror.sync(self.results, trial_ids=trial_ids)
 
 
 def make_mlflow_callback(tally: Tally, results: str, units: dict[str, list[str]], mirror: Mirror) -> Any:

@@ -24,15 +24,18 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, TextIO
 
 from bench.config import UserError
 from bench.exec.events import EpochRecord, Event, Resumed, StageStart
 from bench.exec.executor import Unit
+from bench.grid.cluster import node_lost
 from bench.grid.experiment import Experiment
 from bench.grid.plan import Plan
 from bench.grid.stop import signal_name
 from bench.store.folder import Store
+from bench.store.rows import ray_node_id
 
 if TYPE_CHECKING:
     import polars as pl
@@ -59,7 +62,7 @@ class UnitReporter:
         self.report, self.every = report, every
         self.members = 1  # trained side by side in the current stage
         self.state: dict[str, Any] = dict(progress=1, stage="loading data", epoch=None, epochs=None, val_loss=None,
-                                          val_acc=None, work=0)
+                                          val_acc=None, work=0, node=ray_node_id())  # where it runs: a lost node
         self.last = -float("inf")
         # The unit's warm-start cache use so far (`WarmStartCache.stats`), on every record: a unit a signal stops
         # sends no closing report, and its warm starts, trained or reused, still count in the stop's summary.
@@ -108,6 +111,7 @@ class Tally:
     warm_saved_s: float = 0.0
     compute_s: float = 0.0
     mlflow_logged: int = 0
+    mlflow_backfilled: int = 0  # runs logged when the grid ended, after the store had failed during it
     rejected: dict[str, str] = field(default_factory=dict)  # trial_id -> the error a worker's check raised
     rowless: int = 0  # finished trials (failed) that wrote no result row
     work_total: int = 0  # trial-epochs the pending trials imply (Plan.work)
@@ -119,6 +123,9 @@ class Tally:
     halt: str | None = None  # why the grid ends early without a signal: a full disk
     warned: set[str] = field(default_factory=set)  # the kinds of worker warnings printed (once each)
     ray_left: bool = False  # Ray did not stop in time after the signal: the command exits without waiting on it
+    # Trials whose unit Ray retried (`--retries`), by why: "node" (the node it ran on was lost) or "worker" (its
+    # worker died, or a fault of Ray's own); a trial retried for both counts under "node".
+    retried: dict[str, str] = field(default_factory=dict)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -327,8 +334,15 @@ class RunProgress:
         self._finish(trial, errored=True)
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self.tally.running.pop(trial.config["unit"], None)
-        self.board.line(f"      {trial.config['unit']} crashed; Ray retries it from its last epoch checkpoint")
+        unit = trial.config["unit"]
+        self.tally.running.pop(unit, None)
+        node = (trial.last_result or {}).get("node")  # the node of the attempt that died, from its reports
+        cause = "node" if node_lost(node or None) else "worker"
+        for trial_id in self.units[unit]:
+            if self.tally.retried.get(trial_id) != "node":
+                self.tally.retried[trial_id] = cause
+        why = "its node was lost" if cause == "node" else "its worker died"
+        self.board.line(f"      {unit} crashed ({why}); Ray retries it from its last epoch checkpoint")
 
 
 def make_callback(tally: Tally, results: str, units: dict[str, Unit], board: StatusBoard) -> Any:
@@ -348,6 +362,12 @@ def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: C
         f"trial compute {fmt_seconds(tally.compute_s)}, {tally.compute_s / max(elapsed, 1e-9):.1f}x wall")
     out(f"warm-start cache: {tally.warm_misses} trained, {tally.warm_hits} reused, "
         f"saving {fmt_seconds(tally.warm_saved_s)} of compute")
+    if tally.retried:
+        causes = Counter(tally.retried.values())
+        node, worker = causes["node"], causes["worker"]
+        out(f"Ray retried {len(tally.retried)} trials from their last epoch checkpoint (--retries): "
+            f"{node} trial{'s' * (node != 1)} retried because {'its' if node == 1 else 'their'} node was lost, "
+            f"{worker} because {'its' if worker == 1 else 'their'} worker died")
     if tally.interrupted is not None and tally.done >= tally.total:  # the last rows landed while it stopped
         out(f"stopped by {signal_name(tally.interrupted)}: all {tally.total} trials have their row; nothing is left "
             "to run")
@@ -375,6 +395,8 @@ def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: C
             "the next `bench run` runs them again")
     if mirror is not None:
         where = f"MLflow: {tally.mlflow_logged} runs logged to {mirror.uri} (experiment {exp.name})"
+        if tally.mlflow_backfilled:
+            where += f", {tally.mlflow_backfilled} more when the grid ended, once the store answered again"
         if not mirror.ok:
             target = "" if mirror.embedded else f" --mlflow-uri {mirror.uri}"
             where += (f"; store FAILED ({mirror.failed}): run `bench sync-mlflow {plan.results}{target}` to "
@@ -387,7 +409,7 @@ def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: C
     # polars and bench.report (SciPy) would cost it seconds of start-up for nothing.
     import polars as pl
 
-    from bench.report import analysis
+    from bench.report import analysis  # here, not at the top: as polars above
 
     try:
         table = analysis.load_trials(plan.results)
@@ -399,16 +421,15 @@ def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: C
         return
     specs = sorted(grid["protocol"].unique().to_list())
     for spec in specs:  # each protocol selects its own settings (`bench.protocol`)
-        _accuracy_table(grid.filter(pl.col("protocol") == spec), out, f" under protocol {spec}" if len(specs) > 1
-                        else "")
+        _accuracy_table(analysis, grid.filter(pl.col("protocol") == spec), out,
+                        f" under protocol {spec}" if len(specs) > 1 else "")
 
 
-def _accuracy_table(grid: pl.DataFrame, out: Callable[[str], None], which: str) -> None:
+def _accuracy_table(analysis: ModuleType, grid: pl.DataFrame, out: Callable[[str], None], which: str) -> None:
     """Mean clean test accuracy per cell and method, by the one selection rule (bench.report.analysis.select_settings,
-    behind `bench report` and `bench leaderboard`) and the one rounding (bench.report.analysis.fmt)."""
+    behind `bench report` and `bench leaderboard`) and the one rounding (bench.report.analysis.fmt); `analysis` is
+    that module, which the summary imports late (`print_summary`)."""
     import polars as pl
-
-    from bench.report import analysis
 
     cells = analysis.aggregate(grid).filter(pl.col("acc_mean").is_not_null())
     if cells.is_empty():

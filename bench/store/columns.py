@@ -93,6 +93,11 @@ MORE = (
     # The kind of unit that trained it (`bench.exec.executor`): solo, pack, streams, ...; null in rows written before
     # executors had names, and in a trial's row where it failed before it ended.
     _c("executor", TEXT, COST),
+    # Where it ran, so that a bad node or device can be found from the results (`bench results --by-node`): the Ray
+    # node (its id; "" for a trial run without Ray, `bench trial`; two raylets of one machine share `host`), the
+    # device's model (the CPU's from /proc/cpuinfo, or the GPU's name) and a GPU's UUID ("" on the CPU); null in rows
+    # written before they existed.
+    _c("node_id", TEXT, PROVENANCE), _c("device_model", TEXT, PROVENANCE), _c("device_uuid", TEXT, PROVENANCE),
 )
 ROW_COLUMNS = CORE + MORE
 ROW = {c.name: c for c in ROW_COLUMNS}

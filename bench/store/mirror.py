@@ -122,6 +122,13 @@ class Mirror:
     def ok(self) -> bool:
         return self.failed is None
 
+    def retry(self) -> None:
+        """Try the store again after a failure (a server up again): what the failed attempt had cached is
+        forgotten, so that the next calls ask the store itself."""
+        self.failed = None
+        self._experiments.clear()
+        self._logged.clear()
+
     # -- store layout -----------------------------------------------------------------------------------------
     def experiment_id(self, name: str) -> str:
         if name not in self._experiments:

@@ -65,7 +65,9 @@ def trial_params(row: dict[str, Any]) -> dict[str, str]:
     config = json.loads(row.get("config_json") or "{}")
     method_params = config.pop("method_params", None)
     if method_params is None:  # a row written before config_json: the parameters it recorded
-        method_params = json.loads(row.get("method_params") or "{}")
+        method_params = row.get("method_params")
+    if isinstance(method_params, str):  # the row's column, or a configuration that recorded the column's JSON text
+        method_params = json.loads(method_params or "{}")
     for key, value in _flat("", config).items():
         params.setdefault(key, value)  # the row's column (rounded, typed) where both have it
     for key, value in _flat("", method_params).items():

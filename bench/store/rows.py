@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,36 @@ def device_name(device: str) -> str:
     if device.startswith("cuda") and torch.cuda.is_available():
         return f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
     return f"cpu ({platform.machine()})"
+
+
+@functools.cache
+def cpu_model() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (where there is none: what `platform` knows)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_identity(device: str) -> tuple[str, str]:
+    """The model of the device a trial ran on and, for a GPU, its UUID (as nvidia-smi prints it: GPU-...), which
+    tells apart two GPUs of one model; the CPU has none ("")."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        properties = torch.cuda.get_device_properties(torch.device(device))
+        return properties.name, f"GPU-{properties.uuid}"
+    return cpu_model(), ""
+
+
+def ray_node_id() -> str:
+    """The id of the Ray node this process runs in ("" outside Ray: `bench trial`). Ray is only asked where the
+    process already has it: the training core runs without it."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return ""
+    return ray.get_runtime_context().get_node_id() or ""
 
 
 def _matrix(m: np.ndarray | None) -> str | None:
@@ -95,6 +126,7 @@ def make_row(
 ) -> dict[str, Any]:
     """One trial's row: every column of `ROW_COLUMNS`, in their order. `outcome` is the trainer's `Outcome`; None for
     a trial that failed before it ended. `pack_wall_s`: the wall time of the whole pack a packed member trained in."""
+    device_model, device_uuid = device_identity(config.device)
     row: dict[str, Any] = dict(
         trial_id=config.trial_id, experiment=config.experiment, dataset=config.dataset, model=model,
         method=config.method, noise=config.noise, r=float(config.r), seed=int(config.seed),
@@ -114,7 +146,7 @@ def make_row(
         error=(outcome.error if outcome and outcome.error else error),
         python_version=platform.python_version(),
         numpy_version=np.__version__,
-        host=platform.node(),
+        host=platform.node(), node_id=ray_node_id(), device_model=device_model, device_uuid=device_uuid,
         config_json=json.dumps(config.identity(), sort_keys=True, default=str),
         finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),  # the newest of two rows of a seed counts
         pack_wall_s=None if pack_wall_s is None else float(pack_wall_s),
