@@ -28,8 +28,11 @@ import pytest
 MARKER = "BENCH_TEST_NETNS"
 INSIDE = os.environ.get(MARKER) == "1"
 TEST_NAME = "test_in_its_own_network_namespace"
-# `unshare -n` runs the command in a new network namespace whose only device, `lo`, starts down.
-ENTER = 'ip link set lo up && exec "$0" -m pytest -q -rs -p no:cacheprovider "$@"'
+# `unshare -n` runs the command in a new network namespace whose only device, `lo`, starts down. The second loopback
+# address is for Slurm: it resolves its listening address with getaddrinfo(AF_INET, AI_ADDRCONFIG), which glibc
+# refuses (EAI_NONAME) where the only IPv4 address is 127.0.0.1 itself; 127.0.0.2 on `lo` is still loopback.
+SETUP = "ip link set lo up && ip addr add 127.0.0.2/8 dev lo"
+ENTER = f'{SETUP} && exec "$0" -m pytest -q -rs -p no:cacheprovider "$@"'
 
 
 def _cannot_unshare() -> str | None:
@@ -39,8 +42,8 @@ def _cannot_unshare() -> str | None:
         return f"{' and '.join(missing)} not found (util-linux, iproute2)"
     if os.geteuid() != 0:
         return "making a network namespace needs root (unshare -n)"
-    probe = subprocess.run(["unshare", "-n", "--", "ip", "link", "set", "lo", "up"], capture_output=True, text=True,
-                           timeout=60)
+    probe = subprocess.run(["unshare", "-n", "--", "sh", "-c", SETUP], capture_output=True,
+                           text=True, timeout=60)
     return f"unshare -n failed: {probe.stderr.strip()}" if probe.returncode else None
 
 
@@ -48,12 +51,13 @@ def module_in_own_namespace(module_file: str, timeout: float = 3600) -> Callable
     """The test that runs `module_file`'s real tests in a namespace of their own (streamed to stdout: -s shows it
     live) and asserts they all passed."""
 
-    def test() -> None:
+    def test(request: pytest.FixtureRequest) -> None:
         why = _cannot_unshare()
         if why:
             pytest.skip(f"the module runs only inside a network namespace of its own: {why}")
         env = {**os.environ, MARKER: "1"}
-        cmd = ["unshare", "-n", "--", "sh", "-c", ENTER, sys.executable, module_file]
+        shown = ["-s"] if request.config.getoption("capture") == "no" else []  # -s: the tests' figures shown
+        cmd = ["unshare", "-n", "--", "sh", "-c", ENTER, sys.executable, module_file, *shown]
         lines = []
         # A session of its own: on a timeout SIGINT reaches the inner pytest, whose fixtures then stop what they
         # started (its nodes and servers are sessions of their own, which a kill of this group would not reach).
