@@ -7,6 +7,7 @@ import os
 import struct
 from pathlib import Path
 
+import netns
 import numpy as np
 import pytest
 
@@ -88,3 +89,8 @@ def crashing_checkpoints(after_epoch: int = 2) -> type:
                 raise RuntimeError("node lost")
 
     return CrashAfterEpoch
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules that run in a network namespace of their own (tests/netns.py): one test outside, the real ones in."""
+    netns.deselect(config, items)

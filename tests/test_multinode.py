@@ -3,10 +3,11 @@ killed and relaunched against the same cluster, and a real `mlflow server` stopp
 
 Ray tests its own multi-node behaviour with several raylets on one machine; so do these tests, with real processes:
 a head (`ray start --head --block`, one CPU) and a second node (`ray start --address ... --block`, one CPU and a
-custom resource that tells it apart), each in a session and process group of its own, with token authentication
-(docs/cluster.md section 4: a multi-node Ray listens on the machine's network address, whatever --node-ip-address).
-A node is stopped by signalling its own process group, never with `ray stop`; each test checks that no process of its
-nodes (or of its MLflow server) is left behind.
+custom resource that tells it apart), each in a session and process group of its own, all on 127.0.0.1. A multi-node
+Ray turns a loopback node address into the machine's network address (docs/cluster.md section 5); so the module runs
+in a network namespace of its own holding only loopback (tests/netns.py), where Ray has no other address to take and
+nothing else can reach the cluster (no token needed). A node is stopped by signalling its own process group, never
+with `ray stop`; each test checks that no process of its nodes (or of its MLflow server) is left behind.
 
 Each grid is eight small Fashion-MNIST trials (CE and L_DMI, two noise rates, two seeds, 1 + 1 epochs: four warm
 starts) run by `bench run --address` in a process of its own, as a user runs it. Run with -s to see the measured
@@ -19,7 +20,6 @@ import contextlib
 import json
 import os
 import re
-import secrets
 import shutil
 import signal
 import socket
@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import netns
 import numpy as np
 import pytest
 import yaml
@@ -46,8 +47,8 @@ GRID = dict(name="mn", dataset="fashion_mnist", noise="case3", r=[0.2, 0.4], see
             resources={"cpu": 1}, methods={"ce": {}, "dmi": {"lr": 1e-3}})
 N_TRIALS = 8
 SECOND = "second_node"  # the second node's custom resource
-TOKEN = secrets.token_hex(32)  # the clusters' token
 pytestmark = pytest.mark.slow
+test_in_its_own_network_namespace = netns.module_in_own_namespace(__file__)
 LIST_NODES = """import json, sys, ray
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
 print(json.dumps([dict(NodeID=n["NodeID"], Alive=n["Alive"], Resources=n["Resources"]) for n in ray.nodes()]))
@@ -61,12 +62,11 @@ def free_port() -> int:
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """The environment of every node and driver: token authentication with the module's token (RAY_AUTH_TOKEN: no
-    file under ~/.ray is read or written). A cluster of several nodes listens on the machine's network address, not
-    on 127.0.0.1 (Ray turns a loopback node address into that one unless clusters are off), hence the token."""
+    """The environment of every node and driver: no token (the cluster is reachable only from the module's own
+    network namespace), no file under ~/.ray read or written, no MLflow or Ray auth settings of the caller."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "MLFLOW_"))}
     return {**env, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",
-            "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN, "BENCH_VERIFY_CHECKSUMS": "0", **extra}
+            "RAY_AUTH_MODE": "disabled", "BENCH_VERIFY_CHECKSUMS": "0", **extra}
 
 
 def session_pids(session: int) -> list[int]:

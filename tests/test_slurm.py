@@ -4,6 +4,10 @@ runs a grid with `bench run --address` against the Ray it starts inside the job;
 the grid and Ray (nothing of the job is left behind), and the same job submitted again finishes the grid with every
 trial exactly one row and one MLflow run.
 
+Like tests/test_multinode.py, the module runs in a network namespace of its own holding only loopback
+(tests/netns.py): the job's Ray then has no address but 127.0.0.1 (bench.sbatch falls back to it where `hostname -I`
+prints nothing), and slurmctld, slurmd and munged listen only there.
+
 Skipped, with the reason, where Slurm is not installed or the tests do not run as root (slurmd needs it); `.ci/run`
 installs the packages.
 """
@@ -17,6 +21,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import netns
 import pytest
 from test_multinode import (
     BIN,
@@ -41,6 +46,7 @@ pytestmark = [
                        "install -y slurm-wlm munge (.ci/run does)"),
     pytest.mark.skipif(os.geteuid() != 0, reason="a local Slurm needs root (slurmd runs jobs as their users)"),
 ]
+test_in_its_own_network_namespace = netns.module_in_own_namespace(__file__)
 
 
 def processes_naming(text: str) -> list[int]:
