@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import polars as pl
+import pytest
 from test_report import make_row, write
 
 from bench.cli import main as cli
@@ -80,3 +81,17 @@ def test_panel_shows_network_and_source_and_flags_a_different_network(tmp_path: 
     written = pl.read_csv(out / "paper_vs_measured.csv")
     assert {"paper_network", "ours_model", "network_note", "source", "table", "checked"} <= set(written.columns)
     capsys.readouterr()
+
+
+def test_a_linear_probe_row_is_read_and_noted_by_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A frozen-feature probe's row names its network with its options (`TrialConfig.model_label`, parentheses and
+    all): the report reads it, and the published panel says ours is a linear probe (it once skipped such rows as
+    files not of ours)."""
+    label = "linear_probe(backbone=resnet18, weights=random)"
+    row = make_row("ce", 0.0, 0, 0.5, 40.0, dataset="webvision_mini", noise="real") | {"model": label}
+    results = write(tmp_path / "results", [row])
+    table = analysis.load_trials(results)
+    assert table["model"].to_list() == [label]
+    assert "skipping" not in capsys.readouterr().err
+    assert analysis.network_note(label, "Inception-ResNet-v2", "inception_resnet_v2").startswith(
+        "ours: a linear probe on frozen features")

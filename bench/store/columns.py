@@ -158,8 +158,9 @@ def arrow_tables(row: dict[str, Any], epochs: list[dict[str, Any]]) -> tuple[str
             pa.Table.from_pylist([{"trial_id": trial_id, **e} for e in epochs], schema=curves))
 
 
-# Text columns of a row that name things (reports and MLflow build file names from them): each must be a NAME.
-NAME_COLUMNS = ("trial_id", "experiment", "dataset", "model", "method", "noise")
+# Text columns of a row that name things (reports and MLflow build file names from them): each must be a NAME. Not
+# `model`: it names the network with its options ("linear_probe(backbone=resnet18, weights=random)") and no file.
+NAME_COLUMNS = ("trial_id", "experiment", "dataset", "method", "noise")
 STATUSES = ("ok", "diverged", "failed")
 # Columns every file of a table has, and what each holds: "name" (a NAME), "text", "int" or "number" (nulls allowed).
 TABLE_COLUMNS = {
