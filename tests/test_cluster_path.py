@@ -127,13 +127,15 @@ def _has_job_server() -> bool:
 # -- nothing listens --------------------------------------------------------------------------------------------
 def test_the_probe_passes_a_grpc_server_and_auto_and_refuses_a_silent_listener() -> None:
     """A gRPC server (as Ray's GCS and client server are) answers the HTTP/2 preface with a SETTINGS frame and
-    acknowledges a PING; a listener that never answers is refused once the handshake times out."""
+    acknowledges a PING: that handshake is all a Ray Client address (ray://) is asked; a GCS address is also asked
+    Ray's own first call, which such a server fails (tests/test_faults_signals.py). A listener that never answers is
+    refused once the handshake times out."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
 
         def settings() -> None:
-            for _ in range(2):
+            for _ in range(1):
                 conn, _ = s.accept()
                 with conn:
                     conn.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))  # an empty SETTINGS frame
@@ -144,7 +146,6 @@ def test_the_probe_passes_a_grpc_server_and_auto_and_refuses_a_silent_listener()
 
         server = threading.Thread(target=settings, daemon=True)
         server.start()
-        probe(f"127.0.0.1:{s.getsockname()[1]}")
         probe(f"ray://127.0.0.1:{s.getsockname()[1]}")
         server.join()
         with pytest.raises(UserError, match="answers as a Ray cluster .no answer to a Ray handshake in 1s"):

@@ -166,7 +166,7 @@ def test_the_checker_fails_on_a_broken_readme() -> None:
     wrong_type = collect("```sh\nbench trial --dataset synthetic --method ce --noise case1 --r high\n```\n", "x")
     assert [p for c in wrong_type for p in flag_problems(c)] == [
         "x:2: bench trial --dataset synthetic --method ce --noise case1 --r high: the parser refuses it: "
-        "bench trial: error: argument --r: invalid float value: 'high'"]
+        "bench trial: error: argument --r: invalid number value: 'high'"]
 
 
 def test_the_collector_reads_shell_blocks_only() -> None:

@@ -251,8 +251,13 @@ def test_a_report_names_the_protocol_of_its_tables_and_promises_only_its_panels(
     written = build_report(results, tmp_path / "report", log=lambda s: None)
     md = written["leaderboard.md"].read_text()
     assert says in md and says in terminal_leaderboard(str(results))
-    assert "Protocol effect" not in md and "protocol-effect panel compares" not in md
-    assert "Protocol effect" not in written["report.html"].read_text()
+    # No protocol-effect panel is promised: where it has nothing to show, one line says it is left out and why
+    # (issue #44: no empty panels, each left out in one line).
+    left_out = "Protocol effect: left out, no cell holds trials of bench and of another protocol."
+    assert "protocol-effect panel compares" not in md
+    assert [line for line in md.splitlines() if "Protocol effect" in line] == [left_out]
+    html = written["report.html"].read_text()
+    assert html.count("Protocol effect") == 1 and left_out in html
 
 
 # -- 12. MR files that cannot be the published ones --------------------------------------------------------------------

@@ -26,7 +26,8 @@ BENCH = str(Path(sys.executable).parent / "bench")
 GRID = dict(name="stop", dataset="synthetic", noise="case3", r=[0.0, 0.2, 0.4, 0.6], seeds=[0], epochs=12,
             epochs_warmup=1, resources={"cpu": 1}, methods={"ce": {}})
 # What differs between two runs of the same trial: timings, and which executor ran it.
-CHANGES = {"wall_s", "warmup_s", "method_s", "device_s", "diagnostics_s", "pack_wall_s", "finished_at", "executor"}
+CHANGES = {"wall_s", "warmup_s", "method_s", "device_s", "diagnostics_s", "pack_wall_s", "finished_at", "executor",
+           "node_id"}  # node_id: each Ray start is a new node (bench.store.rows.ray_node_id)
 
 
 def env() -> dict[str, str]:

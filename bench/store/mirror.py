@@ -274,7 +274,8 @@ def runs_links(uri: str, address: str) -> list[str]:
 
 
 def open_mirror(results: str | os.PathLike[str], uri: str | None, warn=None) -> Mirror | None:
-    """A mirror on the chosen store, or None (with a warning) when there is no store to use. A sqlite file that is
+    """A mirror on the chosen store (a server that cannot be reached now: a mirror marked failed, which the grid
+    tries again when it ends), or None (with a warning) when there is no store to use. A sqlite file that is
     not a database (damaged, or something else under that name), or one that MLflow cannot open (half-made: a disk
     that filled while MLflow created its tables), is set aside under a name that says so and a fresh store started:
     parquet holds every result, so nothing is lost, and the caller logs the rows the new store lacks."""
@@ -305,6 +306,12 @@ def open_mirror(results: str | os.PathLike[str], uri: str | None, warn=None) -> 
             return _opened(chosen, results, say)
         except Exception as e:  # noqa: BLE001 - as above
             problem = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    if path is None:  # a server: down now, perhaps up when the grid ends, when the grid's mirror tries it again
+        mirror = Mirror(chosen, results, warn=say)
+        mirror.failed = problem  # the summary names it and the backfill (`bench.grid.progress.print_summary`)
+        say(f"MLflow store {chosen} cannot be opened ({problem}); the grid goes on and tries it again when it ends; "
+            f"no result is lost, and {backfill} backfills it later")
+        return mirror
     say(f"MLflow store {chosen} cannot be opened ({problem}); MLflow logging is off for this run, no result is "
         f"lost, and {backfill} backfills it later")
     return None
