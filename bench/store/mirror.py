@@ -309,8 +309,8 @@ def open_mirror(results: str | os.PathLike[str], uri: str | None, warn=None) -> 
     if path is None:  # a server: down now, perhaps up when the grid ends, when the grid's mirror tries it again
         mirror = Mirror(chosen, results, warn=say)
         mirror.failed = problem  # the summary names it and the backfill (`bench.grid.progress.print_summary`)
-        say(f"MLflow store {chosen} cannot be opened ({problem}); the grid goes on and tries it again when it ends; "
-            f"no result is lost, and {backfill} backfills it later")
+        say(f"MLflow store {chosen} cannot be opened ({problem}); no result is lost: a grid tries it again when it "
+            f"ends, and {backfill} backfills it later")
         return mirror
     say(f"MLflow store {chosen} cannot be opened ({problem}); MLflow logging is off for this run, no result is "
         f"lost, and {backfill} backfills it later")
