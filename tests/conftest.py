@@ -7,11 +7,11 @@ import os
 import struct
 from pathlib import Path
 
-import netns
 import numpy as np
 import pytest
 
 from bench.config import UserError
+from tests import netns
 
 REPO = Path(__file__).resolve().parents[1]
 # The data root the README documents for every command ($BENCH_DATA), else the team's copy beside the checkout.

@@ -147,7 +147,7 @@ print("EXIT", main(sys.argv[1:]))
 
     listing = bench("methods")
     assert "EXIT 0" in listing.stdout and "dmi" in listing.stdout, listing.stderr[-2000:]
-    config = str(Path(__file__).resolve().parents[1] / "tune_configs" / "demo.yaml")
+    config = str(Path(__file__).resolve().parents[2] / "tune_configs" / "demo.yaml")
     for args, missing in ((["report", "somewhere"], "polars"), (["run", config, "--results", "res"], "ray")):
         out = bench(*args)
         assert "EXIT 2" in out.stdout, out.stderr[-2000:]

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from test_report import GRID_ROWS, write
 
 from bench.cli import main as cli
+from tests.report.test_report import GRID_ROWS, write
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEMO = str(REPO / "tune_configs" / "demo.yaml")
 
 

@@ -25,7 +25,7 @@ from bench.cli import main as cli
 from bench.store.folder import read_table
 from bench.store.mlflow_run import run_name
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BENCH = str(Path(sys.executable).parent / "bench")
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="renders MLflow's UI in headless Chromium, which is not "

@@ -9,9 +9,6 @@ import struct
 import zlib
 
 import pytest
-from test_datasets_realworld import tiny_network, write_animal10n
-from test_faults import TRIAL, one_error_line, write_config
-from test_faults_inputs import MR_TRIAL, write_mr
 
 from bench import models
 from bench.cli.main import main
@@ -19,6 +16,9 @@ from bench.config import UserError, integer, number, whole_number
 from bench.data import get_dataset
 from bench.datasets.image_files import key_label_lines
 from bench.grid import executor_table
+from tests.datasets.test_realworld import tiny_network, write_animal10n
+from tests.grid.test_damaged_files_and_bad_values import TRIAL, one_error_line, write_config
+from tests.grid.test_plan_limits_and_inputs import MR_TRIAL, write_mr
 
 ODD = ["²", "٣", "３", "1_0", "", " ", "+", "0x1"]  # a superscript, an Arabic-Indic and a full-width digit, ...
 

@@ -20,7 +20,7 @@ from bench.data import registry as datasets
 from bench.methods import registry as methods
 from bench.report.analysis import LITERATURE_CSV, read_published, read_reference
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
 LEVELS = [i / 20 for i in range(21)]
 # Datasets with a pattern of the paper's tables, by the reference file (bench/reference_results.csv).
 REFERENCE = read_reference()

@@ -13,7 +13,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from tolerances import f32
 
 from bench import noise
 from bench.cli.main import main
@@ -25,6 +24,7 @@ from bench.datasets.cifar10 import CIFAR10, crop_flip, read_batch
 from bench.datasets.cifar10n import CIFAR10N, LABELS_FILE
 from bench.datasets.clothing1m import CLASSES as CLOTHING_CLASSES
 from bench.download import file_md5
+from tests.tolerances import f32
 
 CIFAR_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
@@ -551,7 +551,7 @@ def test_dogs_vs_cats_and_mr_methods_take_their_scripts_schedules(dataset, metho
 
 
 def test_the_dry_run_shows_each_methods_schedule(tmp_path: Path, capsys) -> None:
-    config = Path(__file__).parents[1] / "tune_configs" / "cifar10.yaml"
+    config = Path(__file__).parents[2] / "tune_configs" / "cifar10.yaml"
     # No data here: the plan is printed, then the run's missing-data line ends the dry run (exit 2, as the run).
     assert main(["run", str(config), "--dry-run", "--results", str(tmp_path / "r"), "--data-root",
                  str(tmp_path / "data")]) == 2

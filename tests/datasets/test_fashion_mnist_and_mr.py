@@ -149,7 +149,7 @@ def test_real_mr(shared_data: Path) -> None:
     assert splits.model_args["vocab_size"] > 10_000
     negatives = [int((split.y == 0).sum()) for split in (splits.train, splits.val, splits.test)]
     assert negatives == [3_853, 921, 557]
-    reference = next(Path(__file__).parents[1].glob("bench/**/reference_results.csv"))  # the paper's tables
+    reference = next(Path(__file__).parents[2].glob("bench/**/reference_results.csv"))  # the paper's tables
     with open(reference) as f:
         paper = next(float(row["acc_mean"]) for row in csv.DictReader(f)
                      if (row["dataset"], row["noise_r"], row["method"]) == ("mr", "0.9", "ce"))

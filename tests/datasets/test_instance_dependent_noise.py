@@ -12,8 +12,6 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from test_cifar100 import write_cifar100
-from test_datasets import _write_mr
 
 from bench import noise
 from bench.cli.main import main
@@ -22,6 +20,8 @@ from bench.data import get_dataset
 from bench.exec.prepare import draw_labels, load_data, prepare
 from bench.grid.validate import check_trial
 from bench.trial import TrialConfig
+from tests.datasets.test_cifar100 import write_cifar100
+from tests.datasets.test_fashion_mnist_and_mr import _write_mr
 
 
 def _truncated_moments(mean: float, std: float) -> tuple[float, float]:

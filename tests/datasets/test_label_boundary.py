@@ -13,8 +13,6 @@ import polars as pl
 import pytest
 import torch
 import yaml
-from test_datasets_extra import write_clothing
-from test_datasets_realworld import tiny_network, write_animal10n, write_food101n, write_red, write_webvision
 
 from bench import models, noise
 from bench.cli.main import main
@@ -24,6 +22,8 @@ from bench.datasets.image_files import ImageCrops
 from bench.exec.prepare import draw_labels, load_data
 from bench.grid.validate import check_trial
 from bench.trial import TrialConfig
+from tests.datasets.test_cifar10_dogs_vs_cats_clothing1m import write_clothing
+from tests.datasets.test_realworld import tiny_network, write_animal10n, write_food101n, write_red, write_webvision
 
 REAL_WORLD = ("animal10n", "food101n", "webvision_mini", "webvision_mini_ilsvrc12", "red_mini_imagenet", "clothing1m")
 EVERY_NOISE = sorted({*noise.GENERIC_PATTERNS, *(p for ds in registry().values() for p in ds.noise_patterns)})

@@ -14,7 +14,6 @@ import polars as pl
 import pytest
 import torch
 from PIL import Image
-from test_datasets_extra import cifar_md5s, write_cifar10n, write_cifar_batches
 
 from bench import features
 from bench.cli.main import main
@@ -25,6 +24,7 @@ from bench.datasets.cifar10n import CIFAR10N, LABELS_FILE
 from bench.download import file_md5
 from bench.exec.packing import pack_key, why_solo
 from bench.trial import TrialConfig
+from tests.datasets.test_cifar10_dogs_vs_cats_clothing1m import cifar_md5s, write_cifar10n, write_cifar_batches
 
 PROBE = ["--model", "linear_probe", "--model-arg", "backbone=resnet18", "--model-arg", "weights=random"]
 

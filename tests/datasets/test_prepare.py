@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_datasets_realworld import write_image, write_red, write_webvision
 
 from bench.cli.main import main
 from bench.data import get_dataset
 from bench.download import MANIFEST, fetch_many
+from tests.datasets.test_realworld import write_image, write_red, write_webvision
 
 
 @pytest.fixture

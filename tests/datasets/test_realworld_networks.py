@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from test_datasets_realworld import write_animal10n, write_red, write_webvision
 
 from bench.cli.main import main
 from bench.config import UserError
@@ -19,6 +18,7 @@ from bench.data import get_dataset
 from bench.datasets.image_files import random_resized_boxes, resized_crops
 from bench.models import INCEPTION_MIN, create
 from bench.trial import TrialConfig
+from tests.datasets.test_realworld import write_animal10n, write_red, write_webvision
 
 
 @pytest.fixture(autouse=True)

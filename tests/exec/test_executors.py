@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from tolerances import TRAINED_REL, same_accuracy, trained_close
 
 from bench.config import UserError
 from bench.exec.executor import executors, get_executor
@@ -28,8 +27,9 @@ from bench.grid.plan import plan_units
 from bench.methods import get_method
 from bench.store.folder import read_table
 from bench.trial import TrialConfig
+from tests.tolerances import TRAINED_REL, same_accuracy, trained_close
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "extending.md"
 QUIET = dict(log=lambda s: None)
 

@@ -15,8 +15,6 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from conftest import crashing_checkpoints
-from tolerances import same_accuracy, same_selection, trained_close
 
 from bench.config import Schedule, UserError
 from bench.exec.executors.pack import pack_id
@@ -29,8 +27,10 @@ from bench.grid.plan import plan_units
 from bench.methods import Batch, Method, registry
 from bench.store.folder import read_table
 from bench.trial import TrialConfig, freeze_params
+from tests.conftest import crashing_checkpoints
+from tests.tolerances import same_accuracy, same_selection, trained_close
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 QUIET = dict(log=lambda s: None)
 TEST_EXAMPLES = {"fashion_mnist": 60, "synthetic": 1000}  # tiny_fashion's and the synthetic set's test splits
 

@@ -31,9 +31,6 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from conftest import crashing_checkpoints
-from test_packed import _peak_allocated
-from tolerances import same_accuracy, same_selection
 
 from bench import models
 from bench.config import UserError
@@ -48,8 +45,11 @@ from bench.exec.trainer import run_trial
 from bench.grid import executor_table
 from bench.store.folder import Checkpoints
 from bench.trial import TrialConfig
+from tests.conftest import crashing_checkpoints
+from tests.exec.test_packed import _peak_allocated
+from tests.tolerances import same_accuracy, same_selection
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 QUIET = dict(log=lambda s: None)
 STATE_TOL = 1e-2  # of each tensor's movement in training (see the module docstring)
 LOSS_TOL = 1e-3  # relative

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from tolerances import same_accuracy, trained_close
 
 from bench.exec.pack import run_pack
 from bench.exec.trainer import run_trial
 from bench.trial import TrialConfig
+from tests.tolerances import same_accuracy, trained_close
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 QUIET = dict(log=lambda s: None)

@@ -13,7 +13,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from tolerances import U32, U_BF16, bf16_linear, bf16_trained_close, f32, within
 
 from bench.cli.main import main
 from bench.config import UserError
@@ -29,6 +28,7 @@ from bench.grid.files import Overrides
 from bench.grid.plan import warm_cell
 from bench.methods import get_method
 from bench.trial import TrialConfig
+from tests.tolerances import U32, U_BF16, bf16_linear, bf16_trained_close, f32, within
 
 QUIET = dict(log=lambda s: None)
 

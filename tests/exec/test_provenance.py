@@ -14,12 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_report import make_row, write
 
 from bench.exec.trainer import run_trial
 from bench.store.columns import ROW, row_schema
 from bench.store.folder import read_table
 from bench.trial import TrialConfig
+from tests.report.test_report import make_row, write
 
 BIN = Path(sys.executable).parent
 

@@ -15,16 +15,16 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from conftest import crashing_checkpoints
-from tolerances import TRAINED_REL, same_accuracy, same_selection, trained_close, within
 
 from bench.exec.executors.pack import pack_id
 from bench.exec.pack import run_pack
 from bench.exec.trainer import run_trial
 from bench.store.folder import Checkpoints
 from bench.trial import TrialConfig
+from tests.conftest import crashing_checkpoints
+from tests.tolerances import TRAINED_REL, same_accuracy, same_selection, trained_close, within
 
-BEFORE = json.loads((Path(__file__).parent / "data" / "rows_before_seams.json").read_text())
+BEFORE = json.loads((Path(__file__).parents[1] / "data" / "rows_before_seams.json").read_text())
 EXACT = ("trial_id", "noise_hash", "status", "pack_size", "networks", "epochs_trained", "noise_rate", "protocol",
          "switches")
 ACCURACIES = ("test_acc", "test_bal_acc", "last_test_acc", "last_test_bal_acc", "warmup_test_acc")

@@ -18,8 +18,6 @@ import polars as pl
 import pytest
 import torch
 import yaml
-from conftest import crashing_checkpoints
-from tolerances import trained_close
 
 import bench.exec.executors.streams as streams
 from bench.config import UserError
@@ -33,6 +31,8 @@ from bench.grid.plan import plan_units
 from bench.methods import get_method
 from bench.store.folder import Checkpoints
 from bench.trial import TrialConfig
+from tests.conftest import crashing_checkpoints
+from tests.tolerances import trained_close
 
 # What a second run of one trial changes: its timings and when it finished.
 # What differs between a member's row and its solo trial's: the clock, and the kind of unit that trained it.

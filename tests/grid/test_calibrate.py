@@ -180,7 +180,7 @@ def test_a_grid_names_the_models_its_trials_train() -> None:
 
     from bench.cli.calibrate import models_of
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     grid = argparse.Namespace(models=None, config=str(repo / "tune_configs" / "mr_protocols.yaml"))
     assert models_of(grid) == ["word_cnn", "word_cnn_authors"]
     assert models_of(argparse.Namespace(models=None, config=str(repo / "tune_configs" / "demo.yaml"))) == [

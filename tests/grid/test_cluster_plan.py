@@ -34,7 +34,7 @@ from bench.grid.plan import plan_units, share_gpus, warm_cell
 from bench.grid.runner import Settings, plan_on_cluster
 from bench.trial import TrialConfig
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIGURE = REPO / "tune_configs" / "fashion_mnist_figure.yaml"  # 300 trials: 150 cells of a CE and an L_DMI trial
 RAY = str(Path(sys.executable).parent / "ray")
 

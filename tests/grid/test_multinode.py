@@ -33,14 +33,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import netns
 import numpy as np
 import pytest
 import yaml
-from conftest import write_idx
 
 from bench.store.folder import read_table
 from bench.store.mirror import TAG
+from tests import netns
+from tests.conftest import write_idx
 
 BIN = Path(sys.executable).parent
 GRID = dict(name="mn", dataset="fashion_mnist", noise="case3", r=[0.2, 0.4], seeds=[0, 1], epochs=1, epochs_warmup=1,

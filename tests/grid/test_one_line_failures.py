@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_faults import one_error_line
 
 from bench import models
 from bench.cli.main import main
@@ -28,6 +27,7 @@ from bench.grid.runner import Settings, run_experiment
 from bench.methods import registry as methods
 from bench.schema import check_name
 from bench.store.folder import read_table
+from tests.grid.test_damaged_files_and_bad_values import one_error_line
 
 GRID = dict(name="last", dataset="synthetic", noise="case3", r=[0.2], seeds=[0], epochs=1, epochs_warmup=1,
             resources={"cpu": 1}, methods={"ce": {}})

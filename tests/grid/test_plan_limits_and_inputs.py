@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_faults import one_error_line
 
 from bench.cli.main import main
 from bench.config import UserError
@@ -29,6 +28,7 @@ from bench.grid import cluster, executor_table
 from bench.grid.plan import plan_units, warm_cell
 from bench.store.folder import read_table
 from bench.trial import TrialConfig
+from tests.grid.test_damaged_files_and_bad_values import one_error_line
 
 METHODS = ("ce", "dmi", "gce", "fw", "sce")  # all packable
 

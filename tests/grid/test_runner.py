@@ -20,8 +20,6 @@ import polars as pl
 import pytest
 import torch
 import yaml
-from conftest import crashing_checkpoints
-from tolerances import same_accuracy, same_selection, trained_close
 
 from bench.cli.main import main
 from bench.config import UserError
@@ -30,8 +28,10 @@ from bench.grid.files import load_experiment
 from bench.grid.runner import Settings, run_experiment
 from bench.methods import registry
 from bench.store.folder import read_table
+from tests.conftest import crashing_checkpoints
+from tests.tolerances import same_accuracy, same_selection, trained_close
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BENCH = str(Path(sys.executable).parent / "bench")
 SYNTHETIC = dict(
     name="syn", dataset="synthetic", noise="case3", r=[0.0, 0.4], seeds=[0, 1], epochs=2, epochs_warmup=2,

@@ -22,13 +22,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from test_faults import TRIAL, one_error_line, write_config
 
 from bench.cli.main import main
 from bench.grid import cluster
 from bench.grid.files import load_experiment
 from bench.grid.runner import Settings, run_experiment
 from bench.store.folder import read_table
+from tests.grid.test_damaged_files_and_bad_values import TRIAL, one_error_line, write_config
 
 
 # -- --address at an HTTP/2 server that is not Ray ----------------------------------------------------------------
@@ -174,7 +174,7 @@ def mlflow_runs(results) -> list[str]:
 
 # -- a signal at every moment, to a real driver in its own session --------------------------------------------------
 BENCH = str(Path(sys.executable).parent / "bench")
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def session_processes(session: int) -> list[str]:

@@ -21,9 +21,10 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-import netns
 import pytest
-from test_multinode import (
+
+from tests import netns
+from tests.grid.test_multinode import (
     BIN,
     GRID,
     N_TRIALS,
@@ -37,7 +38,7 @@ from test_multinode import (
     write_fashion,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT, RECIPE = REPO / "benchmarks" / "slurm_local.sh", REPO / "cluster" / "bench.sbatch"
 MISSING = [tool for tool in ("munged", "mungekey", "slurmctld", "slurmd", "sbatch") if shutil.which(tool) is None]
 pytestmark = [

@@ -7,7 +7,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from scipy import stats
-from tolerances import f32, f32_log_softmax, within
 from torch import nn
 
 from bench.baselines.bootstrap import Bootstrapping
@@ -24,6 +23,7 @@ from bench.exec.prepare import prepare
 from bench.exec.trainer import train
 from bench.methods import Batch, StageContext, registry
 from bench.trial import TrialConfig
+from tests.tolerances import f32, f32_log_softmax, within
 
 
 def numpy_softmax(logits: np.ndarray) -> np.ndarray:

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from tolerances import f32, f32_log_softmax, within
 from torch import nn
 
 from bench.baselines.backward import Backward, backward_nll
@@ -18,6 +17,7 @@ from bench.baselines.fw import Forward
 from bench.baselines.gls import GeneralizedLabelSmoothing, gls_targets
 from bench.baselines.jocor import JoCoR
 from bench.methods import Batch, StageContext
+from tests.tolerances import f32, f32_log_softmax, within
 
 
 def numpy_softmax(logits: np.ndarray) -> np.ndarray:
@@ -500,7 +500,7 @@ def test_readme_method_table_lists_exactly_the_registry() -> None:
     from pathlib import Path
 
     from bench.methods import registry
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme.split("## Methods", 1)[1].split("\n## ", 1)[0]
     names = {n for line in section.splitlines() if line.startswith("| `")
              for n in re.findall(r"`([a-z_0-9]+)`", line.split("|")[1])}

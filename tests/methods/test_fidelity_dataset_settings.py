@@ -9,7 +9,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from tolerances import U64
 
 from bench.baselines.backward import Backward
 from bench.baselines.coteaching_plus import CoTeachingPlus
@@ -21,6 +20,7 @@ from bench.config import UserError
 from bench.data import get_dataset
 from bench.methods import StageContext, describe_params, get_method
 from bench.trial import TrialConfig
+from tests.tolerances import U64
 
 
 def context(labels: torch.Tensor, num_classes: int, **extra) -> StageContext:  # noqa: ANN003

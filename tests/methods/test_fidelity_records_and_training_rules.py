@@ -19,7 +19,7 @@ from bench.config import Schedule
 from bench.methods import Batch, StageContext, check_params, fidelity_record, registry
 from bench.trial import TrialConfig, freeze_params
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # One reference: "owner/repo, a path to a file (path/file.ext, possibly more words), release or commit <id>".
 REFERENCE = re.compile(r"[\w.-]+/[\w.-]+, [^,;]*[\w-]+/?[\w./-]*\.\w+[^;]*, (release|commit) [\w.-]+")

@@ -15,7 +15,6 @@ import torch
 import torchvision.transforms as T
 import torchvision.transforms.functional as TF
 from PIL import Image
-from test_report import make_row, write
 from torch import nn
 from torchvision.transforms import InterpolationMode
 
@@ -29,8 +28,9 @@ from bench.models import create
 from bench.protocol import Protocol, Selection, Switch
 from bench.report import analysis, leaderboard, protocols
 from bench.trial import TrialConfig
+from tests.report.test_report import make_row, write
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 QUIET = dict(log=lambda s: None)
 IMAGENET = T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
 DOGCAT = get_dataset("dogs_vs_cats")

@@ -31,7 +31,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import write_idx
 from torch.utils.data import DataLoader
 from torchvision.transforms.functional import normalize
 
@@ -41,6 +40,7 @@ from bench.exec.trainer import run_trial
 from bench.exec.warmstart import WarmStartCache
 from bench.store.folder import read_table
 from bench.trial import TrialConfig
+from tests.conftest import write_idx
 
 
 def _quiet(_: str) -> None:

@@ -14,12 +14,12 @@ do, and bench's model (`fashion_cnn`), its `dmi_script_form` "mean" and its meth
 from __future__ import annotations
 
 import torch
-from tolerances import f32
 
 from bench import models
 from bench.data import get_dataset
 from bench.dmi import script_dmi_loss
 from bench.exec.optim import make_optimizer
+from tests.tolerances import f32
 
 THEIRS = {  # printed by their code (repr of the float), see above
     "eval_logits_sum": 40.773325415328145,

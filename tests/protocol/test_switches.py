@@ -12,7 +12,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from tolerances import same_accuracy, trained_close
 from torch import nn
 
 from bench import noise
@@ -27,8 +26,9 @@ from bench.exec.trainer import run_trial
 from bench.models import WordCNNAuthors
 from bench.protocol import SWITCHES, Protocol, Selection, Switch, canonical
 from bench.trial import TrialConfig
+from tests.tolerances import same_accuracy, trained_close
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 QUIET = dict(log=lambda s: None)
 TODAY = json.loads((REPO / "tests" / "data" / "bench_rows_f352407.json").read_text())
 

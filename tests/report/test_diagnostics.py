@@ -10,7 +10,6 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from tolerances import ACCURACY_EXAMPLES
 
 from bench.cli.labels import labels_hash_of
 from bench.cli.main import main
@@ -26,6 +25,7 @@ from bench.report.diagnostics import trial_rules
 from bench.store.columns import DIAGNOSTIC_COLUMNS
 from bench.store.folder import read_table
 from bench.trial import TrialConfig
+from tests.tolerances import ACCURACY_EXAMPLES
 
 QUIET = dict(log=lambda s: None)
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from test_report import make_row, write
 
 from bench.cli import main as cli
 from bench.data import registry as datasets
 from bench.models import registry as models
 from bench.report import analysis
 from bench.report.analysis import LITERATURE_CSV, read_reference
+from tests.report.test_report import make_row, write
 
 
 def test_every_literature_row_names_its_source_network_budget_and_check() -> None:

@@ -13,11 +13,11 @@ import numpy as np
 import polars as pl
 import pytest
 from scipy import stats
-from test_report import make_row, write
 
 from bench.report import analysis, noise_kinds
 from bench.report import leaderboard as report
 from bench.report.build import build_report
+from tests.report.test_report import make_row, write
 
 SYM_T = [[0.8, 0.2], [0.2, 0.8]]  # symmetric noise at r = 0.2 with 2 classes
 REALISED_T = [[0.79, 0.21], [0.2, 0.8]]

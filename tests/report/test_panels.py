@@ -8,12 +8,12 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from test_report import write
-from test_report_protocols import rows
 
 from bench.config import UserError
 from bench.report.build import build_report
 from bench.report.panel import Panel, panels
+from tests.report.test_protocols_panel import rows
+from tests.report.test_report import write
 
 PLUGIN = '''
 from pathlib import Path

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 from scipy import stats
-from test_report import make_row, write
 
 from bench.report import analysis, protocols
 from bench.report.build import build_report
+from tests.report.test_report import make_row, write
 
 # MR at r = 0.4 (a paper cell: CE 54.52 ± 1.74, L_DMI 62.67 ± 2.27), three seeds. bench: CE with two learning rates,
 # lr 1e-4 selected by its lower validation loss. authors: one setting each; seed 3 of authors' L_DMI has no bench

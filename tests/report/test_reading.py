@@ -12,13 +12,13 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from test_report import GRID_ROWS, make_row, write
 
 from bench.cli import main as cli
 from bench.report import analysis
 from bench.report.build import build_report
 from bench.report.cost import COST_NOTE
 from bench.store.rows import write_trial
+from tests.report.test_report import GRID_ROWS, make_row, write
 
 
 def test_the_leaderboard_caption_follows_the_metric(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -22,7 +22,7 @@ from bench.report import leaderboard as report
 from bench.report.build import build_report
 from bench.store.rows import write_trial
 
-SOURCE_CSV = Path(__file__).resolve().parents[1] / ".." / "shared" / "paper" / "reference_results.csv"
+SOURCE_CSV = Path(__file__).resolve().parents[2] / ".." / "shared" / "paper" / "reference_results.csv"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

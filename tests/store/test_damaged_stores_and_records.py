@@ -14,7 +14,6 @@ from pathlib import Path
 import polars as pl
 import pytest
 import yaml
-from conftest import crashing_checkpoints
 
 from bench.cli.main import main
 from bench.config import Schedule
@@ -28,6 +27,7 @@ from bench.report import analysis
 from bench.store.folder import Checkpoints, Store, read_table
 from bench.store.rows import write_trial
 from bench.trial import TrialConfig, freeze_params
+from tests.conftest import crashing_checkpoints
 
 QUIET = dict(log=lambda s: None)
 GRID = dict(name="more", dataset="synthetic", noise="case3", r=[0.2, 0.4], seeds=[0], epochs=1, epochs_warmup=1,

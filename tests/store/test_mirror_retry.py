@@ -8,11 +8,10 @@ from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
-from test_report import make_row, write
-
 from bench.grid.mlflow_callback import MlflowMirroring
 from bench.grid.progress import Tally
 from bench.store.mirror import TAG, Mirror
+from tests.report.test_report import make_row, write
 
 
 def trial_runs(uri: str, experiment: str = "test") -> Counter:

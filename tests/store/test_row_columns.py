@@ -11,7 +11,6 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_report import make_row
 
 from bench.exec.pack import run_pack
 from bench.exec.trainer import failed_row, run_trial
@@ -19,6 +18,7 @@ from bench.report import analysis
 from bench.store.columns import CORE_COLUMNS, GROUPS, MLFLOW_METRICS, MLFLOW_PARAMS, ROW, ROW_COLUMNS, group, row_schema
 from bench.store.rows import write_trial
 from bench.trial import TrialConfig
+from tests.report.test_report import make_row
 
 QUIET = dict(log=lambda s: None)
 

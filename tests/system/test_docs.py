@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import SHARED_DATA
 
 from bench.cli import main as cli
+from tests.conftest import SHARED_DATA
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOC_FILES = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
 SHELL = {"sh", "bash", "shell", "console"}  # fences whose lines are commands; synopses go in `text` blocks
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)

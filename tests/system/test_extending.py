@@ -14,7 +14,6 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from test_protocol import CITE
 
 from bench import protocol
 from bench.cli.main import main
@@ -24,8 +23,9 @@ from bench.exec.prepare import prepare, warm_start_key
 from bench.grid.plan import warm_cell
 from bench.protocol import SWITCHES, Switch
 from bench.trial import TrialConfig
+from tests.protocol.test_switches import CITE
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOC = (REPO / "docs" / "extending.md").read_text()
 
 

@@ -23,8 +23,6 @@ import polars as pl
 import pytest
 import torch
 from scipy import stats
-from test_report import make_row, write
-from test_runner import write_config
 
 import bench
 from bench.cli import main as cli
@@ -47,8 +45,10 @@ from bench.grid.runner import Settings, run_experiment
 from bench.report import analysis
 from bench.store.folder import read_table
 from bench.trial import TrialConfig
+from tests.grid.test_runner import write_config
+from tests.report.test_report import make_row, write
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # -- live progress: what a unit reports -------------------------------------------------------------------------
 CURVE = ("stage", "epoch", "train_loss", "val_loss", "val_acc")
 
@@ -364,8 +364,8 @@ def test_a_grid_shows_its_units_in_flight_before_the_first_trial_ends(ray_sessio
 
 # -- one data variable, the offline shortcut, download progress ----------------------------------------------------
 def test_the_tests_read_real_data_from_bench_data(tmp_path: Path) -> None:
-    code = "import conftest; print(conftest.SHARED_DATA)"
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO / "tests", capture_output=True, text=True,
+    code = "from tests import conftest; print(conftest.SHARED_DATA)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                          env={**os.environ, "BENCH_DATA": str(tmp_path)}, check=True)
     assert out.stdout.strip() == str(tmp_path)
 

@@ -18,7 +18,7 @@ import pytest
 
 from bench.grid import executor_table
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MR = Path(os.environ.get("BENCH_DATA") or REPO.parent / "shared" / "data")
 
 

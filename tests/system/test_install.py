@@ -18,7 +18,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def core_requirements() -> list[Requirement]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import grimp
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
 PLUGIN_FOLDERS = {"baselines": REPO / "baselines", "datasets": REPO / "datasets"}
 # What a plug-in may import from bench: the interfaces (DESIGN.md section 1) and its own folder's shared helpers.
