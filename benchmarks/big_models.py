@@ -59,7 +59,7 @@ from bench.grid import executor_table
 from bench.grid.calibration import table_row
 from bench.trial import TrialConfig
 
-# The paper's CIFAR-10 table as tune_configs/cifar10.yaml runs it (tests/test_packed_bn.py checks the two agree).
+# The paper's CIFAR-10 table as tune_configs/cifar10.yaml runs it (tests/exec/test_packed_bn.py checks the two agree).
 TABLE_CELLS = 1 * 10 * 5  # `pairs` only: the paper's CIFAR-10 noise (the grid's comment says why)
 TABLE_METHODS = {"ce": 1, "fw": 1, "gce": 1, "lccn": 1, "mentornet": 1, "vat": 1, "dmi": 6}
 NETWORKS = {"resnet34_cifar": "cifar10", "vgg16_bn": "dogs_vs_cats"}

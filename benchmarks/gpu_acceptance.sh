@@ -6,7 +6,7 @@
 #   1. what is installed: torch, numpy, pyarrow, scipy, yaml, pytest, and for `bench run` / `bench report` ray,
 #      mlflow, polars, matplotlib; missing ones install from carried wheels (.whl/part-*, made by
 #      benchmarks/carry_wheels.sh) when all parts are here, else one line says what is missing and how to get it;
-#   2. the CUDA tests (tests/test_packed_cuda.py and the CUDA tests of test_packed_bn.py and test_streams.py);
+#   2. the CUDA tests (tests/exec/test_packed_cuda.py and the CUDA tests of test_packed_bn.py and test_streams.py);
 #   3. `bench calibrate` of the grid's models (word_cnn under bench, word_cnn_authors under authors) into
 #      DIR/executors.csv, and of ResNet-34 (its streams and bf16 arms against solo fp32) into DIR/figures_resnet.csv;
 #   4. the paper's MR grid (tune_configs/mr.yaml: 10 r, 5 seeds, the paper's schedules) under protocol
@@ -138,11 +138,11 @@ print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_
 echo "gpu_acceptance: $( [ $tiny = 1 ] && echo tiny || echo full ) run into $out; data $data_root; $machine"
 
 # 2. The CUDA tests (on a CPU they skip: the tiny run checks they are collected).
-step cuda_tests "$python" -m pytest -q -rs -p no:cacheprovider tests/test_packed_cuda.py \
-  tests/test_packed_bn.py::test_a_packed_resnet_pair_equals_its_solo_trials_on_cuda \
-  tests/test_packed_bn.py::test_a_compiled_resnet_pack_trains_as_the_eager_pack \
-  tests/test_packed_bn.py::test_a_bf16_pack_runs_its_convolutions_in_bf16_channels_last \
-  tests/test_streams.py::test_on_cuda_each_member_trains_on_a_stream_of_its_own_as_its_solo_trial
+step cuda_tests "$python" -m pytest -q -rs -p no:cacheprovider tests/exec/test_packed_cuda.py \
+  tests/exec/test_packed_bn.py::test_a_packed_resnet_pair_equals_its_solo_trials_on_cuda \
+  tests/exec/test_packed_bn.py::test_a_compiled_resnet_pack_trains_as_the_eager_pack \
+  tests/exec/test_packed_bn.py::test_a_bf16_pack_runs_its_convolutions_in_bf16_channels_last \
+  tests/exec/test_streams.py::test_on_cuda_each_member_trains_on_a_stream_of_its_own_as_its_solo_trial
 
 # 3. Calibration, then 4. the grid, planned from its table.
 if [ "$tiny" = 1 ]; then

@@ -30,7 +30,7 @@ from bench.exec.prepare import resolve_device
 from bench.exec.trainer import run_trial
 from bench.trial import PRECISIONS, TrialConfig
 
-TINY = {"width": 8, "blocks": (1, 1)}  # a ResNet of two stages of one block, width 8 (tests/test_packed_bn.py's)
+TINY = {"width": 8, "blocks": (1, 1)}  # a ResNet of two stages of one block, width 8 (tests/exec/test_packed_bn.py's)
 
 
 def fake_cifar(root: Path, train: int, held_out: int) -> None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real single-machine Slurm for trying cluster/bench.sbatch (and for tests/test_slurm.py): munged, slurmctld and
+# A real single-machine Slurm for trying cluster/bench.sbatch (and for tests/grid/test_slurm.py): munged, slurmctld and
 # one slurmd for this host, every file (key, socket, config, state, logs, pids) in one folder of its own, ports free
 # at start. Needs root and Debian's slurm-wlm and munge packages (apt-get install -y slurm-wlm munge).
 #

@@ -285,7 +285,7 @@ class CIFAR10(Dataset):
         "the network is bench's resnet34_cifar, the scripts' ResNet34 (model.py) with their initial weights bit for "
         "bit, but its last pooling averages the 4 x 4 map with `mean` where theirs calls F.avg_pool2d(out, 4) "
         "(model.py:95): the same average summed in another order, so the logits agree within float32 rounding, not "
-        "bit for bit (tests/test_script_same_weights.py derives the bound)",
+        "bit for bit (tests/protocol/test_script_same_weights.py derives the bound)",
     )
     folder = ""
     files = FILES

@@ -2,7 +2,7 @@
 
 Each sample is a command run for real; its whole output is kept in docs/samples/<name>.txt (the first line is the
 command; a sample that takes minutes ends with the commit that made it), and a page shows an excerpt of it between
-`<!-- sample: NAME -->` and `<!-- /sample -->`. tests/test_docs.py checks that each excerpt is the excerpt of its
+`<!-- sample: NAME -->` and `<!-- /sample -->`. tests/system/test_docs.py checks that each excerpt is the excerpt of its
 file, and re-runs the quick samples to compare their output with the file, times and paths aside.
 
     BENCH_DATA=/path/to/data .venv/bin/python docs/make_samples.py            # every sample (the demo: see its file)
@@ -65,7 +65,7 @@ def _trial(method: str) -> list[str]:
             "--seed", "0"]
 
 
-# name -> (the commands, how the README excerpt is cut from their outputs, quick: re-run by tests/test_docs.py)
+# name -> (the commands, how the README excerpt is cut from their outputs, quick: re-run by tests/system/test_docs.py)
 SAMPLES: dict[str, tuple[list[list[str]], Callable[[list[list[str]]], list[str]], bool]] = {
     "demo": ([["bench", "run", "tune_configs/demo.yaml", "--results", "results/demo"],
               ["bench", "report", "results/demo"]], _demo_excerpt, False),

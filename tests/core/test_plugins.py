@@ -78,7 +78,7 @@ def test_every_published_table_belongs_to_a_dataset():
     literature = read_reference(LITERATURE_CSV)
     assert set(literature["dataset"]) == {"webvision_mini", "webvision_mini_ilsvrc12", "animal10n", "food101n",
                                           "red_mini_imagenet"}
-    # each row cites paper and table (or figure): tests/test_report_literature.py checks the other columns
+    # each row cites paper and table (or figure): tests/report/test_literature.py checks the other columns
     assert literature["source"].str.contains(r"\(\w+ 20\d\d\), (Table \d+|Figure): ").all()
     assert literature.filter(dataset="webvision_mini", method="dividemix")["acc_mean"].to_list() == [77.32]
 

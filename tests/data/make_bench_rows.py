@@ -1,5 +1,5 @@
 """Writes tests/data/bench_rows_f352407.json: rows of the code before protocols existed (commit f352407), which
-tests/test_protocol.py compares today's bench protocol against. Run from a checkout of that commit:
+tests/protocol/test_switches.py compares today's bench protocol against. Run from a checkout of that commit:
     git worktree add /tmp/orig f352407
     PYTHONPATH=/tmp/orig .venv/bin/python tests/data/make_bench_rows.py /tmp/orig > tests/data/bench_rows_f352407.json
 """

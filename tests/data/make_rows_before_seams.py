@@ -1,9 +1,9 @@
 """Writes tests/data/rows_before_seams.json: the rows and epoch curves that the code before the executor and event
 seams (commit dd9a58f) gave for solo trials (one network, two networks, a method that estimates T), a pack and a
-pack killed after its second method epoch and resumed. tests/test_seams_regression.py compares today's code against
+pack killed after its second method epoch and resumed. tests/exec/test_seams_regression.py compares today's code against
 them. Run from a checkout of that commit, at one thread:
     git worktree add /tmp/before dd9a58f
-    OMP_NUM_THREADS=1 PYTHONPATH=/tmp/before:tests .venv/bin/python tests/data/make_rows_before_seams.py /tmp/before \
+    OMP_NUM_THREADS=1 PYTHONPATH=/tmp/before:. .venv/bin/python tests/data/make_rows_before_seams.py /tmp/before \
         > tests/data/rows_before_seams.json
 """
 import json
@@ -12,7 +12,6 @@ import tempfile
 
 import numpy as np
 import polars as pl
-from conftest import crashing_checkpoints
 
 import bench
 from bench.exec.pack import run_pack
@@ -20,6 +19,7 @@ from bench.exec.trainer import run_trial
 from bench.grid.plan import pack_id
 from bench.store.folder import Checkpoints
 from bench.trial import TrialConfig
+from tests.conftest import crashing_checkpoints
 
 assert bench.__file__.startswith(sys.argv[1]), bench.__file__
 # What a trial measured and what identifies it; not the clock (wall_s, ...) nor the provenance (git commit, host).

@@ -145,7 +145,7 @@ def test_instance_dependent_noise_is_drawn_on_the_inputs_not_the_features(tiny: 
 
 
 def test_probe_on_a_streamed_set_and_a_damaged_image(tmp_path: Path, monkeypatch, forwards, capsys) -> None:
-    from test_datasets_realworld import write_animal10n
+    from tests.datasets.test_realworld import write_animal10n
 
     write_animal10n(tmp_path)
     monkeypatch.setenv("BENCH_CACHE", str(tmp_path / "cache"))
@@ -161,10 +161,9 @@ def test_probe_on_a_streamed_set_and_a_damaged_image(tmp_path: Path, monkeypatch
 
 
 def test_probe_trials_train_as_one_pack_as_they_do_alone(tiny: Path) -> None:
-    from tolerances import trained_close
-
     from bench.exec.pack import run_pack
     from bench.exec.trainer import run_trial
+    from tests.tolerances import trained_close
 
     probe = dict(model="linear_probe", model_args=(("backbone", "resnet18"), ("weights", "random")))
     configs = [TrialConfig("cifar10n", method, "worse", 0.0, seed=seed, epochs=2, epochs_warmup=1, batch_size=16,
@@ -204,7 +203,7 @@ def test_experiment_files_name_their_network_and_levels_in_one_line(tmp_path: Pa
 
 
 def test_probe_extracts_only_the_red_level_a_trial_asks_for(tmp_path: Path, monkeypatch, forwards) -> None:
-    from test_datasets_realworld import write_red
+    from tests.datasets.test_realworld import write_red
 
     write_red(tmp_path)  # ten levels of 30 images (27 train, 3 validation) and 10 test images
     monkeypatch.setenv("BENCH_CACHE", str(tmp_path / "cache"))
@@ -274,9 +273,8 @@ def cached(root: Path) -> list[Path]:
 def test_a_changed_image_transform_or_protocol_extracts_again(tmp_path: Path, monkeypatch, forwards) -> None:
     """The cache is keyed by what made the features: an image changed in place (blackened, same name), the dataset's
     evaluation transform, the trial's protocol switches."""
-    from test_datasets_realworld import write_animal10n
-
     from bench.datasets import image_files
+    from tests.datasets.test_realworld import write_animal10n
 
     write_animal10n(tmp_path)
     monkeypatch.setenv("BENCH_CACHE", str(tmp_path / "cache"))

@@ -1,5 +1,5 @@
 """Packed trials on a CUDA device (skipped without one). Imports only torch, numpy and pytest, so that it runs on
-a bare GPU box: `python3 -m pytest tests/test_packed_cuda.py`."""
+a bare GPU box: `python3 -m pytest tests/exec/test_packed_cuda.py`."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Provenance a cluster user needs (issue 46, item 3): each row names the node that ran it (host, Ray node id) and
 the device (the CPU's model, or the GPU's name and UUID); `bench results --by-node` groups the rows by them.
 
-A trial in a Ray worker names that worker's node (tests/test_multinode.py: two nodes, each trial's row names the node
-its worker ran on); here, outside Ray and in a local Ray.
+A trial in a Ray worker names that worker's node (tests/grid/test_multinode.py: two nodes, each trial's row names the
+node its worker ran on); here, outside Ray and in a local Ray.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def test_results_by_node_counts_each_nodes_trials(tmp_path: Path) -> None:
 
 def test_a_node_whose_raylet_answers_is_not_lost(ray_session) -> None:
     """A unit whose worker died on a node that lives on is retried as "its worker died": the node's raylet still
-    takes connections (tests/test_multinode.py loses a node for real and sees the other verdict)."""
+    takes connections (tests/grid/test_multinode.py loses a node for real and sees the other verdict)."""
     from bench.grid.cluster import node_lost
 
     ray = ray_session

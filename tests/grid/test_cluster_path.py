@@ -128,8 +128,8 @@ def _has_job_server() -> bool:
 def test_the_probe_passes_a_grpc_server_and_auto_and_refuses_a_silent_listener() -> None:
     """A gRPC server (as Ray's GCS and client server are) answers the HTTP/2 preface with a SETTINGS frame and
     acknowledges a PING: that handshake is all a Ray Client address (ray://) is asked; a GCS address is also asked
-    Ray's own first call, which such a server fails (tests/test_faults_signals.py). A listener that never answers is
-    refused once the handshake times out."""
+    Ray's own first call, which such a server fails (tests/grid/test_signals_at_every_moment.py). A listener that
+    never answers is refused once the handshake times out."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()

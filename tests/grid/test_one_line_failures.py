@@ -345,7 +345,7 @@ def test_a_reader_that_leaves_loses_no_rows(tmp_path):
 @pytest.fixture
 def cifar100_root(tmp_path, monkeypatch) -> Path:
     """A data root with a 60 + 20 image CIFAR-100 in the published layout (checksums off: the files are ours)."""
-    from test_cifar100 import write_cifar100
+    from tests.datasets.test_cifar100 import write_cifar100
 
     write_cifar100(tmp_path / "data")
     monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "0")

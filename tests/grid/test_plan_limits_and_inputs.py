@@ -224,7 +224,7 @@ def test_a_grid_goes_on_where_its_output_cannot_be_used(tmp_path, fault):
 # -- 11. reports say which protocol their tables show ------------------------------------------------------------------
 def report_rows(bench_as: str | None) -> list[dict]:
     """The protocol panel's test rows, bench's relabelled `bench_as` (None: left out)."""
-    from test_report_protocols import rows
+    from tests.report.test_protocols_panel import rows
 
     out = []
     for row in rows():
@@ -243,9 +243,8 @@ def report_rows(bench_as: str | None) -> list[dict]:
      "compares them: that needs bench's trials of the same cells."),
 ])
 def test_a_report_names_the_protocol_of_its_tables_and_promises_only_its_panels(tmp_path, bench_as, shown, says):
-    from test_report import write
-
     from bench.report.build import build_report, terminal_leaderboard
+    from tests.report.test_report import write
 
     results = write(tmp_path / "r", report_rows(bench_as))
     written = build_report(results, tmp_path / "report", log=lambda s: None)

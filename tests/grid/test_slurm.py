@@ -4,7 +4,7 @@ runs a grid with `bench run --address` against the Ray it starts inside the job;
 the grid and Ray (nothing of the job is left behind), and the same job submitted again finishes the grid with every
 trial exactly one row and one MLflow run.
 
-Like tests/test_multinode.py, the module runs in a network namespace of its own holding only loopback
+Like tests/grid/test_multinode.py, the module runs in a network namespace of its own holding only loopback
 (tests/netns.py): the job's Ray then has no address but 127.0.0.1 (bench.sbatch falls back to it where `hostname -I`
 prints nothing), and slurmctld, slurmd and munged listen only there.
 

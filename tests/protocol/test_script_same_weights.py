@@ -1,6 +1,6 @@
 """Fashion-MNIST and CIFAR-10: the same weights through bench and the authors' code (issue #36 item 2): the weights,
 a forward pass, L_DMI and a step. (Their scripts seed nothing; Fashion-MNIST's whole run, with a declared seed, is
-matched by tests/test_fashion_authors_exact.py.)
+matched by tests/protocol/test_fashion_authors_exact.py.)
 
 The figures below were printed by the authors' own `CNNModel` (Newbeeer/L_DMI, fashion/fashion.py:227-254) and
 `DMI_loss` (fashion/main.py:15-23, the matrix averaged over the batch), commit 7d5e4bc, taken out of their modules

@@ -1,5 +1,5 @@
 """The grid's MLflow mirror tries a store that failed during the grid once more when the grid ends (issue 46, item
-4): the runs it missed are backfilled then, one per trial, a partial run replaced. tests/test_multinode.py does the
+4): the runs it missed are backfilled then, one per trial, a partial run replaced. tests/grid/test_multinode.py does the
 same against a real `mlflow server` stopped and started again mid-grid, where timing decides which path runs."""
 
 from __future__ import annotations

@@ -187,7 +187,7 @@ def test_an_output_file_never_destroys_a_file_named_like_its_temporary_one(ray_s
 @pytest.mark.parametrize("key", ["/etc/hostname", "../../../../etc/hostname", "google/../../../x.jpg"])
 def test_a_list_file_key_outside_the_dataset_folder_is_one_line_naming_the_file_and_line(tmp_path, capsys, dataset,
                                                                                          key):
-    from test_datasets_realworld import write_red, write_webvision
+    from tests.datasets.test_realworld import write_red, write_webvision
 
     if dataset == "webvision_mini":
         write_webvision(tmp_path)

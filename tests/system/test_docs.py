@@ -205,11 +205,12 @@ def runnable(command: Command, results: Path, data: Path) -> list[str] | str:
     argv = list(command.argv)
     sub = next((a for a in argv if not a.startswith("-")), None)
     if "BENCH_PLUGINS" in command.env:
-        return "it uses the plug-in templates of docs/extending.md, which tests/test_plugins.py trains"
+        return "it uses the plug-in templates of docs/extending.md, which tests/core/test_plugins.py trains"
     if sub == "ui":
         return "`bench ui` serves until it is stopped"
     if "BENCH_EXECUTOR_TABLE" in command.env and not Path(command.env["BENCH_EXECUTOR_TABLE"]).is_absolute():
-        return "it plans from the table a `bench calibrate` line before it writes (tests/test_calibrate.py runs both)"
+        return ("it plans from the table a `bench calibrate` line before it writes "
+                "(tests/grid/test_calibrate.py runs both)")
     if sub == "calibrate":  # on this machine's CPU, the smallest measurement that still times every arm once
         for flag, value in (("--device", "cpu"), ("--budget-s", "20"), ("--steps", "2"), ("--rounds", "1"),
                             ("--members", "2")):

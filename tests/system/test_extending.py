@@ -100,7 +100,7 @@ def test_the_column_recipe_names_files_and_functions_that_exist() -> None:
     is defined (a def, a class or an assignment) in one of the files it names."""
     text = section("A new column")
     files = sorted(set(re.findall(r"`((?:bench|tests)/[\w/]+\.py)`", text)))
-    assert {"bench/store/columns.py", "bench/store/rows.py", "tests/test_row_columns.py"} <= set(files)
+    assert {"bench/store/columns.py", "bench/store/rows.py", "tests/store/test_row_columns.py"} <= set(files)
     assert all((REPO / f).is_file() for f in files), files
     defined: set[str] = set()
     for f in files:

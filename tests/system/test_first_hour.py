@@ -86,12 +86,11 @@ def test_a_pack_emits_every_members_epochs_and_its_resume(tmp_path: Path) -> Non
     """A pack of three trials of two cells, killed after its second method epoch and run again: the packed warm
     start (two cells) and the method stage (three members) emit each member's values as its epochs table holds
     them (the warm start's as both its cells' trials hold them), and the second run says where it resumed."""
-    from conftest import crashing_checkpoints
-
     from bench.exec.executors.pack import pack_id
     from bench.exec.pack import run_pack
     from bench.exec.packing import member_order
     from bench.store.folder import Checkpoints
+    from tests.conftest import crashing_checkpoints
 
     configs = [TrialConfig("synthetic", m, "case3", 0.4, seed=s, epochs=4, epochs_warmup=2)
                for m, s in (("ce", 0), ("dmi", 0), ("dmi", 1))]
