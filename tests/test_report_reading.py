@@ -17,7 +17,7 @@ from test_report import GRID_ROWS, make_row, write
 from bench.cli import main as cli
 from bench.report import analysis
 from bench.report.build import build_report
-from bench.report.cost import COST_NOTE
+from bench.report.diagnostics import COST_NOTE
 from bench.store.rows import write_trial
 
 
