@@ -1,9 +1,10 @@
 """What `bench report` and `bench leaderboard` produce (their commands: `bench.cli.report`): read a results folder
 and write every panel's rendering of it into one folder (`build_report`): the panels (`bench.report.panel`: each a
-file of its own, found by the registry, the leaderboard first at order 0) in their order, framed by
-`bench.report.page`; or the leaderboard alone as terminal text (`terminal_leaderboard`, from the leaderboard's own
-tables). `build_report` names no panel (it takes only the headline rule, `protocols.headline`, which
-`bench leaderboard` shares).
+file of its own, found by the registry, the leaderboard first at order 0) in their order, framed as one page
+(`leaderboard.md`: the Markdown sections one after another; `report.html`: one self-contained page, its CSS and JS
+the package files `bench/report/report.css` and `report.js` inlined, its figures base64 PNG); or the leaderboard
+alone as terminal text (`terminal_leaderboard`, from the leaderboard's own tables). `build_report` names no panel
+(it takes only the headline rule, `protocols.headline`, which `bench leaderboard` shares).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from pathlib import Path
 import polars as pl
 
 from bench.config import UserError
-from bench.report import analysis, leaderboard, page, protocols
+from bench.report import analysis, leaderboard, protocols
 from bench.report.panel import Context, Panel, panels
-from bench.report.render import stderr
+from bench.report.render import asset, stderr
 from bench.store.folder import replace_file
 
 Log = Callable[[str], None]
@@ -42,6 +43,13 @@ def _summary(df: pl.DataFrame, grid: pl.DataFrame, results: str, every: pl.DataF
                    "no panel compares them: that needs bench's trials of the same cells.")
 
 
+def _page(sections: list[str]) -> str:
+    """`report.html`: the panels' sections in one self-contained page, no external asset."""
+    return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>bench report</title>"
+            f"<style>{asset('report.css')}</style></head><body>{''.join(sections)}<script>{asset('report.js')}</script>"
+            "</body></html>\n")
+
+
 def _render(panel: Panel, ctx: Context, written: dict[str, Path], tables: dict[str, pl.DataFrame],
             files: dict[str, str], markdown: list[str], html: list[str]) -> None:
     """One panel: its analysis, figures (into `written`), tables (into `tables`, by CSV name), other files (into
@@ -62,8 +70,7 @@ def _render(panel: Panel, ctx: Context, written: dict[str, Path], tables: dict[s
 def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str, Path]:
     """Write every output of `bench report` under `out`; return them by name: each panel's figures
     (`bench.report.panel.panels()`, in their order: the leaderboard's first), then their CSV tables, then
-    `leaderboard.md`, the panels' other files (the leaderboard's `leaderboard.tex`) and `report.html`
-    (`bench.report.page`)."""
+    `leaderboard.md`, the panels' other files (the leaderboard's `leaderboard.tex`) and `report.html`."""
     log(f"reading result rows under {results} ...")
     every = analysis.load_trials(results)
     df = protocols.headline(every)  # the accuracy tables show one protocol; the protocol panel compares them
@@ -87,7 +94,7 @@ def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str,
     for name, frame in tables.items():
         written[f"{name} csv"] = out / f"{name}.csv"
         replace_file(written[f"{name} csv"], frame.write_csv)
-    texts = {"leaderboard.md": page.markdown(markdown), **files, "report.html": page.html(html)}
+    texts = {"leaderboard.md": "".join(markdown), **files, "report.html": _page(html)}
     for name, text in texts.items():
         written[name] = out / name
         replace_file(written[name], lambda tmp, text=text: tmp.write_text(text, encoding="utf-8"))

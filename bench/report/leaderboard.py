@@ -305,7 +305,7 @@ def _estimates_html(estimates: pl.DataFrame) -> list[str]:
 def to_html(tabs: list[Table], paired: pl.DataFrame, wtl: pl.DataFrame, comparison: pl.DataFrame,
             plots: dict[tuple[str, str], Path], heatmap: Path | None, summary: str,
             estimates: pl.DataFrame | None = None) -> str:
-    """The page's leading sections (the panels follow them; `bench.report.page` frames all): the title, legend and
+    """The page's leading sections (the other panels follow; `bench.report.build` frames all): the title, legend and
     summary, one accuracy table per (dataset, noise) with its figure and every cell's provenance, the win/tie/loss
     table, the paper against ours, the transition-matrix estimates. Figures inline as base64 PNG."""
     p_of = {(p["dataset"], p["noise"], p["r"], p["method"]): p for p in paired.iter_rows(named=True)}
