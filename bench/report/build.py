@@ -1,24 +1,23 @@
-"""What `bench report` and `bench leaderboard` produce (their commands: `bench.cli.report`): read a results folder,
-run the analysis (`bench.report.analysis`) and write every rendering of it into one folder (`build_report`): the
-leaderboard's (`bench.report.leaderboard`, `bench.report.plots`), then every panel's (`bench.report.panel`: each a
-file of its own, found by the registry), framed by `bench.report.page`; or the leaderboard alone as terminal text
-(`terminal_leaderboard`). This module names no panel (it takes only the headline rule, `protocols.headline`, which
-`bench leaderboard` shares).
+"""What `bench report` and `bench leaderboard` produce (their commands: `bench.cli.report`): read a results folder
+and write every panel's rendering of it into one folder (`build_report`): the panels (`bench.report.panel`: each a
+file of its own, found by the registry, the leaderboard first at order 0) in their order, framed as one page
+(`leaderboard.md`: the Markdown sections one after another; `report.html`: one self-contained page, its CSS and JS
+the package files `bench/report/report.css` and `report.js` inlined, its figures base64 PNG); or the leaderboard
+alone as terminal text (`terminal_leaderboard`, from the leaderboard's own tables). `build_report` names no panel
+(it takes only the headline rule, `protocols.headline`, which `bench leaderboard` shares).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 
 import polars as pl
 
 from bench.config import UserError
-from bench.report import analysis, leaderboard, page, protocols
-from bench.report.analysis import REFERENCE, label
+from bench.report import analysis, leaderboard, protocols
 from bench.report.panel import Context, Panel, panels
-from bench.report.render import stderr
+from bench.report.render import asset, stderr
 from bench.store.folder import replace_file
 
 Log = Callable[[str], None]
@@ -44,69 +43,58 @@ def _summary(df: pl.DataFrame, grid: pl.DataFrame, results: str, every: pl.DataF
                    "no panel compares them: that needs bench's trials of the same cells.")
 
 
+def _page(sections: list[str]) -> str:
+    """`report.html`: the panels' sections in one self-contained page, no external asset."""
+    return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>bench report</title>"
+            f"<style>{asset('report.css')}</style></head><body>{''.join(sections)}<script>{asset('report.js')}</script>"
+            "</body></html>\n")
+
+
 def _render(panel: Panel, ctx: Context, written: dict[str, Path], tables: dict[str, pl.DataFrame],
-            markdown: list[str], html: list[str]) -> None:
-    """One panel: its analysis, figures (into `written`), tables (into `tables`, by CSV name) and sections."""
+            files: dict[str, str], markdown: list[str], html: list[str]) -> None:
+    """One panel: its analysis, figures (into `written`), tables (into `tables`, by CSV name), other files (into
+    `files`, by file name) and sections."""
     data = panel.analyse(ctx)
     drawn = panel.figures(data, ctx)
     written |= {f"plot {name}": path for name, path in drawn.items()}
-    own = panel.tables(data)
-    if clash := sorted(tables.keys() & own.keys()):
-        raise UserError(f"panel {panel.name!r} ({type(panel).__module__}) writes {', '.join(clash)}.csv, which the "
-                        "report already writes: rename its table")
-    tables |= own
+    for kind, taken, own in (("table", tables, panel.tables(data)), ("file", files, panel.files(data))):
+        if clash := sorted(taken.keys() & own.keys()):
+            raise UserError(f"panel {panel.name!r} ({type(panel).__module__}) writes "
+                            f"{', '.join(f'{c}.csv' if kind == 'table' else c for c in clash)}, which the report "
+                            f"already writes: rename its {kind}")
+        taken |= own
     markdown.append(panel.markdown(data, ctx))
     html.append(panel.html(data, drawn, ctx))
 
 
 def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str, Path]:
-    """Write every output of `bench report` under `out`; return them by name: the leaderboard's figures and tables,
-    then each panel's (`bench.report.panel.panels()`, in their order), then `leaderboard.md`, `.tex` and `report.html`
-    (`bench.report.page`)."""
-    from bench.report import plots  # matplotlib takes a second to import: only a report draws figures
-
+    """Write every output of `bench report` under `out`; return them by name: each panel's figures
+    (`bench.report.panel.panels()`, in their order: the leaderboard's first), then their CSV tables, then
+    `leaderboard.md`, the panels' other files (the leaderboard's `leaderboard.tex`) and `report.html`."""
     log(f"reading result rows under {results} ...")
     every = analysis.load_trials(results)
     df = protocols.headline(every)  # the accuracy tables show one protocol; the protocol panel compares them
-    ctx = Context(results=str(results), every=every, df=df, grid=analysis.aggregate(df), folder=out / "plots")
-    grid = ctx.grid
-    paired = analysis.paired_comparison(df, grid)
-    wtl = analysis.win_tie_loss(paired)
-    comparison = analysis.paper_comparison(grid)
-    estimates = analysis.transition_estimates(df)
-    tabs = leaderboard.tables(grid, paired)
+    grid = analysis.aggregate(df)
     summary = _summary(df, grid, str(results), every)
     log(summary)
+    ctx = Context(results=str(results), every=every, df=df, grid=grid, folder=out / "plots", summary=summary,
+                  log=log)
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
-    figures: dict[tuple[str, str], Path] = {}
-    for i, t in enumerate(tabs, 1):
-        log(f"plot {i}/{len(tabs)}: {t.dataset} · {t.noise}")
-        part = grid.filter(dataset=t.dataset, noise=t.noise)
-        png, svg = plots.accuracy_vs_r(part, t.dataset, t.noise, t.methods, {m: label(m) for m in t.methods},
-                                       plots.file_stem(ctx.folder, "accuracy_vs_r", t.dataset, t.noise), REFERENCE,
-                                       frozenset(t.privileged))
-        figures[(t.dataset, t.noise)] = png
-        written[f"plot {t.dataset} {t.noise}"], written[f"plot {t.dataset} {t.noise} svg"] = png, svg
-    heat_png = None
-    if leaderboard.comparison_left_out(comparison) is None:  # a figure with nothing to show is left out
-        log("plot: difference to the published results")
-        heat_png, heat_svg = plots.paper_heatmap(comparison, ctx.folder / "paper_difference", ctx.labels)
-        written["heatmap"], written["heatmap svg"] = heat_png, heat_svg
-    tables = {"cells": grid, "paired": paired, "win_tie_loss": wtl, "paper_vs_measured": comparison,
-              "transition_estimates": estimates}
-    markdown = [leaderboard.to_markdown(tabs, wtl, comparison, summary, estimates)]
-    html = [leaderboard.to_html(tabs, paired, wtl, comparison, figures, heat_png,
-                                summary + f" Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.", estimates)]
+    tables: dict[str, pl.DataFrame] = {}
+    files: dict[str, str] = {}
+    markdown: list[str] = []
+    html: list[str] = []
     for panel in panels():
         log(f"panel: {panel.name} ...")
-        _render(panel, ctx, written, tables, markdown, html)
+        _render(panel, ctx, written, tables, files, markdown, html)
+    if clash := sorted(files.keys() & {"leaderboard.md", "report.html"}):
+        raise UserError(f"a panel writes {', '.join(clash)}, which the report's page is: rename its file")
     log("writing tables ...")
     for name, frame in tables.items():
         written[f"{name} csv"] = out / f"{name}.csv"
         replace_file(written[f"{name} csv"], frame.write_csv)
-    texts = {"leaderboard.md": page.markdown(markdown), "leaderboard.tex": leaderboard.to_latex(tabs),
-             "report.html": page.html(html)}
+    texts = {"leaderboard.md": "".join(markdown), **files, "report.html": _page(html)}
     for name, text in texts.items():
         written[name] = out / name
         replace_file(written[name], lambda tmp, text=text: tmp.write_text(text, encoding="utf-8"))

@@ -27,7 +27,8 @@ Cost: a trial's device-seconds are its wall time on its one device (its share of
 per-epoch diagnostics took, with its CE warm start shared: a warm start is trained once per (data, noise, seed,
 warm-start settings) and loaded by the other trials of that cell, so the seconds every trial of the results folder
 spent in it (`warmup_s`: the training, the loads) are summed and split evenly over those trials
-(`shared_device_seconds`); networks are those the method stage trains.
+(`shared_device_seconds`: charged to the one trial that trained it, a 30-trial grid reads as CE costing 13
+times L_DMI); networks are those the method stage trains.
 
 The per-epoch numbers themselves are computed on the training device by `bench.exec.diagnostics`; this module reads
 them back from the epochs table. The report's panel: `DiagnosticsPanel`.
@@ -45,7 +46,6 @@ from typing import Any
 import polars as pl
 
 from bench.report.analysis import CELL, fmt
-from bench.report.cost import COST_NOTE, cost_table, shared_device_seconds, totals
 from bench.report.panel import Context, Panel
 from bench.report.render import fmt_r, fmt_whole, html_table, md, png, td
 from bench.store.columns import DIAGNOSTIC_COLUMNS
@@ -67,6 +67,14 @@ DETECTION_NOTE = (
     "Methods that flag or down-weight examples: their judgement of the training set scored against the true "
     "flips. Precision and recall of the examples they flag, AUROC of their noise score (0.5: chance), at the epoch "
     "selected on noisy validation and at the last epoch; mean over seeds."
+)
+COST_NOTE = (
+    "Device-seconds: a trial's wall time on its device (its share of a pack's), without the per-epoch diagnostics, "
+    "its CE warm start shared: a warm start is trained once and loaded by every other trial (method and setting) of "
+    "its data, noise and seed, so its seconds are split evenly over all the trials that use it, whichever trained "
+    "it; mean per trial of the selected setting (warm start: its share). Accuracy per device-hour: mean test "
+    "accuracy at the selected epoch divided by the mean device-hours of a trial. Networks: trained in the method "
+    "stage."
 )
 NO_DETECTION = ("Detection quality: left out, no method here flags or down-weights training examples (or the "
                 "epochs table holds no detection numbers).")
@@ -178,6 +186,53 @@ def _detection(chosen: pl.DataFrame, epochs: pl.DataFrame) -> pl.DataFrame:
     last = at.sort("epoch").group_by(["trial_id", *CELL]).last().group_by(CELL).agg(
         *[pl.col(m).mean().alias(f"last_{m[4:]}") for m in metrics])
     return selected.join(last, on=CELL, how="full", coalesce=True).sort(CELL)
+
+
+# The columns that tell which CE warm start a trial used (`bench.exec.prepare.warm_start_key` from its row): its data,
+# noise and seed, the labels drawn, the warm start's schedule, precision and protocol.
+WARM_START = ["dataset", "model", "noise", "r", "seed", "noise_hash", "train_subset", "epochs_warmup", "precision",
+              "protocol"]
+
+
+def shared_device_seconds(trials: pl.DataFrame) -> pl.DataFrame:
+    """Per trial (`trial_id`): its device-seconds with its CE warm start shared (`device_s_shared`), and that share
+    (`warm_share_s`). The seconds the trials of one warm start (`WARM_START`) spent in it, training it or loading it,
+    summed and split evenly over them; its own seconds are the rest of its device-seconds. A row without `warmup_s`
+    (failed before it ended, or written before the column) keeps its device-seconds and takes no share."""
+    frame = trials.with_columns(pl.lit(None).alias(c) for c in WARM_START + ["warmup_s", "device_s"]
+                                if c not in trials.columns)
+    frame = frame.with_columns(
+        pl.col("device_s").cast(pl.Float64).fill_null(pl.col("wall_s").cast(pl.Float64)).alias("_device"),
+        pl.col("warmup_s").cast(pl.Float64).alias("_warm"))
+    has = pl.col("_warm").is_not_null()
+    share = (pl.col("_warm").sum() / has.sum()).over([pl.col(c).fill_null(-1) if c == "train_subset" else c
+                                                      for c in WARM_START] + [has])
+    return frame.select(
+        "trial_id",
+        pl.when(has).then(share).alias("warm_share_s"),
+        pl.when(has).then((pl.col("_device") - pl.col("_warm")).clip(lower_bound=0.0) + share)
+        .otherwise(pl.col("_device")).alias("device_s_shared"))
+
+
+def cost_table(chosen: pl.DataFrame) -> pl.DataFrame:
+    """Per cell, over the trials of its selected setting (`chosen`, with `device_s_shared`): their device, epochs,
+    networks, mean seconds, warm-start share, device-hours and accuracy per device-hour."""
+    return chosen.with_columns(pl.col("device_s_shared").alias("device_s")).group_by(CELL).agg(
+        pl.len().alias("n"), pl.col("device").unique().sort().str.join(", ").alias("devices"),
+        (pl.col("epochs_warmup").cast(pl.String) + "+" + pl.col("epochs").cast(pl.String)).first().alias("epochs"),
+        pl.col("networks").max().alias("networks"), pl.col("wall_s").mean().alias("wall_s_mean"),
+        pl.col("device_s").mean().alias("device_s_mean"), pl.col("warm_share_s").mean().alias("warm_share_s_mean"),
+        (pl.col("device_s").sum() / 3600).alias("device_h_total"),
+        pl.col("test_acc").mean().alias("acc_mean"),
+    ).with_columns((pl.col("acc_mean") / (pl.col("device_s_mean") / 3600)).alias("acc_per_device_hour")).sort(CELL)
+
+
+def totals(trials: pl.DataFrame) -> pl.DataFrame:
+    """The whole grid's cost per device: every trial, every setting, failed ones included."""
+    seconds = pl.col("device_s").cast(pl.Float64) if "device_s" in trials.columns else pl.lit(None, pl.Float64)
+    frame = trials.with_columns(seconds.fill_null(pl.col("wall_s").cast(pl.Float64)).alias("_s"))
+    return frame.group_by("device").agg(pl.len().alias("trials"), (pl.col("_s").sum() / 3600).alias("device_h"),
+                                        ).sort("device")
 
 
 def _labels(trials: pl.DataFrame) -> pl.DataFrame:

@@ -1,8 +1,8 @@
-"""The leaderboard's tables: one wide table per (dataset, noise) (`tables`, walked by every renderer through
-`Table.rows`), rendered as Markdown, LaTeX (the paper's layout), the leading sections of the HTML page (the report's
-panels follow them, `bench.report.page` frames all) and aligned terminal text. The numbers come from
-`bench.report.analysis`; `bench.report.build` writes these renderings with the CSV tables and the figures
-(`bench report`, `bench leaderboard`). Nothing here reads MLflow.
+"""The leaderboard, the report's first panel (`Leaderboard`, order 0): one wide table per (dataset, noise) (`tables`,
+walked by every renderer through `Table.rows`), rendered as Markdown, LaTeX (the paper's layout, `leaderboard.tex`),
+the leading sections of the HTML page and aligned terminal text (`bench leaderboard`), with its figures and CSV
+tables. The numbers come from `bench.report.analysis`; `bench.report.build` writes these renderings with the other
+panels'. Nothing here reads MLflow.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import polars as pl
 
 from bench.report import analysis
 from bench.report.analysis import MISSING, REFERENCE, fmt, label
+from bench.report.panel import Context, Panel
 from bench.report.render import fmt_r, html_table, md, pm, png, td, tex
 
 # --------------------------------------------------------------------------------------------------- tables
@@ -303,7 +305,7 @@ def _estimates_html(estimates: pl.DataFrame) -> list[str]:
 def to_html(tabs: list[Table], paired: pl.DataFrame, wtl: pl.DataFrame, comparison: pl.DataFrame,
             plots: dict[tuple[str, str], Path], heatmap: Path | None, summary: str,
             estimates: pl.DataFrame | None = None) -> str:
-    """The page's leading sections (the panels follow them; `bench.report.page` frames all): the title, legend and
+    """The page's leading sections (the other panels follow; `bench.report.build` frames all): the title, legend and
     summary, one accuracy table per (dataset, noise) with its figure and every cell's provenance, the win/tie/loss
     table, the paper against ours, the transition-matrix estimates. Figures inline as base64 PNG."""
     p_of = {(p["dataset"], p["noise"], p["r"], p["method"]): p for p in paired.iter_rows(named=True)}
@@ -352,3 +354,66 @@ def to_terminal(tabs: list[Table], summary: str, bold: bool = False, metric: str
                                    for (text, best), w in zip(row, widths, strict=True)))
         lines += [t.winners(), ""]
     return "\n".join(lines + [legend(metric).replace("in bold", "marked <" if not bold else "in bold")])
+
+
+# --------------------------------------------------------------------------------------------------- the panel
+
+
+@dataclass
+class Board:
+    """The leaderboard's numbers, computed once for all its renderings."""
+
+    grid: pl.DataFrame  # the headline rows' cells (`analysis.aggregate`)
+    tabs: list[Table]
+    paired: pl.DataFrame  # each cell against L_DMI's (`analysis.paired_comparison`)
+    wtl: pl.DataFrame  # L_DMI's wins, ties and losses per baseline
+    comparison: pl.DataFrame  # the published cells beside ours (`analysis.paper_comparison`)
+    estimates: pl.DataFrame  # the estimated transition matrices against the true ones
+
+
+class Leaderboard(Panel):
+    """The headline, first on the page: the report's first line, one accuracy table per (dataset, noise) with its
+    figure and every cell's provenance, L_DMI against each baseline, the published results against ours (with their
+    heat map), the transition-matrix estimates; its tables also as LaTeX (`leaderboard.tex`)."""
+
+    name = "leaderboard"
+    order = 0.0
+
+    def analyse(self, ctx: Context) -> Board:
+        paired = analysis.paired_comparison(ctx.df, ctx.grid)
+        return Board(grid=ctx.grid, tabs=tables(ctx.grid, paired), paired=paired,
+                     wtl=analysis.win_tie_loss(paired), comparison=analysis.paper_comparison(ctx.grid),
+                     estimates=analysis.transition_estimates(ctx.df))
+
+    def tables(self, data: Board) -> dict[str, pl.DataFrame]:
+        return {"cells": data.grid, "paired": data.paired, "win_tie_loss": data.wtl,
+                "paper_vs_measured": data.comparison, "transition_estimates": data.estimates}
+
+    def figures(self, data: Board, ctx: Context) -> dict[str, Path]:
+        """Accuracy against r per table (`<dataset> <noise>`), the difference to the published results (`heatmap`,
+        left out with nothing to show); each PNG with its SVG (`... svg`)."""
+        from bench.report import plots  # matplotlib takes a second to import: only a report draws figures
+
+        drawn: dict[str, Path] = {}
+        for i, t in enumerate(data.tabs, 1):
+            ctx.log(f"plot {i}/{len(data.tabs)}: {t.dataset} · {t.noise}")
+            part = data.grid.filter(dataset=t.dataset, noise=t.noise)
+            drawn[f"{t.dataset} {t.noise}"], drawn[f"{t.dataset} {t.noise} svg"] = plots.accuracy_vs_r(
+                part, t.dataset, t.noise, t.methods, {m: label(m) for m in t.methods},
+                plots.file_stem(ctx.folder, "accuracy_vs_r", t.dataset, t.noise), REFERENCE, frozenset(t.privileged))
+        if comparison_left_out(data.comparison) is None:
+            ctx.log("plot: difference to the published results")
+            drawn["heatmap"], drawn["heatmap svg"] = plots.paper_heatmap(
+                data.comparison, ctx.folder / "paper_difference", ctx.labels)
+        return drawn
+
+    def markdown(self, data: Board, ctx: Context) -> str:
+        return to_markdown(data.tabs, data.wtl, data.comparison, ctx.summary, data.estimates)
+
+    def html(self, data: Board, figures: dict[str, Path], ctx: Context) -> str:
+        accuracy = {(t.dataset, t.noise): figures[f"{t.dataset} {t.noise}"] for t in data.tabs}
+        return to_html(data.tabs, data.paired, data.wtl, data.comparison, accuracy, figures.get("heatmap"),
+                       ctx.summary + f" Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.", data.estimates)
+
+    def files(self, data: Board) -> dict[str, str]:
+        return {"leaderboard.tex": to_latex(data.tabs)}

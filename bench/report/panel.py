@@ -1,15 +1,17 @@
 """The report's panel contract and its registry. A panel is one section of `bench report`: one subclass of `Panel` in
 one file, found by `bench.config.discover` (as methods and datasets are) among the modules of `bench.report` and the
 plug-in folders of `$BENCH_PLUGINS`. Adding a panel is adding that file: `bench.report.build` walks `panels()` in
-their declared `order` and writes each one's CSV tables, figures, Markdown and HTML; `bench.report.page` frames them.
+their declared `order`, writes each one's CSV tables, figures and files, and frames their Markdown and HTML sections.
+The leaderboard is a panel too (`bench.report.leaderboard`, order 0): a panel may stand before it.
 
 Every panel is handed the same `Context`: the rows of every protocol (`every`), the headline protocol's (`df`, the
-rows the accuracy tables show: `bench.report.protocols.headline`), their aggregate grid, and, read on first use, the
-epochs table, the setting selected per cell and the methods' labels.
+rows the accuracy tables show: `bench.report.protocols.headline`), their aggregate grid, the report's first line, a
+progress log, and, read on first use, the epochs table, the setting selected per cell and the methods' labels.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -31,6 +33,8 @@ class Context:
     df: pl.DataFrame  # the headline protocol's trials: those the accuracy tables show
     grid: pl.DataFrame  # `analysis.aggregate(df)`: one row per cell, the setting selected on noisy validation
     folder: Path  # where a panel's figures go (`<out>/plots`)
+    summary: str = ""  # the report's first line: the trials read, measured cells, commits, the protocol shown
+    log: Callable[[str], None] = lambda message: None  # progress for a long step (stderr under `bench report`)
 
     @cached_property
     def epochs(self) -> pl.DataFrame:
@@ -63,7 +67,12 @@ class Panel:
         return {}
 
     def figures(self, data: Any, ctx: Context) -> dict[str, Path]:
-        """Figure name -> PNG path (written under `ctx.folder`, an SVG beside it where the panel draws one)."""
+        """Figure name -> PNG path (written under `ctx.folder`, an SVG beside it where the panel draws one; a panel
+        that lists the SVG too names it `<name> svg`)."""
+        return {}
+
+    def files(self, data: Any) -> dict[str, str]:
+        """Other text files of the report, file name -> text (the leaderboard's `leaderboard.tex`)."""
         return {}
 
     def markdown(self, data: Any, ctx: Context) -> str:

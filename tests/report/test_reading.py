@@ -16,7 +16,7 @@ import pytest
 from bench.cli import main as cli
 from bench.report import analysis
 from bench.report.build import build_report
-from bench.report.cost import COST_NOTE
+from bench.report.diagnostics import COST_NOTE
 from bench.store.rows import write_trial
 from tests.report.test_report import GRID_ROWS, make_row, write
 
@@ -165,7 +165,7 @@ def test_the_demos_report_has_no_empty_panel_and_one_name_per_method(tmp_path: P
         assert section["tables"] or section["images"], section["title"]
     # The demo's dataset has no published table: that section and its figure are left out, with one line why, which
     # names the paper's tables and the literature's apart.
-    assert not any("measured" in t for t in titles) and "heatmap" not in written
+    assert not any("measured" in t for t in titles) and "plot heatmap" not in written
     why = html.unescape(re.search(r"Published results vs measured: left out[^<]*", page).group(0))
     paper = why[why.index("the paper's tables cover"):why.index("; the literature's")]
     literature = why[why.index("the literature's"):]
@@ -192,5 +192,5 @@ def test_the_published_comparison_says_whose_table_each_row_is(tmp_path: Path) -
     assert set(comparison["published_by"].to_list()) == {analysis.PAPER}
     written = build_report(results, tmp_path / "out", log=lambda s: None)
     page = written["report.html"].read_text(encoding="utf-8")
-    assert "<h2>Published results vs measured</h2>" in page and "heatmap" in written
+    assert "<h2>Published results vs measured</h2>" in page and "plot heatmap" in written
     assert "<td class=\"l\" title=\"appendix table" in page  # the paper's own table, cited on the cell
