@@ -18,9 +18,9 @@ OFFERING = [name for name, cls in registry().items() if cls.offers_stand_in()]
 
 
 def test_the_built_in_stand_ins_and_who_offers_one() -> None:
-    """CIFAR-10's and Dogs vs Cats' own; CIFAR-10N is CIFAR-10's class but reads a label file that CIFAR-10's
-    stand-in does not write, so it offers none by inheritance."""
-    assert {"cifar10", "dogs_vs_cats"} <= set(OFFERING)
+    """CIFAR-10's, Dogs vs Cats' and Fashion-MNIST's own; CIFAR-10N is CIFAR-10's class but reads a label file that
+    CIFAR-10's stand-in does not write, so it offers none by inheritance."""
+    assert {"cifar10", "dogs_vs_cats", "fashion_mnist"} <= set(OFFERING)
     assert "cifar10n" not in OFFERING and issubclass(registry()["cifar10n"], registry()["cifar10"])
 
 
@@ -58,11 +58,13 @@ def test_a_stand_in_is_its_seed(tmp_path: Path, name: str) -> None:
 
 
 def test_calibration_takes_the_stand_in_of_a_dataset_of_the_model(tmp_path: Path) -> None:
-    """Without the files: ResNet-34 on CIFAR-10's stand-in, VGG-16-BN on Dogs vs Cats'; a model none of whose
+    """Without the files: ResNet-34 on CIFAR-10's stand-in, VGG-16-BN on Dogs vs Cats', the Fashion CNN on
+    Fashion-MNIST's; a model none of whose
     datasets offers one is one line; the MLP's set is generated, no stand-in needed."""
     empty = tmp_path / "empty"
     assert find_data("resnet34_cifar", empty) == ("cifar10", "bench", True)
     assert find_data("vgg16_bn", empty) == ("dogs_vs_cats", "bench", True)
+    assert find_data("fashion_cnn", empty) == ("fashion_mnist", "bench", True)
     assert find_data("mlp", empty) == ("synthetic", "bench", False)
     with pytest.raises(UserError, match="cannot calibrate word_cnn: mr's files are missing .* no dataset of word_cnn "
                                         "offers a stand-in"):
