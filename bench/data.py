@@ -305,6 +305,21 @@ class Dataset:
     def load(self) -> Splits:
         raise NotImplementedError
 
+    # -- A stand-in: the dataset's files in their published format, holding random examples, so that `bench calibrate`
+    # (for a model whose data is absent) and the tests run without the real data. It is the dataset's own file's
+    # (not inherited: CIFAR-10N's class is CIFAR-10's, and reads a label file that CIFAR-10's stand-in does not write).
+    @classmethod
+    def offers_stand_in(cls) -> bool:
+        return "stand_in" in cls.__dict__
+
+    @classmethod
+    def stand_in(cls, data_root: str | Path, n: int, seed: int = 0) -> None:
+        """Write under `data_root` (where the dataset's `folder` then lies, as under a real data root) its files in
+        the published format, random examples in them: `n` or more in the training split that `load` reads, and
+        the held-out splits in the published proportions (at least one example each). Read them with
+        `verify=False`: their checksums are not the published files'."""
+        raise NotImplementedError(f"{cls.name} offers no stand-in: its data cannot be generated")
+
     @property
     def script_transform(self) -> Any:
         """The `script_transform` switch's setting where the trial's protocol turns it on (None: the dataset's own

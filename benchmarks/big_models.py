@@ -5,9 +5,10 @@ synthetic files in the CIFAR-10 format, and the GPU-hours of the paper's CIFAR-1
                                     [--compile default] [--write-table [PATH]] [--trace DIR]
     python benchmarks/big_models.py --device cpu --tiny --members 2 --steps 2 --rounds 1   (runs anywhere)
 
-Data: CIFAR-10 python batches of random images written to a temporary folder (or `--data-root`), read by the
-CIFAR-10 dataset module; ResNet-34 trains on them at 32 x 32 with CIFAR-10's crops and flips, VGG-16-BN on the same
-images scaled 2x to Dogs vs Cats' 64 x 64 with its augmentation. Arms, through the code a grid runs
+Data: each network's dataset's stand-in (`Dataset.stand_in`: random images in the published format) written to a
+temporary folder, or its files under `--data-root`, read by the dataset's module: ResNet-34 trains on CIFAR-10's at
+32 x 32 with its crops and flips, VGG-16-BN on Dogs vs Cats' at 64 x 64 with its augmentation. Arms, those that the
+executors offer (`bench.exec.executor.Executor.calibration_arms`), through the code a grid runs
 (`bench.exec.stage.SoloStage`, `bench.exec.packed.PackedStage`), members alternating CE and L_DMI:
 
   solo fp32        one trial as `bench trial` trains it (on CUDA: TF32 and channels-last, `bench.models.create`)
@@ -22,8 +23,8 @@ images scaled 2x to Dogs vs Cats' 64 x 64 with its augmentation. Arms, through t
 bf16 autocast is CUDA-only here: on a CPU the solo arm runs channels-last in float32 and the bf16 packs are left
 out. Each arm trains one untimed
 epoch of --steps steps, then --rounds interleaved rounds of one epoch each; the best round counts. images/s =
-members x steps x batch / seconds. `--tiny` shrinks both networks (width 8; ResNet two stages of one block; VGG on
-32 x 32) so that a CPU runs every arm in seconds: its figures say nothing about a GPU.
+members x steps x batch / seconds. `--tiny` shrinks both networks (width 8; ResNet two stages of one block) so that
+a CPU runs every arm in seconds: its figures say nothing about a GPU.
 
 The projection applies the issue's arithmetic: the CIFAR-10 table (`tune_configs/cifar10.yaml`: the paper's `pairs`
 noise x 10 rates x 5 seeds, 12 trials a cell, 100 method-stage epochs each and one 120-epoch CE warm start a cell, over
@@ -63,6 +64,7 @@ from bench.trial import TrialConfig
 TABLE_CELLS = 1 * 10 * 5  # `pairs` only: the paper's CIFAR-10 noise (the grid's comment says why)
 TABLE_METHODS = {"ce": 1, "fw": 1, "gce": 1, "lccn": 1, "mentornet": 1, "vat": 1, "dmi": 6}
 NETWORKS = {"resnet34_cifar": "cifar10", "vgg16_bn": "dogs_vs_cats"}
+TINY = {"resnet34_cifar": {"width": 8, "blocks": (1, 1)}, "vgg16_bn": {"width": 8}}  # --tiny's networks
 
 
 def members(network: str, k: int, data: tuple, args: argparse.Namespace) -> list[Prepared]:
@@ -132,7 +134,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--data-root", help="CIFAR-10 python batches (default: random ones in a temporary folder)")
+    parser.add_argument("--data-root", help="the networks' datasets' files (default: their stand-ins, random images "
+                                            "in the published formats, in a temporary folder)")
     parser.add_argument("--tiny", action="store_true", help="shrunk networks, for a CPU check")
     parser.add_argument("--compile", help="also time bf16 packs compiled with torch.compile in this mode (CUDA)")
     parser.add_argument("--write-table", nargs="?", const=str(executor_table.DEFAULT), metavar="PATH",
@@ -148,13 +151,12 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     results: dict[str, dict[str, float]] = {}
     ks = [int(k) for k in args.members.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        if args.data_root is None:
-            args.data_root = tmp
-            calibrate.write_cifar_files(Path(tmp), args.steps * args.batch, 2 * args.batch)
+        stand_in, args.data_root = args.data_root is None, args.data_root or tmp
         for network in args.networks.split(","):
-            dataset, splits = calibrate.cifar_stand_in(network, Path(args.data_root), args.tiny)
-            for split in (splits.train, splits.val, splits.test):
-                split.x = split.x.to(device)
+            dataset, splits = calibrate.load(NETWORKS[network], stand_in, args.data_root, device,
+                                             args.steps * args.batch, Path(tmp))
+            if args.tiny:
+                splits.model_args = {**splits.model_args, **TINY[network]}
             ps = members(network, max(ks), (dataset, splits), args)
             arms = calibrate.arms(ps, [*ks, 1], extras=True, compile=args.compile)
             timed = calibrate.timed(arms, args.steps * args.batch, args.rounds, device)

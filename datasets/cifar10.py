@@ -311,6 +311,25 @@ class CIFAR10(Dataset):
             test=Split(*read_batch(folder / "test_batch")),
         )
 
+    @classmethod
+    def stand_in(cls, data_root: str | Path, n: int, seed: int = 0) -> None:
+        """The six batches as the official archive holds them (`Dataset.stand_in`): pickled dicts with bytes keys
+        (Python 2's str keys read with encoding="bytes"), each of ceil(n / 4) random images (b"data", N x 3072 uint8 in
+        R, G, B planes) and labels, the ten classes in each run of ten in a random order; and batches.meta."""
+        rng = np.random.default_rng(seed)
+        folder = Path(data_root) / cls.folder / BATCHES
+        folder.mkdir(parents=True, exist_ok=True)
+        size = max(1, -(-n // 4))
+        for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+            entry = {b"batch_label": f"{name} (stand-in)".encode(),
+                     b"labels": [int(v) for v in np.concatenate([rng.permutation(len(CLASSES))
+                                                                 for _ in range(-(-size // len(CLASSES)))])[:size]],
+                     b"data": rng.integers(0, 256, (size, 3072), dtype=np.uint8),
+                     b"filenames": [f"img_{i}.png".encode() for i in range(size)]}
+            (folder / name).write_bytes(pickle.dumps(entry, protocol=2))
+        meta = {b"num_cases_per_batch": size, b"label_names": [c.encode() for c in CLASSES], b"num_vis": 3072}
+        (folder / "batches.meta").write_bytes(pickle.dumps(meta, protocol=2))
+
     def eval_transform(self, x: torch.Tensor) -> torch.Tensor:
         if self.script_transform:  # ToTensor, Normalize (dataset.py:203-204, 215-224)
             return normalise_channels(to_tensor(x), self.script_transform["mean"], self.script_transform["std"])

@@ -278,6 +278,18 @@ class DogsVsCats(Dataset):
             self.normalise = PixelNormalisation(train.x)
         return Splits(train=train, val=val, test=test, model_args={"image_size": self.image_size()}, notes=notes)
 
+    @classmethod
+    def stand_in(cls, data_root: str | Path, n: int, seed: int = 0) -> None:
+        """Kaggle's train folder (`Dataset.stand_in`): 2n JPEGs (at least 8, `load`'s least), cat.i.jpg and dog.i.jpg
+        in turn, each 32 x 32 pixels in random 8 x 8 blocks of colour (`load` scales every image to 64 x 64), so
+        that the proportional splits hold n training images and n / 2 each held out."""
+        rng = np.random.default_rng(seed)
+        folder = Path(data_root) / cls.folder / "train"
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(2 * max(4, n)):
+            blocks = rng.integers(0, 256, (4, 4, 3), dtype=np.uint8).repeat(8, 0).repeat(8, 1)
+            Image.fromarray(blocks).save(folder / f"{('cat', 'dog')[i % 2]}.{i // 2}.jpg", quality=90)
+
     def eval_transform(self, x: torch.Tensor) -> torch.Tensor:
         if self.script_transform:  # ToTensor, Normalize (dogcat.py:31-35)
             return normalise_channels(to_tensor(x), self.script_transform["mean"], self.script_transform["std"])

@@ -10,6 +10,7 @@ diagonally non-dominant for r > 0.5.
 from __future__ import annotations
 
 import gzip
+import struct
 import zlib
 from pathlib import Path
 
@@ -55,6 +56,13 @@ def read_idx(path: Path) -> np.ndarray:
     if body.size != int(np.prod(dims)):
         raise UserError(f"{path} is truncated: expected {int(np.prod(dims))} bytes of data, found {body.size}")
     return body.reshape(tuple(dims))
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """An idx file as published (`read_idx`'s format): magic 0x00 0x00 0x08 ndim, big-endian uint32 dims, the uint8
+    data, gzip-compressed."""
+    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    path.write_bytes(gzip.compress(header + array.astype(np.uint8).tobytes()))
 
 
 class FashionMNIST(Dataset):
@@ -140,6 +148,20 @@ class FashionMNIST(Dataset):
             val=split(train_x[n_train:], train_y[n_train:]),
             test=split(test_x, test_y),
         )
+
+    @classmethod
+    def stand_in(cls, data_root: str | Path, n: int, seed: int = 0) -> None:
+        """The four idx files in torchvision's raw layout (`Dataset.stand_in`): random 28 x 28 images, the ten
+        classes in each run of ten in a random order (a tenth of them bags); ceil(6n / 5) training images (n train,
+        a sixth validates) and a sixth as many to test."""
+        rng = np.random.default_rng(seed)
+        raw = Path(data_root) / cls.folder / "raw"
+        raw.mkdir(parents=True, exist_ok=True)
+        train = -(-6 * max(1, n) // 5)
+        for prefix, size in (("train", train), ("t10k", max(1, train // 6))):
+            write_idx(raw / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (size, 28, 28)))
+            labels = np.concatenate([rng.permutation(10) for _ in range(-(-size // 10))])[:size]
+            write_idx(raw / f"{prefix}-labels-idx1-ubyte.gz", labels)
 
     def eval_transform(self, x: torch.Tensor) -> torch.Tensor:
         """Bench's inputs in [0, 1]; under `script_transform` the script's Normalize after them."""

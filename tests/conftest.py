@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import gzip
 import os
-import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from bench.config import UserError
+from bench.datasets.fashion_mnist import write_idx  # the published format's writer (its stand-in's), shared
 from tests import netns
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,12 +42,6 @@ def _missing_data(error: Exception) -> bool:
     if isinstance(error, FileNotFoundError):
         return str(SHARED_DATA) in str(error)
     return ": missing " in str(error) and str(SHARED_DATA) in str(error)
-
-
-def write_idx(path: Path, array: np.ndarray) -> None:
-    """An idx file as published: magic 0x00 0x00 0x08 ndim, big-endian uint32 dims, uint8 data, gzip."""
-    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
-    path.write_bytes(gzip.compress(header + array.astype(np.uint8).tobytes()))
 
 
 @pytest.fixture

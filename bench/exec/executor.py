@@ -8,24 +8,30 @@ set up, its outcome, its row) is `bench.exec.member`'s.
 Everything the driver says or decides about a unit of a kind comes from its executor, never from its name: what a
 unit is called (`noun`), the words on each member's line as it finishes (`member_words`), how many trials a unit
 holds by the memory the driver can estimate (`fit`) and those estimates in words (`sizing`), and the row's
-`executor` column (`run_trial` passes the kind's name down to the trial).
+`executor` column (`run_trial` passes the kind's name down to the trial). So is how `bench calibrate` times the kind
+(`calibration_arms`: an epoch of training as its unit trains, `bench.exec.calibrate` times whatever kinds are
+registered); `solo_epoch`, a solo trial's epoch, is the piece the built-in arms share.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from bench.config import discover, disk_full, lookup
 from bench.exec.events import Events
-from bench.exec.stage import Checkpoints, Log
+from bench.exec.prepare import Prepared, build_model, method_seed, seed_everything
+from bench.exec.stage import Checkpoints, Log, SoloStage
 from bench.exec.trainer import run_trial
+from bench.exec.turns import ALONE, Turns
 from bench.exec.warmstart import WarmStarts
+from bench.methods import Batch, get_method
 from bench.trial import TrialConfig
 
 Bundle = dict[str, float]  # one Ray placement-group bundle: {"CPU": 2, "GPU": 0.5}
@@ -43,6 +49,19 @@ class UnitContext:
     warm_cache: WarmStarts | None = None
     checkpoints: Checkpoints | None = None
     events: Events | None = None
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One way a kind trains `members` trials at once, for `bench calibrate` to time: `run` trains one epoch of each
+    (`bench.exec.calibrate.timed` calls it, once untimed, then once a round); `executor` names the kind; `as_run`:
+    timed as a grid runs it (fp32), so that it may become an executor-table row."""
+
+    name: str
+    executor: str
+    members: int
+    as_run: bool
+    run: Callable[[], object] = field(compare=False, repr=False)
 
 
 class Executor:
@@ -95,6 +114,15 @@ class Executor:
                                     checkpoints=ctx.checkpoints)
         return run_trial(trial, ctx.data_root, **{**args, **given, "executor": self.name})
 
+    def calibration_arms(self, members: list[Prepared], ks: list[int], extras: bool = False,
+                         compile: str | None = None) -> list[Arm]:
+        """The arms `bench calibrate` times for this kind: for each K of `ks` (or once, for a kind of one trial) an
+        epoch of a unit of K of `members` (prepared trials of one dataset, CE and L_DMI alternating, sorted by method;
+        `half_each` picks K of them) trained as this kind trains it. `extras`: also the arms a grid runs only under
+        `precision: bf16` or that only explain others (never table rows); `compile`: a `torch.compile` mode for
+        those that compile. The base offers none: a kind that says nothing here is not timed."""
+        return []
+
     def why_not(self, trial: TrialConfig) -> str | None:
         """Why `trial` cannot train in a unit of this kind with others (None: it can); it then runs solo."""
         return None
@@ -102,6 +130,36 @@ class Executor:
     def group_key(self, trial: TrialConfig) -> tuple[Any, ...]:
         """What trials in one unit of this kind must share."""
         return (trial.dataset, trial.device)
+
+
+def half_each(ps: list[Prepared], k: int) -> list[Prepared]:
+    """K of the members (sorted by method), CE and L_DMI half each."""
+    return ps[: k // 2] + ps[len(ps) // 2 : len(ps) // 2 + k - k // 2]
+
+
+def solo_epoch(p: Prepared, fast: bool = False) -> Callable[..., object]:
+    """An epoch of the trial `p` as its solo trial trains (`SoloStage`, its network built from its method stage's
+    seed), a further epoch at each call, taking the turns it is given (a streams unit's member: `bench.exec.turns`).
+    `fast`: in channels-last, under bf16 autocast on CUDA."""
+    seed_everything(method_seed(p))
+    net = build_model(p)
+    method = get_method(p.config.method)(p.dataset.num_classes)
+    step_loss = method.train_loss
+    if fast:
+        net = net.to(memory_format=torch.channels_last)
+
+        def step_loss(nets: list[torch.nn.Module], batch: Batch) -> torch.Tensor:
+            cuda = p.device.type == "cuda"
+            with torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext():
+                return method.train_loss(nets, batch)
+
+    stage = SoloStage(p, [net], p.method_stage, method_seed(p), step_loss, method.validation_loss, method)
+
+    def epoch(turns: Turns = ALONE) -> object:
+        stage.turns = turns
+        return stage.train_steps(0)
+
+    return epoch
 
 
 @functools.cache

@@ -33,28 +33,11 @@ CIFAR_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog",
 
 
 def write_cifar_batches(root: Path, per_batch: int = 20, seed: int = 0) -> dict[str, np.ndarray]:
-    """`root/cifar-10-batches-py/` as in the official archive: pickled dicts with bytes keys (what Python 2's str
-    keys read as with encoding="bytes"), b"data" N x 3072 uint8 in R, G, B planes, b"labels" a list of ints."""
-    rng = np.random.default_rng(seed)
+    """`root/cifar-10-batches-py/` as in the official archive (CIFAR-10's stand-in: pickled dicts with bytes keys,
+    b"data" N x 3072 uint8 in R, G, B planes, b"labels" a list of ints); each file's labels, as written."""
+    CIFAR10.stand_in(root, 4 * per_batch, seed)
     folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    written = {}
-    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
-    for name in names:
-        labels = np.arange(per_batch) % 10
-        rng.shuffle(labels)
-        data = rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8)
-        entry = {
-            b"batch_label": f"{name} (generated)".encode(),
-            b"labels": [int(v) for v in labels],
-            b"data": data,
-            b"filenames": [f"img_{i}.png".encode() for i in range(per_batch)],
-        }
-        (folder / name).write_bytes(pickle.dumps(entry, protocol=2))
-        written[name] = labels
-    meta = {b"num_cases_per_batch": per_batch, b"label_names": [c.encode() for c in CIFAR_CLASSES], b"num_vis": 3072}
-    (folder / "batches.meta").write_bytes(pickle.dumps(meta, protocol=2))
-    return written
+    return {name: read_batch(folder / name)[1] for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]}
 
 
 def cifar_md5s(root: Path) -> dict[str, str]:

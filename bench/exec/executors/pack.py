@@ -8,15 +8,17 @@ import functools
 import hashlib
 import os
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from bench.config import UserError
 from bench.exec import memory
-from bench.exec.executor import Bundle, Executor, UnitContext
+from bench.exec.executor import Arm, Bundle, Executor, UnitContext, half_each
 from bench.exec.pack import run_pack
-from bench.exec.packed import EVAL_IMAGES
+from bench.exec.packed import EVAL_IMAGES, PackedStage, device_generator
 from bench.exec.packing import pack_key, why_solo
-from bench.exec.prepare import prepare
+from bench.exec.prepare import Prepared, build_model, method_seed, prepare, seed_everything
+from bench.methods import get_method
 from bench.trial import TrialConfig
 
 
@@ -64,6 +66,23 @@ class Pack(Executor):
                                    batch_size=trial.schedules()[1].batch_size, experiment="", extra=())
         return members_that_fit(like, str(data_root), capacity, most)
 
+    def calibration_arms(self, members: list[Prepared], ks: list[int], extras: bool = False,
+                         compile: str | None = None) -> list[Arm]:
+        """`pack K fp32` for each K > 1, where the members' model packs; with `extras` on CUDA `pack K bf16` (a
+        grid's `precision: bf16`), and with `compile` too `pack K bf16 + compile`."""
+        if why_solo(members[0].config) is not None:
+            return []
+        bf16 = extras and members[0].device.type == "cuda"
+        arms = []
+        for k in (k for k in ks if k > 1):
+            mix = half_each(members, k)
+            arms.append(Arm(f"pack {k} fp32", self.name, k, True, pack_epoch(mix, False)))
+            if bf16:
+                arms.append(Arm(f"pack {k} bf16", self.name, k, False, pack_epoch(mix, True)))
+            if bf16 and compile:
+                arms.append(Arm(f"pack {k} bf16 + compile", self.name, k, False, pack_epoch(mix, True, compile)))
+        return arms
+
     def sizing(self, units: list[list[TrialConfig]], data_root: str | os.PathLike[str] | None) -> list[str]:
         """The memory estimate per kind of pack, where the driver could make one."""
         sizes = {pack_key(u[0]): self.fit(u[0], self.most, data_root) for u in units}
@@ -73,6 +92,21 @@ class Pack(Executor):
             lines.append(f"  memory: not estimated here (the driver opens no GPU; BENCH_PACK_MEMORY_GB sizes packs "
                          f"here): at most {self.most} a pack, each pack checks its GPU before it trains")
         return lines
+
+
+def pack_epoch(ps: list[Prepared], bf16: bool, compile: str | None = None) -> Callable[[], object]:
+    """An epoch of the trials `ps` as one pack (`PackedStage`), float32 or under bf16 autocast, compiled with
+    `compile` (a mode); a further epoch at each call."""
+    nets, generators = [], []
+    for p in ps:
+        seed_everything(method_seed(p))
+        nets.append(build_model(p))
+        generators.append(device_generator(p.device, method_seed(p)))
+    methods = [get_method(p.config.method)(p.dataset.num_classes) for p in ps]
+    stage = PackedStage(ps, nets, generators, ps[0].method_stage, [p.method_stage.lr for p in ps],
+                        [method_seed(p) for p in ps], methods, precision="bf16" if bf16 else "fp32",
+                        compile=compile)
+    return lambda: stage.train_steps(0)
 
 
 def pack_id(trials: list[TrialConfig]) -> str:

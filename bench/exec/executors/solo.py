@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.exec.executor import Bundle, Executor, UnitContext
+from bench.exec.executor import Arm, Bundle, Executor, UnitContext, solo_epoch
+from bench.exec.prepare import Prepared
 from bench.trial import TrialConfig
 
 
@@ -25,3 +26,14 @@ class Solo(Executor):
 
     def describe(self, trials: list[TrialConfig]) -> str:
         return trials[0].describe()
+
+    def calibration_arms(self, members: list[Prepared], ks: list[int], extras: bool = False,
+                         compile: str | None = None) -> list[Arm]:
+        """`solo fp32`, one trial as a grid trains it (the first arm: the others are read against it); with
+        `extras`, `solo bf16 + CL` (channels-last, under bf16 autocast; on a CPU `solo fp32 + CL`)."""
+        arms = [Arm("solo fp32", self.name, 1, True, solo_epoch(members[0]))]
+        if extras:
+            bf16 = members[0].device.type == "cuda"
+            arms.append(Arm(f"solo {'bf16' if bf16 else 'fp32'} + CL", self.name, 1, False,
+                            solo_epoch(members[0], fast=True)))
+        return arms

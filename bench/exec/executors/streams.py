@@ -67,7 +67,8 @@ import numpy as np
 import torch
 
 from bench.config import UserError
-from bench.exec.executor import Bundle, Executor, UnitContext, retry_may_cure
+from bench.exec.executor import Arm, Bundle, Executor, UnitContext, half_each, retry_may_cure, solo_epoch
+from bench.exec.prepare import Prepared
 from bench.exec.trainer import failed_row
 from bench.exec.turns import Stopped, Turns
 from bench.exec.warmstart import WarmStart, WarmStarts
@@ -248,6 +249,12 @@ class Streams(Executor):
         methods = Counter(t.method for t in trials)
         return f"streams of {len(trials)} ({', '.join(f'{n} {m}' for m, n in sorted(methods.items()))})"
 
+    def calibration_arms(self, members: list[Prepared], ks: list[int], extras: bool = False,
+                         compile: str | None = None) -> list[Arm]:
+        """`streams K` for each K: K solo fp32 trials taking turns on their own streams (`Baton`), as a unit runs
+        them; `streams 1` is the mechanism's own cost against `solo fp32`, never a table row."""
+        return [Arm(f"streams {k}", self.name, k, k > 1, streams_epoch(half_each(members, k))) for k in ks]
+
     def why_not(self, trial: TrialConfig) -> str | None:
         """Any trial: each member runs as its solo trial would, on the unit's device."""
         return None
@@ -257,6 +264,20 @@ class Streams(Executor):
         float32 arithmetic (TF32 on or off is the process's: the `full_float32` switch)."""
         key = (trial.dataset, trial.model_label(), trial.device)
         return key + (("full_float32",) if trial.resolved_protocol().on("full_float32") else ())
+
+
+def streams_epoch(ps: list[Prepared]) -> Callable[[], None]:
+    """An epoch of each of the trials `ps` as their solo trials train it, in turns on their own streams (`Baton`, as
+    a unit runs them); a further epoch at each call."""
+    epochs = [solo_epoch(p) for p in ps]
+
+    def epoch() -> None:
+        baton = Baton(len(epochs), ps[0].device)
+        failed = [o for o in baton.run(epochs) if isinstance(o, BaseException)]
+        if baton.cure is not None or failed:
+            raise baton.cure or failed[0]
+
+    return epoch
 
 
 def own_stream(device: torch.device) -> contextlib.AbstractContextManager:
