@@ -48,6 +48,17 @@ def method_and_dataset() -> tuple[str, str]:
     return method, dataset
 
 
+def with_authors_protocol(dataset: str) -> str:
+    """The page's dataset example with the page's `authors_protocol` declared in its class, "in its own file": its
+    imports beside the file's, its lines after the class's last statement."""
+    snippet = re.search(r"```python\n(from bench.protocol import .*?)```", text(), flags=re.S)[1]
+    imports = [line for line in snippet.splitlines() if line.startswith("from ")]
+    body = "\n".join(line for line in snippet.splitlines() if not line.startswith("from "))
+    assert dataset.rstrip().endswith(")")  # the class is the file's last statement: the declaration goes into it
+    dataset = dataset.replace("from bench.data import", "\n".join(imports) + "\nfrom bench.data import", 1)
+    return dataset.rstrip() + "\n" + body
+
+
 def executor() -> str:
     """The page's executor (`# executor: NAME.py`), as written."""
     return re.search(r"```python\n# executor: \S+\n(.*?)```", text(), flags=re.S)[1]

@@ -74,12 +74,8 @@ def install_examples(root: Path) -> list[str]:
     written = []
     for name, code in doc_examples.files().items():
         folder = "baselines" if "from bench.methods import" in code else "datasets"
-        if folder == "datasets":  # "declares their choices in its own file": the class's last statement
-            snippet = re.search(r"```python\n(from bench.protocol import .*?)```", doc_examples.text(), re.S)[1]
-            imports = [line for line in snippet.splitlines() if line.startswith("from ")]
-            body = "\n".join(line for line in snippet.splitlines() if not line.startswith("from "))
-            code = code.replace("from bench.data import", "\n".join(imports) + "\nfrom bench.data import", 1)
-            code = code.rstrip() + "\n" + body
+        if folder == "datasets":  # the authors' protocol "declares their choices in its own file"
+            code = doc_examples.with_authors_protocol(code)
         (root / folder / name).write_text(code)
         written.append(f"{folder}/{name}")
     executor = re.search(r"```python\n# executor: (\S+)\n", doc_examples.text())[1]

@@ -42,15 +42,9 @@ def authors_dataset(tmp_path, monkeypatch):
     """The doc's dataset plug-in with the doc's `authors_protocol` added to its class, in a plug-in folder, under its
     fresh name (tests/doc_examples.py)."""
     (ring,) = [code for code in doc_examples.fresh_files().values() if "from bench.data import" in code]
-    snippet = re.search(r"```python\n(.*?)```", section("The authors' protocol of a dataset"), flags=re.S)[1]
-    imports = [line for line in snippet.splitlines() if line.startswith("from ")]
-    body = "\n".join(line for line in snippet.splitlines() if not line.startswith("from "))
-    ring = ring.replace("from bench.data import Dataset, Split, Splits\n",
-                        "from bench.data import Dataset, Split, Splits\n" + "\n".join(imports) + "\n")
-    assert ring.rstrip().endswith(")")  # the class is the file's last statement: the declaration goes into it
     folder = tmp_path / "plugins"
     folder.mkdir()
-    (folder / f"{DATASET}.py").write_text(ring.rstrip() + "\n" + body)
+    (folder / f"{DATASET}.py").write_text(doc_examples.with_authors_protocol(ring))
     monkeypatch.setenv("BENCH_PLUGINS", str(folder))
     datasets.cache_clear()
     yield get_dataset(DATASET)
