@@ -44,8 +44,10 @@ method, the parameter, the value and what is allowed), the same declaration `ben
 default is the trial's to supply, at `setup` (Co-teaching's forget rate: the trial's noise rate, unless one is given).
 
 Every method keeps its fidelity record as data: `reference`, the released code it was checked against ("owner/repo,
-path/file.py, commit <sha>", several joined by "; "), and `differences`, each difference that remains ("what — why").
-`bench methods --references` prints the record; docs/fidelity.md is its Markdown form (`--markdown`), tested to match.
+path/file.py, commit <sha>", several joined by "; "), and `differences`, each difference that remains ("what — why");
+a method checked against no released code (bench's own, or one whose authors released none) says so, `original =
+True`, and names no reference. `bench methods --references` prints the record; docs/fidelity.md is its Markdown form
+(`--markdown`), tested to match.
 """
 
 from __future__ import annotations
@@ -163,6 +165,7 @@ class Method:
     version: ClassVar[int] = 1
     reference: ClassVar[str] = ""  # "owner/repo, path/file.py, commit <sha>"; several joined by "; "
     differences: ClassVar[tuple[str, ...]] = ()  # every remaining difference from `reference`: "what — why"
+    original: ClassVar[bool] = False  # True: no released code to cite, said explicitly rather than by a placeholder
 
     def __init__(self, num_classes: int, dataset: str = "", **params: Any) -> None:
         """`dataset`: the trial's dataset, whose defaults apply (`defaults_on`); `params`: the explicit values."""
@@ -363,7 +366,7 @@ def fidelity_record(markdown: bool = False) -> str:
     if not markdown:
         lines = []
         for name, cls in registry().items():
-            lines += [f"{name}  {cls.title}", f"    reference: {cls.reference or '(none)'}"]
+            lines += [f"{name}  {cls.title}", f"    reference: {cls.reference or _no_reference(cls)}"]
             lines += [f"    - {difference}" for difference in cls.differences]
         return "\n".join(lines) + "\n"
     lines = ["# Fidelity record", "",
@@ -374,12 +377,17 @@ def fidelity_record(markdown: bool = False) -> str:
              "marker before the measured figures, which it keeps.", ""]
     for name, cls in registry().items():
         lines += [f"## `{name}`: {cls.title}", "", f"Paper: {cls.paper}", "",
-                  f"Reference: {cls.reference or '(none)'}", ""]
-        unchecked = "Not yet checked against released code."
+                  f"Reference: {cls.reference or _no_reference(cls)}", ""]
+        unchecked = "Original: no released code to check it against." if cls.original else \
+            "Not yet checked against released code."
         lines += [f"- {difference}" for difference in cls.differences] or ["No difference." if cls.reference
                                                                             else unchecked]
         lines.append("")
     return "\n".join(lines + protocol_record())
+
+
+def _no_reference(cls: type[Method]) -> str:
+    return "(none: original)" if cls.original else "(none)"
 
 
 @functools.cache

@@ -9,12 +9,12 @@ import re
 from pathlib import Path
 
 import polars as pl
-from test_report import write
-from test_report_protocols import rows
 
 from bench.report.build import build_report
 from bench.report.leaderboard import Leaderboard
 from bench.report.panel import panels
+from tests.report.test_protocols_panel import rows
+from tests.report.test_report import write
 
 # The report of `rows()` built before the leaderboard became a panel: what it listed, in order (the heat map's name
 # aside: the loop lists every figure as "plot <name>", where the old code listed it as "heatmap").

@@ -5,7 +5,6 @@ edited."""
 from __future__ import annotations
 
 import math
-import re
 import warnings
 from pathlib import Path
 
@@ -19,8 +18,8 @@ from bench.cli.main import main
 from bench.data import registry as datasets
 from bench.methods import registry as methods
 from bench.report.analysis import LITERATURE_CSV, read_published, read_reference
+from tests import doc_examples
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
 LEVELS = [i / 20 for i in range(21)]
 # Datasets with a pattern of the paper's tables, by the reference file (bench/reference_results.csv).
 REFERENCE = read_reference()
@@ -132,18 +131,20 @@ def test_a_refused_combination_stops_trial_and_dry_run_before_anything(tmp_path,
 
 
 # -- the templates of docs/extending.md, as a plug-in folder --------------------------------------------------------
-def doc_files() -> dict[str, str]:
-    """The doc's code blocks that start with `# file: NAME`."""
-    blocks = re.findall(r"```python\n# file: (\S+)\n(.*?)```", DOC.read_text(), flags=re.S)
-    return {name: text for name, text in blocks}
+# Loaded under fresh names (tests/doc_examples.py): the page's own names are the reader's, and may be in the checkout.
+METHOD, DATASET = doc_examples.method_and_dataset()
+
+
+def write_templates(folder: Path) -> None:
+    for name, code in doc_examples.fresh_files().items():
+        (folder / name).write_text(code)
 
 
 @pytest.fixture
 def plugin_folder(tmp_path, monkeypatch):
     folder = tmp_path / "plugins"
     folder.mkdir()
-    for name, text in doc_files().items():
-        (folder / name).write_text(text)
+    write_templates(folder)
     monkeypatch.setenv("BENCH_PLUGINS", str(folder))
     for registry in (datasets, methods, models.registry):
         registry.cache_clear()
@@ -157,15 +158,16 @@ def test_the_docs_templates_are_one_file_each_and_train(plugin_folder, tmp_path,
     from bench.exec.prepare import prepare
     from bench.trial import TrialConfig
 
-    assert sorted(doc_files()) == ["ring_blobs.py", "taylor_ce.py"]
-    assert "ring_blobs" in datasets() and "taylor_ce" in methods()
-    assert main(["datasets"]) == 0 and "ring_blobs" in capsys.readouterr().out
-    assert main(["methods"]) == 0 and "taylor_ce" in capsys.readouterr().out
+    assert len(doc_examples.files()) == 2 and sorted(p.name for p in plugin_folder.iterdir()) == sorted(
+        [f"{METHOD}.py", f"{DATASET}.py"])
+    assert DATASET in datasets() and METHOD in methods()
+    assert main(["datasets"]) == 0 and DATASET in capsys.readouterr().out
+    assert main(["methods"]) == 0 and METHOD in capsys.readouterr().out
 
     # The noisy labels of the new pattern follow the T the doc declares, written out here by hand.
     r = 0.3
     declared = np.array([[1 - r, r, 0], [0, 1 - r, r], [r, 0, 1 - r]])
-    config = TrialConfig(dataset="ring_blobs", method="taylor_ce", noise="next_class", r=r, seed=3)
+    config = TrialConfig(dataset=DATASET, method=METHOD, noise="next_class", r=r, seed=3)
     p = prepare(config, tmp_path)
     clean, noisy = p.splits.train.y, p.labels.train
     for true_class in range(3):
@@ -177,21 +179,13 @@ def test_the_docs_templates_are_one_file_each_and_train(plugin_folder, tmp_path,
     assert 0 < np.mean(noisy != clean) < 2 * r
 
     results = tmp_path / "res"
-    assert main(["trial", "--dataset", "ring_blobs", "--method", "taylor_ce", "--noise", "next_class", "--r", str(r),
+    assert main(["trial", "--dataset", DATASET, "--method", METHOD, "--noise", "next_class", "--r", str(r),
                  "--seed", "3", "--param", "order=3", "--epochs-warmup", "1", "--epochs", "2",
                  "--results", str(results)]) == 0
     row = pl.read_parquet(next((results / "trials").glob("*.parquet"))).row(0, named=True)
-    assert (row["dataset"], row["method"], row["noise"], row["status"]) == ("ring_blobs", "taylor_ce", "next_class",
-                                                                            "ok")
+    assert (row["dataset"], row["method"], row["noise"], row["status"]) == (DATASET, METHOD, "next_class", "ok")
     assert row["noise_rate"] == pytest.approx(np.mean(noisy != clean))  # the same labels as drawn above
     assert 33.3 < row["test_acc"] <= 100  # three blobs two standard deviations apart: better than chance
-
-
-def doc_panel() -> str:
-    """docs/extending.md's panel plug-in (it imports polars, as report panels do)."""
-    (block,) = [b for b in re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
-                if "from bench.report.panel import Panel" in b]
-    return block
 
 
 def test_a_panel_plug_in_never_loads_in_the_training_core(tmp_path, monkeypatch):
@@ -203,14 +197,13 @@ def test_a_panel_plug_in_never_loads_in_the_training_core(tmp_path, monkeypatch)
 
     folder = tmp_path / "plugins"
     folder.mkdir()
-    for name, text in doc_files().items():
-        (folder / name).write_text(text)
-    (folder / "seeds_panel.py").write_text(doc_panel())
+    write_templates(folder)
+    (folder / "seeds_panel.py").write_text(doc_examples.renamed(doc_examples.panel()))
     bare = ("polars", "scipy", "matplotlib", "mlflow", "ray")
     results = tmp_path / "res"
     code = (f"import sys\nfor m in {bare!r}: sys.modules[m] = None  # import m now raises ImportError\n"
             "from bench.cli.main import main\n"
-            f"code = main(['trial', '--dataset', 'ring_blobs', '--method', 'taylor_ce', '--noise', 'next_class', "
+            f"code = main(['trial', '--dataset', {DATASET!r}, '--method', {METHOD!r}, '--noise', 'next_class', "
             f"'--r', '0.2', '--seed', '1', '--epochs-warmup', '1', '--epochs', '1', '--results', {str(results)!r}])\n"
             f"assert not [m for m in {bare!r} if sys.modules.get(m) is not None]\n"
             "sys.exit(code)\n")

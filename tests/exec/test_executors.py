@@ -27,10 +27,10 @@ from bench.grid.plan import plan_units
 from bench.methods import get_method
 from bench.store.folder import read_table
 from bench.trial import TrialConfig
+from tests import doc_examples
 from tests.tolerances import TRAINED_REL, same_accuracy, trained_close
 
 REPO = Path(__file__).resolve().parents[2]
-DOC = REPO / "docs" / "extending.md"
 QUIET = dict(log=lambda s: None)
 
 
@@ -146,17 +146,21 @@ def test_the_planner_reads_the_table_a_benchmark_writes(tmp_path: Path, monkeypa
 
 # -- docs/extending.md's executor, through bench run ---------------------------------------------------------------
 def doc_executor() -> tuple[str, str]:
-    code = re.search(r"```python\n# executor: sequence.py\n(.*?)```", DOC.read_text(), flags=re.S)[1]
-    table = re.search(r"```\n(model,device,executor.*?)```", DOC.read_text(), flags=re.S)[1]
-    return code, table
+    """The doc's executor under its fresh name (tests/doc_examples.py), and the doc's table row naming it so."""
+    code, table = doc_examples.executor(), doc_examples.executor_table()
+    name = doc_examples.name_of(code)
+    return doc_examples.renamed(code), table.replace(f",{name},", f",{name}{doc_examples.FRESH},")
+
+
+KIND = doc_examples.name_of(doc_executor()[0])  # the fresh name
 
 
 def test_the_docs_executor_is_chosen_by_name_and_planned_in_its_own_words(tmp_path: Path) -> None:
-    """`--executor sequence:2` picks the plug-in without a table row; `--pack` is its alias, not both at once; a
+    """`--executor NAME:2` picks the plug-in without a table row; `--pack` is its alias, not both at once; a
     name no executor has is one line."""
     code, _ = doc_executor()
     (tmp_path / "plugins").mkdir()
-    (tmp_path / "plugins" / "sequence.py").write_text(code)
+    (tmp_path / "plugins" / f"{KIND}.py").write_text(code)
     grid = dict(name="seq", dataset="synthetic", noise="case3", r=[0.2], seeds=[0, 1, 2, 3, 4], epochs=2,
                 epochs_warmup=1, resources={"cpu": 1}, methods={"dmi": {}})
     (tmp_path / "seq.yaml").write_text(yaml.safe_dump(grid))
@@ -167,21 +171,21 @@ def test_the_docs_executor_is_chosen_by_name_and_planned_in_its_own_words(tmp_pa
                               capture_output=True, text=True, timeout=300,
                               env={**os.environ, "BENCH_PLUGINS": str(tmp_path / "plugins")})
 
-    done = dry("--executor", "sequence:2")
+    done = dry("--executor", f"{KIND}:2")
     assert done.returncode == 0, done.stderr
-    assert "sequences (--executor sequence:2): 4 trials in 2 sequences of 2, 2; 1 trials solo" in done.stdout
+    assert f"sequences (--executor {KIND}:2): 4 trials in 2 sequences of 2, 2; 1 trials solo" in done.stdout
     assert not re.search(r"\bpacks?\b|--pack", done.stdout), done.stdout
-    both = dry("--executor", "sequence", "--pack", "2")
+    both = dry("--executor", KIND, "--pack", "2")
     assert both.returncode == 2 and "give one of them, not both" in both.stderr
-    wrong = dry("--executor", "sequenc:2")
-    assert wrong.returncode == 2 and re.search(r"got 'sequenc:2'; executors: .*sequence", wrong.stderr)
+    wrong = dry("--executor", f"{KIND[:-1]}:2")
+    assert wrong.returncode == 2 and re.search(rf"got '{KIND[:-1]}:2'; executors: .*{KIND}", wrong.stderr)
 
 
 def test_the_docs_executor_is_one_file_and_runs_a_grid_through_ray(tmp_path: Path) -> None:
     code, table = doc_executor()
     plugins = tmp_path / "plugins"
     plugins.mkdir()
-    (plugins / "sequence.py").write_text(code)
+    (plugins / f"{KIND}.py").write_text(code)
     (tmp_path / "table.csv").write_text(table)
     grid = dict(name="seq", dataset="synthetic", noise="case3", r=[0.2], seeds=[0, 1, 2], epochs=2, epochs_warmup=1,
                 resources={"cpu": 1}, methods={"dmi": {}})
@@ -194,12 +198,12 @@ def test_the_docs_executor_is_one_file_and_runs_a_grid_through_ray(tmp_path: Pat
     assert done.returncode == 0, done.stdout + done.stderr
     # The driver speaks of the unit in its executor's words, never a pack's; its rows name the executor.
     assert "sequences (--executor auto): 3 trials in 1 sequences of 3; 0 trials solo" in done.stdout
-    assert re.search(r"executor table \(.*table.csv\): \* on cpu: sequence, at most 3 trials", done.stdout)
+    assert re.search(rf"executor table \(.*table.csv\): \* on cpu: {KIND}, at most 3 trials", done.stdout)
     assert done.stdout.count("(sequence of 3)") == 3  # each member's line as it finishes
     assert not re.search(r"\bpacks?\b|--pack", done.stdout), done.stdout
     rows = read_table(tmp_path / "r").sort("seed")
     assert rows["status"].to_list() == ["ok"] * 3
-    assert rows["executor"].to_list() == ["sequence"] * 3
+    assert rows["executor"].to_list() == [KIND] * 3
     # Each row is its solo trial's (the same code, the same random draws), within the rounding of a training: the
     # worker sums at its own thread count.
     for row in rows.to_dicts():

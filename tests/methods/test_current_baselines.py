@@ -476,7 +476,7 @@ def test_dividemix_mixes_word_embeddings_for_text() -> None:
     assert torch.isfinite(loss) and all(net.embedding.weight.grad.abs().sum() > 0 for net in nets)
 
 
-# --- registry, declared ranges, README ---------------------------------------------------------------------
+# --- registry, declared ranges (the README's table: tests/test_readme_tables.py) -------------------------------------
 
 NEW = ("backward", "elr", "gls", "fdiv", "coteaching_plus", "jocor", "trevision", "volminnet", "sop", "cores",
        "dividemix")
@@ -493,18 +493,6 @@ def test_the_new_methods_are_registered_with_papers_and_declared_ranges() -> Non
         assert declared == set(cls.defaults), name
         for key, options in getattr(cls, "choices", {}).items():
             assert cls.defaults[key] in options
-
-
-def test_readme_method_table_lists_exactly_the_registry() -> None:
-    import re
-    from pathlib import Path
-
-    from bench.methods import registry
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("## Methods", 1)[1].split("\n## ", 1)[0]
-    names = {n for line in section.splitlines() if line.startswith("| `")
-             for n in re.findall(r"`([a-z_0-9]+)`", line.split("|")[1])}
-    assert names == set(registry())
 
 
 def test_trevision_reweighting_sees_the_weights_as_constants() -> None:

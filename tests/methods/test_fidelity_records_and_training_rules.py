@@ -21,20 +21,57 @@ from bench.trial import TrialConfig, freeze_params
 
 REPO = Path(__file__).resolve().parents[2]
 
-# One reference: "owner/repo, a path to a file (path/file.ext, possibly more words), release or commit <id>".
-REFERENCE = re.compile(r"[\w.-]+/[\w.-]+, [^,;]*[\w-]+/?[\w./-]*\.\w+[^;]*, (release|commit) [\w.-]+")
+# One reference: "owner/repo, a path to a file (path/file.ext, possibly more words), release or commit <id>", the
+# commit a hexadecimal id.
+REFERENCE = re.compile(r"[\w.-]+/[\w.-]+, [^,;]*[\w-]+/?[\w./-]*\.\w+[^;]*, (release [\w.-]+|commit [0-9a-f]{7,40})")
+# What a template or a hurried contributor writes for a citation not yet looked up: a repository named owner/repo
+# (or user/, your-, example/, .../project), a commit such as abc1234, 1234567, 0000000 or deadbeef.
+PLACEHOLDER = re.compile(r"^(owner|user|username|you|your[\w-]*|example|someone|author|org)/|"
+                         r"^[\w.-]+/(repo|repository|project|example|name)\b|"
+                         r"commit (abc[0-9a-f]*|0123456[0-9a-f]*|1234567[0-9a-f]*|0{7,}|deadbeef[0-9a-f]*)$", re.I)
+
+
+def citation_problems(cls: type) -> list[str]:
+    """What is wrong with a method's fidelity record: a reference must name a repository, a file in it and a release
+    or commit, and be no placeholder; a method that cites none declares itself original (`original = True`), and
+    one that does cannot be original too. Each difference says what differs and why ("what — why")."""
+    if cls.original:
+        problems = [f"{cls.name}: original (no released code) but cites {cls.reference!r}"] if cls.reference else []
+    elif not cls.reference:
+        problems = [f"{cls.name}: no reference: cite the released code, or declare `original = True`"]
+    else:
+        problems = [f"{cls.name}: {part!r} is not 'owner/repo, path/file.ext, commit <sha>'"
+                    for part in cls.reference.split("; ") if not REFERENCE.fullmatch(part)]
+        problems += [f"{cls.name}: {part!r} is a placeholder, not a citation"
+                     for part in cls.reference.split("; ") if PLACEHOLDER.search(part)]
+    return problems + [f"{cls.name}: {d!r} does not say why (what — why)" for d in cls.differences if " — " not in d]
 
 
 @pytest.mark.parametrize("name", sorted(registry()))
 def test_every_method_names_the_released_code_it_was_checked_against(name: str) -> None:
     """Every registered method (all of them: no exception list) names a repository, a file in it and a release or
-    commit; its differences, if any, each say what differs and why ("what — why")."""
-    cls = registry()[name]
-    assert cls.reference, f"{name}: no reference"
-    for part in cls.reference.split("; "):
-        assert REFERENCE.fullmatch(part), f"{name}: {part!r} is not 'owner/repo, path/file.ext, commit <sha>'"
-    for difference in cls.differences:
-        assert " — " in difference, f"{name}: {difference!r} does not say why (what — why)"
+    commit, or declares itself original; its differences, if any, each say what differs and why ("what — why")."""
+    assert citation_problems(registry()[name]) == []
+
+
+@pytest.mark.parametrize(("reference", "original", "problem"), [
+    ("owner/repo, train.py:40-52, commit abc1234", False, "placeholder"),  # docs/extending.md's switch example's
+    ("user/noisy-labels, loss.py, commit 1234567", False, "placeholder"),
+    ("someone-real/noisy-labels, loss.py, commit 0000000", False, "placeholder"),
+    ("yourname/project, loss.py, release v1", False, "placeholder"),
+    ("someone-real/noisy-labels, loss.py, commit <sha>", False, "is not 'owner/repo"),
+    ("someone-real/noisy-labels, commit 4d991cedf1", False, "is not 'owner/repo"),  # no file
+    ("", False, "no reference"),
+    ("someone-real/noisy-labels, loss.py, commit 4d991cedf1", True, "original (no released code) but cites"),
+    ("someone-real/noisy-labels, loss.py (f, lines 3-9), commit 4d991cedf1", False, None),
+    ("", True, None),
+])
+def test_a_placeholder_citation_is_refused_unless_the_method_declares_itself_original(reference: str, original: bool,
+                                                                                       problem: str | None) -> None:
+    cls = type("Sketch", (registry()["ce"],), {"name": "sketch", "reference": reference, "original": original,
+                                               "differences": ()})
+    problems = citation_problems(cls)
+    assert (problems == []) if problem is None else (len(problems) == 1 and problem in problems[0]), problems
 
 
 def test_docs_fidelity_page_is_the_generated_record(capsys: pytest.CaptureFixture[str]) -> None:
@@ -71,7 +108,7 @@ def test_the_terminal_record_lists_each_method_with_its_reference(capsys: pytest
     out = capsys.readouterr().out
     for name, cls in registry().items():
         assert f"{name}  {cls.title}" in out
-        assert f"    reference: {cls.reference or '(none)'}" in out
+        assert f"    reference: {cls.reference or ('(none: original)' if cls.original else '(none)')}" in out
         for difference in cls.differences:
             assert f"    - {difference}" in out
 

@@ -398,18 +398,6 @@ def test_the_readme_grid_is_the_demo_file() -> None:
     assert shown == [yaml.safe_load((REPO / "tune_configs" / "demo.yaml").read_text())]
 
 
-def test_the_readme_tables_list_every_method_and_dataset() -> None:
-    """The README's two tables name every registered method and dataset, and nothing else."""
-    from bench.data import registry as datasets
-    from bench.methods import registry as methods
-
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    for heading, registry in (("## Methods", methods()), ("## Datasets", datasets())):
-        section = text[text.index(heading):].split("\n## ")[0]
-        named = {n for row in re.findall(r"^\| (.*?) \|", section, re.M) for n in re.findall(r"`(\w+)`", row)}
-        assert named == set(registry), f"{heading}: {sorted(named ^ set(registry))}"
-
-
 def test_every_help_names_its_doc_page() -> None:
     """`bench --help` and each command's --help name the manual page for depth, and the page exists."""
     for command in [None, *bench_commands()]:

@@ -23,10 +23,12 @@ from bench.exec.prepare import prepare, warm_start_key
 from bench.grid.plan import warm_cell
 from bench.protocol import SWITCHES, Switch
 from bench.trial import TrialConfig
+from tests import doc_examples
 from tests.protocol.test_switches import CITE
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = (REPO / "docs" / "extending.md").read_text()
+_, DATASET = doc_examples.method_and_dataset()
 
 
 def section(title: str) -> str:
@@ -37,26 +39,21 @@ def section(title: str) -> str:
 
 @pytest.fixture
 def authors_dataset(tmp_path, monkeypatch):
-    """The doc's ring_blobs plug-in with the doc's `authors_protocol` added to its class, in a plug-in folder."""
-    ring = re.search(r"```python\n# file: ring_blobs.py\n(.*?)```", DOC, flags=re.S)[1]
-    snippet = re.search(r"```python\n(.*?)```", section("The authors' protocol of a dataset"), flags=re.S)[1]
-    imports = [line for line in snippet.splitlines() if line.startswith("from ")]
-    body = "\n".join(line for line in snippet.splitlines() if not line.startswith("from "))
-    ring = ring.replace("from bench.data import Dataset, Split, Splits\n",
-                        "from bench.data import Dataset, Split, Splits\n" + "\n".join(imports) + "\n")
-    assert ring.rstrip().endswith(")")  # the class is the file's last statement: the declaration goes into it
+    """The doc's dataset plug-in with the doc's `authors_protocol` added to its class, in a plug-in folder, under its
+    fresh name (tests/doc_examples.py)."""
+    (ring,) = [code for code in doc_examples.fresh_files().values() if "from bench.data import" in code]
     folder = tmp_path / "plugins"
     folder.mkdir()
-    (folder / "ring_blobs.py").write_text(ring.rstrip() + "\n" + body)
+    (folder / f"{DATASET}.py").write_text(doc_examples.with_authors_protocol(ring))
     monkeypatch.setenv("BENCH_PLUGINS", str(folder))
     datasets.cache_clear()
-    yield get_dataset("ring_blobs")
+    yield get_dataset(DATASET)
     monkeypatch.delenv("BENCH_PLUGINS")
     datasets.cache_clear()
 
 
 def trial(spec: str) -> TrialConfig:
-    return TrialConfig("ring_blobs", "ce", "next_class", 0.3, seed=1, epochs=1, epochs_warmup=1, protocol=spec)
+    return TrialConfig(DATASET, "ce", "next_class", 0.3, seed=1, epochs=1, epochs_warmup=1, protocol=spec)
 
 
 def test_the_docs_authors_protocol_is_declared_in_the_dataset_file_and_trains(authors_dataset, tmp_path) -> None:
@@ -69,7 +66,7 @@ def test_the_docs_authors_protocol_is_declared_in_the_dataset_file_and_trains(au
     keys = [warm_start_key(prepare(t, tmp_path, log=lambda s: None), 0) for t in (bench, method_only, warm)]
     assert keys[0] == keys[1] != keys[2]
     results = tmp_path / "r"
-    assert main(["trial", "--dataset", "ring_blobs", "--method", "ce", "--noise", "next_class", "--r", "0.3",
+    assert main(["trial", "--dataset", DATASET, "--method", "ce", "--noise", "next_class", "--r", "0.3",
                  "--epochs-warmup", "1", "--epochs", "1", "--protocol", "authors", "--results", str(results)]) == 0
     row = pl.read_parquet(next((results / "trials").glob("*.parquet"))).row(0, named=True)
     assert (row["status"], row["protocol"]) == ("ok", "authors")
@@ -81,8 +78,7 @@ def test_a_new_kind_of_switch_is_one_declaration_of_where_it_acts(authors_datase
                                                                     acts: str) -> None:
     """The doc's SWITCHES entry, its `acts` set to each value in turn, declared by the dataset: the warm start's
     key and the planner's cell take it in exactly where it acts on the warm start."""
-    entry = re.search(r"```python\n# switch: bench/protocol.py, in SWITCHES\n(.*?)```", DOC, flags=re.S)[1]
-    (name, kind), = eval("{" + entry + "}", vars(protocol)).items()  # noqa: S307 - the doc's own line
+    name, kind = doc_examples.fresh_switch(vars(protocol))  # the doc's entry, under a fresh name
     assert name not in SWITCHES and isinstance(kind, protocol.SwitchKind)
     monkeypatch.setitem(SWITCHES, name, dataclasses.replace(kind, acts=acts))
     declared = Switch(name, "owner/repo, train.py:10, commit abc1234", "smooths the targets", 0.1)
