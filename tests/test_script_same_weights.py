@@ -19,7 +19,7 @@ from tolerances import f32
 from bench import models
 from bench.data import get_dataset
 from bench.dmi import script_dmi_loss
-from bench.exec.optim import make_optimizer
+from bench.exec.stage import make_optimizer
 
 THEIRS = {  # printed by their code (repr of the float), see above
     "eval_logits_sum": 40.773325415328145,
