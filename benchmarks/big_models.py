@@ -36,7 +36,7 @@ Imports only torch and numpy (and bench's core): it runs on a bare GPU box.
 The arms and their timing are `bench calibrate`'s (`bench.exec.calibrate`); this script adds the CIFAR-10 table's
 projection, `--compile` and `--trace`. `--write-table` writes each network's fastest arm that a grid runs as it was
 timed (solo fp32, pack K fp32, streams K) as that network's row of the executor table, as `bench calibrate` does
-(`bench.grid.calibration.table_row`; default the shipped `bench/grid/executors.csv`), for this device kind: the
+(`bench.grid.executor_table.table_row`; default the shipped `bench/grid/executors.csv`), for this device kind: the
 planner then picks it under `--pack auto`. `bench calibrate --models resnet34_cifar,vgg16_bn --out FILE` measures the
 same rows for any card without this script.
 """
@@ -57,7 +57,7 @@ from bench.exec import calibrate
 from bench.exec.packing import why_solo
 from bench.exec.prepare import Prepared, resolve_device
 from bench.grid import executor_table
-from bench.grid.calibration import table_row
+from bench.grid.executor_table import table_row
 from bench.trial import TrialConfig
 
 # The paper's CIFAR-10 table as tune_configs/cifar10.yaml runs it (tests/exec/test_packed_bn.py checks the two agree).

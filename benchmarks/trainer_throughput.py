@@ -22,9 +22,8 @@ import torch.nn.functional as F
 from bench.config import UserError, default_data_root
 from bench.data import Split, Splits
 from bench.dmi import DMI
-from bench.exec.optim import make_optimizer
 from bench.exec.prepare import SplitLoader, prepare
-from bench.exec.stage import train_epoch
+from bench.exec.stage import make_optimizer, train_epoch
 from bench.methods import Batch
 from bench.models import create
 from bench.trial import TrialConfig

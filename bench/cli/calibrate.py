@@ -1,6 +1,6 @@
 """`bench calibrate`: its arguments and its body. It checks the command line (models, device, members, budget, output
 files) before anything is measured, hands the timing to the device side (`bench.exec.calibrate.calibrate`) and the
-rows to the planner's side (`bench.grid.calibration.table_row`, `bench.grid.executor_table.write_rows`). torch and
+rows to the planner's side (`bench.grid.executor_table.table_row`, `write_rows`). torch and
 the layers load when the command runs (inside its functions), so that `bench --help` stays light."""
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     # torch and the layers load when the command runs, so that `bench --help` stays light
     from bench.exec.calibrate import TORCH_VERSION, calibrate
     from bench.grid import executor_table
-    from bench.grid.calibration import device_kind, table_row
+    from bench.grid.executor_table import device_kind, table_row
 
     models, device, ks = check_args(args)
     say = lambda line: print(line, flush=True)  # noqa: E731 - progress while it measures

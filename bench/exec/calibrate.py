@@ -6,7 +6,7 @@ ones: `solo fp32` (one trial), `pack K fp32` (K trials fused into one network, w
 bf16 + CL` and `pack K bf16`, which a grid runs only under `precision: bf16` (reported, never a table row of an fp32
 grid). Arms come in order of their members (solo first: the others are read against it). Each arm trains one
 untimed epoch, then interleaved rounds of one epoch each; the best round counts; images/s = members x images an
-epoch / seconds. `bench calibrate` and `benchmarks/big_models.py` time with this module; `bench.grid.calibration`
+epoch / seconds. `bench calibrate` and `benchmarks/big_models.py` time with this module; `bench.grid.executor_table`
 turns the rates into executor-table rows.
 
 Data: the model's dataset's own files where they are present under the data root (the MLP's `synthetic` set is

@@ -1,5 +1,6 @@
-"""The stage loop of the paper's protocol and the pieces a stage trains with: a training pass, predictions and
-accuracy (the device and the loaders are `bench.exec.prepare`'s).
+"""The stage loop of the paper's protocol and the pieces a stage trains with: a training pass, predictions,
+accuracy and a solo stage's optimiser (torch.optim's Adam or SGD, `make_optimizer`; a pack's stacked step is
+`bench.exec.packed.StackedOptimizer`); the device and the loaders are `bench.exec.prepare`'s.
 
 `run_stage` trains K members side by side for one stage (the CE warm start or the method stage) and owns the
 protocol's per-epoch decisions: divergence, selection on the whole noisy validation set, checkpoints and the epoch
@@ -11,6 +12,9 @@ stacked into one model). `bench.exec.trainer` runs a trial through it.
 from __future__ import annotations
 
 import copy
+import functools
+import importlib
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,10 +24,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from bench.config import Schedule
+from bench.config import Schedule, UserError
 from bench.exec import diagnostics
 from bench.exec.events import EpochRecord, Event, Events, Resumed, StageEnd, StageStart, floats, log_line
-from bench.exec.optim import make_optimizer
 from bench.exec.prepare import Log, Prepared, SplitLoader, script_loader_draw, script_loader_order
 from bench.exec.turns import ALONE, Turns
 from bench.methods import Batch, Method
@@ -279,6 +282,26 @@ def run_stage(
     emit(StageEnd(stage=name, epoch=loop.epoch, seconds=seconds))
     return StageResult(best_epoch=loop.best_epoch, best_loss=loop.best_loss, status=loop.status, errors=loop.errors,
                        epochs=loop.rows, seconds=seconds, diagnose_seconds=loop.diagnose_seconds)
+
+
+@functools.cache
+def import_dynamo_apart() -> None:
+    """torch.optim imports torch._dynamo on its first use, and that import keeps every frame then on the stack
+    alive for the life of the process (seen with torch 2.14): a worker's first trial (its model, optimiser state
+    and data, on the GPU) would never be freed. Imported from a thread of its own, no frame of ours is kept.
+    Called before the first torch.optim optimiser and before torch.compile, the two that import it."""
+    thread = threading.Thread(target=importlib.import_module, args=("torch._dynamo",))
+    thread.start()
+    thread.join()
+
+
+def make_optimizer(params: list[nn.Parameter], schedule: Schedule) -> torch.optim.Optimizer:
+    import_dynamo_apart()
+    if schedule.optimizer == "adam":
+        return torch.optim.Adam(params, lr=schedule.lr, weight_decay=schedule.weight_decay)
+    if schedule.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=schedule.lr, momentum=schedule.momentum, weight_decay=schedule.weight_decay)
+    raise UserError(f"unknown optimizer {schedule.optimizer!r}; use adam or sgd")
 
 
 class SoloStage:

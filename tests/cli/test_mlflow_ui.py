@@ -23,7 +23,7 @@ import pytest
 
 from bench.cli import main as cli
 from bench.store.folder import read_table
-from bench.store.mlflow_run import run_name
+from bench.store.mirror import run_name
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = str(Path(sys.executable).parent / "bench")

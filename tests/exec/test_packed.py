@@ -18,9 +18,8 @@ import torch
 
 from bench.config import Schedule, UserError
 from bench.exec.executors.pack import pack_id
-from bench.exec.optim import StackedOptimizer
 from bench.exec.pack import run_pack
-from bench.exec.packed import PackedStage
+from bench.exec.packed import PackedStage, StackedOptimizer
 from bench.exec.packing import group_key, member_order, why_solo
 from bench.exec.trainer import run_trial
 from bench.grid.plan import plan_units

@@ -408,7 +408,7 @@ runpy.run_path("{REPO / 'benchmarks' / 'big_models.py'}", run_name="__main__")
         assert row.images_per_s == f"{rates[best]:.0f}" and row.source.startswith("benchmarks/big_models.py --device")
     assert "today: every trial solo fp32" in out.stdout and "pack 2 fp32, LCCN and VAT solo fp32" in out.stdout
     assert re.search(r"streams [12], every trial", out.stdout)  # the faster of the two, whichever it was here
-    from bench.grid.calibration import device_kind
+    from bench.grid.executor_table import device_kind
 
     assert [device_kind(n) for n in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA A100-SXM4-80GB",
                                                  "cpu")] == ["H100", "H200", "A100", "cpu"]

@@ -16,12 +16,11 @@ import yaml
 
 from bench.cli.main import main
 from bench.config import UserError
-from bench.exec.optim import make_optimizer
 from bench.exec.pack import run_pack
 from bench.exec.packed import PackedStage, device_generator
 from bench.exec.packing import pack_key
 from bench.exec.prepare import build_model, prepare, seed_everything, warm_start_key
-from bench.exec.stage import predict, train_epoch
+from bench.exec.stage import make_optimizer, predict, train_epoch
 from bench.exec.trainer import run_trial
 from bench.grid.experiment import parse_experiment
 from bench.grid.files import Overrides

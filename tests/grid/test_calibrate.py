@@ -1,5 +1,5 @@
 """`bench calibrate` (issue 35): it times a model's arms on this device (bench.exec.calibrate), writes the fastest
-that a grid runs as the model's executor-table row (bench.grid.calibration), which the planner then names and
+that a grid runs as the model's executor-table row (bench.grid.executor_table), which the planner then names and
 follows; it keeps its time budget and says what it skipped; bad input is one line, exit 2, nothing written."""
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import torch
 
 from bench.cli.main import main
 from bench.grid import executor_table
-from bench.grid.calibration import device_kind, table_row, winner
-from bench.grid.executor_table import choose
+from bench.grid.executor_table import choose, device_kind, table_row, winner
 
 TINY_GRID = """name: tiny
 dataset: synthetic

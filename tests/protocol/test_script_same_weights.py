@@ -18,7 +18,7 @@ import torch
 from bench import models
 from bench.data import get_dataset
 from bench.dmi import script_dmi_loss
-from bench.exec.optim import make_optimizer
+from bench.exec.stage import make_optimizer
 from tests.tolerances import f32
 
 THEIRS = {  # printed by their code (repr of the float), see above
