@@ -17,7 +17,7 @@ trains a unit's members an epoch each and writes, per call, K and the training s
 import os
 
 from bench.exec.executor import Arm, Executor, half_each, solo_epoch
-from bench.exec.turns import Turns
+from bench.exec.stage import Turns
 
 
 class Steps(Turns):

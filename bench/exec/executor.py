@@ -27,9 +27,8 @@ import torch
 from bench.config import discover, disk_full, lookup
 from bench.exec.events import Events
 from bench.exec.prepare import Prepared, build_model, method_seed, seed_everything
-from bench.exec.stage import Checkpoints, Log, SoloStage
+from bench.exec.stage import ALONE, Checkpoints, Log, SoloStage, Turns
 from bench.exec.trainer import run_trial
-from bench.exec.turns import ALONE, Turns
 from bench.exec.warmstart import WarmStarts
 from bench.methods import Batch, get_method
 from bench.trial import TrialConfig
@@ -139,7 +138,7 @@ def half_each(ps: list[Prepared], k: int) -> list[Prepared]:
 
 def solo_epoch(p: Prepared, fast: bool = False) -> Callable[..., object]:
     """An epoch of the trial `p` as its solo trial trains (`SoloStage`, its network built from its method stage's
-    seed), a further epoch at each call, taking the turns it is given (a streams unit's member: `bench.exec.turns`).
+    seed), a further epoch at each call, taking the turns it is given (a streams unit's member: `Turns`).
     `fast`: in channels-last, under bf16 autocast on CUDA."""
     seed_everything(method_seed(p))
     net = build_model(p)

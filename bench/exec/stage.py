@@ -7,6 +7,13 @@ protocol's per-epoch decisions: divergence, selection on the whole noisy validat
 table; it tells its progress as events (`bench.exec.events`), for K = 1 as for a pack, so that no one reads the log
 back. A `Stage` owns the arithmetic: `SoloStage` here (one trial, K = 1), `bench.exec.packed.PackedStage` (K trials
 stacked into one model). `bench.exec.trainer` runs a trial through it.
+
+Turns: what the loop calls after each optimiser step, handed down from the unit's executor through `run_trial` (never
+found by the loop on its own). A trial alone takes no turns (`ALONE`); the members of a streams unit
+(`bench.exec.executors.streams`) hand the thread on to the next member there, so that it launches its step while this
+one's runs on the GPU. A member may learn at its turn that its unit has ended (another member met an error a retry may
+cure): `after_step` then raises `Stopped`, an ordinary exception that `run_trial` lets through as it lets `UserError`
+through, writing no failed row, since the member did not fail: it resumes from its checkpoint when the unit is retried.
 """
 
 from __future__ import annotations
@@ -28,9 +35,23 @@ from bench.config import Schedule, UserError
 from bench.exec import diagnostics
 from bench.exec.events import EpochRecord, Event, Events, Resumed, StageEnd, StageStart, floats, log_line
 from bench.exec.prepare import Log, Prepared, SplitLoader, script_loader_draw, script_loader_order
-from bench.exec.turns import ALONE, Turns
 from bench.methods import Batch, Method
 from bench.protocol import BENCH_SELECTION, Selection
+
+
+class Turns:
+    """The hook of a trial that trains alone: after each step, nothing."""
+
+    def after_step(self) -> None:
+        return None
+
+
+ALONE = Turns()
+
+
+class Stopped(Exception):  # noqa: N818 - not the trial's error: its unit ended it at its turn
+    """Raised at a trial's turn once its unit has ended; the trial writes no row (`run_trial`) and resumes from its
+    checkpoint when the unit is retried."""
 
 
 def _shortened(net: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -84,7 +105,7 @@ def train_epoch(
     a device tensor (NaN if it diverged).
     With `max_grad_norm`, the gradient of the optimiser's parameters is clipped to that norm before each step.
     The networks' forward passes run at the trial's precision (the loader's), the loss from float32 logits.
-    No value comes back to the host inside the loop. `turns.after_step()` follows each step (`bench.exec.turns`)."""
+    No value comes back to the host inside the loop. `turns.after_step()` follows each step (`Turns`)."""
     for net in nets:
         net.train()
     total = torch.zeros((), dtype=torch.float64, device=loader.device)

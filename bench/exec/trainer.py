@@ -35,14 +35,16 @@ from bench.exec.prepare import (
     warm_start_key,
 )
 from bench.exec.stage import (
+    ALONE,
     Checkpoints,
     Log,
     SoloStage,
+    Stopped,
+    Turns,
     accuracy,
     predict,
     run_stage,
 )
-from bench.exec.turns import ALONE, Stopped, Turns
 from bench.exec.warmstart import WarmStart, WarmStarts
 from bench.methods import Batch, get_method
 from bench.store.columns import Outcome
@@ -118,7 +120,7 @@ def train(
     With `checkpoints`, the method stage saves its whole state after each epoch (networks, optimiser, scheduler
     position, method state, random generators, selection so far) and resumes from the last one it finds, with the
     same numbers as an uninterrupted run. `executor`: the kind of unit it trains in, for its row; `turns`: what
-    its training loops call after each step (`bench.exec.turns`)."""
+    its training loops call after each step (`bench.exec.stage.Turns`)."""
     method = new_method(p)
     started = time.perf_counter()
     nets, epochs, warm_diagnose_s, stream = warm_started_nets(p, type(method).networks, log, warm_cache, events,

@@ -24,8 +24,8 @@ from bench.config import UserError
 from bench.exec.events import StageStart
 from bench.exec.executor import UnitContext, get_executor
 from bench.exec.prepare import prepare
+from bench.exec.stage import Stopped, Turns
 from bench.exec.trainer import run_trial
-from bench.exec.turns import Stopped, Turns
 from bench.exec.warmstart import WarmStartCache
 from bench.grid.plan import plan_units
 from bench.methods import get_method

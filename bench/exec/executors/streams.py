@@ -6,7 +6,7 @@ unchanged solo code path (`bench.exec.trainer.run_trial`); only the turns are th
 
 Turns. A baton: only its holder's thread runs Python (the others wait on a condition), and the holder hands it on,
 round robin among the members still training, after each optimiser step (the member's `MemberTurns`, handed down to
-its training loop through `run_trial`, `bench.exec.turns`), while it waits for a warm start another member is
+its training loop through `run_trial`, `bench.exec.stage.Turns`), while it waits for a warm start another member is
 training, and when it ends. On a GPU a member's step is launched, not finished, when it hands on, so the steps of K
 members are in flight on K streams at once.
 
@@ -69,8 +69,8 @@ import torch
 from bench.config import UserError
 from bench.exec.executor import Arm, Bundle, Executor, UnitContext, half_each, retry_may_cure, solo_epoch
 from bench.exec.prepare import Prepared
+from bench.exec.stage import Stopped, Turns
 from bench.exec.trainer import failed_row
-from bench.exec.turns import Stopped, Turns
 from bench.exec.warmstart import WarmStart, WarmStarts
 from bench.store.folder import Checkpoints, Store
 from bench.trial import TrialConfig
