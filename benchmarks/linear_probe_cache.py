@@ -2,10 +2,11 @@
 computed and cached) against a second one (another method, the features read back), in one run, through the code a
 grid runs (`bench.exec.trainer.run_trial`, `model: linear_probe`).
 
-    python benchmarks/linear_probe_cache.py [--train 4000 --held-out 1000 --backbone resnet18 --rounds 3
+    python benchmarks/linear_probe_cache.py [--train 4000 --backbone resnet18 --rounds 3
                                              --epochs-warmup 1 --epochs 1 --device cpu]
 
-Synthetic images: CIFAR-10's python batches of random pixels (benchmarks/big_models.py's `write_cifar_files`), with
+Synthetic images: CIFAR-10's python batches of random pixels (its stand-in, `Dataset.stand_in`: validation and test a
+quarter of --train each), with
 the paper's pairs noise at r = 0.2; the backbone has random weights (`weights: random`): the figures are about the
 cache, not accuracy. Each round uses a fresh cache folder: a CE trial (cold: every split through the backbone), then
 an L_DMI trial (warm: the cached features); the arms cannot swap order (the warm one needs the cold one's cache).
@@ -20,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.data import get_dataset
 from bench.trial import TrialConfig
 
 
@@ -35,20 +37,17 @@ def trial_seconds(config: TrialConfig, root: Path, results: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--train", type=int, default=4000, help="training images (CIFAR-10 batches 1-4)")
-    parser.add_argument("--held-out", type=int, default=1000, help="validation and test images each")
     parser.add_argument("--backbone", default="resnet18")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs-warmup", type=int, default=1)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
-    from big_models import write_cifar_files  # benchmarks/ is the script's folder, first on sys.path
-
     os.environ["BENCH_VERIFY_CHECKSUMS"] = "0"  # random files: no published checksums
     os.environ.setdefault("BENCH_EPOCH_EVAL", "0")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        write_cifar_files(root, args.train, args.held_out)
+        get_dataset("cifar10").stand_in(root, args.train)
         probe = dict(model="linear_probe", model_args=(("backbone", args.backbone), ("weights", "random")))
         common = dict(dataset="cifar10", noise="pairs", r=0.2, epochs=args.epochs, epochs_warmup=args.epochs_warmup,
                       device=args.device, **probe)
@@ -62,7 +61,7 @@ def main() -> None:
                 cold.append(first)
                 warm.append(second)
                 print(f"round {rnd}: first trial {first:.2f} s, second trial {second:.2f} s", flush=True)
-    n = args.train + 2 * args.held_out
+    n = args.train + 2 * (-(-args.train // 4))
     print(f"{args.backbone} (random weights) on {n:,} synthetic 32x32 images, {args.epochs_warmup}+{args.epochs} "
           f"epochs, device {args.device}, torch threads {__import__('torch').get_num_threads()}")
     print(f"first trial (features computed and cached): best {min(cold):.2f} s of {args.rounds}")

@@ -33,11 +33,10 @@ from bench.trial import PRECISIONS, TrialConfig
 TINY = {"width": 8, "blocks": (1, 1)}  # a ResNet of two stages of one block, width 8 (tests/exec/test_packed_bn.py's)
 
 
-def fake_cifar(root: Path, train: int, held_out: int) -> None:
-    """CIFAR-10's python batches of random images (benchmarks/big_models.py's), checksums off."""
-    from big_models import write_cifar_files  # benchmarks/ is the script's folder, first on sys.path
-
-    write_cifar_files(root, train, held_out)
+def fake_cifar(root: Path, train: int) -> None:
+    """CIFAR-10's python batches of random images (its stand-in: `train` training images, train / 4 each for
+    validation and test), checksums off."""
+    get_dataset("cifar10").stand_in(root, train)
     os.environ["BENCH_VERIFY_CHECKSUMS"] = "0"
 
 
@@ -99,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict[str, float]]]:
         if args.fake_data:
             args.data_root = tmp
             train = args.train_subset or 512
-            fake_cifar(Path(tmp), train + -train % 4, 256)  # over four batch files
+            fake_cifar(Path(tmp), train + -train % 4)  # over four batch files
         for precision in PRECISIONS:  # kernels chosen, memory allocated, before anything is timed
             arm(args, seeds[0], precision, untimed=True)
         print("seed | precision | warm-start test acc % | test acc % | selected epoch | val loss | images/s | wall s")
