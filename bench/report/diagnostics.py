@@ -169,7 +169,10 @@ def _curves(trials: pl.DataFrame, chosen: pl.DataFrame, epochs: pl.DataFrame) ->
     cells = method.select(CELL + ["epochs_warmup", "subset"]).unique()
     warm = cells.join(warm, on=key).with_columns(pl.lit("warmup").alias("stage"), pl.col("epoch").alias("x"))
     columns = CELL + ["stage", "epoch", "x", *DIAGNOSTIC_COLUMNS]
-    return pl.concat([warm.select(columns), method.select(columns)]).sort(CELL + ["x"])
+    # Cells of another warm-start length or subset share CELL and x: every column breaks the tie, so the CSV's row
+    # order (and the figure drawn from it) is the same at every run.
+    return pl.concat([warm.select(columns), method.select(columns)]).sort(CELL + ["x", "stage", "epoch",
+                                                                               *DIAGNOSTIC_COLUMNS])
 
 
 def _detection(chosen: pl.DataFrame, epochs: pl.DataFrame) -> pl.DataFrame:
