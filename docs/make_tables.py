@@ -1,6 +1,6 @@
 """Write the README's method and dataset tables from the registries, as `bench methods --references --update
 docs/fidelity.md` writes the fidelity record: a method added to `baselines/` or a dataset to `datasets/` needs no hand
-edit of the README, only this command; tests/test_readme_tables.py checks that the README holds what it writes.
+edit of the README, only this command; tests/system/test_readme_tables.py checks that the README holds what it writes.
 
     .venv/bin/python docs/make_tables.py    # rewrite README.md's tables in place
 

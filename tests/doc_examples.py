@@ -2,7 +2,7 @@
 FRESH appended), so that a contributor who copies an example into the checkout as written (a method into
 `baselines/`, a dataset into `datasets/`, the executor into `bench/exec/executors/`, the switch into
 `bench.protocol.SWITCHES`) collides with no test: the page's names stay the reader's placeholders, used by no test.
-tests/test_doc_examples_in_tree.py installs them so and runs the tests that read the registries."""
+tests/system/test_doc_examples_in_tree.py installs them so and runs the tests that read the registries."""
 
 from __future__ import annotations
 

@@ -476,7 +476,7 @@ def test_dividemix_mixes_word_embeddings_for_text() -> None:
     assert torch.isfinite(loss) and all(net.embedding.weight.grad.abs().sum() > 0 for net in nets)
 
 
-# --- registry, declared ranges (the README's table: tests/test_readme_tables.py) -------------------------------------
+# --- registry, declared ranges (the README's table: tests/system/test_readme_tables.py) ---------------------------
 
 NEW = ("backward", "elr", "gls", "fdiv", "coteaching_plus", "jocor", "trevision", "volminnet", "sop", "cores",
        "dividemix")

@@ -1,8 +1,8 @@
 """The README's method and dataset tables are written from the registries by docs/make_tables.py, as docs/fidelity.md
 is by `bench methods --references --update`: the committed README is what it writes, each table names every method
 and dataset of the checkout once (and no plug-in of a `$BENCH_PLUGINS` folder). A new method or dataset in the
-checkout needs the command, never a hand edit: tests/test_doc_examples_in_tree.py adds docs/extending.md's two in a
-copy of the checkout, runs it, and runs this file there."""
+checkout needs the command, never a hand edit: tests/system/test_doc_examples_in_tree.py adds docs/extending.md's
+two in a copy of the checkout, runs it, and runs this file there."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from bench.data import registry as datasets
 from bench.methods import registry as methods
 from tests import doc_examples
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def make_tables():

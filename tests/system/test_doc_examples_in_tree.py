@@ -20,14 +20,14 @@ from pathlib import Path
 
 from tests import doc_examples
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # The tests that read a registry (methods, datasets, switches, executors, panels), the README's tables, the fidelity
 # record or the row's columns; the other tests of these files train a method or run Ray, and read nothing the
 # examples change.
 FIDELITY = ("every_method_names_the_released_code_it_was_checked_against", "docs_fidelity_page_is_the_generated_record",
             "the_terminal_record_lists_each_method_with_its_reference",
             "dataset_defaults_name_registered_datasets_and_allowed_values")
-TESTS = ["tests/core/test_plugins.py", "tests/test_readme_tables.py", "tests/system/test_extending.py",
+TESTS = ["tests/core/test_plugins.py", "tests/system/test_readme_tables.py", "tests/system/test_extending.py",
          *[f"tests/methods/test_fidelity_records_and_training_rules.py::test_{name}" for name in FIDELITY],
          *[f"tests/protocol/test_switches.py::test_{name}" for name in (
              "specs_resolve_to_the_declared_switches_and_refuse_in_one_line", "a_switch_must_be_one_that_bench_knows",

@@ -16,7 +16,7 @@ from bench.report.panel import panels
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LINT = Path(sys.executable).with_name("lint-imports")
 
 
