@@ -27,8 +27,7 @@ from bench import models, noise, protocol
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits, check_splits, get_dataset, worker_message
 from bench.exec import diagnostics
-from bench.methods import get_method
-from bench.trial import FP32, PRECISIONS, TrialConfig
+from bench.trial import FP32, TrialConfig
 
 Log = Callable[[str], None]
 
@@ -233,24 +232,11 @@ def prepare(
 ) -> Prepared:
     """Validate the config, load the data (unless `data` gives it, from `load_data`) and draw the noisy labels
     (train and validation only)."""
+    config.check()  # every value, before any data is loaded or anything written: the driver's own check
     dataset_cls = get_dataset(config.dataset)
-    # Unknown methods and hyper-parameters fail here, before any data is loaded or anything written.
-    get_method(config.method)(dataset_cls.num_classes, dataset=config.dataset, **config.params)
-    dataset_cls.check_noise(config.noise)
-    dataset_cls.check_level(config.noise, config.r)
-    models.check_args(config.network(), dict(config.model_args))
-    if not 0.0 <= config.r <= 1.0:
-        raise UserError(f"--r must lie in [0, 1], got {config.r}")
-    if config.precision not in PRECISIONS:
-        raise UserError(f"--precision must be {' or '.join(PRECISIONS)}, got {config.precision!r}")
     device = trial_device(config)
     proto = config.resolved_protocol()
     warmup, method_stage = config.schedules()
-    for label, value in (("--lr", method_stage.lr), ("--batch-size", method_stage.batch_size)):
-        if value <= 0:
-            raise UserError(f"{label} must be positive, got {value}")
-    if method_stage.epochs < 0 or warmup.epochs < 0:
-        raise UserError("--epochs and --epochs-warmup must be >= 0")
 
     dataset, splits = data if data is not None else load_data(config, data_root)
     splits = check_splits(dataset, splits.for_noise(config.noise, config.r))
