@@ -20,9 +20,8 @@ refused; checked before anything is written). Once connected, the driver counts 
 over them (`plan_on_cluster`); `--dry-run --address` connects too (`gpus_to_plan`).
 
 Before Ray starts, the driver checks every trial (`bench.trial.TrialConfig.check`), the data files and the results
-folder (`bench.grid.validate`), and
-takes the folder's lock (one driver per folder). A `UserError` that only a worker meets is reported to the driver once,
-not raised, so that Ray does not retry what retrying cannot fix.
+folder (`bench.grid.validate`), and takes the folder's lock (one driver per folder). A `UserError` that only a worker
+meets is reported to the driver once, not raised, so that Ray does not retry what retrying cannot fix.
 
 The plan is `bench.grid.plan`'s, in words `bench.grid.describe`'s; the progress lines and the closing summary
 `bench.grid.progress`'s; the MLflow mirror's callback `bench.grid.mlflow_callback`'s; Ray's connection and checks
