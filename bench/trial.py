@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from bench import models, protocol
 from bench.config import Schedule, UserError
-from bench.data import get_dataset
+from bench.data import Dataset, Splits, get_dataset
 from bench.download import weights_md5
 from bench.methods import check_params, defaults_on, get_method
 from bench.models import get_model
@@ -35,6 +36,7 @@ from bench.schema import TRIAL_FLAGS, check_name
 # with the losses and the selection computed from float32 logits.
 FP32 = "fp32"
 PRECISIONS = (FP32, "bf16")
+CHECKED_NETWORKS: set[tuple[Any, ...]] = set()  # (network, dataset, input shape, options) that `check_inputs` ran
 
 
 class TrialError(UserError):
@@ -94,9 +96,9 @@ class TrialConfig:
         """Every rule a trial's values obey, checked here alone: by the driver before anything launches (`bench
         trial`, `bench labels`, each trial of a grid on loading and planning it, `--dry-run` included) and by the
         worker before it loads any data (`bench.exec.prepare.prepare`). A refused value is a `TrialError`: one line,
-        exit code 2, naming the field. A new constrained field needs one rule here. (That a network other than the
-        dataset's takes its inputs needs the data loaded: `bench.exec.prepare.check_network`.) `transitions`
-        remembers the noise matrices already checked (a grid repeats them)."""
+        exit code 2, naming the field. A new constrained field needs one rule here (or in `check_inputs`, where the
+        rule needs the data loaded). `transitions` remembers the noise matrices already checked (a grid repeats
+        them)."""
         with _about("experiment"):
             check_name("experiment", self.experiment)
         with _about("dataset"):
@@ -141,6 +143,48 @@ class TrialConfig:
                 raise TrialError(f"{flag} must be positive, got {number}", name, f"must be positive, got {number}")
         if stage.epochs < 0 or warmup.epochs < 0:
             raise TrialError("--epochs and --epochs-warmup must be >= 0", "epochs", "must be >= 0")
+
+    def check_inputs(self, dataset: Dataset, splits: Splits, log: Callable[[str], None]) -> None:
+        """The rule that needs the data loaded, which the worker asks once it has loaded them, before any label is
+        drawn (`bench.exec.prepare.prepare`): a network other than the dataset's (`model`) takes the dataset's
+        inputs: built on the CPU, one test input through the evaluation transform and the network, else one line.
+        Where it takes `image_size` and the data does not set it (a VGG on another set's images), the inputs' size."""
+        if self.model is None:
+            return
+        model, own = self.network(), dict(self.model_args)
+        x = splits.test.x[:1] if isinstance(splits.test.x, torch.Tensor) else splits.test.x[0][None]
+        x = dataset.eval_transform(x).cpu()
+        cls = get_model(model)
+        if "image_size" in cls.options() and "image_size" not in splits.model_args and x.dim() == 4:
+            splits.model_args = {**splits.model_args, "image_size": int(x.shape[-1])}
+        args = self.network_args(splits.model_args)
+        for dropped in sorted(set(splits.model_args) - set(args) - set(own)):
+            if dropped in type(dataset).weights_env:  # a weights file: say that this network does not start from it
+                log(f"note: {dataset.name}'s {dropped} ({splits.model_args[dropped]}) are its own network's "
+                    f"({dataset.model}), not {model}'s: {model} starts from random weights")
+        key = (model, dataset.name, dataset.num_classes, tuple(x.shape), str(x.dtype), repr(sorted(args.items())))
+        if key in CHECKED_NETWORKS:  # a pack's members: built and run once
+            return
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                cls(num_classes=dataset.num_classes, **args).eval()(x)
+            CHECKED_NETWORKS.add(key)
+        except UserError:
+            raise
+        except Exception as e:  # a network for other inputs (a 1-channel CNN on colour images, a text CNN on pixels)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise TrialError(f"--model {model} cannot take {dataset.name}'s inputs (shape {tuple(x.shape[1:])}, "
+                             f"{x.dtype}): {first}; use a network made for them (its own is {dataset.model})",
+                             "model") from None
+
+    def network_args(self, data_args: dict[str, Any]) -> dict[str, Any]:
+        """The options the trial's network is built with: those that the data sets (`Splits.model_args`) and it
+        takes (a dataset's VGG image size or ResNet-50 weights mean nothing to another network), then the trial's own
+        options (`model_args`) but those it reads when the data loads (`Model.data_options`)."""
+        cls = get_model(self.network())
+        taken = cls.options() - set(cls.data_options)
+        own = dict(self.model_args)
+        return {**{k: v for k, v in data_args.items() if k in taken}, **{k: v for k, v in own.items() if k in taken}}
 
     def describe(self) -> str:
         """The trial in words, as the dry run and the status lines name it: 'dmi lr=0.001  case3 r=0.4 seed=1'."""

@@ -118,6 +118,9 @@ def test_no_former_place_holds_a_rule_of_its_own():
         held = calls(BENCH / name) & (RULES | {"check_params", "check_name", "transition"} if name.startswith("grid")
                                       else RULES)
         assert not held, f"bench/{name} checks a trial itself ({sorted(held)}): ask TrialConfig.check"
+    defined = {node.name for node in ast.walk(ast.parse((BENCH / "exec" / "prepare.py").read_text()))
+               if isinstance(node, ast.FunctionDef)}
+    assert not {name for name in defined if name.startswith("check")}, defined  # its network check is check_inputs
     # The rules' only caller outside the modules that declare them (a dataset's noise and levels, a model's options,
     # a method's refusals, T's checks) is the one check. A command's own `check_args` (bench calibrate's flags) is
     # a function of its module, not a model's.
