@@ -118,18 +118,19 @@ class TrialConfig:
             models.check_args(network, dict(self.model_args))  # an unknown network or option
         if (method.uses_embeddings and hasattr(get_model(dataset.model), "forward_embedded")
                 and not hasattr(get_model(network), "forward_embedded")):
-            raise TrialError(
-                f"method {self.method} cannot run on {self.dataset} under protocol {self.protocol}: it perturbs word "
-                f"embeddings (forward_embedded), which the scripts' model {network} does not offer; use --protocol "
-                "bench, or take script_model out (authors-script_model)", "method")
+            words = (f"cannot run on {self.dataset} under protocol {self.protocol}: it perturbs word embeddings "
+                     f"(forward_embedded), which the scripts' model {network} does not offer; use --protocol bench, or "
+                     "take script_model out (authors-script_model)")
+            raise TrialError(f"method {self.method} {words}", "method", words)
         if refusal := method.refuses(dataset, self.noise):
             words = f"cannot run on noise {self.noise!r} of {self.dataset}: {refusal}"
             raise TrialError(f"method {self.method} {words}", "method", words)
         for name, (flag, value) in TRIAL_FLAGS.items():  # as the flags of `bench trial` name them
-            given = getattr(self, name)
-            if given is not None:  # None: the dataset's paper default
-                if problem := value.problem(given, dataset.split_sizes[0] if name == "train_subset" else None):
-                    raise TrialError(f"{flag} {problem}", name, problem)
+            given, most = getattr(self, name), dataset.split_sizes[0] if name == "train_subset" else None
+            if given is not None and (problem := value.problem(given, most)):  # None: the dataset's paper default
+                beyond = most is not None and value.problem(given) is None  # a subset larger than the training split
+                words = f"{self.dataset} has {most:,} training examples, got {given:,}" if beyond else problem
+                raise TrialError(f"{flag} {problem}", name, words)
         key = (self.dataset, self.noise, round(self.r, 10), self.transition)
         if dataset.has_transition(self.noise) and (transitions is None or key not in transitions):
             explicit = None if self.transition is None else _matrix(self.transition)
