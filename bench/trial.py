@@ -11,25 +11,54 @@ id from before precisions existed stays what it was.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench import protocol
+import numpy as np
+import torch
+
+from bench import models, protocol
 from bench.config import Schedule, UserError
-from bench.data import get_dataset
+from bench.data import Dataset, Splits, get_dataset
 from bench.download import weights_md5
-from bench.methods import defaults_on, get_method
+from bench.methods import check_params, defaults_on, get_method
 from bench.models import get_model
+from bench.schema import TRIAL_FLAGS, check_name
 
 # The arithmetic of a trial's forward passes (training and evaluation; `bench.exec.prepare.Prepared.autocast`):
 # fp32, float32 (on CUDA with TF32 matrix units, `bench.exec.prepare.resolve_device`), or bf16, under bf16 autocast
 # with the losses and the selection computed from float32 logits.
 FP32 = "fp32"
 PRECISIONS = (FP32, "bf16")
+CHECKED_NETWORKS: set[tuple[Any, ...]] = set()  # (network, dataset, input shape, options) that `check_inputs` ran
+
+
+class TrialError(UserError):
+    """A value of a trial that `TrialConfig.check` refuses: the one line (as `bench trial`'s flags name it), the
+    `TrialConfig` field it concerns (`field`; "method_params.KEY" for a hyper-parameter), and the `problem` in words
+    that the field's own name introduces, so that an experiment file's error can name its key instead
+    (`bench.grid.experiment.check_names`)."""
+
+    def __init__(self, message: str, about: str, problem: str | None = None) -> None:
+        super().__init__(message)
+        self.field, self.problem = about, message if problem is None else problem
+
+
+@contextlib.contextmanager
+def _about(name: str, problem: Callable[[str], str] = str) -> Iterator[None]:
+    """A `UserError` raised inside, as a `TrialError` about field `name` (`problem`: its words after the name)."""
+    try:
+        yield
+    except TrialError:
+        raise
+    except UserError as e:
+        raise TrialError(str(e), name, problem(str(e))) from None
 
 
 @dataclass(frozen=True)
@@ -62,6 +91,101 @@ class TrialConfig:
     @property
     def params(self) -> dict[str, Any]:
         return dict(self.method_params)
+
+    def check(self, transitions: set[tuple[Any, ...]] | None = None) -> None:
+        """Every rule a trial's values obey, checked here alone: by the driver before anything launches (`bench
+        trial`, `bench labels`, each trial of a grid on loading and planning it, `--dry-run` included) and by the
+        worker before it loads any data (`bench.exec.prepare.prepare`). A refused value is a `TrialError`: one line,
+        exit code 2, naming the field. A new constrained field needs one rule here (or in `check_inputs`, where the
+        rule needs the data loaded). `transitions` remembers the noise matrices already checked (a grid repeats
+        them)."""
+        with _about("experiment"):
+            check_name("experiment", self.experiment)
+        with _about("dataset"):
+            dataset = get_dataset(self.dataset)
+        with _about("method"):
+            method = get_method(self.method)
+        for key, value in self.method_params:
+            with _about(f"method_params.{key}"):
+                check_params(method, {key: value})
+        with _about("noise"):
+            dataset.check_noise(self.noise)
+        with _about("r"):
+            dataset.check_level(self.noise, self.r)
+        with _about("protocol"):
+            network = self.network()  # an unknown protocol spec or switch
+        with _about("model"):
+            models.check_args(network, dict(self.model_args))  # an unknown network or option
+        if (method.uses_embeddings and hasattr(get_model(dataset.model), "forward_embedded")
+                and not hasattr(get_model(network), "forward_embedded")):
+            words = (f"cannot run on {self.dataset} under protocol {self.protocol}: it perturbs word embeddings "
+                     f"(forward_embedded), which the scripts' model {network} does not offer; use --protocol bench, or "
+                     "take script_model out (authors-script_model)")
+            raise TrialError(f"method {self.method} {words}", "method", words)
+        if refusal := method.refuses(dataset, self.noise):
+            words = f"cannot run on noise {self.noise!r} of {self.dataset}: {refusal}"
+            raise TrialError(f"method {self.method} {words}", "method", words)
+        for name, (flag, value) in TRIAL_FLAGS.items():  # as the flags of `bench trial` name them
+            given, most = getattr(self, name), dataset.split_sizes[0] if name == "train_subset" else None
+            if given is not None and (problem := value.problem(given, most)):  # None: the dataset's paper default
+                beyond = most is not None and value.problem(given) is None  # a subset larger than the training split
+                words = f"{self.dataset} has {most:,} training examples, got {given:,}" if beyond else problem
+                raise TrialError(f"{flag} {problem}", name, words)
+        key = (self.dataset, self.noise, round(self.r, 10), self.transition)
+        if dataset.has_transition(self.noise) and (transitions is None or key not in transitions):
+            explicit = None if self.transition is None else _matrix(self.transition)
+            with _about("r" if explicit is None else "transition", lambda e: e.removeprefix("--transition: ")):
+                dataset.transition(self.noise, self.r, explicit)
+            if transitions is not None:
+                transitions.add(key)
+        warmup, stage = self.schedules()  # the dataset's and the method's defaults, where the trial sets none
+        for name, flag, number in (("lr", "--lr", stage.lr), ("batch_size", "--batch-size", stage.batch_size)):
+            if number <= 0:
+                raise TrialError(f"{flag} must be positive, got {number}", name, f"must be positive, got {number}")
+        if stage.epochs < 0 or warmup.epochs < 0:
+            raise TrialError("--epochs and --epochs-warmup must be >= 0", "epochs", "must be >= 0")
+
+    def check_inputs(self, dataset: Dataset, splits: Splits, log: Callable[[str], None]) -> None:
+        """The rule that needs the data loaded, which the worker asks once it has loaded them, before any label is
+        drawn (`bench.exec.prepare.prepare`): a network other than the dataset's (`model`) takes the dataset's
+        inputs: built on the CPU, one test input through the evaluation transform and the network, else one line.
+        Where it takes `image_size` and the data does not set it (a VGG on another set's images), the inputs' size."""
+        if self.model is None:
+            return
+        model, own = self.network(), dict(self.model_args)
+        x = splits.test.x[:1] if isinstance(splits.test.x, torch.Tensor) else splits.test.x[0][None]
+        x = dataset.eval_transform(x).cpu()
+        cls = get_model(model)
+        if "image_size" in cls.options() and "image_size" not in splits.model_args and x.dim() == 4:
+            splits.model_args = {**splits.model_args, "image_size": int(x.shape[-1])}
+        args = self.network_args(splits.model_args)
+        for dropped in sorted(set(splits.model_args) - set(args) - set(own)):
+            if dropped in type(dataset).weights_env:  # a weights file: say that this network does not start from it
+                log(f"note: {dataset.name}'s {dropped} ({splits.model_args[dropped]}) are its own network's "
+                    f"({dataset.model}), not {model}'s: {model} starts from random weights")
+        key = (model, dataset.name, dataset.num_classes, tuple(x.shape), str(x.dtype), repr(sorted(args.items())))
+        if key in CHECKED_NETWORKS:  # a pack's members: built and run once
+            return
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                cls(num_classes=dataset.num_classes, **args).eval()(x)
+            CHECKED_NETWORKS.add(key)
+        except UserError:
+            raise
+        except Exception as e:  # a network for other inputs (a 1-channel CNN on colour images, a text CNN on pixels)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise TrialError(f"--model {model} cannot take {dataset.name}'s inputs (shape {tuple(x.shape[1:])}, "
+                             f"{x.dtype}): {first}; use a network made for them (its own is {dataset.model})",
+                             "model") from None
+
+    def network_args(self, data_args: dict[str, Any]) -> dict[str, Any]:
+        """The options the trial's network is built with: those that the data sets (`Splits.model_args`) and it
+        takes (a dataset's VGG image size or ResNet-50 weights mean nothing to another network), then the trial's own
+        options (`model_args`) but those it reads when the data loads (`Model.data_options`)."""
+        cls = get_model(self.network())
+        taken = cls.options() - set(cls.data_options)
+        own = dict(self.model_args)
+        return {**{k: v for k, v in data_args.items() if k in taken}, **{k: v for k, v in own.items() if k in taken}}
 
     def describe(self) -> str:
         """The trial in words, as the dry run and the status lines name it: 'dmi lr=0.001  case3 r=0.4 seed=1'."""
@@ -160,6 +284,10 @@ class TrialConfig:
     def trial_id(self) -> str:
         blob = json.dumps(self.identity(), sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _matrix(rows: tuple[tuple[float, ...], ...]) -> np.ndarray:
+    return np.asarray(rows, dtype=np.float64)
 
 
 def _as_declared(default: Any, value: Any) -> Any:

@@ -28,7 +28,7 @@ from bench import noise
 from bench.config import UserError, default_data_root
 from bench.data import check_splits, get_dataset
 from bench.exec.prepare import draw_labels
-from bench.grid.validate import check_data, check_trial
+from bench.grid.validate import check_data
 from bench.noise import NoisyLabels, labels_hash
 from bench.store.folder import check_output
 from bench.trial import TrialConfig
@@ -73,7 +73,7 @@ def cmd_labels(args: argparse.Namespace) -> int:
     noise_name, transition = noise.from_flags(args.noise, args.transition)
     config = TrialConfig(dataset=args.dataset, method="ce", noise=noise_name, r=args.r, seed=args.seed,
                          transition=transition, protocol=args.protocol)
-    check_trial(config)
+    config.check()
     out = Path(args.out).expanduser()
     if out.suffix != ".parquet":
         raise UserError(f"--out {args.out}: name a .parquet file")

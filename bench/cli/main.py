@@ -76,7 +76,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     # torch loads with the commands that need it: `bench --help` and a mistyped flag answer at once
     from bench import noise
     from bench.exec.trainer import run_trial
-    from bench.grid.validate import check_data, check_results, check_trial
+    from bench.grid.validate import check_data, check_results
     from bench.trial import TrialConfig, freeze_params
 
     noise_name, transition = noise.from_flags(args.noise, args.transition)
@@ -87,7 +87,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
         train_subset=args.train_subset, device=args.device, experiment=args.experiment, protocol=args.protocol,
         precision=args.precision, model=args.model, model_args=freeze_params(_parse_model_args(args.model_arg)),
     )
-    check_trial(config)
+    config.check()
     check_results(args.results)
     check_data([config.dataset], _data_root(args), [config])
     row = run_trial(config, _data_root(args), results=args.results, log=lambda s: print(s, flush=True))

@@ -16,7 +16,6 @@ import os
 import random
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 import torch
@@ -27,8 +26,7 @@ from bench import models, noise, protocol
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits, check_splits, get_dataset, worker_message
 from bench.exec import diagnostics
-from bench.methods import get_method
-from bench.trial import FP32, PRECISIONS, TrialConfig
+from bench.trial import FP32, TrialConfig
 
 Log = Callable[[str], None]
 
@@ -233,31 +231,17 @@ def prepare(
 ) -> Prepared:
     """Validate the config, load the data (unless `data` gives it, from `load_data`) and draw the noisy labels
     (train and validation only)."""
+    config.check()  # every value, before any data is loaded or anything written: the driver's own check
     dataset_cls = get_dataset(config.dataset)
-    # Unknown methods and hyper-parameters fail here, before any data is loaded or anything written.
-    get_method(config.method)(dataset_cls.num_classes, dataset=config.dataset, **config.params)
-    dataset_cls.check_noise(config.noise)
-    dataset_cls.check_level(config.noise, config.r)
-    models.check_args(config.network(), dict(config.model_args))
-    if not 0.0 <= config.r <= 1.0:
-        raise UserError(f"--r must lie in [0, 1], got {config.r}")
-    if config.precision not in PRECISIONS:
-        raise UserError(f"--precision must be {' or '.join(PRECISIONS)}, got {config.precision!r}")
     device = trial_device(config)
     proto = config.resolved_protocol()
     warmup, method_stage = config.schedules()
-    for label, value in (("--lr", method_stage.lr), ("--batch-size", method_stage.batch_size)):
-        if value <= 0:
-            raise UserError(f"{label} must be positive, got {value}")
-    if method_stage.epochs < 0 or warmup.epochs < 0:
-        raise UserError("--epochs and --epochs-warmup must be >= 0")
 
     dataset, splits = data if data is not None else load_data(config, data_root)
     splits = check_splits(dataset, splits.for_noise(config.noise, config.r))
     for note in splits.notes:
         log(f"note: {note}")
-    if config.model is not None:
-        check_network(config.network(), dataset, splits, dict(config.model_args), log)
+    config.check_inputs(dataset, splits, log)  # the one rule that needs the data: before any label is drawn
     labels = draw_labels(config, dataset, splits)
 
     train_split, noisy_train = splits.train, labels.train
@@ -352,47 +336,5 @@ def method_seed(p: Prepared) -> int:
 
 
 def build_model(p: Prepared) -> nn.Module:
-    """The trial's network, with `network_args`."""
-    return models.create(p.model, p.dataset.num_classes, p.device,
-                         **network_args(p.model, p.splits.model_args, dict(p.config.model_args)))
-
-
-def network_args(model: str, data_args: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
-    """The options network `model` is built with: those that the data sets (`Splits.model_args`) and it takes (a
-    dataset's VGG image size or ResNet-50 weights mean nothing to another network), then the trial's own options
-    (`model_args`) but those it reads when the data loads (`Model.data_options`)."""
-    cls = models.get_model(model)
-    taken = cls.options() - set(cls.data_options)
-    return {**{k: v for k, v in data_args.items() if k in taken}, **{k: v for k, v in own.items() if k in taken}}
-
-
-CHECKED_NETWORKS: set[tuple[Any, ...]] = set()  # (network, dataset, input shape, options) that `check_network` ran
-
-
-def check_network(model: str, dataset: Dataset, splits: Splits, own: dict[str, Any], log: Log) -> None:
-    """A network other than the dataset's (`--model`) takes the dataset's inputs: built on the CPU, one test input
-    through the evaluation transform and the network, else one line. Where it takes `image_size` and the data does not
-    set it (a VGG on another set's images), the inputs' size. Run before any label is drawn or anything trains."""
-    x = splits.test.x[:1] if isinstance(splits.test.x, torch.Tensor) else splits.test.x[0][None]
-    x = dataset.eval_transform(x).cpu()
-    cls = models.get_model(model)
-    if "image_size" in cls.options() and "image_size" not in splits.model_args and x.dim() == 4:
-        splits.model_args = {**splits.model_args, "image_size": int(x.shape[-1])}
-    args = network_args(model, splits.model_args, own)
-    for dropped in sorted(set(splits.model_args) - set(args) - set(own)):
-        if dropped in type(dataset).weights_env:  # a weights file: say that this network does not start from it
-            log(f"note: {dataset.name}'s {dropped} ({splits.model_args[dropped]}) are its own network's "
-                f"({dataset.model}), not {model}'s: {model} starts from random weights")
-    key = (model, dataset.name, dataset.num_classes, tuple(x.shape), str(x.dtype), repr(sorted(args.items())))
-    if key in CHECKED_NETWORKS:  # a pack's members: built and run once
-        return
-    try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            cls(num_classes=dataset.num_classes, **args).eval()(x)
-        CHECKED_NETWORKS.add(key)
-    except UserError:
-        raise
-    except Exception as e:  # a network for other inputs (a 1-channel CNN on colour images, a text CNN on pixels)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"--model {model} cannot take {dataset.name}'s inputs (shape {tuple(x.shape[1:])}, "
-                        f"{x.dtype}): {first}; use a network made for them (its own is {dataset.model})") from None
+    """The trial's network, with its options (`TrialConfig.network_args`)."""
+    return models.create(p.model, p.dataset.num_classes, p.device, **p.config.network_args(p.splits.model_args))

@@ -33,7 +33,9 @@ own grid, whose per-cell selection would otherwise count the variation's setting
 
 Validation has two layers. `parse_experiment` checks the file against its schema (`bench.schema.EXPERIMENT`: keys,
 types, defaults, ranges, declared there once for files and `bench trial` alike); `check_names` checks dataset, noise,
-method and hyper-parameter names against the registries, and asks each method whether it refuses a noise pattern.
+method and hyper-parameter names against the registries, then each trial of the grid by the one check of a trial's
+values (`bench.trial.TrialConfig.check`: hyper-parameters, levels, matrices, protocol, network, refusals), whose
+error it words with the key of the file.
 `bench.grid.files.load_experiment` does both.
 Every error names the file, the key and what is allowed, and is a `UserError` (one line, exit code 2).
 """
@@ -46,11 +48,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from bench import models, noise
 from bench.config import UserError
-from bench.data import Dataset
 from bench.data import registry as dataset_registry
-from bench.methods import check_params
 from bench.methods import registry as method_registry
 from bench.schema import (
     EXPERIMENT,
@@ -65,7 +64,7 @@ from bench.schema import (
     Key,
     Value,
 )
-from bench.trial import TrialConfig, freeze_params
+from bench.trial import TrialConfig, TrialError, freeze_params
 
 
 @dataclass(frozen=True)
@@ -300,83 +299,58 @@ def parse_experiment(data: Any, source: str = "<config>") -> Experiment:
     )
 
 
-def _check_levels(ck: _Checker, exp: Experiment, dataset: type[Dataset], pattern: str) -> None:
-    """Every r of a pattern published at fixed levels only (Red Mini-ImageNet's red) is one of them."""
-    for r in exp.r:
-        try:
-            dataset.check_level(pattern, r)
-        except UserError as e:
-            raise ck.fail("r", str(e)) from None
+def _check_trials(ck: _Checker, exp: Experiment) -> None:
+    """Each trial of the grid but its other seeds, by the one check of a trial's values (`TrialConfig.check`), a
+    refusal worded with the key of the file that set the value (`_key`). `bench.grid.plan.Plan.make` checks every
+    seed of the grid too, once its size was allowed."""
+    transitions: set[tuple[Any, ...]] = set()
+    for method in exp.methods:
+        for combo in method.combinations():
+            stage = {k: combo[k] for k in METHOD_STAGE if k in combo}
+            params = freeze_params({k: v for k, v in combo.items() if k not in METHOD_STAGE})
+            for pattern, r, spec, precision in itertools.product(exp.noise, exp.r, exp.protocol, exp.precision):
+                trial = TrialConfig(
+                    dataset=exp.dataset, method=method.name, noise=pattern, r=float(r), seed=exp.seeds[0],
+                    lr=stage.get("lr"), batch_size=stage.get("batch_size"), epochs=stage.get("epochs", exp.epochs),
+                    epochs_warmup=exp.epochs_warmup, method_params=params, transition=exp.transition,
+                    train_subset=exp.train_subset, device=exp.device, experiment=exp.name, protocol=spec,
+                    precision=precision, model=exp.model, model_args=exp.model_args,
+                )
+                try:
+                    trial.check(transitions)
+                except TrialError as e:
+                    raise ck.fail(_key(e.field, method), e.problem) from None
 
 
-def _check_model(ck: _Checker, exp: Experiment, default: str) -> None:
-    """The experiment's own network and its options, against the model registry."""
-    if exp.model is not None:
-        try:
-            models.check_args(exp.model, dict(exp.model_args))
-        except UserError as e:
-            raise ck.fail("model", str(e)) from None
-    elif exp.model_args:
-        raise ck.fail("model_args", f"options of which network? set model too (the dataset's is {default})")
+def _key(field: str, method: MethodGrid) -> str:
+    """The key of an experiment file that sets a `TrialConfig` field (`TrialError.field`) of `method`'s trials."""
+    if field == "method":
+        return f"methods.{method.name}"
+    if field.startswith("method_params.") or field in dict(method.axes):
+        return f"methods.{method.name}.{field.removeprefix('method_params.')}"
+    return {"experiment": "name", "seed": "seeds"}.get(field, field)
 
 
 def check_names(exp: Experiment) -> None:
-    """Check dataset, noise patterns, methods and their hyper-parameters against the registries."""
-    import numpy as np
-
+    """Check dataset, noise, method and hyper-parameter names against the registries, then the grid's trials by the
+    one check of a trial's values (`_check_trials`)."""
     ck = _Checker(exp.source)
     known = dataset_registry()
     if exp.dataset not in known:
         raise ck.unknown("dataset", exp.dataset, list(known), "dataset")
     dataset = known[exp.dataset]
-    for spec in exp.protocol:
-        try:
-            dataset.protocol(spec)
-        except UserError as e:
-            raise ck.fail("protocol", str(e)) from None
     for pattern in exp.noise:
         if pattern not in dataset.accepted_noise():
             raise ck.unknown("noise", pattern, list(dataset.accepted_noise()), f"noise for {exp.dataset}:")
-    if exp.transition is not None and len(exp.transition) != dataset.num_classes:
-        raise ck.fail("transition", f"{exp.dataset} has {dataset.num_classes} classes; the matrix is "
-                      f"{len(exp.transition)} x {len(exp.transition)}")
-    if exp.train_subset is not None and exp.train_subset > dataset.split_sizes[0]:
-        raise ck.fail("train_subset", f"{exp.dataset} has {dataset.split_sizes[0]:,} training examples, got "
-                      f"{exp.train_subset:,}")
-    for pattern in exp.noise:
-        _check_levels(ck, exp, dataset, pattern)
-        if not dataset.has_transition(pattern):
-            continue  # no matrix (human or instance-dependent noise); r was checked with its key
-        if exp.transition is not None:
-            try:
-                noise.validate_transition(np.asarray(exp.transition, dtype=np.float64), dataset.num_classes, "T")
-            except UserError as e:
-                raise ck.fail("transition", str(e).removeprefix("T: ")) from None
-            continue
-        for r in exp.r:
-            try:
-                dataset.transition(pattern, r)
-            except UserError as e:
-                raise ck.fail("r", str(e)) from None
-    _check_model(ck, exp, dataset.model)
+    if exp.model is None and exp.model_args:
+        raise ck.fail("model_args", f"options of which network? set model too (the dataset's is {dataset.model})")
     known_methods = method_registry()
     for grid in exp.methods:
         if grid.name not in known_methods:
             raise ck.unknown("methods", grid.name, list(known_methods), "method")
-        method = known_methods[grid.name]
-        for pattern in exp.noise:
-            refusal = method.refuses(dataset, pattern)
-            if refusal:
-                raise ck.fail(f"methods.{grid.name}", f"cannot run on noise {pattern!r} of {exp.dataset}: {refusal}")
-        allowed = sorted(method.defaults)
-        for key, values in grid.axes:
-            if key in METHOD_STAGE:
-                continue
-            if key not in allowed:
+        allowed = sorted(known_methods[grid.name].defaults)
+        for key, _ in grid.axes:
+            if key not in METHOD_STAGE and key not in allowed:
                 raise ck.unknown(f"methods.{grid.name}.{key}", key, list(METHOD_STAGE) + allowed,
                                  f"setting of {grid.name}:")
-            for value in values:
-                try:
-                    check_params(method, {key: value})
-                except UserError as e:
-                    raise ck.fail(f"methods.{grid.name}.{key}", str(e)) from None
+    _check_trials(ck, exp)

@@ -19,9 +19,9 @@ attaching to another Ray on the machine), its services listening on 127.0.0.1 on
 refused; checked before anything is written). Once connected, the driver counts the GPUs Ray has and splits the packs
 over them (`plan_on_cluster`); `--dry-run --address` connects too (`gpus_to_plan`).
 
-Before Ray starts, the driver checks every trial (`bench.grid.validate`), the data files and the results folder, and
-takes the folder's lock (one driver per folder). A `UserError` that only a worker meets is reported to the driver once,
-not raised, so that Ray does not retry what retrying cannot fix.
+Before Ray starts, the driver checks every trial (`bench.trial.TrialConfig.check`), the data files and the results
+folder (`bench.grid.validate`), and takes the folder's lock (one driver per folder). A `UserError` that only a worker
+meets is reported to the driver once, not raised, so that Ray does not retry what retrying cannot fix.
 
 The plan is `bench.grid.plan`'s, in words `bench.grid.describe`'s; the progress lines and the closing summary
 `bench.grid.progress`'s; the MLflow mirror's callback `bench.grid.mlflow_callback`'s; Ray's connection and checks

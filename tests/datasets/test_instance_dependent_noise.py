@@ -18,7 +18,6 @@ from bench.cli.main import main
 from bench.config import UserError
 from bench.data import get_dataset
 from bench.exec.prepare import draw_labels, load_data, prepare
-from bench.grid.validate import check_trial
 from bench.trial import TrialConfig
 from tests.datasets.test_cifar100 import write_cifar100
 from tests.datasets.test_fashion_mnist_and_mr import _write_mr
@@ -151,8 +150,8 @@ def test_an_idn_trial_records_the_realised_transition(tmp_path: Path) -> None:
 
 def test_methods_that_need_the_true_transition_refuse_idn(capsys) -> None:
     with pytest.raises(UserError, match="'idn' noise has none"):
-        check_trial(TrialConfig(dataset="synthetic", method="fw_oracle", noise="idn", r=0.4, seed=0))
-    check_trial(TrialConfig(dataset="synthetic", method="fw", noise="idn", r=0.4, seed=0))  # estimates T: runs
+        TrialConfig(dataset="synthetic", method="fw_oracle", noise="idn", r=0.4, seed=0).check()
+    TrialConfig(dataset="synthetic", method="fw", noise="idn", r=0.4, seed=0).check()  # estimates T: runs
     assert main(["trial", "--dataset", "synthetic", "--method", "fw_oracle", "--noise", "idn", "--r", "0.4"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
@@ -164,7 +163,7 @@ def test_clothing1m_offers_no_instance_dependent_noise() -> None:
     refusal = r"^clothing1m has no clean training labels .* to draw synthetic noise 'idn' from; .*choose from real$"
     config = TrialConfig(dataset="clothing1m", method="ce", noise="idn", r=0.4, seed=0)
     with pytest.raises(UserError, match=refusal):
-        check_trial(config)  # a grid's check
+        config.check()  # a grid's check
     with pytest.raises(UserError, match=refusal):
         prepare(config, "unused")  # a trial's own
 

@@ -20,7 +20,6 @@ from bench.config import UserError
 from bench.data import get_dataset, registry
 from bench.datasets.image_files import ImageCrops
 from bench.exec.prepare import draw_labels, load_data
-from bench.grid.validate import check_trial
 from bench.trial import TrialConfig
 from tests.datasets.test_cifar10_dogs_vs_cats_clothing1m import write_clothing
 from tests.datasets.test_realworld import tiny_network, write_animal10n, write_food101n, write_red, write_webvision
@@ -93,10 +92,10 @@ def test_every_dataset_accepts_or_refuses_every_noise_in_one_line(dataset: str) 
         t = tuple(map(tuple, noise.uniform(0.3, cls.num_classes))) if pattern == "transition" else None
         config = TrialConfig(dataset, "ce", pattern, r_for(dataset, pattern), transition=t)
         if pattern in cls.accepted_noise():
-            check_trial(config)
+            config.check()
             continue
         with pytest.raises(UserError) as info:
-            check_trial(config)
+            config.check()
         assert "\n" not in str(info.value) and ", ".join(cls.accepted_noise()) in str(info.value)
     if not cls.clean_labels:
         assert all(cls.is_real_noise(p) for p in cls.accepted_noise())

@@ -208,7 +208,6 @@ def test_embedding_methods_refused_on_the_scripts_model(method: str, spec: str, 
     """VAT and DivideMix perturb word embeddings (forward_embedded), which the scripts' WordCNN has not: refused in
     one line before anything is read or written, exit 2; under bench and without script_model they run."""
     from bench.cli.main import main
-    from bench.grid.validate import check_trial
 
     code = main(["trial", "--dataset", "mr", "--method", method, "--noise", "pos_to_neg", "--r", "0.4",
                  "--protocol", spec, "--results", str(tmp_path / "r"), "--data-root", str(tmp_path)])
@@ -216,7 +215,7 @@ def test_embedding_methods_refused_on_the_scripts_model(method: str, spec: str, 
     assert code == 2 and len(err) == 1 and "forward_embedded" in err[0] and spec in err[0]
     assert not (tmp_path / "r").exists()
     for fine in ("bench", "authors-script_model"):
-        check_trial(TrialConfig(dataset="mr", method=method, noise="pos_to_neg", r=0.4, protocol=fine))
+        TrialConfig(dataset="mr", method=method, noise="pos_to_neg", r=0.4, protocol=fine).check()
 
 
 def test_a_trial_epoch_line_shows_the_test_accuracy_its_diagnostics_measured() -> None:

@@ -61,9 +61,10 @@ class Pack(Executor):
         if capacity is None or data_root is None:
             return most, None
         # What the estimate depends on (data, model, stage shapes) and nothing else, so that groups share it; the
-        # batch size is the method's (its own schedule's, where the dataset gives it one).
+        # batch size is the method's (its own schedule's, where the dataset gives it one); the experiment's name is the
+        # default, a valid one (`TrialConfig.check`).
         like = dataclasses.replace(trial, device="cpu", method="ce", method_params=(), r=0.0, seed=0, lr=None,
-                                   batch_size=trial.schedules()[1].batch_size, experiment="", extra=())
+                                   batch_size=trial.schedules()[1].batch_size, experiment="adhoc", extra=())
         return members_that_fit(like, str(data_root), capacity, most)
 
     def calibration_arms(self, members: list[Prepared], ks: list[int], extras: bool = False,
