@@ -63,6 +63,12 @@ def borrowed(folder: Path) -> Path:
     return folder
 
 
+def installs(report: Path) -> dict[str, str]:
+    """What a pip report says pip installed (or would): name -> version."""
+    return {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"]
+            for i in json.loads(report.read_text())["install"]}
+
+
 PROBE = """
 import importlib.metadata as md, json, sys
 import bench, numpy, pandas
@@ -91,9 +97,13 @@ def test_pip_install_beside_other_patch_versions_replaces_nothing(tmp_path: Path
     out = subprocess.run([*pip, "--report", str(report), "-e", str(REPO)], capture_output=True, text=True, env=env,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    installed = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"]
-                 for i in json.loads(report.read_text())["install"]}
+    installed = installs(report)
     assert installed == {"bench-ldmi": "0.1.0"}, installed  # nothing replaced, nothing added: torch & co. were there
+    # The same check sees a replacement: asked for the tested numpy too, pip's report names it.
+    replacing = tmp_path / "replacing.json"
+    subprocess.run([*pip, "--dry-run", "--report", str(replacing), "-e", str(REPO), f"numpy=={pins['numpy']}"],
+                   check=True, env=env, timeout=300)
+    assert installs(replacing) == {"bench-ldmi": "0.1.0", "numpy": str(pins["numpy"])}
 
     probe = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, env=env, timeout=300,
                            cwd=tmp_path)
