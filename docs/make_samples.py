@@ -11,6 +11,10 @@ file, and re-runs the quick samples to compare their output with the file, times
 
 The demo sample is `make demo`'s two bench commands; its results folder (results/demo) is also what
 docs/make_report_image.py renders.
+
+The error samples (docs/failures.md) are commands that must fail on bad input: each exits 2, and its file keeps the
+command and the one line it wrote to stderr. The inputs they refuse (a grid file, executor tables, damaged data
+files) are written into the folder they run in by `write_inputs`.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,6 +70,63 @@ def _trial(method: str) -> list[str]:
             "--seed", "0"]
 
 
+def _everything(runs: list[list[str]]) -> list[str]:
+    """An error sample: every command and the line it printed."""
+    return [line for run in runs for line in run]
+
+
+def _bench(line: str) -> list[str]:
+    return line.split()
+
+
+# The inputs the error samples refuse, written into the folder they run in. A grid small enough to plan in a second,
+# executor tables each with one fault, a YAML file with a misplaced colon, a link in a results folder, data files
+# that cannot be the published ones.
+GRID = "name: grid\ndataset: synthetic\nnoise: case3\nr: [0.2]\nseeds: [0]\nepochs: 1\nepochs_warmup: 1\n" \
+       "methods:\n  ce: {}\n  dmi: {}\n"
+TABLE = "model,device,executor,trials,images_per_s,measured,source\n"
+INPUTS: dict[str, bytes | str | None] = {
+    "grid.yaml": GRID,
+    "broken.yaml": "name: broken\ndataset: synthetic\nnoise: case3: [0.2]\n",
+    "trials.csv": TABLE + "*,cpu,pack,2,,2026-11-27,calibrate\n*,cpu,solo,1,,2026-11-27,calibrate\n"
+                          "*,cpu,streams,\u00b2,,2026-11-27,calibrate\n",
+    "rate.csv": TABLE + "*,cpu,pack,2,abc,2026-11-27,calibrate\n",
+    "fields.csv": TABLE + "*,cpu,pack,2,,2026-11-27,calibrate\n*,cpu,solo,1,,2026-11-27,calibrate,extra\n",
+    "latin1.csv": TABLE.encode() + b"*,cpu,p\xffack,2,,2026-11-27,calibrate\n",
+    "a_file": "a file where a folder is asked for\n",
+    "empty/": None,
+    "pct%20x/": None,
+    "shared/logs/": None,
+    "notes.txt": "a file outside the results folder\n",
+    "damaged/cifar-100-python/meta": b"not a pickle",
+    "damaged/cifar-100-python/train": b"not a pickle",
+    "damaged/cifar-100-python/test": b"not a pickle",
+    "damaged/MR/rt-polaritydata/rt-polarity.pos/": None,
+    "damaged/MR/rt-polaritydata/rt-polarity.neg": "a short review .\n",
+    "unsplit/MR/rt-polaritydata/rt-polarity.pos": "x" * 300_001 + "\n",
+    "unsplit/MR/rt-polaritydata/rt-polarity.neg": "a short review .\n",
+}
+LINKS = {"shared/logs/6c0fffcc6ca64703.log": "../../notes.txt"}
+
+
+def write_inputs(cwd: Path) -> None:
+    """The files the error samples refuse, fresh in `cwd`."""
+    for name, content in INPUTS.items():
+        path = cwd / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        if content is None:
+            path.mkdir(parents=True)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        (path.write_bytes if isinstance(content, bytes) else path.write_text)(content)
+    for name, target in LINKS.items():
+        (cwd / name).symlink_to(target)
+
+
+RUN = "bench run grid.yaml --dry-run"
 # name -> (the commands, how the README excerpt is cut from their outputs, quick: re-run by tests/system/test_docs.py)
 SAMPLES: dict[str, tuple[list[list[str]], Callable[[list[list[str]]], list[str]], bool]] = {
     "demo": ([["bench", "run", "tune_configs/demo.yaml", "--results", "results/demo"],
@@ -72,7 +134,34 @@ SAMPLES: dict[str, tuple[list[list[str]], Callable[[list[list[str]]], list[str]]
     "trial": ([_trial("dmi"), _trial("ce")], _trial_excerpt, True),
     "variation": ([["bench", "run", "tune_configs/demo.yaml", "--set", "r=[0.6]", "--seeds", "0", "--set", "epochs=3",
                     "--set", "epochs_warmup=2", "--results", "results/variation"]], _variation_excerpt, False),
+    # docs/failures.md: bad input, one line each, exit 2
+    "bad_input": ([_bench(line) for line in (
+        f"{RUN} --set r=1.5", f"{RUN} --set seeds=99999999999999999999", f"{RUN} --set name=my/grid",
+        f"{RUN} --methods dmi --set methods.ce.lr=2e-3",
+        f"BENCH_PACK_MEMORY_GB=inf {RUN}", f"BENCH_PACK_MEMORY_GB=1.7e299 {RUN}", f"BENCH_PACK_MEMORY_GB=1e-300 {RUN}",
+        f"BENCH_EXECUTOR_TABLE=trials.csv {RUN}", f"BENCH_EXECUTOR_TABLE=rate.csv {RUN}",
+        f"BENCH_EXECUTOR_TABLE=fields.csv {RUN}", f"BENCH_EXECUTOR_TABLE=latin1.csv {RUN}",
+        f"{RUN} --executor pack:\u00b2", f"{RUN} --executor solo:5",
+        "bench calibrate --models mlp --device cpu --members 2,1000000",
+        "bench calibrate --models mlp --device cpu --budget-s 1e9",
+        "bench trial --dataset synthetic --method ce --noise case3 --r 0.2 --model linear_probe "
+        "--model-arg backbone=resnet18 --model-arg weights=random --model-arg image_size=0",
+        "bench run broken.yaml --dry-run")], _everything, True),
+    "bad_output": ([_bench(line) for line in (
+        "bench report empty --out a_file", "bench results empty --out a_file/all.parquet")], _everything, True),
+    "bad_results_path": ([_bench(f"{RUN} --results pct%20x")], _everything, True),
+    "damaged_cifar100": ([_bench("BENCH_VERIFY_CHECKSUMS=0 bench trial --dataset cifar100 --method ce --noise uniform "
+                                 "--r 0.2 --data-root damaged")], _everything, True),
+    "damaged_mr": ([_bench(line) for line in (
+        "bench trial --dataset mr --method ce --noise pos_to_neg --r 0.2 --data-root damaged",
+        "BENCH_VERIFY_CHECKSUMS=0 bench trial --dataset mr --method ce --noise pos_to_neg --r 0.2 "
+        "--data-root unsplit")], _everything, True),
+    "no_cluster": ([_bench(f"{RUN} --address 127.0.0.1:9")], _everything, True),
+    "links": ([_bench("bench report shared")], _everything, True),
 }
+# The samples whose every command must fail on bad input: exit 2, and the line on stderr is what they show.
+ERRORS = {name for name, (_, cut, _) in SAMPLES.items() if cut is _everything}
+ENV_WORD = re.compile(r"[A-Z_][A-Z0-9_]*=")
 # The files whose `<!-- sample: NAME -->` blocks show a sample: the README and the docs.
 DOCS = [README, *sorted((REPO / "docs").glob("*.md"))]
 
@@ -87,15 +176,33 @@ def run_sample(name: str, cwd: Path = WORKDIR) -> list[str]:
     for argv in commands:
         if "--results" in argv:
             shutil.rmtree(cwd / argv[argv.index("--results") + 1], ignore_errors=True)
+    if name in ERRORS:
+        write_inputs(cwd)
+    # An error sample's commands read their inputs and write nothing: they run side by side (each is a Python start,
+    # seconds of imports); the others run one after another, as a user would type them.
+    with ThreadPoolExecutor(max_workers=4 if name in ERRORS else 1) as pool:
+        outputs = list(pool.map(lambda words: _run(name, words, cwd), commands))
+    return relative([line for lines in outputs for line in lines], cwd)
+
+
+def _run(name: str, words: list[str], cwd: Path) -> list[str]:
+    """One command of a sample, `VAR=value` words as its environment: `$ command`, then what it shows (stdout, or
+    an error sample's one line on stderr, exit status 2)."""
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "COLUMNS": "120"}
-    lines: list[str] = []
-    for argv in commands:
-        done = subprocess.run([sys.executable, "-m", "bench.cli.main", *argv[1:]], cwd=cwd, env=env,
-                              capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise SystemExit(f"make_samples: `{' '.join(argv)}` failed ({done.returncode}):\n{done.stderr[-2000:]}")
-        lines += [f"$ {' '.join(argv)}", *done.stdout.rstrip("\n").splitlines()]
-    return relative(lines, cwd)
+    argv = list(words)
+    while ENV_WORD.match(argv[0]):  # `VAR=value bench ...`, as a shell reads it
+        key, _, value = argv.pop(0).partition("=")
+        env[key] = value
+    done = subprocess.run([sys.executable, "-m", "bench.cli.main", *argv[1:]], cwd=cwd, env=env,
+                          capture_output=True, text=True, check=False)
+    wanted = 2 if name in ERRORS else 0
+    if done.returncode != wanted:
+        raise SystemExit(f"make_samples: `{' '.join(words)}` exited {done.returncode}, not {wanted}:\n"
+                         f"{done.stderr[-2000:]}")
+    shown = done.stderr if name in ERRORS else done.stdout
+    if name in ERRORS and not re.fullmatch(r"bench: error: [^\n]+\n", shown):
+        raise SystemExit(f"make_samples: `{' '.join(words)}` wrote more than one `bench: error:` line:\n{shown}")
+    return [f"$ {' '.join(words)}", *shown.rstrip("\n").splitlines()]
 
 
 def commit() -> str:
