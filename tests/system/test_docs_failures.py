@@ -1,6 +1,6 @@
 """docs/failures.md shows what each failure prints: every `bench: error:` line in its blocks comes from a real run
-of the command shown above it (a sample docs/make_samples.py records and tests/test_docs.py runs again), unless the
-block says why it is not re-run (a full disk, a cluster, a server that answers as a broken one did)."""
+of the command shown above it (a sample docs/make_samples.py records and tests/system/test_docs.py runs again),
+unless the block says why it is not re-run (a full disk, a cluster, a server that answers as a broken one did)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FAILURES = REPO / "docs" / "failures.md"
 FENCE = re.compile(r"^(<!-- not re-run: [^\n]+ -->\n)?```\w*\n(.*?)^```", re.S | re.M)
 

@@ -23,7 +23,7 @@ import pytest
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 OWN = ("numpy", "pandas")  # the research environment's own versions, other than the tested ones
 
 
