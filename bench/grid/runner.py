@@ -32,6 +32,7 @@ every file in the results folder goes through `bench.store.folder`; the command'
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import traceback
@@ -328,6 +329,13 @@ def mirror_ready(opening: Future[Mirror | None] | None, plan: Plan, results: str
     return mirror
 
 
+def when_ready(opening: Future[Mirror | None] | None, plan: Plan, results: str,
+               out: Callable[[str], None]) -> Callable[[], Mirror | None]:
+    """`mirror_ready`, called once, when first needed: by the first unit to end (`MlflowMirroring`) or after the
+    grid, so that the units start while MLflow still opens (its import and a fresh store: seconds)."""
+    return functools.cache(lambda: mirror_ready(opening, plan, results, out))
+
+
 def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], stop: GridStop) -> Tally:
     cpu = s.cpus_per_trial if s.cpus_per_trial is not None else exp.resources.cpu
     gpu, device = trial_device(exp, s.gpus_per_trial)
@@ -342,7 +350,7 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
     pending = plan.pending
 
     # Opening MLflow takes seconds (its import; a fresh sqlite store builds its tables): it goes on in a thread of its
-    # own while Ray starts, and the grid waits for it just before its first unit (`mirror_ready`).
+    # own while Ray and the first units start, and the grid waits for it when the first unit ends (`when_ready`).
     opening = in_background(open_mirror, results, s.mlflow_uri) if s.mlflow else None
 
     tally = Tally(total=len(pending))
@@ -362,18 +370,19 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
     started_here = stop.start(lambda: start_ray(s.address, s.num_cpus))  # then takes the signals back from Ray
     board = StatusBoard(out, live=s.live, every=s.status_every)
     try:
-        mirror = mirror_ready(opening, plan, results, out)
+        ready = when_ready(opening, plan, results, out)
         units = plan_on_cluster(pending, s, gpu, out)
         check_resources({describe_size(u, gpu): unit_bundles(u, cpu, gpu) for u in units.values()})
         if s.address is None:  # the trials run here (on a cluster each worker checks its own)
             check_cuda(pending[0].device)
         callbacks = [make_callback(tally, results, units, board)]
-        if mirror is not None:
+        if opening is not None:
             members = {k: [t.trial_id for t in u.trials] for k, u in units.items()}
-            callbacks.append(make_mlflow_callback(tally, results, members, mirror))
+            callbacks.append(make_mlflow_callback(tally, results, members, ready))
         tuner = _tuner(exp, s, units, results, cpu, gpu, callbacks, stop, tally)
         tally.started = time.monotonic()  # progress and ETA count from the first trial, not Ray's start-up
         stop.run(tuner.fit)
+        mirror = ready()
         tally.interrupted, tally.ray_left = stop.signum, stop.abandoned
         if stop.signum is not None or tally.halt is not None:  # rows that landed while it stopped, unseen so far
             landed = count_landed(tally, results, pending)
