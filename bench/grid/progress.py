@@ -354,6 +354,14 @@ def make_callback(tally: Tally, results: str, units: dict[str, Unit], board: Sta
     return Progress(tally, results, units, board)
 
 
+def import_summary() -> None:
+    """Import the summary's own modules (polars; bench.report, with SciPy): seconds on a loaded machine, which the
+    driver spends in a thread while the grid's units start (`bench.grid.runner`), not after its last trial."""
+    import polars  # noqa: F401
+
+    from bench.report import analysis  # noqa: F401
+
+
 def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: Callable[[str], None]) -> None:
     elapsed = tally.elapsed()
     states = ", ".join(f"{n} {k}" for k, n in sorted(tally.statuses.items()))

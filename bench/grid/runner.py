@@ -57,6 +57,7 @@ from bench.grid.progress import (
     StatusBoard,
     Tally,
     UnitReporter,
+    import_summary,
     make_callback,
     print_summary,
 )
@@ -256,6 +257,21 @@ def unit_bundles(unit: Unit, cpu: float, gpu: float) -> list[Bundle]:
     return get_executor(unit.kind).resources(list(unit.trials), cpu, gpu)
 
 
+def plain_trial_workers() -> None:
+    """Let a local grid's units run in the workers Ray starts with it. Ray Tune gives every trial actor a runtime
+    environment of its own, `{"env_vars": {"PL_DISABLE_FORK": "1"}}` (for PyTorch Lightning, `ray.tune.execution.
+    class_cache`), and an actor with a runtime environment cannot use the workers Ray starts idle (one per CPU): each
+    unit's actor was a fresh process started through Ray's `setup_worker.py` (two interpreters' start-up each), while
+    those idle ones had started for nothing (on the 2-core machine: seconds before the first unit trains,
+    benchmarks/README.md). Locally every Ray process inherits the driver's environment, so the variable is set there
+    instead; on a cluster (`--address`) Ray Tune's own environment stays."""
+    from ray.tune.execution import class_cache
+
+    for name, value in class_cache.DEFAULT_ENV_VARS.items():
+        os.environ.setdefault(name, value)
+    class_cache.DEFAULT_ENV_VARS.clear()
+
+
 def _tuner(exp: Experiment, s: Settings, units: dict[str, Unit], results: str, cpu: float,
            gpu: float, callbacks: list[Any], stop: GridStop, tally: Tally) -> Any:
     """Ray Tune's grid over the units: one Ray trial per unit, with the resources its executor asks, reusing
@@ -367,6 +383,8 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
         f"{w['method_epochs']} method-stage epochs + {w['warm_epochs']} warm-start epochs "
         f"({w['warm_starts']} warm starts); per-epoch logs in {folder.Store(results).logs_hint()}")
 
+    if s.address is None:
+        plain_trial_workers()  # before Ray starts: its processes inherit the environment
     started_here = stop.start(lambda: start_ray(s.address, s.num_cpus))  # then takes the signals back from Ray
     board = StatusBoard(out, live=s.live, every=s.status_every)
     try:
@@ -381,6 +399,7 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
             callbacks.append(make_mlflow_callback(tally, results, members, ready))
         tuner = _tuner(exp, s, units, results, cpu, gpu, callbacks, stop, tally)
         tally.started = time.monotonic()  # progress and ETA count from the first trial, not Ray's start-up
+        in_background(import_summary)  # while the driver waits for the first units
         stop.run(tuner.fit)
         mirror = ready()
         tally.interrupted, tally.ray_left = stop.signum, stop.abandoned
