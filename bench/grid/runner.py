@@ -258,18 +258,21 @@ def unit_bundles(unit: Unit, cpu: float, gpu: float) -> list[Bundle]:
 
 
 def plain_trial_workers() -> None:
-    """Let a local grid's units run in the workers Ray starts with it. Ray Tune gives every trial actor a runtime
-    environment of its own, `{"env_vars": {"PL_DISABLE_FORK": "1"}}` (for PyTorch Lightning, `ray.tune.execution.
-    class_cache`), and an actor with a runtime environment cannot use the workers Ray starts idle (one per CPU): each
-    unit's actor was a fresh process started through Ray's `setup_worker.py` (two interpreters' start-up each), while
-    those idle ones had started for nothing (on the 2-core machine: seconds before the first unit trains,
-    benchmarks/README.md). Locally every Ray process inherits the driver's environment, so the variable is set there
-    instead; on a cluster (`--address`) Ray Tune's own environment stays."""
-    from ray.tune.execution import class_cache
-
-    for name, value in class_cache.DEFAULT_ENV_VARS.items():
+    """Let a local grid's units run in the workers Ray starts idle with it (one per CPU). Ray Tune gives every trial
+    actor a runtime environment, `{"env_vars": {"PL_DISABLE_FORK": "1"}}` (`ray.tune.execution.class_cache`, for
+    PyTorch Lightning), and an actor with a runtime environment cannot use those workers: each unit's actor was a
+    fresh process started through Ray's `setup_worker.py` (two interpreters' start-up), while the idle ones had started
+    for nothing (seconds before the first unit trains on the 2-core machine, benchmarks/README.md). Locally every Ray
+    process inherits the driver's environment, so the variable is set there instead. It stays so for the process (a
+    later grid of it on a cluster gives its actors no PL_DISABLE_FORK: bench uses no PyTorch Lightning). Another Ray
+    without that table keeps its own way."""
+    try:
+        from ray.tune.execution.class_cache import DEFAULT_ENV_VARS
+    except ImportError:
+        return
+    for name, value in DEFAULT_ENV_VARS.items():
         os.environ.setdefault(name, value)
-    class_cache.DEFAULT_ENV_VARS.clear()
+    DEFAULT_ENV_VARS.clear()
 
 
 def _tuner(exp: Experiment, s: Settings, units: dict[str, Unit], results: str, cpu: float,
