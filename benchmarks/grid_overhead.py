@@ -11,7 +11,8 @@ from round to round. Printed per round and arm: the grid's wall, its trials' com
 the trials' own start-up in their worker, torch's compiler import by the first optimiser included), Ray's start,
 the seconds from the start to the first line and to the first trial's row, and from the last trial's line to the
 end (Ray's shutdown, the summary, the exit); and the ratio of the wall to 2 x compute + Ray's start (the target: at
-most 1). Then per arm the median of those ratios over the rounds.
+most 1). Then per arm the median of those ratios over the rounds, and with a baseline the median of the rounds'
+ratios of the two arms' walls (the trials' compute moves with the load, and with it each arm's bound).
 """
 
 from __future__ import annotations
@@ -77,17 +78,22 @@ def main() -> None:
     (scratch / "grid.yaml").write_text(GRID)
     arms = {"this": sys.executable} | ({"baseline": args.baseline_python} if args.baseline_python else {})
     ratios: dict[str, list[float]] = {name: [] for name in arms}
+    walls: dict[str, list[float]] = {name: [] for name in arms}
     for i in range(args.rounds):
         order = list(arms)[i % len(arms):] + list(arms)[:i % len(arms)]
         ray_s, _ = timed_lines([sys.executable, "-c", RAY_ALONE], env, scratch)
         for name in order:
             wall, compute, (first, row, last) = one_grid(arms[name], env, scratch, scratch / f"results-{name}-{i}")
             ratios[name].append(wall / (2 * compute + ray_s))
+            walls[name].append(wall)
             print(f"round {i + 1} {name:8s}: grid wall {wall:6.1f} s  trial compute {compute:6.1f} s  Ray start+stop "
                   f"{ray_s:5.1f} s  first line {first:5.1f} s  first row {row:6.1f} s  after the last row "
                   f"{wall - last:5.1f} s  wall / (2 x compute + Ray) {ratios[name][-1]:.2f}", flush=True)
     for name, values in ratios.items():
         print(f"{name}: wall / (2 x compute + Ray), median of {len(values)} rounds: {statistics.median(values):.2f}")
+    if args.baseline_python:  # the two arms' walls round by round: steadier than either's ratio to its compute
+        paired = [this / base for this, base in zip(walls["this"], walls["baseline"], strict=True)]
+        print(f"this / baseline grid wall, median of {len(paired)} rounds: {statistics.median(paired):.2f}")
 
 
 if __name__ == "__main__":
