@@ -57,9 +57,9 @@ from bench.grid.progress import (
     StatusBoard,
     Tally,
     UnitReporter,
-    import_summary,
     make_callback,
     print_summary,
+    summary_modules,
 )
 from bench.grid.stop import GridStop, end_processes
 from bench.grid.validate import check_data, check_results
@@ -402,7 +402,7 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
             callbacks.append(make_mlflow_callback(tally, results, members, ready))
         tuner = _tuner(exp, s, units, results, cpu, gpu, callbacks, stop, tally)
         tally.started = time.monotonic()  # progress and ETA count from the first trial, not Ray's start-up
-        in_background(import_summary)  # while the driver waits for the first units
+        in_background(summary_modules)  # while the driver waits for the first units
         stop.run(tuner.fit)
         mirror = ready()
         tally.interrupted, tally.ray_left = stop.signum, stop.abandoned
