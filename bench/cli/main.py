@@ -8,6 +8,7 @@ Bad input prints one line starting with "bench: error:" and exits with code 2, h
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import importlib
 import os
@@ -17,7 +18,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import NoReturn, TextIO
 
 from bench import __version__
 from bench.cli import output
@@ -282,7 +283,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--yes", action="store_true",
                    help=f"run a grid of more than {GRID_LIMIT:,} trials (without it such a grid is refused)")
     _add_data_root(p)
-    p.set_defaults(func=_later("bench.cli.run", "cmd_run"), needs=("ray", "pyarrow", "polars"))
+    p.set_defaults(func=_later("bench.cli.run", "cmd_run"), needs=("ray", "pyarrow", "polars"), leaves_at_once=True)
 
 
 def _add_labels(sub: argparse._SubParsersAction) -> None:
@@ -395,7 +396,10 @@ def _main(argv: list[str] | None, errors: TextIO | None) -> int:
             warnings.simplefilter("default")
             for package in getattr(args, "needs", ()):  # before anything is written
                 importlib.import_module(package)
-            return int(args.func(args) or 0)
+            code = int(args.func(args) or 0)
+            if argv is None and getattr(args, "leaves_at_once", False):  # this process is the command: `leave`
+                leave(code)
+            return code
     except ModuleNotFoundError as e:
         missing = (e.name or "").split(".")[0]
         if missing not in OPTIONAL:
@@ -411,6 +415,25 @@ def _main(argv: list[str] | None, errors: TextIO | None) -> int:
     except BrokenPipeError:  # `bench datasets | head`: the reader left; say nothing more
         output.silence_stdout()  # keeps the interpreter's final flush quiet
         return 0
+
+
+def leave(code: int) -> NoReturn:
+    """End the process with `code` once everything it wrote is out: its lines flushed, its threads joined and its exit
+    hooks run (Ray's, MLflow's, logging's), as at the interpreter's own exit, but without what follows them: the
+    teardown of every module and object, which with torch, Ray, MLflow and polars loaded took up to 7 s after a grid's
+    last line on the 2-core machine (benchmarks/README.md, `grid_overhead.py`). Every file of a run is closed
+    before its command returns (rows and MLflow are written by then; `tests/test_run_exit.py`), so nothing is lost.
+    Only for a command this process was started for (`main()` without arguments): in-process callers, as tests,
+    get the code back."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or refusing stream (bench.cli.output): its lines are lost
+            stream.flush()
+    threading._shutdown()  # type: ignore[attr-defined]  # what the interpreter runs first at exit: joins threads
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

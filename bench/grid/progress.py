@@ -354,6 +354,18 @@ def make_callback(tally: Tally, results: str, units: dict[str, Unit], board: Sta
     return Progress(tally, results, units, board)
 
 
+def summary_modules() -> tuple[ModuleType, ModuleType]:
+    """polars and bench.report.analysis, the summary's alone. Imported here, not at the top: a Ray worker imports this
+    module for its reporter (`UnitReporter`), and polars and bench.report (SciPy) would cost it seconds of start-up for
+    nothing. The driver imports them in a thread while the grid's units start (`bench.grid.runner`), not after its
+    last trial (seconds on a loaded machine)."""
+    import polars as pl
+
+    from bench.report import analysis  # as polars above
+
+    return pl, analysis
+
+
 def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: Callable[[str], None]) -> None:
     elapsed = tally.elapsed()
     states = ", ".join(f"{n} {k}" for k, n in sorted(tally.statuses.items()))
@@ -405,12 +417,7 @@ def print_summary(exp: Experiment, plan: Plan, tally: Tally, mirror: Any, out: C
             where += f"; view with `bench ui {plan.results}`"
         out(where)
     out(f"results: {plan.results}/trials (`bench results {plan.results}`)")
-    # Imported here, the summary's alone: a Ray worker imports this module for its reporter (`UnitReporter`), and
-    # polars and bench.report (SciPy) would cost it seconds of start-up for nothing.
-    import polars as pl
-
-    from bench.report import analysis  # here, not at the top: as polars above
-
+    pl, analysis = summary_modules()
     try:
         table = analysis.load_trials(plan.results)
     except UserError:

@@ -32,6 +32,7 @@ every file in the results folder goes through `bench.store.folder`; the command'
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import traceback
@@ -58,6 +59,7 @@ from bench.grid.progress import (
     UnitReporter,
     make_callback,
     print_summary,
+    summary_modules,
 )
 from bench.grid.stop import GridStop, end_processes
 from bench.grid.validate import check_data, check_results
@@ -255,6 +257,24 @@ def unit_bundles(unit: Unit, cpu: float, gpu: float) -> list[Bundle]:
     return get_executor(unit.kind).resources(list(unit.trials), cpu, gpu)
 
 
+def plain_trial_workers() -> None:
+    """Let a local grid's units run in the workers Ray starts idle with it (one per CPU). Ray Tune gives every trial
+    actor a runtime environment, `{"env_vars": {"PL_DISABLE_FORK": "1"}}` (`ray.tune.execution.class_cache`, for
+    PyTorch Lightning), and an actor with a runtime environment cannot use those workers: each unit's actor was a
+    fresh process started through Ray's `setup_worker.py` (two interpreters' start-up), while the idle ones had started
+    for nothing (seconds before the first unit trains on the 2-core machine, benchmarks/README.md). Locally every Ray
+    process inherits the driver's environment, so the variable is set there instead. It stays so for the process (a
+    later grid of it on a cluster gives its actors no PL_DISABLE_FORK: bench uses no PyTorch Lightning). Another Ray
+    without that table keeps its own way."""
+    try:
+        from ray.tune.execution.class_cache import DEFAULT_ENV_VARS
+    except ImportError:
+        return
+    for name, value in DEFAULT_ENV_VARS.items():
+        os.environ.setdefault(name, value)
+    DEFAULT_ENV_VARS.clear()
+
+
 def _tuner(exp: Experiment, s: Settings, units: dict[str, Unit], results: str, cpu: float,
            gpu: float, callbacks: list[Any], stop: GridStop, tally: Tally) -> Any:
     """Ray Tune's grid over the units: one Ray trial per unit, with the resources its executor asks, reusing
@@ -328,6 +348,13 @@ def mirror_ready(opening: Future[Mirror | None] | None, plan: Plan, results: str
     return mirror
 
 
+def when_ready(opening: Future[Mirror | None] | None, plan: Plan, results: str,
+               out: Callable[[str], None]) -> Callable[[], Mirror | None]:
+    """`mirror_ready`, called once, when first needed: by the first unit to end (`MlflowMirroring`) or after the
+    grid, so that the units start while MLflow still opens (its import and a fresh store: seconds)."""
+    return functools.cache(lambda: mirror_ready(opening, plan, results, out))
+
+
 def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], stop: GridStop) -> Tally:
     cpu = s.cpus_per_trial if s.cpus_per_trial is not None else exp.resources.cpu
     gpu, device = trial_device(exp, s.gpus_per_trial)
@@ -342,7 +369,7 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
     pending = plan.pending
 
     # Opening MLflow takes seconds (its import; a fresh sqlite store builds its tables): it goes on in a thread of its
-    # own while Ray starts, and the grid waits for it just before its first unit (`mirror_ready`).
+    # own while Ray and the first units start, and the grid waits for it when the first unit ends (`when_ready`).
     opening = in_background(open_mirror, results, s.mlflow_uri) if s.mlflow else None
 
     tally = Tally(total=len(pending))
@@ -359,21 +386,25 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
         f"{w['method_epochs']} method-stage epochs + {w['warm_epochs']} warm-start epochs "
         f"({w['warm_starts']} warm starts); per-epoch logs in {folder.Store(results).logs_hint()}")
 
+    if s.address is None:
+        plain_trial_workers()  # before Ray starts: its processes inherit the environment
     started_here = stop.start(lambda: start_ray(s.address, s.num_cpus))  # then takes the signals back from Ray
     board = StatusBoard(out, live=s.live, every=s.status_every)
     try:
-        mirror = mirror_ready(opening, plan, results, out)
+        ready = when_ready(opening, plan, results, out)
         units = plan_on_cluster(pending, s, gpu, out)
         check_resources({describe_size(u, gpu): unit_bundles(u, cpu, gpu) for u in units.values()})
         if s.address is None:  # the trials run here (on a cluster each worker checks its own)
             check_cuda(pending[0].device)
         callbacks = [make_callback(tally, results, units, board)]
-        if mirror is not None:
+        if opening is not None:
             members = {k: [t.trial_id for t in u.trials] for k, u in units.items()}
-            callbacks.append(make_mlflow_callback(tally, results, members, mirror))
+            callbacks.append(make_mlflow_callback(tally, results, members, ready))
         tuner = _tuner(exp, s, units, results, cpu, gpu, callbacks, stop, tally)
         tally.started = time.monotonic()  # progress and ETA count from the first trial, not Ray's start-up
+        in_background(summary_modules)  # while the driver waits for the first units
         stop.run(tuner.fit)
+        mirror = ready()
         tally.interrupted, tally.ray_left = stop.signum, stop.abandoned
         if stop.signum is not None or tally.halt is not None:  # rows that landed while it stopped, unseen so far
             landed = count_landed(tally, results, pending)
