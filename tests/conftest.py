@@ -13,6 +13,12 @@ from bench.datasets.fashion_mnist import write_idx  # the published format's wri
 from tests import netns
 
 REPO = Path(__file__).resolve().parents[1]
+# Every Ray of the tests is a private one on loopback, without token authentication, for the whole session: Ray 2.60
+# enables tokens for a new local `ray.init()` when RAY_AUTH_MODE is unset (and writes ~/.ray/auth_token), while a
+# process keeps the mode it first connected with; so one test connecting under RAY_AUTH_MODE=disabled made every
+# later local Ray of the session refuse its own driver (InvalidAuthToken). A test of tokens sets them in its own
+# subprocesses' environment (tests/grid/test_cluster_path.py).
+os.environ["RAY_AUTH_MODE"] = "disabled"
 # The data root the README documents for every command ($BENCH_DATA), else the team's copy beside the checkout.
 SHARED_DATA = Path(os.environ.get("BENCH_DATA") or REPO.parent / "shared" / "data").expanduser()
 
