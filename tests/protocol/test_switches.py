@@ -318,7 +318,7 @@ def test_mr_authors_r0_gives_every_seed_the_same_number(shared_data: Path) -> No
     rows = {}
     for spec in ("authors", "bench"):
         for seed in (0, 1):
-            c = TrialConfig("mr", "ce", "pos_to_neg", 0.0, seed=seed, epochs_warmup=1, train_subset=1500,
+            c = TrialConfig("mr", "ce", "pos_to_neg", 0.0, seed=seed, epochs_warmup=1, epochs=1, train_subset=1500,
                             protocol=spec)
             rows[spec, seed] = run_trial(c, shared_data, **QUIET)["test_acc"]
     assert rows["authors", 0] == rows["authors", 1]
