@@ -422,7 +422,7 @@ def leave(code: int) -> NoReturn:
     hooks run (Ray's, MLflow's, logging's), as at the interpreter's own exit, but without what follows them: the
     teardown of every module and object, which with torch, Ray, MLflow and polars loaded took up to 7 s after a grid's
     last line on the 2-core machine (benchmarks/README.md, `grid_overhead.py`). Every file of a run is closed
-    before its command returns (rows and MLflow are written by then; `tests/test_run_exit.py`), so nothing is lost.
+    before its command returns (rows and MLflow are written by then; `tests/cli/test_run_exit.py`), so nothing is lost.
     Only for a command this process was started for (`main()` without arguments): in-process callers, as tests,
     get the code back."""
     for stream in (sys.stdout, sys.stderr):

@@ -5,7 +5,7 @@ evaluation passes while every tensor torch creates is tracked until it is freed 
 model and whatever layout copies `vmap` makes. To those peaks it adds what a member keeps all along (parameters,
 optimiser state, best state, labels, logits). The planner sizes packs by it against $BENCH_PACK_MEMORY_GB where
 that is set (the driver opens no GPU), and each pack checks it against its own GPU before anything trains. It errs
-on the safe side: `tests/test_packed.py` checks it against what a real pack allocates, counted by the profiler.
+on the safe side: `tests/exec/test_packed.py` checks it against what a real pack allocates, counted by the profiler.
 Imports only torch (and the pack's own modules).
 """
 

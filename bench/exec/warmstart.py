@@ -98,7 +98,8 @@ class WarmStartCache:
                 self.log(f"bench: warning: {self.warning}")
             return
         self.trained_s += seconds
-        self.log(f"warm-start cache: trained {key} in {seconds:.1f}s")  # once a cell: tests/test_multinode.py checks
+        # once a cell: tests/grid/test_multinode.py checks
+        self.log(f"warm-start cache: trained {key} in {seconds:.1f}s")
 
     def _hit(self, entry: dict[str, Any]) -> WarmStart:
         self.hits += 1

@@ -14,7 +14,7 @@ Random state. Trials seed and draw from torch's, numpy's and Python's global gen
 dropout). At each hand-over the leaving member's global generator states (torch's CPU one, torch's CUDA one for the
 unit's device, numpy's, Python's) are kept and the arriving member's put back, so each member draws exactly what its
 solo trial draws: on a CPU a member's row and curves are bit-equal to its solo trial's in the same process (at the
-same thread count; tests/test_streams.py). Each member starts from the generator states the unit started in.
+same thread count; tests/exec/test_streams.py). Each member starts from the generator states the unit started in.
 
 Checkpoints, per member (`bench.store.folder.Checkpoints` under the member's trial id, the name its solo trial's
 would have), where the unit has checkpoints and a results folder: a retried unit resumes each member from its own
