@@ -45,6 +45,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,25 +126,29 @@ class Experiment:
         warm-start cell once, so concurrent trials train different warm starts instead of waiting on one."""
         out: list[TrialConfig] = []
         seen: set[str] = set()
+        for _, trial in self.each_trial(self.seeds):
+            if trial.trial_id not in seen:
+                seen.add(trial.trial_id)
+                out.append(trial)
+        return out
+
+    def each_trial(self, seeds: Sequence[int]) -> Iterator[tuple[MethodGrid, TrialConfig]]:
+        """Each trial of `seeds` with the method grid it comes from, in the order of `trials` (repeats included)."""
         for method in self.methods:
             for combo in method.combinations():
                 stage = {k: combo[k] for k in METHOD_STAGE if k in combo}
-                params = {k: v for k, v in combo.items() if k not in METHOD_STAGE}
-                for seed in self.seeds:
+                params = freeze_params({k: v for k, v in combo.items() if k not in METHOD_STAGE})
+                for seed in seeds:
                     for pattern in self.noise:
                         for r, spec, precision in itertools.product(self.r, self.protocol, self.precision):
-                            trial = TrialConfig(
+                            yield method, TrialConfig(
                                 dataset=self.dataset, method=method.name, noise=pattern, r=float(r), seed=seed,
                                 lr=stage.get("lr"), batch_size=stage.get("batch_size"),
                                 epochs=stage.get("epochs", self.epochs), epochs_warmup=self.epochs_warmup,
-                                method_params=freeze_params(params), transition=self.transition,
+                                method_params=params, transition=self.transition,
                                 train_subset=self.train_subset, device=self.device, experiment=self.name,
                                 protocol=spec, precision=precision, model=self.model, model_args=self.model_args,
                             )
-                            if trial.trial_id not in seen:
-                                seen.add(trial.trial_id)
-                                out.append(trial)
-        return out
 
 
 class _Checker:
@@ -304,22 +309,11 @@ def _check_trials(ck: _Checker, exp: Experiment) -> None:
     refusal worded with the key of the file that set the value (`_key`). `bench.grid.plan.Plan.make` checks every
     seed of the grid too, once its size was allowed."""
     transitions: set[tuple[Any, ...]] = set()
-    for method in exp.methods:
-        for combo in method.combinations():
-            stage = {k: combo[k] for k in METHOD_STAGE if k in combo}
-            params = freeze_params({k: v for k, v in combo.items() if k not in METHOD_STAGE})
-            for pattern, r, spec, precision in itertools.product(exp.noise, exp.r, exp.protocol, exp.precision):
-                trial = TrialConfig(
-                    dataset=exp.dataset, method=method.name, noise=pattern, r=float(r), seed=exp.seeds[0],
-                    lr=stage.get("lr"), batch_size=stage.get("batch_size"), epochs=stage.get("epochs", exp.epochs),
-                    epochs_warmup=exp.epochs_warmup, method_params=params, transition=exp.transition,
-                    train_subset=exp.train_subset, device=exp.device, experiment=exp.name, protocol=spec,
-                    precision=precision, model=exp.model, model_args=exp.model_args,
-                )
-                try:
-                    trial.check(transitions)
-                except TrialError as e:
-                    raise ck.fail(_key(e.field, method), e.problem) from None
+    for method, trial in exp.each_trial(exp.seeds[:1]):
+        try:
+            trial.check(transitions)
+        except TrialError as e:
+            raise ck.fail(_key(e.field, method), e.problem) from None
 
 
 def _key(field: str, method: MethodGrid) -> str:
