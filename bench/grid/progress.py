@@ -357,8 +357,8 @@ def make_callback(tally: Tally, results: str, units: dict[str, Unit], board: Sta
 def summary_modules() -> tuple[ModuleType, ModuleType]:
     """polars and bench.report.analysis, the summary's alone. Imported here, not at the top: a Ray worker imports this
     module for its reporter (`UnitReporter`), and polars and bench.report (SciPy) would cost it seconds of start-up for
-    nothing. The driver imports them in a thread while the grid's units start (`bench.grid.runner`), not after its
-    last trial (seconds on a loaded machine)."""
+    nothing. The driver writes the summary in a thread while Ray stops (`bench.grid.runner.summary_lines`): beside
+    the units' start, the import took CPU from theirs."""
     import polars as pl
 
     from bench.report import analysis  # as polars above

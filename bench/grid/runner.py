@@ -59,7 +59,6 @@ from bench.grid.progress import (
     UnitReporter,
     make_callback,
     print_summary,
-    summary_modules,
 )
 from bench.grid.stop import GridStop, end_processes
 from bench.grid.validate import check_data, check_results
@@ -257,22 +256,42 @@ def unit_bundles(unit: Unit, cpu: float, gpu: float) -> list[Bundle]:
     return get_executor(unit.kind).resources(list(unit.trials), cpu, gpu)
 
 
+# Ray Tune gives every trial actor these variables as its runtime environment (`DEFAULT_ENV_VARS` in
+# `ray.tune.execution.class_cache`, for PyTorch Lightning; Ray 2.x): `plain_trial_workers` sets them in the driver.
+TUNE_ACTOR_ENV = {"PL_DISABLE_FORK": "1"}
+
+
 def plain_trial_workers() -> None:
-    """Let a local grid's units run in the workers Ray starts idle with it (one per CPU). Ray Tune gives every trial
-    actor a runtime environment, `{"env_vars": {"PL_DISABLE_FORK": "1"}}` (`ray.tune.execution.class_cache`, for
-    PyTorch Lightning), and an actor with a runtime environment cannot use those workers: each unit's actor was a
-    fresh process started through Ray's `setup_worker.py` (two interpreters' start-up), while the idle ones had started
-    for nothing (seconds before the first unit trains on the 2-core machine, benchmarks/README.md). Locally every Ray
-    process inherits the driver's environment, so the variable is set there instead. It stays so for the process (a
-    later grid of it on a cluster gives its actors no PL_DISABLE_FORK: bench uses no PyTorch Lightning). Another Ray
-    without that table keeps its own way."""
+    """Let a local grid's units run in the workers Ray starts idle with it (one per CPU), called before Ray starts.
+    An actor with a runtime environment cannot use those workers: each unit's actor was a fresh process started
+    through Ray's `setup_worker.py` (two interpreters' start-up), while the idle ones had started for nothing (seconds
+    before the first unit trains on the 2-core machine, benchmarks/README.md). Locally every Ray process inherits the
+    driver's environment, so Ray Tune's variables (`TUNE_ACTOR_ENV`) are set here, without importing Ray Tune (a
+    second, on the grid's path: it is imported while Ray starts, `importing_ray_tune`), and `inherited_tune_env`
+    takes them out of Ray Tune's table before its first actor."""
+    for name, value in TUNE_ACTOR_ENV.items():
+        os.environ.setdefault(name, value)
+
+
+def inherited_tune_env() -> None:
+    """Take out of Ray Tune's actor environment each variable every local Ray process already has with its value
+    (`plain_trial_workers`). It stays so for the process (a later grid of it on a cluster gives its actors no
+    PL_DISABLE_FORK: bench uses no PyTorch Lightning). A variable of another Ray's table, or one this environment
+    sets otherwise, stays in it: its actors get fresh workers, as before."""
     try:
         from ray.tune.execution.class_cache import DEFAULT_ENV_VARS
     except ImportError:
         return
-    for name, value in DEFAULT_ENV_VARS.items():
-        os.environ.setdefault(name, value)
-    DEFAULT_ENV_VARS.clear()
+    for name in [n for n, value in DEFAULT_ENV_VARS.items() if os.environ.get(n) == value]:
+        del DEFAULT_ENV_VARS[name]
+
+
+def importing_ray_tune() -> Future[Any]:
+    """Ray Tune's import (pandas among it: about a second, more under load) in a thread, while `ray.init` waits for
+    Ray's processes in the main thread."""
+    import importlib
+
+    return in_background(importlib.import_module, "ray.tune")
 
 
 def _tuner(exp: Experiment, s: Settings, units: dict[str, Unit], results: str, cpu: float,
@@ -388,6 +407,7 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
 
     if s.address is None:
         plain_trial_workers()  # before Ray starts: its processes inherit the environment
+    tune_imported = importing_ray_tune()
     started_here = stop.start(lambda: start_ray(s.address, s.num_cpus))  # then takes the signals back from Ray
     board = StatusBoard(out, live=s.live, every=s.status_every)
     try:
@@ -400,9 +420,11 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
         if opening is not None:
             members = {k: [t.trial_id for t in u.trials] for k, u in units.items()}
             callbacks.append(make_mlflow_callback(tally, results, members, ready))
+        tune_imported.result()
+        if s.address is None:
+            inherited_tune_env()
         tuner = _tuner(exp, s, units, results, cpu, gpu, callbacks, stop, tally)
         tally.started = time.monotonic()  # progress and ETA count from the first trial, not Ray's start-up
-        in_background(summary_modules)  # while the driver waits for the first units
         stop.run(tuner.fit)
         mirror = ready()
         tally.interrupted, tally.ray_left = stop.signum, stop.abandoned
@@ -410,6 +432,9 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
             landed = count_landed(tally, results, pending)
             if mirror is not None and landed:  # in MLflow before the driver exits, not at the next run's backfill
                 tally.mlflow_logged += mirror.sync(results, trial_ids=landed)
+        # The summary (polars and bench.report imported, the rows read) is written while Ray stops: its processes'
+        # ends are mostly waiting, where the summary's imports beside the units took CPU from their start.
+        summary = in_background(summary_lines, exp, plan, tally, mirror)
     finally:
         board.close()
         if started_here and not stop.abandoned:
@@ -417,5 +442,12 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
             stop.hold()  # Ray's shutdown leaves SIGTERM to its default action
         elif started_here:  # Ray did not stop in time: its processes end here, and the driver exits (bench.cli.run)
             end_processes(stop.ray_processes())
-    print_summary(exp, plan, tally, mirror, out)
+    for line in summary.result():
+        out(line)
     return tally
+
+
+def summary_lines(exp: Experiment, plan: Plan, tally: Tally, mirror: Mirror | None) -> list[str]:
+    lines: list[str] = []
+    print_summary(exp, plan, tally, mirror, lines.append)
+    return lines
