@@ -482,3 +482,21 @@ def test_dry_run_shows_the_packs_and_why_the_rest_runs_solo(tmp_path, capsys):
     assert "8 trials in 4 packs of 2, 2, 2, 2; 4 trials solo" in out
     assert "solo: 4 trials: method vat" in out
     assert main(["run", str(config), "--dry-run", "--pack", "zero", "--results", str(tmp_path / "r")]) == 2
+
+
+def test_ray_tune_keeps_only_the_actor_variables_the_workers_do_not_inherit(monkeypatch):
+    """A local grid's units run in Ray's idle workers only if Ray Tune gives their actors no runtime environment
+    (bench.grid.runner.plain_trial_workers): each variable of its table that the driver's environment already has,
+    with the same value, leaves the table; one the environment sets otherwise stays (its actors then get it)."""
+    from ray.tune.execution import class_cache
+
+    from bench.grid.runner import TUNE_ACTOR_ENV, inherited_tune_env, plain_trial_workers
+
+    monkeypatch.setattr(class_cache, "DEFAULT_ENV_VARS", {"PL_DISABLE_FORK": "1", "OTHER": "a", "THIRD": "b"})
+    for name in (*TUNE_ACTOR_ENV, "OTHER", "THIRD"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OTHER", "not a")
+    plain_trial_workers()
+    assert os.environ["PL_DISABLE_FORK"] == "1"
+    inherited_tune_env()
+    assert class_cache.DEFAULT_ENV_VARS == {"OTHER": "a", "THIRD": "b"}
