@@ -151,9 +151,14 @@ def _metric(value: str) -> str:
     return value
 
 
-def _later(module: str, name: str) -> Callable[[argparse.Namespace], int]:
-    """The command `name` of `module`, imported only when the command runs."""
-    return lambda args: getattr(importlib.import_module(module), name)(args)
+class _later:  # noqa: N801 - read as a function at each command's `set_defaults`
+    """The command `name` of `module`, imported only when the command runs (`load`, while signals are held)."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module, self.name = module, name
+
+    def load(self) -> Callable[[argparse.Namespace], int]:
+        return getattr(importlib.import_module(self.module), self.name)
 
 
 # The manual's pages (docs/NAME.md) each command's --help names for depth; others name the index, docs/README.md.
@@ -380,10 +385,42 @@ def _terminable() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+# The signals `_terminated` saw in this command (a KeyboardInterrupt it raised can be lost, below), and, while the
+# command's modules import (`_holding_signals`), those it holds instead of raising.
+_seen: list[int] = []
+_held: list[int] | None = None
+
+
 def _terminated(signum: int, frame: object) -> None:
     from bench.grid.stop import Interrupted  # the standard library only
 
+    _seen.append(signum)
+    if _held is not None:
+        _held.append(signum)
+        return
     raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def _holding_signals() -> Iterator[None]:
+    """SIGTERM and SIGINT while the command's modules import are held, then raised once the imports are done. Raised
+    inside a C extension's module init (Cython's, where it patches collections.abc), the KeyboardInterrupt was written
+    as "Exception ignored" and lost, and the command ran to its end with exit 0 (a dry run printed its plan;
+    tests/grid/test_signals_at_every_moment.py). `_main` keeps a check for signals lost elsewhere."""
+    global _held
+    from bench.grid.stop import Interrupted  # the standard library only
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _terminated) if main_thread else None
+    _held = []
+    try:
+        yield
+    finally:
+        held, _held = _held, None
+        if main_thread:
+            signal.signal(signal.SIGINT, previous)
+    if held:
+        raise Interrupted(held[0])
 
 
 def _main(argv: list[str] | None, errors: TextIO | None) -> int:
@@ -391,12 +428,19 @@ def _main(argv: list[str] | None, errors: TextIO | None) -> int:
     args = parser.parse_args(argv)
     if hasattr(args, "data_root") and args.data_root is None:
         args.data_root = default_data_root()
+    _seen.clear()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("default")
-            for package in getattr(args, "needs", ()):  # before anything is written
-                importlib.import_module(package)
-            code = int(args.func(args) or 0)
+            with _holding_signals():
+                for package in getattr(args, "needs", ()):  # before anything is written
+                    importlib.import_module(package)
+                command = args.func.load() if isinstance(args.func, _later) else args.func
+            code = int(command(args) or 0)
+            if code == 0 and _seen:  # a signal whose KeyboardInterrupt some library swallowed: the command was stopped
+                from bench.grid.stop import Interrupted  # the standard library only
+
+                raise Interrupted(_seen[0])
             if argv is None and getattr(args, "leaves_at_once", False):  # this process is the command: `leave`
                 leave(code)
             return code
