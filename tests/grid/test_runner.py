@@ -385,7 +385,7 @@ def _kill_session(session: int) -> None:
 
 @pytest.mark.slow
 def test_killed_driver_relaunch_gives_every_row_exactly_once(ray_session, tmp_path):
-    config = write_config(tmp_path, name="killed", r=[0.0, 0.2, 0.4, 0.6], seeds=[0], epochs=40, epochs_warmup=3)
+    config = write_config(tmp_path, name="killed", r=[0.0, 0.2, 0.4, 0.6], seeds=[0], epochs=10, epochs_warmup=3)
     results = tmp_path / "results"
     driver = subprocess.Popen([BENCH, "run", str(config), "--results", str(results), "--max-concurrent", "1"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,

@@ -2,7 +2,12 @@
 and SIGINT (Ctrl-C) to a real `bench run` driver (real Ray, real parquet) end it with a summary that counts the rows
 on disk and says how to resume, exit 143 / 130, and a relaunch gives the rows and curves of an uninterrupted run; a
 second signal ends it at once. Each test fails on the code before that issue (SIGTERM: exit 1 or 134 and Ray's C++
-stack dump; SIGINT: exit 1)."""
+stack dump; SIGINT: exit 1).
+
+The runs a signal stops are real drivers in processes of their own; the uninterrupted run and the relaunches, which
+no signal reaches, run in this process on the module's Ray (tests/conftest.py `ray_session`): one Ray start for all
+of them, not one each. A unit sets its own thread count (`bench.grid.runner.ray_unit`), so their rows are the
+subprocesses' rows."""
 
 from __future__ import annotations
 
@@ -21,9 +26,11 @@ import polars as pl
 import pytest
 import yaml
 
+from bench.cli.main import main
+
 BENCH = str(Path(sys.executable).parent / "bench")
 # Four trials one at a time, long enough that a signal after the first row finds the second one training.
-GRID = dict(name="stop", dataset="synthetic", noise="case3", r=[0.0, 0.2, 0.4, 0.6], seeds=[0], epochs=12,
+GRID = dict(name="stop", dataset="synthetic", noise="case3", r=[0.0, 0.2, 0.4, 0.6], seeds=[0], epochs=6,
             epochs_warmup=1, resources={"cpu": 1}, methods={"ce": {}})
 # What differs between two runs of the same trial: timings, and which executor ran it.
 CHANGES = {"wall_s", "warmup_s", "method_s", "device_s", "diagnostics_s", "pack_wall_s", "finished_at", "executor",
@@ -76,14 +83,22 @@ def interrupted_run(config: Path, results: Path, signals: list[int]) -> tuple[in
         kill_session(driver.pid)
 
 
+def relaunch(config: Path, results: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """The same `bench run` command again, in this process on the module's Ray, to its exit 0; its stdout."""
+    capsys.readouterr()
+    status = main(command(config, results)[1:])
+    out, err = capsys.readouterr()
+    assert status == 0, out + err
+    return out
+
+
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> tuple[Path, Path]:
-    """The grid's config and the results of an uninterrupted run."""
+def uninterrupted(ray_session, tmp_path_factory) -> tuple[Path, Path]:
+    """The grid's config and the results of an uninterrupted run (in this process, on the module's Ray)."""
     where = tmp_path_factory.mktemp("whole")
     config = where / "grid.yaml"
     config.write_text(yaml.safe_dump(GRID, sort_keys=False))
-    done = subprocess.run(command(config, where / "results"), capture_output=True, text=True, env=env(), timeout=300)
-    assert done.returncode == 0, done.stderr
+    assert main(command(config, where / "results")[1:]) == 0
     return config, where / "results"
 
 
@@ -99,7 +114,7 @@ def assert_same_as(results: Path, want: Path) -> None:
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_a_signal_stops_the_grid_cleanly_and_a_relaunch_finishes_it(uninterrupted, tmp_path, sig, code):
+def test_a_signal_stops_the_grid_cleanly_and_a_relaunch_finishes_it(uninterrupted, tmp_path, capsys, sig, code):
     config, whole = uninterrupted
     results = tmp_path / "results"
     status, out, err, seconds = interrupted_run(config, results, [sig])
@@ -116,13 +131,11 @@ def test_a_signal_stops_the_grid_cleanly_and_a_relaunch_finishes_it(uninterrupte
     assert (int(stopped[1]), int(stopped[2])) == (landed, 4 - landed)  # the rows on disk, not Ray's view
     assert f"stop: {landed} of 4 trials finished" in out
 
-    again = subprocess.run(command(config, results), capture_output=True, text=True, env=env(), timeout=300)
-    assert again.returncode == 0, again.stderr
-    assert f"running {4 - landed} of 4 trials ({landed} already done)" in again.stdout
+    assert f"running {4 - landed} of 4 trials ({landed} already done)" in relaunch(config, results, capsys)
     assert_same_as(results, whole)
 
 
-def test_a_second_signal_ends_the_run_at_once(uninterrupted, tmp_path):
+def test_a_second_signal_ends_the_run_at_once(uninterrupted, tmp_path, capsys):
     config, whole = uninterrupted
     results = tmp_path / "results"
     status, _, err, seconds = interrupted_run(config, results, [signal.SIGTERM, signal.SIGTERM])
@@ -133,8 +146,7 @@ def test_a_second_signal_ends_the_run_at_once(uninterrupted, tmp_path):
     assert err.splitlines()[-1] in ("bench: SIGTERM again: stopped at once; run the same command again to finish "
                                     "the grid", "bench: SIGTERM: stopping the grid at the trials' last checkpoints "
                                     "(send it again to stop at once)")
-    again = subprocess.run(command(config, results), capture_output=True, text=True, env=env(), timeout=300)
-    assert again.returncode == 0, again.stderr
+    relaunch(config, results, capsys)
     assert_same_as(results, whole)
 
 
@@ -153,7 +165,7 @@ def small_disk(tmp_path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
-def test_a_full_disk_ends_the_grid_in_one_line_without_retries(uninterrupted, small_disk, tmp_path):
+def test_a_full_disk_ends_the_grid_in_one_line_without_retries(uninterrupted, small_disk, tmp_path, capsys):
     """The log and the warm-start cache degrade with one warning each; the row that cannot be written is kept in the
     unsaved folder (an `ok` row, not a `failed` one); ENOSPC is never retried; the grid ends with a summary, exit 2.
     With room again, the kept row moved back and the same command run, the rows and curves are an uninterrupted
@@ -179,14 +191,12 @@ def test_a_full_disk_ends_the_grid_in_one_line_without_retries(uninterrupted, sm
         (results / table).mkdir(exist_ok=True)
         for path in (unsaved / table).glob("*.parquet"):
             shutil.move(path, results / table / path.name)
-    again = subprocess.run(command(config, results), capture_output=True, text=True, env=env(), timeout=300)
-    assert again.returncode == 0, again.stderr
-    assert "running 3 of 4 trials (1 already done)" in again.stdout
+    assert "running 3 of 4 trials (1 already done)" in relaunch(config, results, capsys)
     assert_same_as(results, whole)
 
 
 # -- damaged curves ------------------------------------------------------------------------------------------------
-def test_a_damaged_curves_file_runs_its_trial_again(uninterrupted, tmp_path):
+def test_a_damaged_curves_file_runs_its_trial_again(uninterrupted, tmp_path, capsys):
     """`epochs/<id>.parquet` cut short: it and its row go to damaged/, the trial runs again, and the folder ends as
     the uninterrupted run's (the code before issue #40 set the curves aside, then said "nothing to run")."""
     config, whole = uninterrupted
@@ -194,9 +204,7 @@ def test_a_damaged_curves_file_runs_its_trial_again(uninterrupted, tmp_path):
     shutil.copytree(whole, results)
     damaged = sorted((results / "epochs").glob("*.parquet"))[1]
     damaged.write_bytes(damaged.read_bytes()[:100])
-    again = subprocess.run(command(config, results), capture_output=True, text=True, env=env(), timeout=300)
-    assert again.returncode == 0, again.stderr
-    assert "running 1 of 4 trials (3 already done)" in again.stdout
+    assert "running 1 of 4 trials (3 already done)" in relaunch(config, results, capsys)
     assert sorted(p.name.split(".")[0] for p in (results / "damaged").iterdir()) == [
         f"epochs-{damaged.stem}", f"trials-{damaged.stem}"]
     assert_same_as(results, whole)
