@@ -3,8 +3,8 @@
 Each sample is a command run for real; its whole output is kept in docs/samples/<name>.txt (the first line is the
 command; a sample that takes minutes ends with the commit that made it), and a page shows an excerpt of it between
 `<!-- sample: NAME -->` and `<!-- /sample -->`. tests/system/test_docs.py checks that each excerpt is the excerpt of its
-file, and re-runs the quick samples to compare their output with the file, times and paths aside (an error sample's
-commands there forked from one Python that made their imports once: `Forks`).
+file, and re-runs the quick samples to compare their output with the file, times and paths aside (their commands
+there forked from one Python that made their imports once: `Forks`).
 
     BENCH_DATA=/path/to/data .venv/bin/python docs/make_samples.py            # every sample (the demo: see its file)
     BENCH_DATA=/path/to/data .venv/bin/python docs/make_samples.py trial      # one sample
@@ -171,8 +171,8 @@ DOCS = [README, *sorted((REPO / "docs").glob("*.md"))]
 
 def run_sample(name: str, cwd: Path = WORKDIR, forks: Forks | None = None) -> list[str]:
     """Run a sample's commands with the installed bench in `cwd`, from empty results folders; return the file's
-    lines: `$ command`, then its output. With `forks`, an error sample's commands are forked from it (the tests'
-    way: the same commands, each a process of its own, less their seconds of imports)."""
+    lines: `$ command`, then its output. With `forks`, the commands are forked from it (the tests' way: the same
+    commands, each a process of its own, less their seconds of imports)."""
     commands = SAMPLES[name][0]
     cwd.mkdir(parents=True, exist_ok=True)
     if not (cwd / "tune_configs").exists():
@@ -185,7 +185,7 @@ def run_sample(name: str, cwd: Path = WORKDIR, forks: Forks | None = None) -> li
     # An error sample's commands read their inputs and write nothing: they run side by side (each is a Python start,
     # seconds of imports); the others run one after another, as a user would type them.
     with ThreadPoolExecutor(max_workers=4 if name in ERRORS else 1) as pool:
-        outputs = list(pool.map(lambda words: _run(name, words, cwd, forks if name in ERRORS else None), commands))
+        outputs = list(pool.map(lambda words: _run(name, words, cwd, forks), commands))
     return relative([line for lines in outputs for line in lines], cwd)
 
 
@@ -217,7 +217,7 @@ def _run(name: str, words: list[str], cwd: Path, forks: Forks | None = None) -> 
     return [f"$ {' '.join(words)}", *shown.rstrip("\n").splitlines()]
 
 
-# The modules the error samples' commands import before they read their input (torch and Ray by bench.exec.memory,
+# The modules the quick samples' commands import before they read their input (torch and Ray by bench.exec.memory,
 # polars and matplotlib by bench.report.build, ...): seconds of a 2-core machine for each command started afresh.
 PRELOADED = ("torch", "ray", "ray._private.worker", "polars", "matplotlib", "yaml", "bench.cli.calibrate",
              "bench.exec.memory", "bench.exec.trainer", "bench.exec.calibrate", "bench.grid.runner",
