@@ -3,7 +3,8 @@
 Each sample is a command run for real; its whole output is kept in docs/samples/<name>.txt (the first line is the
 command; a sample that takes minutes ends with the commit that made it), and a page shows an excerpt of it between
 `<!-- sample: NAME -->` and `<!-- /sample -->`. tests/system/test_docs.py checks that each excerpt is the excerpt of its
-file, and re-runs the quick samples to compare their output with the file, times and paths aside.
+file, and re-runs the quick samples to compare their output with the file, times and paths aside (their commands
+there forked from one Python that made their imports once: `Forks`).
 
     BENCH_DATA=/path/to/data .venv/bin/python docs/make_samples.py            # every sample (the demo: see its file)
     BENCH_DATA=/path/to/data .venv/bin/python docs/make_samples.py trial      # one sample
@@ -20,11 +21,13 @@ files) are written into the folder they run in by `write_inputs`.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -166,9 +169,10 @@ ENV_WORD = re.compile(r"[A-Z_][A-Z0-9_]*=")
 DOCS = [README, *sorted((REPO / "docs").glob("*.md"))]
 
 
-def run_sample(name: str, cwd: Path = WORKDIR) -> list[str]:
+def run_sample(name: str, cwd: Path = WORKDIR, forks: Forks | None = None) -> list[str]:
     """Run a sample's commands with the installed bench in `cwd`, from empty results folders; return the file's
-    lines: `$ command`, then its output."""
+    lines: `$ command`, then its output. With `forks`, the commands are forked from it (the tests' way: the same
+    commands, each a process of its own, less their seconds of imports)."""
     commands = SAMPLES[name][0]
     cwd.mkdir(parents=True, exist_ok=True)
     if not (cwd / "tune_configs").exists():
@@ -181,20 +185,28 @@ def run_sample(name: str, cwd: Path = WORKDIR) -> list[str]:
     # An error sample's commands read their inputs and write nothing: they run side by side (each is a Python start,
     # seconds of imports); the others run one after another, as a user would type them.
     with ThreadPoolExecutor(max_workers=4 if name in ERRORS else 1) as pool:
-        outputs = list(pool.map(lambda words: _run(name, words, cwd), commands))
+        outputs = list(pool.map(lambda words: _run(name, words, cwd, forks), commands))
     return relative([line for lines in outputs for line in lines], cwd)
 
 
-def _run(name: str, words: list[str], cwd: Path) -> list[str]:
+def _environment() -> dict[str, str]:
+    """What every sample command runs with, before its own `VAR=value` words."""
+    return {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "COLUMNS": "120"}
+
+
+def _run(name: str, words: list[str], cwd: Path, forks: Forks | None = None) -> list[str]:
     """One command of a sample, `VAR=value` words as its environment: `$ command`, then what it shows (stdout, or
     an error sample's one line on stderr, exit status 2)."""
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "COLUMNS": "120"}
+    env = _environment()
     argv = list(words)
     while ENV_WORD.match(argv[0]):  # `VAR=value bench ...`, as a shell reads it
         key, _, value = argv.pop(0).partition("=")
         env[key] = value
-    done = subprocess.run([sys.executable, "-m", "bench.cli.main", *argv[1:]], cwd=cwd, env=env,
-                          capture_output=True, text=True, check=False)
+    if forks is not None:
+        done = forks.run(argv[1:], env, cwd)
+    else:
+        done = subprocess.run([sys.executable, "-m", "bench.cli.main", *argv[1:]], cwd=cwd, env=env,
+                              capture_output=True, text=True, check=False)
     wanted = 2 if name in ERRORS else 0
     if done.returncode != wanted:
         raise SystemExit(f"make_samples: `{' '.join(words)}` exited {done.returncode}, not {wanted}:\n"
@@ -203,6 +215,109 @@ def _run(name: str, words: list[str], cwd: Path) -> list[str]:
     if name in ERRORS and not re.fullmatch(r"bench: error: [^\n]+\n", shown):
         raise SystemExit(f"make_samples: `{' '.join(words)}` wrote more than one `bench: error:` line:\n{shown}")
     return [f"$ {' '.join(words)}", *shown.rstrip("\n").splitlines()]
+
+
+# The modules the quick samples' commands import before they read their input (torch and Ray by bench.exec.memory,
+# polars and matplotlib by bench.report.build, ...): seconds of a 2-core machine for each command started afresh.
+PRELOADED = ("torch", "ray", "ray._private.worker", "polars", "matplotlib", "yaml", "bench.cli.calibrate",
+             "bench.exec.memory", "bench.exec.trainer", "bench.exec.calibrate", "bench.grid.runner",
+             "bench.grid.describe", "bench.report.build")
+# The fork server: it imports PRELOADED (its own stderr must stay empty: a warning there would be a command's second
+# line), then for each request (one JSON line: argv, env, cwd, files for stdout and stderr) forks a child that is that
+# command as `python -m bench.cli.main` runs it: its folder, its environment (the server's, which import-time
+# `os.environ.setdefault`s of bench modules joined, with the request's differences applied), its stdout and stderr on
+# files, its exit status reported back as `id status`. At most 4 run at once.
+_SERVER = r"""
+import json, os, select, sys
+base = dict(os.environ)
+for module in sys.argv[1:]:
+    __import__(module)
+os.write(1, b"ready\n")
+pending, queue, buffer = {}, [], b""
+while True:
+    while queue and len(pending) < 4:
+        request = queue.pop(0)
+        pid = os.fork()
+        if pid == 0:
+            os.chdir(request["cwd"])
+            for key in [k for k in base if k not in request["env"]]:
+                os.environ.pop(key, None)
+            os.environ.update({k: v for k, v in request["env"].items() if base.get(k) != v})
+            written = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+            for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, request["out"], written),
+                                    (2, request["err"], written)):
+                opened = os.open(path, flags)
+                os.dup2(opened, fd)
+                os.close(opened)
+            sys.argv = [sys.executable, *request["argv"]]
+            import runpy
+            try:
+                runpy.run_module("bench.cli.main", run_name="__main__", alter_sys=True)
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        pending[pid] = request["id"]
+    ready, _, _ = select.select([0], [], [], 0.02 if pending else None)
+    if ready:
+        chunk = os.read(0, 65536)
+        if not chunk:
+            break
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        queue += [json.loads(line) for line in lines]
+    while pending:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            break
+        os.write(1, f"{pending.pop(pid)} {os.waitstatus_to_exitcode(status)}\n".encode())
+os._exit(0)  # no teardown of torch and Ray: seconds
+"""
+
+
+class Forks:
+    """Runs commands as forks of one Python that has imported `PRELOADED` once (`_SERVER`): each still a process of
+    its own with its own folder, environment, standard output and error and exit status, as `_run` starts them."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.sending, self.reading = threading.Lock(), threading.Lock()
+        self.statuses: dict[str, int] = {}
+        self.count = 0
+        with open(folder / "server.err", "w+") as err:
+            self.server = subprocess.Popen([sys.executable, "-c", _SERVER, *PRELOADED], stdin=subprocess.PIPE,
+                                           stdout=subprocess.PIPE, stderr=err, env=_environment())
+            said = self.server.stdout.readline()
+            err.seek(0)
+            if said != b"ready\n" or (noise := err.read()):
+                self.close()
+                raise RuntimeError(f"make_samples: the fork server did not start quietly: {said!r} {noise[-2000:]}")
+
+    def run(self, argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+        with self.sending:
+            self.count += 1
+            key = str(self.count)
+            out, err = self.folder / f"{key}.out", self.folder / f"{key}.err"
+            request = dict(id=key, argv=argv, env=env, cwd=str(cwd), out=str(out), err=str(err))
+            self.server.stdin.write(json.dumps(request).encode() + b"\n")
+            self.server.stdin.flush()
+        while True:  # one reader at a time takes a status off the pipe, for whichever request it answers
+            with self.reading:
+                if key in self.statuses:
+                    code = self.statuses.pop(key)
+                    break
+                line = self.server.stdout.readline().decode()
+                if not line:
+                    raise RuntimeError("make_samples: the fork server ended")
+                done, status = line.split()
+                self.statuses[done] = int(status)
+        return subprocess.CompletedProcess(argv, code, out.read_text(), err.read_text())
+
+    def close(self) -> None:
+        self.server.stdin.close()
+        self.server.wait(timeout=60)
 
 
 def commit() -> str:

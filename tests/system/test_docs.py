@@ -12,6 +12,7 @@ import importlib.util
 import io
 import re
 import shlex
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -366,17 +367,28 @@ def test_normalising_masks_times_and_paths_only() -> None:
         "elapsed <time>  ETA <time>", "epoch 2/8  val 0.0618"]
 
 
+@pytest.fixture(scope="module")
+def forks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One fork server for every quick sample's commands (docs/make_samples.py, `Forks`): 27 commands, each its own
+    process, paid one import of torch, Ray, polars and matplotlib instead of 27."""
+    server = _samples_module().Forks(tmp_path_factory.mktemp("forks"))
+    yield server
+    server.close()
+
+
 @pytest.mark.parametrize("name", [n for n, (_, _, quick) in _samples_module().SAMPLES.items() if quick])
-def test_quick_samples_reproduce(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_quick_samples_reproduce(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forks: object) -> None:
     """Run the sample's commands again, as docs/make_samples.py runs them: the same output line for line, numbers
-    included (a trial is a pure function of its config), times and paths aside."""
+    included (a trial is a pure function of its config), times and paths aside. The commands are forked from one
+    Python that imported their modules once, each still a process with its own folder, environment, output, error
+    and exit status (make_samples checks it: 0, or an error sample's 2 and one `bench: error:` line on stderr)."""
     samples = _samples_module()
     datasets = {argv[argv.index("--dataset") + 1] for argv in samples.SAMPLES[name][0]
                 if "--dataset" in argv and "--data-root" not in argv}  # an error sample brings its damaged files
     if not all(_ready(d, SHARED_DATA) for d in datasets):
         pytest.skip(f"sample {name} needs {', '.join(sorted(datasets))} under {SHARED_DATA} (set BENCH_DATA)")
     monkeypatch.setenv("BENCH_DATA", str(SHARED_DATA))
-    fresh = samples.run_sample(name, cwd=tmp_path)
+    fresh = samples.run_sample(name, cwd=tmp_path, forks=forks)
     recorded = (REPO / "docs" / "samples" / f"{name}.txt").read_text().splitlines()
     assert normalised(fresh) == normalised(recorded)
 
