@@ -24,6 +24,7 @@ from bench import __version__
 from bench.cli import output
 from bench.cli.calibrate import add_calibrate
 from bench.config import EXIT_USAGE, UserError, default_data_root, integer, number
+from bench.grid.stop import Interrupted  # the standard library only: `bench --help` stays quick
 from bench.schema import GRID_LIMIT
 
 # What `bench run`, `report`, `results`, `sync-mlflow` and `ui` need beyond the training core; each command names
@@ -392,8 +393,6 @@ _held: list[int] | None = None
 
 
 def _terminated(signum: int, frame: object) -> None:
-    from bench.grid.stop import Interrupted  # the standard library only
-
     _seen.append(signum)
     if _held is not None:
         _held.append(signum)
@@ -408,8 +407,6 @@ def _holding_signals() -> Iterator[None]:
     as "Exception ignored" and lost, and the command ran to its end with exit 0 (a dry run printed its plan;
     tests/grid/test_signals_at_every_moment.py). `_main` keeps a check for signals lost elsewhere."""
     global _held
-    from bench.grid.stop import Interrupted  # the standard library only
-
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, _terminated) if main_thread else None
     _held = []
@@ -438,8 +435,6 @@ def _main(argv: list[str] | None, errors: TextIO | None) -> int:
                 command = args.func.load() if isinstance(args.func, _later) else args.func
             code = int(command(args) or 0)
             if code == 0 and _seen:  # a signal whose KeyboardInterrupt some library swallowed: the command was stopped
-                from bench.grid.stop import Interrupted  # the standard library only
-
                 raise Interrupted(_seen[0])
             if argv is None and getattr(args, "leaves_at_once", False):  # this process is the command: `leave`
                 leave(code)
