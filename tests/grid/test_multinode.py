@@ -115,9 +115,16 @@ class Node:
             os.killpg(self.process.pid, signum)
 
     def stop(self, signum: int = signal.SIGTERM, timeout: float = 90) -> list[int]:
-        """Stop the node by its own process group; the pids of its session still alive after `timeout` (killed
-        then, so that nothing is left behind whatever the test says)."""
-        self.send(signum)
+        """Stop the node: SIGTERM to its `ray start --block` process, which takes its Ray processes down
+        (docs/cluster.md, "Stopping one cluster"; the whole group signalled at once left the head's GCS and raylet
+        waiting on each other some 30 s), any other signal (SIGKILL: a lost node) to its whole process group. Returns
+        the pids of its session still alive after `timeout` (killed then, so that nothing is left behind whatever
+        the test says)."""
+        if signum == signal.SIGTERM:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signum)
+        else:
+            self.send(signum)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=timeout)
         deadline = time.monotonic() + timeout
