@@ -1,10 +1,10 @@
 """The one schema: every key of an experiment file and every value of a trial, with its type, its default and what
 it allows, and the check that turns a bad value into one line naming where it came from and what is allowed.
 
-A trial's values (r, seed, lr, batch size, epochs, training subset, device, precision) are declared once below and
-checked by the same code whether they come from an experiment file (`bench run`: "grid.yaml: r: must be ...") or from a
-flag (`bench trial`: "--r must be ..."). Numeric ranges use the interval notation of method hyper-parameters ("(0, 1]",
-"[0, inf)"), parsed by `Interval`.
+A trial's values (r, seed, lr, batch size, epochs, training subset, device, precision, numerics, threads) are
+declared once below and checked by the same code whether they come from an experiment file (`bench run`: "grid.yaml:
+r: must be ...") or from a flag (`bench trial`: "--r must be ..."). Numeric ranges use the interval notation of method
+hyper-parameters ("(0, 1]", "[0, inf)"), parsed by `Interval`.
 
 Hand-written rather than pydantic (which Ray Tune installs): `bench trial` and benchmarks/pack_grid.py check trials
 and read experiment files on a bare GPU box with torch, numpy and pyyaml only, so this module imports nothing
@@ -138,6 +138,9 @@ EXPERIMENT_NAME = Value(str, pattern=r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}",
 TEXT = Value(str, pattern=r".+", words="expected a non-empty string")
 # The arithmetic of a trial's forward passes (`bench.trial.PRECISIONS`).
 PRECISION = Value(str, pattern=r"fp32|bf16", words="must be fp32 or bf16")
+# A trial's float order (`bench.numerics`): the kernels the machine picks, or the pinned ones; its intra-op threads.
+NUMERICS = Value(str, pattern=r"native|portable", words="must be native or portable")
+THREADS = Value(int, "[1, 1024]")
 
 # `bench trial`: the TrialConfig field each flag sets, and what it allows.
 TRIAL_FLAGS = {
@@ -151,6 +154,8 @@ TRIAL_FLAGS = {
     "device": ("--device", DEVICE),
     "protocol": ("--protocol", TEXT),
     "precision": ("--precision", PRECISION),
+    "numerics": ("--numerics", NUMERICS),
+    "threads": ("--threads", THREADS),
 }
 
 # -- an experiment file (see bench/grid/experiment.py for an example) -------------------------------------------------
@@ -173,6 +178,9 @@ EXPERIMENT = {
     "protocol": Key(TEXT, axis=True, default=("bench",)),
     # fp32 (the default; TF32 matrix units on CUDA) or bf16 (forward passes under bf16 autocast); a grid axis
     "precision": Key(PRECISION, axis=True, default=("fp32",)),
+    # native (the default: the kernels the machine picks) or portable (pinned: the same bits on every x86-64 CPU);
+    # one for the whole grid, since its pins are set for the workers' processes (`bench.numerics`)
+    "numerics": Key(NUMERICS, default="native"),
     # The network, where not the dataset's (`bench models`: e.g. linear_probe), and its options
     "model": Key(TEXT),
     "model_args": Key(Value(dict, words="a mapping: option -> value (e.g. {backbone: resnet18, weights: random})"),

@@ -5,8 +5,9 @@ dataset's schedules and the method's defaults filled in, each number as its decl
 recognises finished trials, a grid can grow without re-running anything, writing a default out (or 1e-4 as 0.0001)
 is the same trial, and a changed default is a new one.
 
-A trial's precision (`PRECISIONS`) is part of its identity only where it is not the default fp32, so that every trial
-id from before precisions existed stays what it was.
+A trial's precision (`PRECISIONS`), numerics and intra-op threads (`bench.numerics`: its float order) are part of its
+identity only where they are not the defaults (fp32, native, one thread), so that every trial id from before they
+existed stays what it was.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from bench.data import Dataset, Splits, get_dataset
 from bench.download import weights_md5
 from bench.methods import check_params, defaults_on, get_method
 from bench.models import get_model
+from bench.numerics import NATIVE, machine_problem
 from bench.schema import TRIAL_FLAGS, check_name
 
 # The arithmetic of a trial's forward passes (training and evaluation; `bench.exec.prepare.Prepared.autocast`):
@@ -87,6 +89,10 @@ class TrialConfig:
     # linear_probe (`bench.features`), and its options (model_args, e.g. the probe's backbone and weights file).
     model: str | None = None
     model_args: tuple[tuple[str, Any], ...] = ()
+    # Its float order (`bench.numerics`): the kernels (native, or portable's pins) and the intra-op threads it computes
+    # with, set by the trial wherever it runs (a grid gives its trials their CPUs' worth; one under the authors').
+    numerics: str = NATIVE
+    threads: int = 1
 
     @property
     def params(self) -> dict[str, Any]:
@@ -144,6 +150,12 @@ class TrialConfig:
                 raise TrialError(f"{flag} must be positive, got {number}", name, f"must be positive, got {number}")
         if stage.epochs < 0 or warmup.epochs < 0:
             raise TrialError("--epochs and --epochs-warmup must be >= 0", "epochs", "must be >= 0")
+        if problem := machine_problem(self.numerics):
+            raise TrialError(problem, "numerics", problem.removeprefix("numerics "))
+        if self.threads != 1 and is_authors(self.protocol):
+            words = (f"must be 1 under protocol {self.protocol}: the scripts' figures are one thread's float order "
+                     f"(a grid's authors trials take one thread whatever their resources.cpu), got {self.threads}")
+            raise TrialError(f"--threads {words}", "threads", words)
 
     def check_inputs(self, dataset: Dataset, splits: Splits, log: Callable[[str], None]) -> None:
         """The rule that needs the data loaded, which the worker asks once it has loaded them, before any label is
@@ -194,7 +206,9 @@ class TrialConfig:
         bs = f" bs={self.batch_size}" if self.batch_size is not None else ""
         proto = "" if self.protocol == protocol.BENCH else f"  protocol {self.protocol}"
         precision = "" if self.precision == FP32 else f"  {self.precision}"
-        return f"{self.method}{lr}{bs}{params}  {self.noise} r={self.r:g} seed={self.seed}{proto}{precision}"
+        order = "".join(("" if self.numerics == NATIVE else f"  {self.numerics}",
+                         "" if self.threads == 1 else f"  {self.threads} threads"))
+        return f"{self.method}{lr}{bs}{params}  {self.noise} r={self.r:g} seed={self.seed}{proto}{precision}{order}"
 
     def network(self) -> str:
         """The registered model this trial trains: its own (`model`), else its protocol's (the scripts' network,
@@ -251,7 +265,8 @@ class TrialConfig:
 
     def identity(self) -> dict[str, Any]:
         """What the trial's numbers depend on, in one canonical form: the effective configuration (`schedules`,
-        `effective_params`, the dataset's model), and its precision where it is not fp32. A config naming an unknown
+        `effective_params`, the dataset's model), and its precision, numerics and threads where they are not the
+        defaults. A config naming an unknown
         dataset or method (refused before anything runs) is identified by its fields as given."""
         d: dict[str, Any] = dict(
             dataset=self.dataset, method=self.method, noise=self.noise, r=round(float(self.r), 10),
@@ -259,6 +274,8 @@ class TrialConfig:
             transition=[[float(x) for x in row] for row in self.transition] if self.transition else None,
             extra=sorted([list(p) for p in self.extra]),
         ) | ({} if self.precision == FP32 else dict(precision=self.precision)) \
+            | ({} if self.numerics == NATIVE else dict(numerics=self.numerics)) \
+            | ({} if self.threads == 1 else dict(threads=int(self.threads))) \
             | ({} if not self.model_args else dict(model_args=sorted([list(p) for p in self.model_args])))
         try:
             dataset, method = get_dataset(self.dataset), get_method(self.method)
@@ -284,6 +301,17 @@ class TrialConfig:
     def trial_id(self) -> str:
         blob = json.dumps(self.identity(), sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def is_authors(spec: str) -> bool:
+    """A protocol of the authors' scripts (`authors`, `authors-SWITCH`): their figures are one thread's float order."""
+    return str(spec).strip().startswith(protocol.AUTHORS)
+
+
+def grid_threads(cpus: float, spec: str) -> int:
+    """The intra-op threads of a grid's trial: its CPUs' worth (resources.cpu, at least one), one under the authors'
+    protocol."""
+    return 1 if is_authors(spec) else max(1, int(cpus))
 
 
 def _matrix(rows: tuple[tuple[float, ...], ...]) -> np.ndarray:

@@ -114,8 +114,9 @@ class FashionMNIST(Dataset):
     authors_differences = (
         "the seed — the script seeds no torch generator (its runs were unseeded): script_stream declares "
         "torch.manual_seed(seed) at the start of its __main__, and with it a CE or L_DMI trial computes the "
-        "script's very numbers on a CPU at one thread (tests/protocol/test_fashion_authors_exact.py, the script "
-        "run with the shims listed there); an unseeded run's are other draws of the same law",
+        "script's very numbers on a CPU at one thread with the same kernels: under --numerics portable on any x86-64 "
+        "CPU (tests/protocol/test_fashion_authors_exact.py, the script run under its pins with the shims listed "
+        "there); an unseeded run's are other draws of the same law",
         "the methods the script does not run (all but CE and L_DMI) train under its rules for L_DMI: their method "
         "stage keeps the epoch of the lowest method loss on the first validation batch of 128, the warm-started "
         "model's the first bar (first_batch_selection's '*'), with a new Adam each epoch, continuing the warm "

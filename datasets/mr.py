@@ -198,8 +198,9 @@ class MovieReview(Dataset):
         "forward_embedded, which the scripts' WordCNN has not (its padding depends on the tokens); the scripts run "
         "neither",
         "float order: the script ran on CUDA with cuDNN's non-deterministic kernels — on a CPU at one thread bench "
-        "computes the script's very bits (tests/protocol/test_mr_authors_exact.py); across thread counts and "
-        "machines its numbers agree within float order (tests/tolerances.py)",
+        "computes the script's very bits where both run with the same kernels: under --numerics portable on any "
+        "x86-64 CPU (tests/protocol/test_mr_authors_exact.py holds the script's figures under its pins), natively "
+        "on one CPU kind; across kernels and thread counts its numbers agree within float order (tests/tolerances.py)",
     )
     folder = "MR"
     files = {

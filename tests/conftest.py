@@ -5,12 +5,22 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
-import pytest
+from bench.numerics import PINS, machine_problem
 
-from bench.config import UserError
-from bench.datasets.fashion_mnist import write_idx  # the published format's writer (its stand-in's), shared
-from tests import netns
+# The whole suite computes under the portable numerics' pins (`bench.numerics`), set here before torch computes
+# anything and inherited by every process a test starts: every figure a test holds (the authors' scripts' digits, the
+# docs' samples) is then the same on any x86-64 CPU, whatever kernels the machine would pick. A test of native
+# numerics runs its own process without them (tests/exec/test_numerics.py).
+PORTABLE_SUITE = machine_problem("portable") is None  # x86-64: elsewhere the pins are not defined
+if PORTABLE_SUITE:
+    os.environ.update(PINS)
+
+import numpy as np  # noqa: E402 - after the pins
+import pytest  # noqa: E402
+
+from bench.config import UserError  # noqa: E402
+from bench.datasets.fashion_mnist import write_idx  # noqa: E402 - the published format's writer, shared
+from tests import netns  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # Every Ray of the tests is a private one on loopback, without token authentication, for the whole session: Ray 2.60
@@ -21,6 +31,13 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ["RAY_AUTH_MODE"] = "disabled"
 # The data root the README documents for every command ($BENCH_DATA), else the team's copy beside the checkout.
 SHARED_DATA = Path(os.environ.get("BENCH_DATA") or REPO.parent / "shared" / "data").expanduser()
+
+
+@pytest.fixture
+def portable_figures() -> None:
+    """For a test holding figures taken under the portable numerics: it skips on a CPU where they are not defined."""
+    if not PORTABLE_SUITE:
+        pytest.skip(f"its figures were taken under the portable numerics' x86-64 pins: {machine_problem('portable')}")
 
 
 @pytest.fixture

@@ -75,6 +75,11 @@ def _integer_or_text(value: str) -> int | str:
 
 
 def cmd_trial(args: argparse.Namespace) -> int:
+    # The trial's float-order pins before torch loads (`bench.numerics`): torch picks its kernels once per process.
+    from bench import numerics
+
+    if args.numerics in numerics.NUMERICS and not numerics.machine_problem(args.numerics):
+        numerics.set_pins(args.numerics, args.device)
     # torch loads with the commands that need it: `bench --help` and a mistyped flag answer at once
     from bench import noise
     from bench.exec.trainer import run_trial
@@ -88,6 +93,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
         method_params=freeze_params(_parse_params(args.method, args.param)), transition=transition,
         train_subset=args.train_subset, device=args.device, experiment=args.experiment, protocol=args.protocol,
         precision=args.precision, model=args.model, model_args=freeze_params(_parse_model_args(args.model_arg)),
+        numerics=args.numerics, threads=args.threads,
     )
     config.check()
     check_results(args.results)
@@ -108,6 +114,8 @@ def cmd_trial(args: argparse.Namespace) -> int:
         print(f"  estimated T {row['estimated_transition']}")
     print(f"  wall {row['wall_s']:.1f}s on {row['device']}" + (f" at {row['precision']}" if row["precision"] != "fp32"
                                                                   else ""))
+    print(f"  float order: {row['numerics']} numerics, {row['threads']} thread{'s' * (row['threads'] != 1)}, "
+          f"{row['cpu_capability']} kernels" + (f" (pins {row['pins']})" if row["pins"] else ""))
     print(f"  result row: {Path(args.results) / 'trials' / (row['trial_id'] + '.parquet')}")
     return 0
 
@@ -166,7 +174,7 @@ class _later:  # noqa: N801 - read as a function at each command's `set_defaults
 HELP_PAGES = {"trial": ("running", "protocol"), "datasets": ("datasets",), "methods": ("methods", "fidelity"),
               "run": ("running", "cluster", "failures"), "labels": ("reports",), "results": ("running", "reports"),
               "report": ("reports",), "leaderboard": ("reports",), "sync-mlflow": ("running",), "ui": ("running",),
-              "calibrate": ("calibrate", "running")}
+              "calibrate": ("calibrate", "running"), "verify": ("fidelity", "running")}
 
 
 def _name_pages(sub: argparse._SubParsersAction) -> None:
@@ -247,6 +255,13 @@ def _add_trial(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     p.add_argument("--precision", default="fp32",
                    help="fp32 (default; TF32 matrix units on CUDA) or bf16 (forward passes under bf16 autocast)")
+    p.add_argument("--numerics", default="native",
+                   help="native (default: the kernels this CPU picks) or portable (AVX2 kernels and MKL's "
+                        "COMPATIBLE branch, pinned before torch loads: the same bits on any x86-64 CPU; "
+                        "docs/fidelity.md)")
+    p.add_argument("--threads", type=integer, default=1,
+                   help="the trial's intra-op threads (default 1; part of its float order and its identity: a "
+                        "grid gives each trial its resources.cpu)")
     p.add_argument("--results", default="results", help="results folder (default: ./results)")
     p.add_argument("--experiment", default="adhoc", help="experiment name recorded in the row")
     _add_data_root(p)
@@ -271,7 +286,12 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mlflow-uri", default=None,
                    help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite inside the results folder)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow (parquet only)")
-    p.add_argument("--cpus-per-trial", type=number, default=None, help="override resources.cpu")
+    p.add_argument("--cpus-per-trial", type=number, default=None,
+                   help="override resources.cpu (each trial's CPUs and intra-op threads: another float order, so "
+                        "other trial ids)")
+    p.add_argument("--numerics", default=None, choices=("native", "portable"),
+                   help="the grid's numerics, as --set numerics=...: native (the file's default) or portable (the "
+                        "same bits on any x86-64 CPU: its own grid name and trial ids)")
     p.add_argument("--gpus-per-trial", type=number, default=None,
                    help="override resources.gpu (> 0 runs on cuda, 0 on the CPU); fractions share a GPU")
     p.add_argument("--retries", type=integer, default=None,
@@ -341,6 +361,14 @@ def _add_results_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("results", help="results folder")
     p.add_argument("--mlflow-uri", default=None, help="MLflow store (default as for `bench run`)")
     p.set_defaults(func=_later("bench.cli.mlflow", "cmd_sync_mlflow"), needs=("mlflow", "polars"))
+
+    p = sub.add_parser("verify", help="re-run trials from their rows and compare every figure bit for bit, naming "
+                       "the first that differs and the provenance (CPU kernels, pins, threads, versions) that does")
+    p.add_argument("results", help="results folder")
+    p.add_argument("--trial", action="append", default=[], metavar="ID",
+                   help="verify this trial (repeatable; default: every row of the folder)")
+    _add_data_root(p)
+    p.set_defaults(func=_later("bench.cli.verify", "cmd_verify"), needs=("pyarrow", "polars"))
 
     p = sub.add_parser("ui", help="serve the MLflow UI of a results folder on 127.0.0.1")
     p.add_argument("results", help="results folder")

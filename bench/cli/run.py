@@ -8,6 +8,7 @@ import contextlib
 import math
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from bench.cli.output import Unwritable, silence_stdout
@@ -67,8 +68,12 @@ def check_counts(args: argparse.Namespace) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    overrides = Overrides(tuple(args.sets), args.methods, args.seeds)
+    numerics = (f"numerics={args.numerics}",) if args.numerics else ()  # another computation: a grid of its own
+    overrides = Overrides(tuple(args.sets) + numerics, args.methods, args.seeds)
     exp = load_experiment(args.config, overrides=overrides)
+    if args.cpus_per_trial is not None and math.isfinite(args.cpus_per_trial) and args.cpus_per_trial > 0:
+        # A trial's CPUs are its intra-op threads (`bench.trial.grid_threads`): its trials are those of that many.
+        exp = replace(exp, resources=replace(exp.resources, cpu=args.cpus_per_trial))
     results = args.results or default_results(exp)
     out = Lines()
     if exp.overrides:

@@ -127,8 +127,8 @@ class Executor:
         return None
 
     def group_key(self, trial: TrialConfig) -> tuple[Any, ...]:
-        """What trials in one unit of this kind must share."""
-        return (trial.dataset, trial.device)
+        """What trials in one unit of this kind must share: a unit is one process, so one float order too."""
+        return (trial.dataset, trial.device, trial.numerics, trial.threads)
 
 
 def half_each(ps: list[Prepared], k: int) -> list[Prepared]:

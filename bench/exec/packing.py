@@ -13,6 +13,7 @@ from bench import models
 from bench.config import Schedule
 from bench.data import get_dataset
 from bench.methods import get_method
+from bench.numerics import NATIVE
 from bench.trial import FP32, TrialConfig
 
 
@@ -50,7 +51,9 @@ def pack_key(c: TrialConfig) -> tuple[Any, ...]:
     # A pack's members share their protocol and their method stage's selection rule (it can differ by method).
     if proto.switches:
         key += (tuple(proto.names()), proto.selection(c.method))
-    return key + ((c.precision,) if c.precision != FP32 else ())
+    # One process, one float order (`bench.numerics`): native at one thread keeps the key it always had.
+    order = (c.numerics, c.threads) if (c.numerics, c.threads) != (NATIVE, 1) else ()
+    return key + ((c.precision,) if c.precision != FP32 else ()) + order
 
 
 def member_order(configs: list[TrialConfig]) -> list[int]:

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.utils.data import Subset
 
-from bench import models, noise, protocol
+from bench import models, noise, numerics, protocol
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits, check_splits, get_dataset, worker_message
 from bench.exec import diagnostics
@@ -50,8 +50,10 @@ def resolve_device(name: str, full_float32: bool = False) -> torch.device:
 
 
 def trial_device(config: TrialConfig) -> torch.device:
-    """A trial's training device, its float32 arithmetic as its protocol has it (`resolve_device`)."""
-    return resolve_device(config.device, config.resolved_protocol().on("full_float32"))
+    """A trial's training device, its float32 arithmetic as its protocol and its numerics have it (`resolve_device`:
+    portable numerics compute in full float32 on CUDA, `bench.numerics`)."""
+    full = config.resolved_protocol().on("full_float32") or config.numerics == numerics.PORTABLE
+    return resolve_device(config.device, full)
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -232,6 +234,8 @@ def prepare(
     """Validate the config, load the data (unless `data` gives it, from `load_data`) and draw the noisy labels
     (train and validation only)."""
     config.check()  # every value, before any data is loaded or anything written: the driver's own check
+    # Its float order (threads; portable's pins checked in force), here where every executor's trials start.
+    numerics.enter(config.numerics, config.threads, config.device)
     dataset_cls = get_dataset(config.dataset)
     device = trial_device(config)
     proto = config.resolved_protocol()
@@ -309,12 +313,14 @@ def _draw_labels(config: TrialConfig, dataset: Dataset, splits: Splits) -> noise
 
 def warm_start_key(p: Prepared, net_index: int) -> str:
     """Identity of a CE warm start: shared by every method and hyper-parameter of its (data, noise, seed) cell at
-    one precision."""
+    one precision and float order."""
     c = p.config
     cell = [c.dataset, c.model_label(), c.noise, round(c.r, 10), c.seed, c.transition, c.train_subset,
             p.labels.noise_hash, repr(p.warmup), net_index, type(p.dataset).version]
     switches = p.protocol.warm_start_switches()  # none under bench: its keys are those it always had
     precision = [] if c.precision == FP32 else [c.precision]  # fp32's keys are those it always had
+    # Another float order is another warm start (native at one thread: the keys it always had).
+    precision += ([] if c.numerics == numerics.NATIVE else [c.numerics]) + ([] if c.threads == 1 else [c.threads])
     weights = c.weights()  # the files the network starts from, by content (none: the keys it always had)
     blob = json.dumps(cell + ([switches] if switches else []) + precision + ([weights] if weights else []),
                       default=str)

@@ -21,8 +21,9 @@ from typing import Any
 from bench.config import UserError
 
 
-def start_ray(address: str | None, num_cpus: int | None) -> bool:
-    """Connect to (or start) Ray; return True if this call started it (so the caller shuts it down)."""
+def start_ray(address: str | None, num_cpus: int | None, env: dict[str, str] | None = None) -> bool:
+    """Connect to (or start) Ray; return True if this call started it (so the caller shuts it down). `env`: variables
+    a cluster's workers get as the job's runtime environment (a local Ray's inherit the driver's)."""
     import ray
 
     if ray.is_initialized():
@@ -36,6 +37,8 @@ def start_ray(address: str | None, num_cpus: int | None) -> bool:
         logging.getLogger(name).setLevel(logging.CRITICAL)
     kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     if address:
+        if env:
+            kwargs["runtime_env"] = {"env_vars": dict(env)}
         connect(address, kwargs)
     else:
         # Ray turns a node address of 127.0.0.1 into this machine's network address (so that other nodes could

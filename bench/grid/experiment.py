@@ -13,7 +13,8 @@ An experiment is one grid of the paper's protocol on one dataset:
     train_subset: 10000                # optional: train on the first N training examples only
     device: cpu                        # cpu or cuda
     precision: fp32                    # optional: fp32 (default; TF32 on CUDA) or bf16 autocast (grid axis)
-    resources: {cpu: 1, gpu: 0}        # per trial; fractional GPUs share a device (e.g. gpu: 0.25)
+    numerics: native                   # optional: native (default) or portable (the same bits on any x86-64 CPU)
+    resources: {cpu: 1, gpu: 0}        # per trial (cpu: its intra-op threads too); fractional GPUs share a device
     max_concurrent: 4                  # optional: at most this many trials at once
     model: linear_probe                # optional: the network, where not the dataset's (`bench.models` registry)
     model_args: {backbone: resnet18, weights: /path/resnet18.pth}  # optional: its options
@@ -65,7 +66,7 @@ from bench.schema import (
     Key,
     Value,
 )
-from bench.trial import TrialConfig, TrialError, freeze_params
+from bench.trial import TrialConfig, TrialError, freeze_params, grid_threads
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,7 @@ class Experiment:
     precision: tuple[str, ...] = ("fp32",)  # `bench.trial.PRECISIONS` (grid axis)
     model: str | None = None  # the network, where not the dataset's
     model_args: tuple[tuple[str, Any], ...] = ()  # its options
+    numerics: str = "native"  # `bench.numerics`: one for the grid (its pins are its workers' environment)
 
     def size(self) -> int:
         """The number of trials, counted without expanding the grid."""
@@ -148,6 +150,7 @@ class Experiment:
                                 method_params=params, transition=self.transition,
                                 train_subset=self.train_subset, device=self.device, experiment=self.name,
                                 protocol=spec, precision=precision, model=self.model, model_args=self.model_args,
+                                numerics=self.numerics, threads=grid_threads(self.resources.cpu, spec),
                             )
 
 
@@ -300,7 +303,7 @@ def parse_experiment(data: Any, source: str = "<config>") -> Experiment:
         epochs=v["epochs"], epochs_warmup=v["epochs_warmup"], train_subset=v["train_subset"], device=v["device"],
         resources=resources, max_concurrent=v["max_concurrent"], transition=transition,
         description=v["description"], source=source, protocol=v["protocol"], precision=v["precision"],
-        model=v["model"], model_args=freeze_params(v["model_args"]),
+        model=v["model"], model_args=freeze_params(v["model_args"]), numerics=v["numerics"],
     )
 
 

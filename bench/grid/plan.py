@@ -21,6 +21,7 @@ from bench.exec.executor import Unit, executors, get_executor
 from bench.grid import executor_table
 from bench.grid.validate import check_trials
 from bench.methods import get_method
+from bench.numerics import NATIVE
 from bench.store.folder import Store
 from bench.trial import FP32, TrialConfig
 
@@ -86,7 +87,8 @@ def warm_cell(c: TrialConfig) -> tuple[Any, ...]:
     hash follows from these). The runner counts warm starts by it, and packs hold whole cells where they fit."""
     switches = c.resolved_protocol().warm_start_switches()  # the authors' warm start is not bench's
     return (c.dataset, c.noise, round(c.r, 10), c.seed, c.transition, c.train_subset, c.epochs_warmup) + \
-        ((tuple(switches),) if switches else ()) + ((c.precision,) if c.precision != FP32 else ())
+        ((tuple(switches),) if switches else ()) + ((c.precision,) if c.precision != FP32 else ()) + \
+        ((c.numerics, c.threads) if (c.numerics, c.threads) != (NATIVE, 1) else ())
 
 
 def plan_units(trials: list[TrialConfig], pack: str | int, data_root: str | os.PathLike[str] | None = None,

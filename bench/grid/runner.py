@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import numerics
 from bench.config import FolderFull, UserError, disk_full
 from bench.exec.executor import Bundle, Unit, UnitContext, get_executor, retry_may_cure
 from bench.exec.trainer import failed_row
@@ -73,13 +74,12 @@ os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no status ta
 
 # -- the trial, in a Ray worker ---------------------------------------------------------------------------------
 def ray_unit(config: dict[str, Any], units: dict[str, Unit], data_root: str, results: str,
-             threads: int, report_every: float = REPORT_EVERY) -> None:
+             report_every: float = REPORT_EVERY) -> None:
     """Run one unit of the grid in a Ray worker with its kind's executor (`bench.exec.executor`: a solo trial, a
-    pack of trials trained as one stacked model, ...); report its status and warm-start cache use."""
-    import torch
+    pack of trials trained as one stacked model, ...); report its status and warm-start cache use. Each trial sets
+    its own float order (threads, numerics) as it starts (`bench.exec.prepare.prepare`), as under `bench trial`."""
     from ray import tune
 
-    torch.set_num_threads(threads)
     unit = config["unit"]
     trials = list(units[unit].trials)
     log = UnitLog(folder.Store(results).log_path(unit))
@@ -302,8 +302,7 @@ def _tuner(exp: Experiment, s: Settings, units: dict[str, Unit], results: str, c
 
     trainable = tune.with_parameters(
         ray_unit, units=units,
-        data_root=str(Path(s.data_root).expanduser().resolve()), results=results,
-        threads=max(1, int(cpu)), report_every=s.report_every,
+        data_root=str(Path(s.data_root).expanduser().resolve()), results=results, report_every=s.report_every,
     )
     trainable = tune.with_resources(
         trainable, lambda spec: tune.PlacementGroupFactory(unit_bundles(units[spec["unit"]], cpu, gpu)))
@@ -407,8 +406,12 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
 
     if s.address is None:
         plain_trial_workers()  # before Ray starts: its processes inherit the environment
+    # The grid's float-order pins (`bench.numerics`), before Ray starts its workers: a local Ray's inherit this
+    # environment, a cluster's get them as the job's runtime environment.
+    pinned = numerics.pins(exp.numerics, exp.device)
+    unpinned = numerics.set_pins(exp.numerics, exp.device) if s.address is None else {}
     tune_imported = importing_ray_tune()
-    started_here = stop.start(lambda: start_ray(s.address, s.num_cpus))  # then takes the signals back from Ray
+    started_here = stop.start(lambda: start_ray(s.address, s.num_cpus, env=pinned))  # then takes the signals back
     board = StatusBoard(out, live=s.live, every=s.status_every)
     try:
         ready = when_ready(opening, plan, results, out)
@@ -442,6 +445,7 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
             stop.hold()  # Ray's shutdown leaves SIGTERM to its default action
         elif started_here:  # Ray did not stop in time: its processes end here, and the driver exits (bench.cli.run)
             end_processes(stop.ray_processes())
+        numerics.restore(unpinned)
     for line in summary.result():
         out(line)
     return tally

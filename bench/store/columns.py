@@ -98,7 +98,21 @@ MORE = (
     # device's model (the CPU's from /proc/cpuinfo, or the GPU's name) and a GPU's UUID ("" on the CPU); null in rows
     # written before they existed.
     _c("node_id", TEXT, PROVENANCE), _c("device_model", TEXT, PROVENANCE), _c("device_uuid", TEXT, PROVENANCE),
+    # Its float order (`bench.numerics`): native (rows written before numerics existed are native's) or portable, and
+    # the intra-op threads it computed with (null in rows written before: the process's default, not recorded).
+    _c("numerics", TEXT, CONFIGURATION, "param", default="native"), _c("threads", INT, CONFIGURATION, "param"),
+    # What computed it: ATen's CPU capability (AVX2, AVX512, ...), MKL's reproducibility branch and oneDNN's ISA in
+    # force, the pins in its environment ("" for none), the libraries' versions, and whether deterministic
+    # algorithms were on (CUDA under portable); `bench verify` names the ones that differ from the machine re-running
+    # it. Null in rows written before they existed.
+    _c("cpu_capability", TEXT, PROVENANCE, "param"), _c("mkl_cbwr", TEXT, PROVENANCE),
+    _c("onednn_isa", TEXT, PROVENANCE), _c("pins", TEXT, PROVENANCE), _c("mkl_version", TEXT, PROVENANCE),
+    _c("onednn_version", TEXT, PROVENANCE), _c("cuda_version", TEXT, PROVENANCE), _c("cudnn_version", TEXT, PROVENANCE),
+    _c("deterministic", BOOL, PROVENANCE),
 )
+# The columns that say what computed a row (`bench.numerics.in_force`), beside its device and versions.
+FLOAT_ORDER = ("numerics", "threads", "cpu_capability", "mkl_cbwr", "onednn_isa", "pins", "mkl_version",
+               "onednn_version", "cuda_version", "cudnn_version", "deterministic")
 ROW_COLUMNS = CORE + MORE
 ROW = {c.name: c for c in ROW_COLUMNS}
 CORE_COLUMNS = [c.name for c in CORE]

@@ -8,6 +8,7 @@ only numpy and torch: the training core makes rows on a bare GPU box.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench import protocol
+from bench import numerics, protocol
 from bench.noise import NoisyLabels
 from bench.store.columns import ROW, check_declared
 from bench.store.folder import Store
@@ -150,9 +151,38 @@ def make_row(
         config_json=json.dumps(config.identity(), sort_keys=True, default=str),
         finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),  # the newest of two rows of a seed counts
         pack_wall_s=None if pack_wall_s is None else float(pack_wall_s),
-    ) | _measured(outcome, labels, wall_s)
+        numerics=config.numerics,
+    ) | numerics.in_force(config.device) | _measured(outcome, labels, wall_s)
     check_declared(row)  # a column made here but never declared would otherwise be dropped without a word
     return {name: row[name] for name in ROW}  # every declared column (a KeyError names one not made here)
+
+
+def trial_config(row: dict[str, Any]) -> TrialConfig:
+    """The trial a row records, rebuilt from its columns (`make_row`'s inverse, for `bench verify`): the effective
+    schedule it ran (lr, batch size, epochs), its given hyper-parameters, its protocol, precision, float order and
+    network. Its `trial_id` is the row's where the code computes the same trial (a caller compares them: a changed
+    default or a plug-in's `version` makes another trial)."""
+    from bench.data import get_dataset
+
+    model, _, args = str(row["model"]).partition("(")
+    model_args = tuple(sorted((key.strip(), _number_or_text(value.strip())) for key, _, value in
+                              (item.partition("=") for item in args.removesuffix(")").split(",") if item.strip())))
+    transition = tuple(map(tuple, json.loads(row["transition"]))) if row["noise"] == "transition" else None
+    params = json.loads(row["method_params"] or "{}")
+    config = TrialConfig(
+        dataset=row["dataset"], method=row["method"], noise=row["noise"], r=float(row["r"]), seed=int(row["seed"]),
+        lr=row["lr"], batch_size=row["batch_size"], epochs=row["epochs"], epochs_warmup=row["epochs_warmup"],
+        method_params=tuple(sorted(params.items())), transition=transition, train_subset=row["train_subset"],
+        device=str(row["device"]).split(" ")[0], experiment=row["experiment"], protocol=row["protocol"] or "bench",
+        precision=row["precision"] or "fp32", model_args=model_args, numerics=row["numerics"] or numerics.NATIVE,
+        threads=int(row["threads"] or 1),
+    )
+    default = config.resolved_protocol().setting("script_model", get_dataset(config.dataset).model)
+    return config if model == default else dataclasses.replace(config, model=model)
+
+
+def _number_or_text(text: str) -> int | str:
+    return int(text) if text.isascii() and text.isdigit() else text
 
 
 def write_trial(results: str | os.PathLike[str], row: dict[str, Any], epochs: list[dict[str, Any]]) -> str:

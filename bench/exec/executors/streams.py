@@ -261,8 +261,8 @@ class Streams(Executor):
 
     def group_key(self, trial: TrialConfig) -> tuple[Any, ...]:
         """One dataset, one network, one device: members share a process, its device and its data's files, and its
-        float32 arithmetic (TF32 on or off is the process's: the `full_float32` switch)."""
-        key = (trial.dataset, trial.model_label(), trial.device)
+        float32 arithmetic (TF32 on or off is the process's: the `full_float32` switch) and float order."""
+        key = (trial.dataset, trial.model_label(), trial.device, trial.numerics, trial.threads)
         return key + (("full_float32",) if trial.resolved_protocol().on("full_float32") else ())
 
 
