@@ -212,9 +212,12 @@ def _onednn_isa() -> str:
 
 @contextlib.contextmanager
 def _captured_stdout() -> Iterator[Any]:
-    """What the process writes to its standard output's file descriptor inside the block (C libraries included)."""
-    sys.stdout.flush()
-    fd = sys.stdout.fileno() if hasattr(sys.stdout, "fileno") and _has_fileno() else 1
+    """What the C libraries write to the process's standard output (file descriptor 1, where C's `stdout` writes,
+    whatever Python's `sys.stdout` is) inside the block."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        sys.stdout.flush()
+    _flush_c_stdio()
+    fd = 1
     saved = os.dup(fd)
     with tempfile.TemporaryFile() as caught:
         text: list[str] = []
@@ -222,7 +225,6 @@ def _captured_stdout() -> Iterator[Any]:
         try:
             yield lambda: "".join(text)
         finally:
-            sys.stdout.flush()
             _flush_c_stdio()  # oneDNN prints through C's stdio, buffered where stdout is no terminal
             os.dup2(saved, fd)
             os.close(saved)
@@ -235,11 +237,3 @@ def _flush_c_stdio() -> None:
 
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).fflush(None)
-
-
-def _has_fileno() -> bool:
-    try:
-        sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):  # pytest's capture, a StringIO
-        return False
-    return True

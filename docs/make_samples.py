@@ -190,8 +190,12 @@ def run_sample(name: str, cwd: Path = WORKDIR, forks: Forks | None = None) -> li
 
 
 def _environment() -> dict[str, str]:
-    """What every sample command runs with, before its own `VAR=value` words."""
-    return {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "COLUMNS": "120"}
+    """What every sample command runs with, before its own `VAR=value` words: under the portable numerics' pins
+    (`bench.numerics.PINS`), as the tests that re-run the quick samples compute, so that their figures are the same
+    on any x86-64 CPU."""
+    from bench.numerics import PINS
+
+    return {**os.environ, **PINS, "RAY_USAGE_STATS_ENABLED": "0", "COLUMNS": "120"}
 
 
 def _run(name: str, words: list[str], cwd: Path, forks: Forks | None = None) -> list[str]:

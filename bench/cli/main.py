@@ -114,8 +114,9 @@ def cmd_trial(args: argparse.Namespace) -> int:
         print(f"  estimated T {row['estimated_transition']}")
     print(f"  wall {row['wall_s']:.1f}s on {row['device']}" + (f" at {row['precision']}" if row["precision"] != "fp32"
                                                                   else ""))
-    print(f"  float order: {row['numerics']} numerics, {row['threads']} thread{'s' * (row['threads'] != 1)}, "
-          f"{row['cpu_capability']} kernels" + (f" (pins {row['pins']})" if row["pins"] else ""))
+    pinned = " (pinned by the environment)" if row["pins"] and row["numerics"] != "portable" else ""
+    print(f"  float order: {row['numerics']} numerics at {row['threads']} thread{'s' * (row['threads'] != 1)}: ATen "
+          f"{row['cpu_capability']}, MKL {row['mkl_cbwr'] or '-'}{pinned}")
     print(f"  result row: {Path(args.results) / 'trials' / (row['trial_id'] + '.parquet')}")
     return 0
 

@@ -52,24 +52,29 @@ def cmd_results(args: argparse.Namespace) -> int:
 
 
 NODE = ("host", "node_id", "device_model", "device_uuid")  # a node and the device a trial ran on
+# What computed its trials there (`bench.numerics`): two groups of one node that differ here are other float orders.
+FLOAT_ORDER = ("numerics", "threads", "cpu_capability", "mkl_cbwr")
 
 
 def print_by_node(table: Any) -> None:
-    """One line per node and device: its trials, their statuses, their mean wall seconds and mean test accuracy
-    (of the rows with one). Rows written before the provenance columns existed have them empty ("-")."""
+    """One line per node, device and float order (numerics, threads, ATen's kernels, MKL's branch): its trials,
+    their statuses, their mean wall seconds and mean test accuracy (of the rows with one). Rows written before the
+    provenance columns existed have them empty ("-")."""
     import polars as pl
 
     table = conform(table)
-    nodes = (table.with_columns(pl.col(c).fill_null("-").replace("", "-") for c in NODE)
-             .group_by(NODE).agg(pl.len().alias("trials"), pl.col("status").sort().alias("statuses"),
+    keys = (*NODE, *FLOAT_ORDER)
+    nodes = (table.with_columns(pl.col(c).cast(pl.String).fill_null("-").replace("", "-") for c in keys)
+             .group_by(keys).agg(pl.len().alias("trials"), pl.col("status").sort().alias("statuses"),
                                  pl.col("wall_s").mean(), pl.col("test_acc").mean())
-             .sort("host", "node_id", "device_model", "device_uuid"))
-    header = ["host", "node", "device", "uuid", "trials", "statuses", "wall s", "test %"]
-    rows = [[n["host"], n["node_id"], n["device_model"], n["device_uuid"], str(n["trials"]),
+             .sort(*keys))
+    header = ["host", "node", "device", "uuid", "numerics", "threads", "ATen", "MKL", "trials", "statuses", "wall s",
+              "test %"]
+    rows = [[*(n[k] for k in keys), str(n["trials"]),
              ", ".join(f"{k} {v}" for k, v in sorted(Counter(n["statuses"]).items())),
              _shown(0)(n["wall_s"]), _shown(2)(n["test_acc"])] for n in nodes.iter_rows(named=True)]
     _print_table(header, rows)
-    print(f"{table.height} rows on {nodes.height} node/device pairs")
+    print(f"{table.height} rows on {nodes.height} node/device/float-order groups")
 
 
 def _print(table: object, columns: list[str], shown: dict[str, tuple[str, Callable[[object], str]]]) -> None:

@@ -82,6 +82,30 @@ def _labels() -> dict[str, str]:
 # ---------------------------------------------------------------------------------------------------- loading
 
 
+# What computed a trial (`bench.numerics`): a cell whose trials differ here compares other float orders.
+FLOAT_ORDER = ("numerics", "threads", "cpu_capability")
+
+
+def mixed_float_orders(df: pl.DataFrame) -> str:
+    """A warning ("" for none) naming the cells whose trials were computed in more than one float order (numerics,
+    threads, ATen's kernels): their seeds' spread and their methods' differences then hold float-order noise too
+    (`bench verify` re-runs a row; docs/fidelity.md, "Float order")."""
+    if df.is_empty():
+        return ""
+    orders = (df.with_columns(pl.concat_str([pl.col(c).cast(pl.String).fill_null("?") for c in FLOAT_ORDER],
+                                            separator="/").alias("float_order"))
+              .group_by(CELL).agg(pl.col("float_order").unique().sort()).filter(pl.col("float_order").list.len() > 1)
+              .sort(CELL))
+    if orders.is_empty():
+        return ""
+    first = orders.row(0, named=True)
+    where = (f"{first['dataset']} {first['noise']} r={first['r']:g} {first['method']}: "
+             f"{', '.join(first['float_order'])} (numerics/threads/kernels)")
+    more = f" and {orders.height - 1} more" if orders.height > 1 else ""
+    return (f" Warning: {orders.height} cell{'s' * (orders.height > 1)} mix{'es' * (orders.height == 1)} float "
+            f"orders ({where}{more}): their trials are not one computation; run them with one numerics and threads.")
+
+
 def load_trials(results: str | Path) -> pl.DataFrame:
     """All trial rows under `results`, with the setting hash and the optional columns filled in."""
     results = str(results)

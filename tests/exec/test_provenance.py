@@ -79,22 +79,29 @@ def test_a_cuda_trial_names_its_gpu_and_its_uuid(tmp_path: Path) -> None:
 
 
 def test_results_by_node_counts_each_nodes_trials(tmp_path: Path) -> None:
-    """Three rows on node a (one failed), two on node b, one written before the columns existed: one line each, with
-    its counts, the mean wall time of its rows and the mean test accuracy of those with one."""
+    """Three rows on node a (one failed), two on node b computed with other kernels (ATen's AVX-512 and AVX2: two
+    float orders, so two lines), one written before the columns existed: one line each, with its float order, its
+    counts, the mean wall time of its rows and the mean test accuracy of those with one."""
     rows = [make_row("ce", 0.2, seed, 0.5, 70.0 + seed) for seed in range(5)]
     rows[2]["status"], rows[2]["test_acc"] = "failed", None
     for i, row in enumerate(rows):
         node = "a" * 56 if i < 3 else "b" * 56
-        row.update(host="box", node_id=node, device_model="Test CPU", device_uuid="", wall_s=float(2 * i + 1))
+        row.update(host="box", node_id=node, device_model="Test CPU", device_uuid="", wall_s=float(2 * i + 1),
+                   numerics="portable" if i < 3 else "native", threads=1,
+                   cpu_capability="AVX2" if i != 3 else "AVX512", mkl_cbwr="COMPATIBLE" if i < 3 else "OFF")
     write(tmp_path, rows + [make_row("dmi", 0.2, 0, 0.4, 60.0)])
     run = subprocess.run([str(BIN / "bench"), "results", str(tmp_path), "--by-node"], capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0, run.stderr
-    lines = {line.split()[1][:1]: line.split() for line in run.stdout.splitlines()[2:-1]}
-    assert lines["a"] == ["box", "a" * 56, "Test", "CPU", "-", "3", "failed", "1,", "ok", "2", "3", "70.50"]
-    assert lines["b"] == ["box", "b" * 56, "Test", "CPU", "-", "2", "ok", "2", "8", "73.50"]
-    assert lines["-"] == ["test", "-", "-", "-", "1", "ok", "1", "2", "60.00"]  # host "test", wall 1.5 shown as 2
-    assert run.stdout.splitlines()[-1] == "6 rows on 3 node/device pairs"
+    lines = {(line.split()[1][:1], line.split()[7]): line.split() for line in run.stdout.splitlines()[2:-1]}
+    assert lines["a", "AVX2"] == ["box", "a" * 56, "Test", "CPU", "-", "portable", "1", "AVX2", "COMPATIBLE", "3",
+                                  "failed", "1,", "ok", "2", "3", "70.50"]
+    assert lines["b", "AVX512"] == ["box", "b" * 56, "Test", "CPU", "-", "native", "1", "AVX512", "OFF", "1", "ok",
+                                    "1", "7", "73.00"]
+    assert lines["b", "AVX2"] == ["box", "b" * 56, "Test", "CPU", "-", "native", "1", "AVX2", "OFF", "1", "ok", "1",
+                                  "9", "74.00"]
+    assert lines["-", "-"] == ["test", "-", "-", "-", "native", "-", "-", "-", "1", "ok", "1", "2", "60.00"]
+    assert run.stdout.splitlines()[-1] == "6 rows on 4 node/device/float-order groups"
 
 
 def test_a_node_whose_raylet_answers_is_not_lost(ray_session) -> None:

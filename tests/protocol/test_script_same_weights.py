@@ -72,9 +72,9 @@ def _figures() -> dict[str, float]:
 
 # Printed by their CIFAR-10 `ResNet34` (CIFAR-10/model.py, imported as is) and `DMI_loss` (CIFAR-10/DMI.py:12-19,
 # taken out with ast: DMI.py loads the data at import), commit 7d5e4bc (both files as at 54e0d5d, which
-# datasets/cifar10.py cites), under the same pins, one thread: weights from `torch.manual_seed(0)` at construction, 64 N(0, 1)
-# images (generator seed 1) and labels (seed 2), a training-mode forward (batch statistics). At initialisation the
-# 10 x 10 matrix is near singular, so both give -log(1e-3) exactly.
+# datasets/cifar10.py cites), under the same pins, one thread: weights from `torch.manual_seed(0)` at construction,
+# 64 N(0, 1) images (generator seed 1) and labels (seed 2), a training-mode forward (batch statistics). At
+# initialisation the 10 x 10 matrix is near singular, so both give -log(1e-3) exactly.
 THEIR_CIFAR = {"init_sum": 8497.842005332033, "train_logits_sum": 2.201116345822811, "dmi_train": 6.907755374908447}
 
 
