@@ -316,7 +316,8 @@ def warm_start_key(p: Prepared, net_index: int) -> str:
     switches = p.protocol.warm_start_switches()  # none under bench: its keys are those it always had
     precision = [] if c.precision == FP32 else [c.precision]  # fp32's keys are those it always had
     weights = c.weights()  # the files the network starts from, by content (none: the keys it always had)
-    blob = json.dumps(cell + ([switches] if switches else []) + precision + ([weights] if weights else []),
+    version = c.network_version()  # none while the network is at version 1: the keys it always had
+    blob = json.dumps(cell + ([switches] if switches else []) + precision + ([weights] if weights else []) + version,
                       default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
