@@ -9,13 +9,13 @@ tensor set, so every method that trains "logits -> loss" runs on it, and its tri
 to `$BENCH_CACHE/features` (else `~/.cache/bench/cache/features`), one file per split, named by a hash of what they
 depend on: the dataset and its version, the split's role and contents (its input bytes, or its image list with each
 image's size and modification time), the evaluation transform (by the bytes it makes of the split's first inputs) and
-the trial's protocol switches, the backbone, the weights file's md5 (or `random`) and the input size; a later trial of
-any method, seed or noise reads them back, and a changed image, transform or protocol computes them again. Files are
-written atomically (a unique temporary file, then `os.replace`), readable by the owner's group; a damaged one is set
-aside with a warning and recomputed. Weights come from a LOCAL file of torchvision's state dict (as Clothing1M's
-ResNet-50): nothing is ever downloaded. Random weights only where asked for (`weights: random`, torch seed 0), and the
-row's `model` column says so ("linear_probe(backbone=resnet18, weights=random)"); a file's md5 is in its `weights`
-column and its trial id.
+the trial's protocol switches, the backbone and the probe's `version`, the weights file's md5 (or `random`) and the
+input size; a later trial of any method, seed or noise reads them back, and a changed image, transform or protocol
+computes them again. Files are written atomically (a unique temporary file, then `os.replace`), readable by the
+owner's group; a damaged one is set aside with a warning and recomputed. Weights come from a LOCAL file of
+torchvision's state dict (as Clothing1M's ResNet-50): nothing is ever downloaded. Random weights only where asked for
+(`weights: random`, torch seed 0), and the row's `model` column says so ("linear_probe(backbone=resnet18,
+weights=random)"); a file's md5 is in its `weights` column and its trial id.
 
 Instance-dependent noise is drawn on the dataset's own inputs, as for every other network, not on the features.
 """
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import sys
 import tempfile
@@ -43,7 +44,9 @@ from bench.models import Model
 
 RANDOM = "random"
 BATCH = 256
-FEATURES_VERSION = 2  # bumped when the extraction changes what it computes (2: keyed by content and transform)
+# Bumped when the cache's key or files change (2: keyed by content and transform); a change to what the features are
+# bumps `LinearProbe.version`, which is part of the key too.
+FEATURES_VERSION = 2
 
 
 class LinearProbe(Model):
@@ -53,6 +56,7 @@ class LinearProbe(Model):
     packable = True
     data_options = ("backbone", "weights", "image_size")
     weights_options = ("weights",)
+    version = 2  # 2: CLIP's QuickGELU and DINOv2's own interpolation of positions (issue 53)
 
     def __init__(self, num_classes: int, in_features: int) -> None:
         super().__init__()
@@ -81,15 +85,18 @@ class LinearProbe(Model):
 
 # The frozen encoders the field now compares against, built by timm (the optional extra `bench[probe]`) with no hub
 # access, from a local weights file: backbone name -> (timm architecture, its options). Their features are the class
-# token after the final norm (timm's `num_classes=0`); CLIP's projection (timm's head) is left out. Any size of input
-# is taken (positions interpolated, the image padded to whole patches).
+# token after the final norm (timm's `num_classes=0`); CLIP's projection (timm's head) is left out. OpenAI's CLIP
+# computes its MLPs with QuickGELU, x * sigmoid(1.702 x) (openai/CLIP clip/model.py), hence timm's `_quickgelu`
+# builds: its plain CLIP builds take GELU, 0.04 off in the features of an official ViT-B/32 file
+# (tests/datasets/test_official_weights.py). Any size of input is taken (the image padded to whole patches; positions
+# interpolated, DINOv2's as its own code does: `official_dinov2_positions`).
 TIMM_BACKBONES: dict[str, tuple[str, dict[str, Any]]] = {
     "dinov2_vits14": ("vit_small_patch14_dinov2", {}),
     "dinov2_vitb14": ("vit_base_patch14_dinov2", {}),
     "dinov2_vitl14": ("vit_large_patch14_dinov2", {}),
-    "clip_vit_b32": ("vit_base_patch32_clip_224", {}),
-    "clip_vit_b16": ("vit_base_patch16_clip_224", {}),
-    "clip_vit_l14": ("vit_large_patch14_clip_224", {}),
+    "clip_vit_b32": ("vit_base_patch32_clip_quickgelu_224", {}),
+    "clip_vit_b16": ("vit_base_patch16_clip_quickgelu_224", {}),
+    "clip_vit_l14": ("vit_large_patch14_clip_quickgelu_224", {}),
 }
 
 
@@ -125,7 +132,31 @@ def build_timm_backbone(name: str, weights: str) -> nn.Module:
             message = " ".join(str(e).split())[:200]
             raise UserError(f"linear_probe: {path} is not a {name} ({architecture}) state dict ({message}); "
                             "docs/realworld.md says which file to use") from None
+    if name.startswith("dinov2_"):
+        official_dinov2_positions(net)
     return net.eval().requires_grad_(False)
+
+
+def official_dinov2_positions(net: nn.Module) -> None:
+    """Position embeddings of a timm DINOv2 `net` interpolated to the image's patch grid as DINOv2's own model does
+    (facebookresearch/dinov2 dinov2/models/vision_transformer.py `interpolate_pos_encoding`, and hub/backbones.py:
+    bicubic by the scale factor (grid + 0.1) / 37 of its 37 x 37 positions, no antialiasing), in place of timm's
+    (antialiased bicubic to the grid): at 224 pixels, timm's way moves the features of an official ViT-S/14 file by
+    0.1 (tests/datasets/test_official_weights.py). At 518 pixels neither interpolates."""
+
+    def pos_embed(x: torch.Tensor) -> torch.Tensor:  # timm's `_pos_embed`: patches (B, H, W, C) -> tokens
+        batch, rows, cols, width = x.shape
+        cls_position, positions = net.pos_embed[:, :1], net.pos_embed[:, 1:]
+        side = math.isqrt(positions.shape[1])
+        if (rows, cols) != (side, side):
+            grid = positions.float().reshape(1, side, side, width).permute(0, 3, 1, 2)
+            grid = nn.functional.interpolate(grid, scale_factor=((rows + 0.1) / side, (cols + 0.1) / side),
+                                             mode="bicubic", antialias=False)
+            positions = grid.permute(0, 2, 3, 1).reshape(1, rows * cols, width).to(x.dtype)
+        tokens = torch.cat([net.cls_token.expand(batch, -1, -1), x.reshape(batch, rows * cols, width)], dim=1)
+        return net.pos_drop(tokens + torch.cat([cls_position, positions], dim=1))
+
+    net._pos_embed = pos_embed
 
 
 def build_backbone(name: str, weights: str) -> nn.Module:
@@ -203,11 +234,11 @@ class Extractor:
 
     def cache_file(self, dataset: Dataset, split: Split, role: str) -> Path:
         """The features' file, named by a hash of all they depend on (`fingerprint`: the inputs by content; the
-        transform and the protocol; the backbone and its weights by md5; the input size)."""
+        transform and the protocol; the backbone, the probe's version and its weights by md5; the input size)."""
         h = hashlib.sha256()
         switches = sorted((name, repr(s.setting)) for name, s in dataset.trial_protocol.switches.items())
-        for part in (FEATURES_VERSION, dataset.name, type(dataset).version, role, len(split), self.backbone,
-                     self.weights_id, self.image_size, switches):
+        for part in (FEATURES_VERSION, LinearProbe.version, dataset.name, type(dataset).version, role, len(split),
+                     self.backbone, self.weights_id, self.image_size, switches):
             h.update(f"{part}\0".encode())
         h.update(fingerprint(split.x))
         h.update(self.transform_fingerprint(dataset, split))

@@ -33,6 +33,10 @@ class Model(nn.Module):
     # Options that name a local weights file the network starts from (ResNet-50's ImageNet weights, the probe's
     # backbone): each file's md5 is part of the trial's identity and its row (`bench.trial.TrialConfig.weights`).
     weights_options: ClassVar[tuple[str, ...]] = ()
+    # Bumped when a change to the network changes a trial's numbers with its options unchanged (a probe's backbone
+    # built another way): part of trial identity and of the warm start's key where above 1
+    # (`bench.trial.TrialConfig.network_version`), so that rows and warm starts made by the old code are not reused.
+    version: ClassVar[int] = 1
 
     @classmethod
     def options(cls) -> set[str]:

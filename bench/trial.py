@@ -221,6 +221,15 @@ class TrialConfig:
         args = ", ".join(f"{k}={v}" for k, v in self.model_args)
         return f"{self.network()}({args})" if args else self.network()
 
+    def network_version(self) -> list[int]:
+        """The network's `version` where a change has altered its numbers; none while it is 1 (the identity and warm
+        start key every trial had before networks counted their changes)."""
+        try:
+            version = get_model(self.network()).version
+        except UserError:  # an unknown network or dataset: refused before anything runs
+            return []
+        return [] if version == 1 else [version]
+
     def weights(self) -> dict[str, str]:
         """The md5 of each weights file the trial's network starts from, by option: the trial's own options that name
         one (`Model.weights_options`: the probe's backbone, ResNet-50's ImageNet weights), else the file its dataset
@@ -295,7 +304,7 @@ class TrialConfig:
         d |= {} if not weights else dict(weights=weights)
         return d | dict(model=model, warmup=_canonical(warmup), method_stage=_canonical(stage),
                         method_params=sorted([key, value] for key, value in params.items()),
-                        versions=[dataset.version, method.version]) | switches
+                        versions=[dataset.version, method.version, *self.network_version()]) | switches
 
     @functools.cached_property
     def trial_id(self) -> str:

@@ -35,7 +35,8 @@ batch 64 (`-b 64`) whose lr is divided by 10 at epochs 200 and 250 (`--step1 200
 (dataloader_red_mini_imagenet.py line 95, CIFAR-100's), a random 32 crop of the image padded by 4 and a flip for
 training (lines 92-93). Differences: ResNet-18 here has the standard (post-activation) blocks (`resnet18_cifar`),
 the momentum is not Nesterov's and restarts after the warm start; run_famus.sh moves the lr steps to 100 and 200 at
-0.6 and 0.8 for FaMUS itself, which bench does not follow (one schedule for every level and method). MentorMix's own
+0.6 and 0.8 for FaMUS itself (`--step1 100 --step2 200`, lines 53-54 and 69-70; the runs of 0.2, 0.6 and 0.8 are
+commented out there, 0.4's runs), which bench does not follow (one schedule for every level and method). MentorMix's own
 paper trains Inception-ResNet-v2 at 299 pixels; FaMUS's MentorMix baseline a ResNet-32 at 32 pixels
 (baselines/code_mentormix_r32/train_script.sh `--studentnet=resnet32`).
 

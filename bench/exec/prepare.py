@@ -322,7 +322,8 @@ def warm_start_key(p: Prepared, net_index: int) -> str:
     # Another float order is another warm start (native at one thread: the keys it always had).
     precision += ([] if c.numerics == numerics.NATIVE else [c.numerics]) + ([] if c.threads == 1 else [c.threads])
     weights = c.weights()  # the files the network starts from, by content (none: the keys it always had)
-    blob = json.dumps(cell + ([switches] if switches else []) + precision + ([weights] if weights else []),
+    version = c.network_version()  # none while the network is at version 1: the keys it always had
+    blob = json.dumps(cell + ([switches] if switches else []) + precision + ([weights] if weights else []) + version,
                       default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -131,6 +131,28 @@ def test_probe_trials_pack_by_backbone() -> None:
     assert probe.identity()["model"] == "linear_probe" and probe.trial_id != plain.trial_id
 
 
+def test_a_changed_probe_is_another_trial_warm_start_and_feature_file(tiny: Path, monkeypatch) -> None:
+    """`LinearProbe.version` (2: CLIP's QuickGELU, DINOv2's own interpolation of positions) is in the trial id, the
+    warm start's key and the features' file names: rows, warm starts and features of the older backbones are not
+    reused; a network at version 1 (every other) keeps the id and key it always had."""
+    from bench.exec.prepare import prepare, warm_start_key
+
+    def made() -> tuple[str, str, list[str]]:
+        config = TrialConfig("cifar10n", "ce", "worse", 0.0, model="linear_probe",
+                             model_args=(("backbone", "resnet18"), ("weights", "random")))
+        p = prepare(config, tiny, log=lambda s: None)
+        return config.trial_id, warm_start_key(p, 0), sorted(f.name for f in cached(tiny))
+
+    assert features.LinearProbe.version == 2
+    assert TrialConfig("cifar10n", "ce", "worse", 0.0).identity()["versions"] == [CIFAR10N.version, 1]
+    now = made()
+    monkeypatch.setattr(features.LinearProbe, "version", 1)
+    before = made()
+    assert now[0] != before[0] and now[1] != before[1]
+    # The train, validation and test features of version 2, then three more files of version 1 beside them.
+    assert len(now[2]) == 3 and len(set(before[2]) - set(now[2])) == 3
+
+
 def test_instance_dependent_noise_is_drawn_on_the_inputs_not_the_features(tiny: Path, forwards) -> None:
     from bench.exec.prepare import prepare
 

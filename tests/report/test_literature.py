@@ -38,6 +38,13 @@ def test_literature_rows_read_as_their_sources_print_them() -> None:
     assert set(red.filter(method="mentormix")["network"]) == {"ResNet-32, 32 x 32"}
     assert set(red.filter(pl.col("method") != "mentormix")["network"]) == {"PreAct ResNet-18, 32 x 32"}
     assert red["model"].null_count() == red.height  # neither is a bench network
+    # FaMUS's own schedule as its run_famus.sh (26a7b22) passes it at each level: the lr steps (`--step1`, `--step2`)
+    # at 200 and 250 for 0.2 and 0.4, at 100 and 200 for 0.6 and 0.8.
+    famus = {row["noise_r"]: row["budget"] for row in red.filter(method="famus").to_dicts()}
+    for r, steps, lines in ((0.2, (200, 250), "36-37"), (0.4, (200, 250), "20-21"), (0.6, (100, 200), "53-54"),
+                            (0.8, (100, 200), "69-70")):
+        assert f"lr 0.02 / 10 at {steps[0]} and {steps[1]} " in famus[r], r
+        assert f"FaMUS/run_famus.sh, 26a7b22, lines {lines}: `--step1 {steps[0]} --step2 {steps[1]}` at {r}" in famus[r]
     selfie = rows.filter(dataset="animal10n", method="selfie").to_dicts()[0]
     assert selfie["acc_mean"] == 81.6 and selfie["acc_std"] is None  # read off SELFIE's chart: no std
     fw = rows.filter(dataset="webvision_mini_ilsvrc12", method="fw").to_dicts()[0]
