@@ -1,16 +1,23 @@
-"""A dataset's published files fetched and checked: the download (atomic, with its progress on stderr) and the md5
-a file is checked against. `bench.data.Dataset.download` and the datasets that verify releases use them; `fetch_many`
-fetches the many images a dataset publishes as a list of URLs (`Dataset.prepare`), resumably."""
+"""A dataset's published files fetched, checked and unpacked: the download (atomic, with its progress on stderr), the
+md5 a file is checked against, and the one unpack of a published archive (`unpack`: plain files and folders only,
+nothing written outside the dataset's folder). `bench.data.Dataset.download` and the datasets that verify releases
+use them; `fetch_many` fetches the many images a dataset publishes as a list of URLs (`Dataset.prepare`),
+resumably."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import shutil
+import stat
 import sys
+import tarfile
 import tempfile
 import threading
 import urllib.request
+import zipfile
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TextIO
@@ -62,6 +69,84 @@ def fetch(url: str, target: Path) -> None:
             Path(tmp.name).unlink(missing_ok=True)
             raise UserError(f"download of {url} failed: {e}") from None
     Path(tmp.name).replace(target)
+
+
+def unpack(archive: Path, folder: Path, member_md5: dict[str, str] | None = None) -> None:
+    """Unpack a tar or zip archive into `folder`, writing nothing outside it.
+
+    An archive is what others made: a member with an absolute name, a `..`, or one that is a link or a device is
+    refused, in one line naming it, before anything is written (Python 3.11's tar extraction trusts every member:
+    `../x`, `/x`, a symbolic link followed by a file under it and a hard link to an outside file all wrote outside the
+    data root). The members go into a temporary folder inside `folder`; those named in `member_md5` (path -> md5)
+    must match there, the others are renamed into place only then, so a refused archive leaves `folder` as it was."""
+    folder.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".unpacking-", dir=folder))
+    try:
+        _extract(archive, staging)
+        for rel, md5 in (member_md5 or {}).items():
+            if (staging / rel).is_file() and file_md5(staging / rel) != md5:
+                raise UserError(f"{archive}: its member {rel} is not the published file (md5 mismatch): delete the "
+                                "archive and download it again")
+        for entry in sorted(staging.iterdir()):
+            _replace(entry, folder / entry.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _extract(archive: Path, staging: Path) -> None:
+    """Every member checked first (`_check_member`), then all extracted into `staging`; tar's "data" filter as a
+    second guard."""
+    try:
+        if zipfile.is_zipfile(archive):
+            with zipfile.ZipFile(archive) as z:
+                for info in z.infolist():
+                    _check_member(archive, info.filename, _zip_kind(info))
+                z.extractall(staging)
+            return
+        with tarfile.open(archive) as tar:
+            members = tar.getmembers()
+            for member in members:
+                _check_member(archive, member.name, _tar_kind(member))
+            tar.extractall(staging, members=members, filter="data")
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error) as e:
+        raise UserError(f"{archive} is not a readable tar or zip archive ({type(e).__name__}: {e}): delete it and "
+                        "get the published one") from None
+
+
+def _tar_kind(member: tarfile.TarInfo) -> str:
+    """What makes a tar member other than a plain file or folder ("" for those)."""
+    if member.isfile() or member.isdir():
+        return ""
+    return ("is a symbolic link" if member.issym() else "is a hard link" if member.islnk() else
+            "is a device" if member.ischr() or member.isblk() else "is a named pipe" if member.isfifo() else
+            "is neither a file nor a folder")
+
+
+def _zip_kind(info: zipfile.ZipInfo) -> str:
+    """What makes a zip member other than a plain file or folder ("" for those): its Unix mode, where it has one."""
+    mode = info.external_attr >> 16
+    if stat.S_ISLNK(mode):
+        return "is a symbolic link"
+    return "is a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else ""
+
+
+def _check_member(archive: Path, name: str, kind: str) -> None:
+    """Refuse, in one line naming it, a member that could write outside the folder it is unpacked into."""
+    parts = name.replace("\\", "/").split("/")
+    why = ("has an absolute name" if name.startswith(("/", "\\")) or name[1:2] == ":" else
+           "has '..' in its name" if ".." in parts else kind or ("has an empty name" if not name.strip("/") else ""))
+    if why:
+        raise UserError(f"{archive}: member {name!r} {why}: bench unpacks only plain files and folders inside the "
+                        "dataset's folder; delete the archive and get the published one")
+
+
+def _replace(source: Path, target: Path) -> None:
+    """Move an unpacked entry into place, in place of what stood there: a link is removed, never followed."""
+    if target.is_symlink() or target.is_file():
+        target.unlink()
+    elif target.exists():
+        shutil.rmtree(target)
+    os.replace(source, target)
 
 
 class DownloadProgress:
