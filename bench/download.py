@@ -8,19 +8,26 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import http.client
 import os
+import re
 import shutil
 import stat
 import sys
 import tarfile
 import tempfile
 import threading
+import time
+import urllib.error
+import urllib.parse
 import urllib.request
 import zipfile
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 from bench.config import UserError
 
@@ -181,35 +188,134 @@ class DownloadProgress:
 
 
 MANIFEST = ".fetched.tsv"  # `fetch_many`'s record of what it fetched: `name<TAB>bytes<TAB>sha256` a line
+_MANIFEST_LINE = re.compile(r"([^\t]+)\t([0-9]{1,18})\t([0-9a-f]{64})")  # ASCII digits: `int("²")` raised
 
 
-def fetch_many(items: dict[str, str], folder: Path, workers: int = 8, timeout: float = 30.0) -> dict[str, list[str]]:
+@dataclass(frozen=True)
+class Limits:
+    """What one file of `fetch_many` may take: seconds from its request to its last byte (`file_seconds`; a server
+    sending one byte every 10 s held the command forever), bytes (`file_bytes`; an endless body wrote 3.4 GB in
+    25 s), seconds of silence (`read_seconds`); and what the whole command may take (`command_seconds`: then the
+    files not yet fetched fail, for the next run to fetch)."""
+
+    file_seconds: float = 120.0
+    file_bytes: int = 50_000_000  # a web image; the published sizes are not known
+    read_seconds: float = 30.0
+    command_seconds: float = 4 * 3600.0
+
+
+class FetchFailed(Exception):
+    """One file not fetched: `kind` (one of `FAILURE_KINDS`: what `bench datasets --prepare` counts) and the detail."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
+
+
+# Each way a file can fail, as the one line `Fetched.lines` gives it.
+FAILURE_KINDS = {
+    "scheme": "not an http:// or https:// address (a redirect's target included)",
+    "http": "the server answered with an HTTP error",
+    "network": "no answer (connection refused or reset, or silent for the read timeout)",
+    "cut": "the body ended before its Content-Length",
+    "large": "over the size bound",
+    "slow": "not done within the deadline per file",
+    "unreadable": "not a readable file of its kind (an HTML page, say)",
+    "deadline": "not fetched within the command's deadline",
+}
+
+
+@dataclass
+class Fetched:
+    """What `fetch_many` did: the names fetched, kept (present and matching) and failed (name -> failure kind)."""
+
+    fetched: list[str]
+    kept: list[str]
+    failed: dict[str, str]
+
+    def lines(self, prefix: str) -> list[str]:
+        """One line per failure kind: how many, what, the first name."""
+        kinds: dict[str, list[str]] = {}
+        for name, kind in sorted(self.failed.items()):
+            kinds.setdefault(kind, []).append(name)
+        return [f"{prefix}{len(names):,} failed: {FAILURE_KINDS[kind]} (first: {names[0]})"
+                for kind, names in kinds.items()]
+
+
+class _HttpRedirects(urllib.request.HTTPRedirectHandler):
+    """Redirects to http:// and https:// only (urllib's own follows ftp:// too), refused as their own kind."""
+
+    def http_error_302(self, req, fp, code, msg, headers):  # noqa: ANN001, ANN201 (urllib's signature)
+        target = headers.get("location") or headers.get("uri") or ""
+        if urllib.parse.urlsplit(urllib.parse.urljoin(req.full_url, target)).scheme not in ("http", "https"):
+            fp.close()
+            raise FetchFailed("scheme", f"redirected to {target}")
+        return super().http_error_302(req, fp, code, msg, headers)
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
+
+_OPENER = urllib.request.build_opener(_HttpRedirects)
+
+
+def _stream(url: str, out: BinaryIO, limits: Limits, until: float) -> None:
+    """Write the body at `url` to `out` within `limits`, or raise `FetchFailed`; `until`: the command's deadline."""
+    if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+        raise FetchFailed("scheme", url)
+    stop = min(time.monotonic() + limits.file_seconds, until)
+    try:
+        with _OPENER.open(url, timeout=limits.read_seconds) as response:
+            length = response.headers.get("Content-Length")
+            length = int(length) if length and length.isascii() and length.isdigit() else None
+            if length is not None and length > limits.file_bytes:
+                raise FetchFailed("large", f"Content-Length {length:,} bytes, over {limits.file_bytes:,}")
+            got = 0
+            while block := response.read1(1 << 16):  # what has arrived: a drip is seen between its bytes
+                got += len(block)
+                if got > limits.file_bytes:
+                    raise FetchFailed("large", f"over {limits.file_bytes:,} bytes")
+                if time.monotonic() > stop:
+                    raise FetchFailed("slow" if stop < until else "deadline", f"{got:,} bytes when time ran out")
+                out.write(block)
+    except FetchFailed:
+        raise
+    except urllib.error.HTTPError as e:
+        raise FetchFailed("http", f"HTTP {e.code} {e.reason}") from None
+    except (OSError, ValueError, http.client.HTTPException) as e:  # URLError, timeouts, resets; a malformed URL
+        raise FetchFailed("network", " ".join(str(e).split())) from None
+    if length is not None and got != length:
+        raise FetchFailed("cut", f"{got:,} of the {length:,} bytes its Content-Length announced")
+
+
+def fetch_many(items: dict[str, str], folder: Path, workers: int = 8, limits: Limits | None = None,
+               check: Callable[[Path], None] | None = None) -> Fetched:
     """Fetch many files (name in `folder` -> URL), the kind of list a dataset publishes instead of its images.
 
-    Resumable and checked: each file is written atomically, then its size and sha256 are appended to
+    Resumable and checked: each file is fetched within `limits`, read by `check` (an image decoded; it raises
+    `UserError` for a file that is not one), written atomically, then its size and sha256 are appended to
     `folder/.fetched.tsv`; a later call keeps every file that still matches its line there and fetches the rest (not
-    yet fetched, failed before, or changed since). Names must stay inside `folder`. A URL that fails (the web's images
-    disappear) is not fatal: it is counted and named in `folder/.failed.tsv` (`name<TAB>url<TAB>error`), and the next
-    call tries it again. Returns the names `fetched`, `kept` (present and matching) and `failed`."""
+    yet fetched, failed before, or changed since). Names must stay inside `folder`; addresses must be http or https.
+    A URL that fails (the web's images disappear) is not fatal: it is counted by kind and named in
+    `folder/.failed.tsv` (`name<TAB>url<TAB>error`), and the next call tries it again."""
+    limits = limits or Limits()
+    until = time.monotonic() + limits.command_seconds
     folder.mkdir(parents=True, exist_ok=True)
     for name in items:
         if Path(name).is_absolute() or ".." in Path(name).parts or not name:
             raise UserError(f"cannot fetch {name!r} into {folder}: a name must be a path inside the folder")
     recorded: dict[str, tuple[int, str]] = {}
     if (folder / MANIFEST).is_file():
-        for line in (folder / MANIFEST).read_text(encoding="utf-8").splitlines():
-            parts = line.split("\t")
-            if len(parts) == 3 and parts[1].isdigit():
-                recorded[parts[0]] = (int(parts[1]), parts[2])
+        for line in (folder / MANIFEST).read_text(encoding="utf-8", errors="replace").splitlines():
+            if match := _MANIFEST_LINE.fullmatch(line):  # any other line: its file is fetched again
+                recorded[match[1]] = (int(match[2]), match[3])
 
     def intact(name: str) -> bool:
         path, known = folder / name, recorded.get(name)
         return known is not None and path.is_file() and path.stat().st_size == known[0] \
             and file_digest(path, "sha256") == known[1]
 
-    result: dict[str, list[str]] = {"fetched": [], "kept": [], "failed": []}
-    result["kept"] = [name for name in items if intact(name)]
-    todo = [name for name in items if name not in set(result["kept"])]
+    result = Fetched(fetched=[], kept=[name for name in items if intact(name)], failed={})
+    todo = [name for name in items if name not in set(result.kept)]
     lock = threading.Lock()
     failures: list[str] = []
 
@@ -218,21 +324,28 @@ def fetch_many(items: dict[str, str], folder: Path, workers: int = 8, timeout: f
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(target.name + ".part")
         try:
-            with urllib.request.urlopen(items[name], timeout=timeout) as response, open(tmp, "wb") as out:
-                shutil.copyfileobj(response, out)
-        except (OSError, ValueError) as e:  # HTTP and URL errors are OSErrors; a malformed URL a ValueError
+            if time.monotonic() > until:
+                raise FetchFailed("deadline", "not started")
+            with open(tmp, "wb") as out:
+                _stream(items[name], out, limits, until)
+            if check is not None:
+                try:
+                    check(tmp)
+                except UserError as e:
+                    raise FetchFailed("unreadable", str(e)) from None
+        except FetchFailed as e:
             tmp.unlink(missing_ok=True)
             with lock:
-                result["failed"].append(name)
-                failures.append(f"{name}\t{items[name]}\t{' '.join(str(e).split())}")
+                result.failed[name] = e.kind
+                failures.append(f"{name}\t{items[name]}\t{FAILURE_KINDS[e.kind]}: {' '.join(str(e).split())}")
             return
         tmp.replace(target)
         line = f"{name}\t{target.stat().st_size}\t{file_digest(target, 'sha256')}\n"
         with lock, open(folder / MANIFEST, "a", encoding="utf-8") as manifest:
             manifest.write(line)
-            result["fetched"].append(name)
+            result.fetched.append(name)
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         list(pool.map(one, todo))
     (folder / ".failed.tsv").write_text("".join(f"{line}\n" for line in sorted(failures)), encoding="utf-8")
-    return {key: sorted(names) for key, names in result.items()}
+    return Fetched(sorted(result.fetched), sorted(result.kept), dict(sorted(result.failed.items())))
