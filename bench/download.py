@@ -82,7 +82,7 @@ def unpack(archive: Path, folder: Path, member_md5: dict[str, str] | None = None
     """Unpack a tar or zip archive into `folder`, writing nothing outside it.
 
     An archive is what others made: a member with an absolute name, a `..`, or one that is a link or a device is
-    refused, in one line naming it, before anything is written (Python 3.11's tar extraction trusts every member:
+    refused, in one line naming it, before it is written (Python 3.11's tar extraction trusts every member:
     `../x`, `/x`, a symbolic link followed by a file under it and a hard link to an outside file all wrote outside the
     data root). The members go into a temporary folder inside `folder`; those named in `member_md5` (path -> md5)
     must match there, the others are renamed into place only then, so a refused archive leaves `folder` as it was."""
@@ -101,8 +101,8 @@ def unpack(archive: Path, folder: Path, member_md5: dict[str, str] | None = None
 
 
 def _extract(archive: Path, staging: Path) -> None:
-    """Every member checked first (`_check_member`), then all extracted into `staging`; tar's "data" filter as a
-    second guard."""
+    """Every member checked (`_check_member`) before it is extracted into `staging`; tar's "data" filter as a second
+    guard. A refused member leaves what came before it in `staging` alone, which `unpack` removes."""
     try:
         if zipfile.is_zipfile(archive):
             with zipfile.ZipFile(archive) as z:
@@ -111,10 +111,9 @@ def _extract(archive: Path, staging: Path) -> None:
                 z.extractall(staging)
             return
         with tarfile.open(archive) as tar:
-            members = tar.getmembers()
-            for member in members:
+            for member in tar:  # one pass: a compressed archive read twice took 1.5 times as long
                 _check_member(archive, member.name, _tar_kind(member))
-            tar.extractall(staging, members=members, filter="data")
+                tar.extract(member, staging, filter="data")
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error) as e:
         raise UserError(f"{archive} is not a readable tar or zip archive ({type(e).__name__}: {e}): delete it and "
                         "get the published one") from None

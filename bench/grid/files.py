@@ -41,12 +41,12 @@ class _Loader(yaml.SafeLoader):
         self.sizes: dict[int, int] = {}  # id(node) -> its values, aliases expanded, once the node is complete
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
-        mark = self.peek_event().start_mark
         if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
             node = super().compose_node(parent, index)
-            if id(node) not in self.sizes:
+            if isinstance(node, yaml.CollectionNode) and id(node) not in self.sizes:
                 raise TooLarge(None, None, "an alias refers to a node that holds it (an endless value)", mark)
-            self.aliased += self.sizes[id(node)]
+            self.aliased += self.sizes.get(id(node), 1)
             if self.aliased > YAML_ALIAS_BUDGET:
                 raise TooLarge(None, None, f"its aliases repeat more than {YAML_ALIAS_BUDGET:,} values in all (an "
                                "alias bomb?); write the values out", mark)
@@ -54,12 +54,14 @@ class _Loader(yaml.SafeLoader):
         self.depth += 1
         if self.depth > YAML_DEPTH:
             raise TooLarge(None, None, f"nested more than {YAML_DEPTH} levels deep; an experiment file is a few "
-                           "levels deep", mark)
+                           "levels deep", self.peek_event().start_mark)
         node = super().compose_node(parent, index)
         self.depth -= 1
-        children = node.value if isinstance(node, yaml.SequenceNode) else \
-            [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else []
-        self.sizes[id(node)] = 1 + sum(self.sizes[id(child)] for child in children)
+        sizes = self.sizes  # a scalar counts 1 and is not recorded: the 200,000 values of a long list stay cheap
+        if isinstance(node, yaml.SequenceNode):
+            sizes[id(node)] = 1 + sum(sizes.get(id(child), 1) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            sizes[id(node)] = 1 + sum(sizes.get(id(key), 1) + sizes.get(id(value), 1) for key, value in node.value)
         return node
 
 
