@@ -61,20 +61,27 @@ def _md5_of(path: str, size: int, mtime_ns: int) -> str:
     return file_md5(Path(path))
 
 
-def fetch(url: str, target: Path) -> None:
-    """Download `url` to `target` atomically, showing its progress on stderr."""
+def fetch(url: str, target: Path, limits: Limits | None = None) -> None:
+    """Download `url` (http or https) to `target` atomically within `limits` (`ARCHIVE_LIMITS`: a dataset's published
+    file), showing its progress on stderr."""
+    limits = limits or ARCHIVE_LIMITS
     target.parent.mkdir(parents=True, exist_ok=True)
+    shown: list[DownloadProgress] = []
+
+    def progress(n: int, total: int | None) -> None:
+        if not shown:
+            shown.append(DownloadProgress(target.name, total or 0))
+        shown[0].add(n)
+
     with tempfile.NamedTemporaryFile(dir=target.parent, delete=False, suffix=".part") as tmp:
         try:
-            with urllib.request.urlopen(url, timeout=60) as response:
-                show = DownloadProgress(target.name, int(response.headers.get("Content-Length") or 0))
-                while block := response.read(1 << 20):
-                    tmp.write(block)
-                    show.add(len(block))
-                show.close()
-        except OSError as e:
+            _stream(url, tmp, limits, time.monotonic() + limits.command_seconds, progress)
+        except FetchFailed as e:
             Path(tmp.name).unlink(missing_ok=True)
-            raise UserError(f"download of {url} failed: {e}") from None
+            raise UserError(f"download of {url} failed: {FAILURE_KINDS[e.kind]} ({e})") from None
+        finally:
+            for show in shown:
+                show.close()
     Path(tmp.name).replace(target)
 
 
@@ -203,6 +210,12 @@ class Limits:
     command_seconds: float = 4 * 3600.0
 
 
+# A dataset's published file (an archive of images is gigabytes; CIFAR-10's 163 MB): bounds against a server that never
+# ends or drips, not against a slow line.
+ARCHIVE_LIMITS = Limits(file_seconds=6 * 3600.0, file_bytes=50_000_000_000, read_seconds=60.0,
+                        command_seconds=6 * 3600.0)
+
+
 class FetchFailed(Exception):
     """One file not fetched: `kind` (one of `FAILURE_KINDS`: what `bench datasets --prepare` counts) and the detail."""
 
@@ -257,8 +270,10 @@ class _HttpRedirects(urllib.request.HTTPRedirectHandler):
 _OPENER = urllib.request.build_opener(_HttpRedirects)
 
 
-def _stream(url: str, out: BinaryIO, limits: Limits, until: float) -> None:
-    """Write the body at `url` to `out` within `limits`, or raise `FetchFailed`; `until`: the command's deadline."""
+def _stream(url: str, out: BinaryIO, limits: Limits, until: float,
+            progress: Callable[[int, int | None], None] | None = None) -> None:
+    """Write the body at `url` to `out` within `limits`, or raise `FetchFailed`; `until`: the command's deadline;
+    `progress(bytes, Content-Length)` after each block."""
     if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
         raise FetchFailed("scheme", url)
     stop = min(time.monotonic() + limits.file_seconds, until)
@@ -276,6 +291,8 @@ def _stream(url: str, out: BinaryIO, limits: Limits, until: float) -> None:
                 if time.monotonic() > stop:
                     raise FetchFailed("slow" if stop < until else "deadline", f"{got:,} bytes when time ran out")
                 out.write(block)
+                if progress is not None:
+                    progress(len(block), length)
     except FetchFailed:
         raise
     except urllib.error.HTTPError as e:

@@ -158,3 +158,18 @@ def test_prepare_says_each_failure_kind_in_one_line(tmp_path: Path, hostile: str
     assert f"{len(web)} failed" in out[0]
     assert any(f"failed: {FAILURE_KINDS['unreadable']} (first: " in line for line in out)
     assert any(f"failed: {FAILURE_KINDS['cut']} (first: " in line for line in out)
+
+
+def test_a_datasets_own_file_is_fetched_within_the_same_bounds(tmp_path: Path, hostile: str) -> None:
+    """`bench datasets --download` (`fetch`): a cut body, an endless one, file:// and a redirect to it each fail in one
+    line naming the kind, and leave no file."""
+    from bench.config import UserError
+    from bench.download import fetch
+
+    for name, url, kind in (("cut", f"{hostile}/cut.png", "cut"), ("endless", f"{hostile}/endless.png", "large"),
+                            ("file", (tmp_path / "local.png").as_uri(), "scheme"),
+                            ("redirect", f"{hostile}/redirect.png", "scheme")):
+        with pytest.raises(UserError) as refused:
+            fetch(url, tmp_path / "data" / f"{name}.tar.gz", limits=LIMITS)
+        assert "\n" not in str(refused.value) and FAILURE_KINDS[kind] in str(refused.value), (name, refused.value)
+    assert list((tmp_path / "data").iterdir()) == []

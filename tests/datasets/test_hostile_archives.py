@@ -99,14 +99,14 @@ def published_mr(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("where", ["in place", "fetched"])
 @pytest.mark.parametrize("kind", list(HOSTILE))
 def test_a_hostile_member_is_refused_in_one_line_and_nothing_outside_changes(
-        kind: str, where: str, digest: str, tmp_path: Path, monkeypatch, published_mr, capsys) -> None:
+        kind: str, where: str, digest: str, tmp_path: Path, monkeypatch, published_mr, published, capsys) -> None:
     outside, root = tmp_path / "outside", tmp_path / "data"
     outside.mkdir()
     root.mkdir()  # the data root; the dataset's folder under it is the download's to make
     (outside / "victim.txt").write_text("the user's own file")
     archive = (root / "MR" if where == "in place" else tmp_path / "published") / ARCHIVE
     member = hostile_archive(archive, kind, outside)
-    monkeypatch.setattr(MovieReview, "urls", {(tmp_path / "published" / ARCHIVE).as_uri(): ARCHIVE})
+    monkeypatch.setattr(MovieReview, "urls", {published(tmp_path / "published" / ARCHIVE): ARCHIVE})
     monkeypatch.setattr(MovieReview, "archive_md5", {ARCHIVE: file_md5(archive)} if digest == "published md5" else {})
     before = tree_digest(tmp_path, skip=root / "MR")
 
