@@ -2,7 +2,8 @@
 md5 a file is checked against, and the one unpack of a published archive (`unpack`: plain files and folders only,
 nothing written outside the dataset's folder). `bench.data.Dataset.download` and the datasets that verify releases
 use them; `fetch_many` fetches the many images a dataset publishes as a list of URLs (`Dataset.prepare`),
-resumably."""
+resumably. What a server sends is what others made: every download goes through one bounded stream (`_stream`:
+http and https only, redirects included; `Limits` on time and bytes; Content-Length honoured)."""
 
 from __future__ import annotations
 
