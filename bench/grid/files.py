@@ -161,7 +161,8 @@ def _yaml_value(flag: str, text: str) -> Any:
         return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         where, what = yaml_problem(e)
-        raise UserError(f"{flag}: the value is not valid YAML{where}: {what}") from None
+        raise UserError(f"{flag}: the value{'' if isinstance(e, TooLarge) else ' is not valid YAML'}{where}: "
+                        f"{what}") from None
 
 
 def _set_path(data: dict[str, Any], parts: list[str], value: Any) -> None:

@@ -424,8 +424,19 @@ class Store:
 
     def _set_aside(self, table: str, path: str) -> str:
         target = self.path("damaged", f"{table}-{Path(path).name}.{time.strftime('%Y%m%d-%H%M%S')}")
-        self.fs.create_dir(self.path("damaged"), recursive=True)
-        self.fs.move(path, target)
+        if not self.local:
+            self.fs.create_dir(self.path("damaged"), recursive=True)
+            self.fs.move(path, target)
+            return target
+        *folders, name = self._parts(path)
+        source, damaged = folder_fd(Path(self.root), folders, make=False), None
+        try:
+            damaged = folder_fd(Path(self.root), ["damaged"], make=True)
+            os.replace(name, Path(target).name, src_dir_fd=source, dst_dir_fd=damaged)
+        finally:
+            os.close(source)
+            if damaged is not None:
+                os.close(damaged)
         return target
 
     @contextmanager

@@ -67,6 +67,13 @@ def test_alias_bombs_and_deep_nesting_are_one_line_within_10_s_and_300_mb(tmp_pa
         assert seconds < 10 and rss - baseline < 300 * 1024, (name, seconds, rss, baseline)
 
 
+def test_a_bomb_given_on_the_command_line_is_one_line_too(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "grid.yaml"
+    path.write_text(HEAD + "r: [0.2]\nmethods: {ce: {}}\n")
+    assert main(["run", str(path), "--dry-run", "--no-mlflow", "--set", f"r={bomb()}"]) == 2
+    assert "the value, line 1, column " in (line := one_error_line(capsys)) and "aliases repeat" in line
+
+
 def test_the_bounds_let_a_file_that_uses_aliases_sensibly_through(tmp_path: Path) -> None:
     path = tmp_path / "aliases.yaml"
     path.write_text(HEAD + "r: &levels [0.2, 0.4]\nmethods: {ce: &schedule {lr: 0.1, epochs: 2}, dmi: *schedule}\n"

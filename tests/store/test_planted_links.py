@@ -366,3 +366,21 @@ def test_a_link_made_after_the_lock_is_refused_as_one_at_launch(tmp_path, monkey
     assert sorted(p.name for p in outside.iterdir()) == ["kept.txt"]
     said = [line for line in lines if "symbolic link" in line]
     assert said and str(results / linked) in said[0], lines
+
+
+def test_a_damaged_file_is_never_set_aside_through_a_link(tmp_path):
+    """`damaged/` made a link after the launch's check: setting a damaged row aside is refused naming it, and the
+    folder it points to stays as it was (pyarrow's move followed the link)."""
+    from bench.store.folder import Store
+
+    results, outside = tmp_path / "results", tmp_path / "outside"
+    (results / "trials").mkdir(parents=True)
+    outside.mkdir()
+    (results / "trials" / "0123456789abcdef.parquet").write_bytes(b"not parquet")
+    store = Store(results)
+    with store.hold():
+        (results / "damaged").symlink_to(outside, target_is_directory=True)
+        with pytest.raises(OSError, match="symbolic link") as refused:
+            store.set_aside_damaged()
+    assert str(results / "damaged") in str(refused.value) and list(outside.iterdir()) == []
+    assert (results / "trials" / "0123456789abcdef.parquet").read_bytes() == b"not parquet"
