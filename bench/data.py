@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ import torch
 
 from bench import noise, protocol
 from bench.config import Schedule, UserError, discover, lookup
-from bench.download import fetch, file_md5
+from bench.download import fetch, file_md5, unpack
 
 
 @dataclass
@@ -275,12 +274,16 @@ class Dataset:
         return f"get them from {self.source}"
 
     def download(self) -> None:
-        """Fetch the published files (needs internet) and verify their checksums."""
+        """Fetch the published files (needs internet), verify their checksums, and unpack the archives among them
+        (`bench.download.unpack`): an archive with a published md5 is checked before it is unpacked, also one already
+        in place; the members with a published md5 (`files`) are checked before they are moved into place, which is
+        all there is to check of an archive published without one (MR's)."""
         if not self.urls:
             raise UserError(f"{self.name} cannot be downloaded automatically; {self.how_to_get()}")
         self.root.mkdir(parents=True, exist_ok=True)
         for url, rel in self.urls.items():
             target = self.root / rel
+            expected = self.files.get(rel) or self.archive_md5.get(rel)
             if not target.exists():
                 try:
                     fetch(url, target)
@@ -288,12 +291,14 @@ class Dataset:
                     raise UserError(f"{self.name}: {e}; without internet, point BENCH_DATA (or --data-root) at a "
                                     f"copy you already have (`BENCH_DATA=/path/to/data make demo`), or put "
                                     f"{', '.join(self.files)} under {self.root} by hand (from {self.source})") from None
-                expected = self.files.get(rel) or self.archive_md5.get(rel)
                 if expected and file_md5(target) != expected:
                     target.unlink()
                     raise UserError(f"{self.name}: {url} arrived corrupt (md5 mismatch); removed it, try again")
+            elif expected and self.verify and file_md5(target) != expected:
+                raise UserError(f"{self.name}: {target} is not the published file (md5 mismatch); delete it and run "
+                                f"`bench datasets --download {self.name}` again")
             if target.suffix in {".gz", ".tgz", ".zip"} and rel not in self.files:
-                shutil.unpack_archive(str(target), str(self.root))
+                unpack(target, self.root, {k: md5 for k, md5 in self.files.items() if md5} if self.verify else None)
         self.check_files()
 
     def prepare(self, source: Path) -> list[str]:

@@ -40,7 +40,7 @@ from torch import nn
 from bench.config import UserError
 from bench.data import Dataset, Split, Splits, worker_message
 from bench.download import weights_md5
-from bench.models import Model
+from bench.models import Model, load_problem
 
 RANDOM = "random"
 BATCH = 256
@@ -129,8 +129,7 @@ def build_timm_backbone(name: str, weights: str) -> nn.Module:
             if loaded.missing_keys or foreign:
                 raise ValueError(f"missing {loaded.missing_keys[:3]}, unexpected {foreign[:3]}")
         except Exception as e:  # not a state dict (OpenAI's TorchScript archive: docs/realworld.md), or another net's
-            message = " ".join(str(e).split())[:200]
-            raise UserError(f"linear_probe: {path} is not a {name} ({architecture}) state dict ({message}); "
+            raise UserError(f"linear_probe: {path} is not a {name} ({architecture}) state dict ({load_problem(e)}); "
                             "docs/realworld.md says which file to use") from None
     if name.startswith("dinov2_"):
         official_dinov2_positions(net)
@@ -188,7 +187,8 @@ def build_backbone(name: str, weights: str) -> nn.Module:
             if loaded.missing_keys or foreign:
                 raise ValueError(f"missing {loaded.missing_keys[:3]}, unexpected {foreign[:3]}")
         except Exception as e:  # not a state dict, or one of another network
-            raise UserError(f"linear_probe: {path} is not a torchvision {name} state dict ({e})") from None
+            raise UserError(f"linear_probe: {path} is not a torchvision {name} state dict "
+                            f"({load_problem(e)})") from None
     return net.eval().requires_grad_(False)
 
 

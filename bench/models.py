@@ -450,6 +450,12 @@ class ResNet18CIFAR(ResNet34CIFAR):
         super().__init__(num_classes, blocks, width)
 
 
+def load_problem(error: Exception, limit: int = 200) -> str:
+    """Why a weights file did not load, in one line: torch's refusal of another network's state dict spans a line
+    per mismatched key (6 to 26 lines of a ResNet-50's)."""
+    return " ".join(str(error).split())[:limit]
+
+
 class ResNet50(Model):
     """torchvision's ResNet-50 with a fresh linear 2048 -> C head. `weights`: a LOCAL file holding torchvision's
     ImageNet state dict (e.g. resnet50-11ad3fa6.pth) to start from, as the paper does on Clothing1M; nothing is
@@ -474,7 +480,8 @@ class ResNet50(Model):
             try:
                 net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
             except Exception as e:  # not a state dict, or one of another network
-                raise UserError(f"resnet50: {path} is not a torchvision ResNet-50 state dict ({e})") from None
+                raise UserError(f"resnet50: {path} is not a torchvision ResNet-50 state dict "
+                                f"({load_problem(e)})") from None
         net.fc = nn.Linear(net.fc.in_features, num_classes)
         for layer, module in net.named_children():
             self.add_module(layer, module)

@@ -126,7 +126,9 @@ PROBABILITY = Value(float, "[0, 1]")  # a noise level r, an entry of T
 SEED = Value(int, "[0, 9007199254740991]")
 LEARNING_RATE = Value(float, "(0, inf)")
 BATCH_SIZE = Value(int, "[1, inf)")
-EPOCHS = Value(int, "[0, inf)")  # the method stage's and the warm start's
+# The method stage's and the warm start's: the paper's longest schedule is 200; 10,000 is a typo's bound (1,000,000,000
+# was accepted, and planned as a trial that would never end).
+EPOCHS = Value(int, "[0, 10000]")
 TRAIN_SUBSET = Value(int, "[1, inf)")
 DEVICE = Value(str, pattern=r"cpu|cuda(:\d+)?", words="allowed: cpu, cuda (or cuda:N)")
 # A name becomes a file or folder name (of at most 255 bytes), with suffixes: an experiment's gets "-<8 hex>" where

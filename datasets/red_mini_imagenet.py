@@ -56,7 +56,7 @@ from bench import noise
 from bench.config import Schedule, UserError
 from bench.data import Dataset, Split, Splits, deterministic_permutation
 from bench.datasets.cifar10 import normalise_channels, random_shift_flip
-from bench.datasets.image_files import ImageCrops, ImageFiles, key_label_lines
+from bench.datasets.image_files import ImageCrops, ImageFiles, decode, key_label_lines
 from bench.download import fetch_many
 
 # The 100 classes by their ImageNet synsets, in label order (TensorFlow Datasets' controlled_noisy_web_labels.py
@@ -83,6 +83,7 @@ VALIDATION = 0.1
 MEAN, STD = (0.507, 0.487, 0.441), (0.267, 0.256, 0.276)
 FAMUS_TRAIN, FAMUS_TEST = "training_s32", "validation_s32"  # FaMUS's 32-pixel layout: <folder>[/<level>]/<label>/
 CLEAN_NAME = re.compile(r"^n\d{8}")  # a Mini-ImageNet (ILSVRC-2012) image; the others are web images
+IMAGE_CHECK_SIZE = 8  # a fetched web image is decoded at this size before it counts (an HTML page was kept as one)
 
 
 class RedMiniImageNet(ImageCrops, Dataset):
@@ -179,12 +180,15 @@ class RedMiniImageNet(ImageCrops, Dataset):
         if unlisted:
             raise UserError(f"{self.name}: {source} lists no URL for {len(unlisted)} web images the split files name "
                             f"(first: {unlisted[0]}); give the annotations file of the same release")
-        done = fetch_many({key: urls[Path(key).stem] for key in wanted}, self.root / "all_images")
-        lines = [f"{self.name}: {len(wanted):,} web images in {self.root / 'all_images'}: {len(done['fetched']):,} "
-                 f"fetched, {len(done['kept']):,} already there and intact, {len(done['failed']):,} failed"]
-        if done["failed"]:
-            lines.append(f"{self.name}: the failed URLs are in {self.root / 'all_images' / '.failed.tsv'}; run the "
-                         "same command again to retry them (a trial stops, naming the image, where one is missing)")
+        folder = self.root / "all_images"
+        done = fetch_many({key: urls[Path(key).stem] for key in wanted}, folder,
+                          check=lambda path: decode(path, IMAGE_CHECK_SIZE, self.name))  # an image, or not fetched
+        lines = [f"{self.name}: {len(wanted):,} web images in {folder}: {len(done.fetched):,} fetched, "
+                 f"{len(done.kept):,} already there and intact, {len(done.failed):,} failed"]
+        lines += done.lines(f"{self.name}: ")
+        if done.failed:
+            lines.append(f"{self.name}: the failed URLs are in {folder / '.failed.tsv'}; run the same command again "
+                         "to retry them (a trial stops, naming the image, where one is missing)")
         lines.append(f"{self.name}: Mini-ImageNet's clean images (n<synset>...jpg) go in all_images/ and "
                      "clean_validation's in validation/, from ILSVRC-2012 (https://image-net.org, on agreement)")
         return lines

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import http.server
 import os
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from bench.numerics import PINS, machine_problem
@@ -65,6 +68,29 @@ def _missing_data(error: Exception) -> bool:
     if isinstance(error, FileNotFoundError):
         return str(SHARED_DATA) in str(error)
     return ": missing " in str(error) and str(SHARED_DATA) in str(error)
+
+
+@pytest.fixture
+def published(tmp_path: Path) -> Iterator[Callable[[Path], str]]:
+    """A real HTTP server on 127.0.0.1 serving the test's `tmp_path`, where a test puts the files a dataset
+    publishes: a file there -> its http:// address (bench fetches only http and https)."""
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, directory=str(tmp_path), **kwargs)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield lambda path: f"http://127.0.0.1:{httpd.server_address[1]}/{path.relative_to(tmp_path).as_posix()}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
 
 
 @pytest.fixture

@@ -59,7 +59,7 @@ def models_of(args: argparse.Namespace) -> list[str]:
     from bench import models
     from bench.grid import files
 
-    if args.models:
+    if args.models is not None:  # given, even empty (`--models ''`: one line, not the --config path)
         names = [m.strip() for m in args.models.split(",") if m.strip()]
         if not names:
             raise UserError(f"--models names no model: {args.models!r}; give e.g. --models mlp,fashion_cnn")

@@ -330,7 +330,7 @@ def _key(field: str, method: MethodGrid) -> str:
 
 def check_names(exp: Experiment) -> None:
     """Check dataset, noise, method and hyper-parameter names against the registries, then the grid's trials by the
-    one check of a trial's values (`_check_trials`)."""
+    one check of a trial's values (`_check_trials`) where the grid is within `GRID_LIMIT`."""
     ck = _Checker(exp.source)
     known = dataset_registry()
     if exp.dataset not in known:
@@ -350,4 +350,5 @@ def check_names(exp: Experiment) -> None:
             if key not in METHOD_STAGE and key not in allowed:
                 raise ck.unknown(f"methods.{grid.name}.{key}", key, list(METHOD_STAGE) + allowed,
                                  f"setting of {grid.name}:")
-    _check_trials(ck, exp)
+    if exp.size() <= GRID_LIMIT:  # a larger grid is refused before any per-trial work (200,000 r values: 82 s of
+        _check_trials(ck, exp)  # checks first), or run with --yes, when `Plan.make` checks every trial anyway

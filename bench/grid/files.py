@@ -1,6 +1,6 @@
-"""Reading an experiment file: strict YAML (a key given twice is an error; `1e-4` is a number), the command line's
-changes to it (`--methods`, `--seeds`, `--set`: `Overrides`), and the name a changed grid gets. The schema itself is
-`bench.grid.experiment`'s.
+"""Reading an experiment file: strict and bounded YAML (a key given twice is an error; `1e-4` is a number; the nesting
+and what aliases repeat are bounded), the command line's changes to it (`--methods`, `--seeds`, `--set`:
+`Overrides`), and the name a changed grid gets. The schema itself is `bench.grid.experiment`'s.
 """
 
 from __future__ import annotations
@@ -19,9 +19,50 @@ from bench.config import UserError, read_text_file
 from bench.grid.experiment import Experiment, check_names, parse_experiment
 from bench.schema import GRID_LIMIT
 
+# An experiment file is a few levels deep and writes its values out: a document nested deeper, or whose aliases repeat
+# more values than this, is refused while it is read (a "billion laughs" of nine aliases a level in `description`
+# grew the driver to 4 GB; `r:` nested 20,000 deep was a 3,000-line RecursionError).
+YAML_DEPTH = 50
+YAML_ALIAS_BUDGET = 100_000
+
+
+class TooLarge(yaml.MarkedYAMLError):
+    """A document over the loader's bounds (`YAML_DEPTH`, `YAML_ALIAS_BUDGET`): valid YAML, but not read."""
+
 
 class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads `1e-4` (no dot) as a string; learning rates are written that way, so read it as a float."""
+    """YAML 1.1 reads `1e-4` (no dot) as a string; learning rates are written that way, so read it as a float.
+    Bounded while nodes are composed, before any value is built: each node's size as its aliases expand it is counted
+    bottom-up, an alias adds its node's size to the budget."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.depth, self.aliased = 0, 0
+        self.sizes: dict[int, int] = {}  # id(node) -> its values, aliases expanded, once the node is complete
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            node = super().compose_node(parent, index)
+            if isinstance(node, yaml.CollectionNode) and id(node) not in self.sizes:
+                raise TooLarge(None, None, "an alias refers to a node that holds it (an endless value)", mark)
+            self.aliased += self.sizes.get(id(node), 1)
+            if self.aliased > YAML_ALIAS_BUDGET:
+                raise TooLarge(None, None, f"its aliases repeat more than {YAML_ALIAS_BUDGET:,} values in all (an "
+                               "alias bomb?); write the values out", mark)
+            return node
+        self.depth += 1
+        if self.depth > YAML_DEPTH:
+            raise TooLarge(None, None, f"nested more than {YAML_DEPTH} levels deep; an experiment file is a few "
+                           "levels deep", self.peek_event().start_mark)
+        node = super().compose_node(parent, index)
+        self.depth -= 1
+        sizes = self.sizes  # a scalar counts 1 and is not recorded: the 200,000 values of a long list stay cheap
+        if isinstance(node, yaml.SequenceNode):
+            sizes[id(node)] = 1 + sum(sizes.get(id(child), 1) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            sizes[id(node)] = 1 + sum(sizes.get(id(key), 1) + sizes.get(id(value), 1) for key, value in node.value)
+        return node
 
 
 def _unique_keys(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
@@ -46,6 +87,8 @@ _Loader.add_implicit_resolver(
 def yaml_problem(error: yaml.YAMLError) -> tuple[str, str]:
     """Where a YAML error is (", line L, column C", 1-based, or "") and what it is, in one line: PyYAML's own text names
     its input "<unicode string>" and spreads over several lines with a caret under the fault."""
+    if isinstance(error, TooLarge):
+        return f", line {error.problem_mark.line + 1}, column {error.problem_mark.column + 1}", error.problem
     if not isinstance(error, yaml.MarkedYAMLError) or error.problem_mark is None:
         return "", " ".join(str(error).split())
     mark = error.problem_mark
@@ -63,7 +106,7 @@ def read_yaml(path: str | Path) -> Any:
         return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         where, what = yaml_problem(e)
-        raise UserError(f"{path}{where}: not valid YAML: {what}") from None
+        raise UserError(f"{path}{where}: {'' if isinstance(e, TooLarge) else 'not valid YAML: '}{what}") from None
 
 
 @dataclass(frozen=True)
@@ -118,7 +161,8 @@ def _yaml_value(flag: str, text: str) -> Any:
         return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         where, what = yaml_problem(e)
-        raise UserError(f"{flag}: the value is not valid YAML{where}: {what}") from None
+        raise UserError(f"{flag}: the value{'' if isinstance(e, TooLarge) else ' is not valid YAML'}{where}: "
+                        f"{what}") from None
 
 
 def _set_path(data: dict[str, Any], parts: list[str], value: Any) -> None:

@@ -16,7 +16,10 @@ a file of ours belongs would make bench write through it, outside the folder. `b
 refuse a folder that holds one (`refuse_links`), in one line naming it, before anything is written; the files
 themselves are written so that a link in their place is replaced, never written through (`replace_file`, the
 temporary name and rename of every store file), and the files bench appends to or locks are opened without following
-a link (`open_append`, `open_no_link`).
+a link (`open_append`, `open_no_link`). A link planted during a run, after that check (`trials` made a link once the
+lock is held, before bench makes the folder), is refused as one at launch: the store's files are written and deleted
+relative to a descriptor of their folder, each folder from the root down opened without following a link
+(`folder_fd`), so a link anywhere on the way is an error naming it, never a way out.
 
 Whether a location is a local folder or an object store is decided here (`is_local`) and nowhere else. Every file is
 written to a temporary name and renamed, so a reader never sees half a file; parquet is the source of truth, MLflow
@@ -45,7 +48,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +99,30 @@ def refuse_links(root: Path, what: str) -> None:
     raise UserError(f"{what} {root} holds a symbolic link where bench writes its own files: "
                     f"{first.relative_to(root)} -> {os.readlink(first)}{more}; bench never writes through a link: "
                     "remove the links (or put a copy of what each points to in its place) and run again")
+
+
+def folder_fd(root: Path, folders: list[str], make: bool) -> int:
+    """A descriptor of `root/folders...`, each folder opened relative to the one above without following a link (and
+    made first where `make`): a link on the way, planted at any moment, is an `OSError` (ELOOP) naming it. The root
+    itself is the user's choice of place, a link or not."""
+    if make:
+        root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for n, folder in enumerate(folders):
+        try:
+            if make:
+                with suppress(FileExistsError):
+                    os.mkdir(folder, dir_fd=fd)
+            inner = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        except OSError as e:
+            os.close(fd)
+            where = str(root.joinpath(*folders[:n + 1]))
+            if e.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(where):
+                raise OSError(errno.ELOOP, "a symbolic link where bench keeps its own folder", where) from None
+            raise
+        os.close(fd)
+        fd = inner
+    return fd
 
 
 def open_no_link(path: Path, flags: int) -> int:
@@ -197,8 +224,25 @@ class Store:
         return self.fs.get_file_info(path).type == pafs.FileType.File
 
     def delete(self, path: str) -> None:
-        if self.exists(path):
-            self.fs.delete_file(path)
+        if not self.local:
+            if self.exists(path):
+                self.fs.delete_file(path)
+            return
+        *folders, name = self._parts(path)
+        try:
+            fd = folder_fd(Path(self.root), folders, make=False)
+        except FileNotFoundError:
+            return
+        try:
+            os.unlink(name, dir_fd=fd)
+        except (FileNotFoundError, IsADirectoryError):  # a file's only
+            pass
+        finally:
+            os.close(fd)
+
+    def _parts(self, path: str) -> list[str]:
+        """A local store path's names below the root."""
+        return list(Path(path).relative_to(self.root).parts)
 
     def log_path(self, unit: str) -> Path:
         """Where a Ray trial logs: `logs/<unit>.log` in a local folder, else `trial.log` in the trial's own folder
@@ -218,26 +262,40 @@ class Store:
     # -- files of bytes and of tensors --------------------------------------------------------------------------
     def write_bytes(self, path: str, data: bytes) -> None:
         """Atomically: to a temporary name in the same folder, then renamed."""
-        def write(tmp: str) -> None:
-            with self.fs.open_output_stream(tmp) as f:
-                f.write(data)
+        self._atomically(path, lambda out: out.write(data))
 
-        self._atomically(path, write)
-
-    def _atomically(self, path: str, write: Callable[[str], None]) -> None:
-        """`write(tmp)` to a temporary name beside `path`, then rename it to `path`; if anything fails (a full
-        disk), the temporary file goes and the error stays."""
-        self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-        try:
-            write(tmp)
-            self.fs.move(tmp, path)
-        except BaseException:
+    def _atomically(self, path: str, write: Callable[[Any], Any]) -> None:
+        """`write(stream)` into a temporary file beside `path`, then renamed to `path`; if anything fails (a full
+        disk), the temporary file goes and the error stays. In a local folder, relative to its folder's descriptor
+        (`folder_fd`): never through a link, whenever it was made."""
+        if not self.local:
+            self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+            tmp = f"{path}.{uuid.uuid4().hex}.tmp"
             try:
-                self.delete(tmp)
-            except Exception:  # noqa: BLE001, S110 - the first error is the one to report
-                pass
+                with self.fs.open_output_stream(tmp) as out:
+                    write(out)
+                self.fs.move(tmp, path)
+            except BaseException:
+                try:
+                    self.delete(tmp)
+                except Exception:  # noqa: BLE001, S110 - the first error is the one to report
+                    pass
+                raise
+            return
+        *folders, name = self._parts(path)
+        fd = folder_fd(Path(self.root), folders, make=True)
+        tmp = f".{name}.{uuid.uuid4().hex}.tmp"
+        try:
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666, dir_fd=fd),
+                      "wb") as out:
+                write(out)
+            os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except BaseException:
+            with suppress(OSError):
+                os.unlink(tmp, dir_fd=fd)
             raise
+        finally:
+            os.close(fd)
 
     def read_bytes(self, path: str) -> bytes:
         with self.fs.open_input_stream(path) as f:
@@ -297,7 +355,7 @@ class Store:
     def _write_parquet(self, path: str, table: Any) -> None:
         import pyarrow.parquet as pq
 
-        self._atomically(path, lambda tmp: pq.write_table(table, tmp, filesystem=self.fs))
+        self._atomically(path, lambda out: pq.write_table(table, out))
 
     def _paths(self, table: str) -> list[str]:
         import pyarrow.fs as pafs
@@ -366,8 +424,19 @@ class Store:
 
     def _set_aside(self, table: str, path: str) -> str:
         target = self.path("damaged", f"{table}-{Path(path).name}.{time.strftime('%Y%m%d-%H%M%S')}")
-        self.fs.create_dir(self.path("damaged"), recursive=True)
-        self.fs.move(path, target)
+        if not self.local:
+            self.fs.create_dir(self.path("damaged"), recursive=True)
+            self.fs.move(path, target)
+            return target
+        *folders, name = self._parts(path)
+        source, damaged = folder_fd(Path(self.root), folders, make=False), None
+        try:
+            damaged = folder_fd(Path(self.root), ["damaged"], make=True)
+            os.replace(name, Path(target).name, src_dir_fd=source, dst_dir_fd=damaged)
+        finally:
+            os.close(source)
+            if damaged is not None:
+                os.close(damaged)
         return target
 
     @contextmanager
@@ -416,9 +485,13 @@ class Store:
         from filelock import FileLock
 
         path = Path(self.path(f"{name}.lock"))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.parent.is_symlink():
-            raise OSError(errno.ELOOP, "its folder is a symbolic link", str(path))
+        try:
+            os.close(folder_fd(Path(self.root), self._parts(str(path))[:-1], make=True))
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            raise UserError(f"results folder {self.root}: {e.filename} is a symbolic link; bench never writes "
+                            "through a link: remove it and run again") from None
         with FileLock(path, thread_local=False, preserve_lock_file=True):  # O_NOFOLLOW: a link is an OSError
             yield
 

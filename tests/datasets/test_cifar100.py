@@ -204,13 +204,13 @@ def test_cifar100_missing_and_corrupt_files(tiny, tmp_path: Path, monkeypatch) -
     assert get_dataset("cifar100")(root, verify=False).load().test.x.shape == (20, 3, 32, 32)
 
 
-def test_cifar100_download_checks_the_archive(tiny, tmp_path: Path, monkeypatch) -> None:
+def test_cifar100_download_checks_the_archive(tiny, tmp_path: Path, monkeypatch, published) -> None:
     root, _ = tiny
     archive = tmp_path / "published" / cifar100_mod.ARCHIVE
     archive.parent.mkdir()
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(root / "cifar-100-python", arcname="cifar-100-python")
-    monkeypatch.setattr(CIFAR100, "urls", {archive.as_uri(): cifar100_mod.ARCHIVE})
+    monkeypatch.setattr(CIFAR100, "urls", {published(archive): cifar100_mod.ARCHIVE})
     monkeypatch.setattr(CIFAR100, "archive_md5", {cifar100_mod.ARCHIVE: file_md5(archive)})
     CIFAR100(tmp_path / "fresh").download()
     assert len(CIFAR100(tmp_path / "fresh").load().val) == 12

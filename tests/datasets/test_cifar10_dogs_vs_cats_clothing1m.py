@@ -149,15 +149,15 @@ def test_cifar10_missing_and_corrupt_files(tiny_cifar: Path, tmp_path: Path, mon
         get_dataset("cifar10")(tiny_cifar).load()
 
 
-def test_cifar10_download_checks_the_archive(tiny_cifar: Path, tmp_path: Path, monkeypatch) -> None:
-    """The download path without the network: a file:// address of an archive laid out like the official one."""
+def test_cifar10_download_checks_the_archive(tiny_cifar: Path, tmp_path: Path, monkeypatch, published) -> None:
+    """The download path without the network: a server on 127.0.0.1 serves an archive laid out like the official one."""
     import tarfile
 
     archive = tmp_path / "published" / "cifar-10-python.tar.gz"
     archive.parent.mkdir()
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(tiny_cifar / "cifar-10-batches-py", arcname="cifar-10-batches-py")
-    monkeypatch.setattr(CIFAR10, "urls", {archive.as_uri(): "cifar-10-python.tar.gz"})
+    monkeypatch.setattr(CIFAR10, "urls", {published(archive): "cifar-10-python.tar.gz"})
     monkeypatch.setattr(CIFAR10, "archive_md5", {"cifar-10-python.tar.gz": file_md5(archive)})
     monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "1")
     CIFAR10(tmp_path / "fresh").download()

@@ -156,21 +156,21 @@ def test_real_mr(shared_data: Path) -> None:
     assert round(100 * negatives[2] / len(splits.test), 2) == paper
 
 
-def test_download_fetches_and_verifies_checksums(tiny_fashion: Path, tmp_path: Path, monkeypatch) -> None:
-    """The download path, exercised without the network: file:// addresses of files in the published format."""
+def test_download_fetches_and_verifies_checksums(tiny_fashion: Path, tmp_path: Path, monkeypatch, published) -> None:
+    """The download path, exercised without the network: a server on 127.0.0.1 serving files in the published format."""
     from bench.datasets.fashion_mnist import FashionMNIST
     from bench.download import file_md5
 
-    published = tiny_fashion / "FashionMNIST" / "raw"
-    files = {f"raw/{p.name}": file_md5(p) for p in sorted(published.iterdir())}
+    raw, served = tiny_fashion / "FashionMNIST" / "raw", published
+    files = {f"raw/{p.name}": file_md5(p) for p in sorted(raw.iterdir())}
     monkeypatch.setattr(FashionMNIST, "files", files)
-    monkeypatch.setattr(FashionMNIST, "urls", {(published / Path(rel).name).as_uri(): rel for rel in files})
+    monkeypatch.setattr(FashionMNIST, "urls", {served(raw / Path(rel).name): rel for rel in files})
     monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "1")
     target = tmp_path / "fresh"
     FashionMNIST(target).download()
     assert len(FashionMNIST(target).load().test) == 60
     # A corrupted source is caught by the checksum and reported.
-    bad = published / "t10k-labels-idx1-ubyte.gz"
+    bad = raw / "t10k-labels-idx1-ubyte.gz"
     bad.write_bytes(bad.read_bytes() + b"junk")
     with pytest.raises(UserError, match="arrived corrupt"):
         FashionMNIST(tmp_path / "other").download()

@@ -1,5 +1,5 @@
 """`bench datasets --prepare`: what users must assemble themselves, built from the published parts. Red
-Mini-ImageNet's web images fetched from the annotations' URLs (a real HTTP server on 127.0.0.1 and file:// URLs),
+Mini-ImageNet's web images fetched from the annotations' URLs (a real HTTP server on 127.0.0.1; file:// URLs refused),
 resumed and checked by sha256; ILSVRC-2012's validation images of mini-WebVision's 50 classes sorted by the devkit's
 ground truth. Each result is checked against the files written, and the datasets then load."""
 
@@ -17,7 +17,7 @@ import pytest
 
 from bench.cli.main import main
 from bench.data import get_dataset
-from bench.download import MANIFEST, fetch_many
+from bench.download import MANIFEST, Fetched, fetch_many
 from tests.datasets.test_realworld import write_image, write_red, write_webvision
 
 
@@ -65,17 +65,17 @@ def test_fetch_many_resumes_and_checks(tmp_path: Path, server) -> None:
     folder = tmp_path / "images"
 
     first = fetch_many(items, folder, workers=3)
-    assert first == {"fetched": ["img0.jpg", "img1.jpg", "img2.jpg", "img4.jpg", "sub/local.jpg"], "kept": [],
-                     "failed": ["img3.jpg"]}
+    assert first == Fetched(fetched=["img0.jpg", "img1.jpg", "img2.jpg", "img4.jpg"], kept=[],
+                            failed={"img3.jpg": "http", "sub/local.jpg": "scheme"})  # http(s) addresses only
     for name, data in payloads.items():
         assert (folder / name).exists() == (name != "img3.jpg")
         if name != "img3.jpg":
             assert (folder / name).read_bytes() == data
-    assert (folder / "sub" / "local.jpg").read_bytes() == b"from a file url"
+    assert not (folder / "sub" / "local.jpg").exists()
     manifest = {line.split("\t")[0]: line.split("\t")[1:] for line in (folder / MANIFEST).read_text().splitlines()}
     assert manifest["img1.jpg"] == [str(len(payloads["img1.jpg"])), sha256(payloads["img1.jpg"])]
     failed = (folder / ".failed.tsv").read_text().splitlines()
-    assert len(failed) == 1 and failed[0].startswith(f"img3.jpg\t{base}/img3.jpg\t") and "404" in failed[0]
+    assert len(failed) == 2 and failed[0].startswith(f"img3.jpg\t{base}/img3.jpg\t") and "404" in failed[0]
     assert not list(folder.rglob("*.part"))
 
     # Resumed: the failed image is served now; a fetched one was changed on disk since (its sha256 no longer
@@ -84,11 +84,11 @@ def test_fetch_many_resumes_and_checks(tmp_path: Path, server) -> None:
     (folder / "img0.jpg").write_bytes(bytes([9]) * 100)  # same size, other content
     requested.clear()
     second = fetch_many(items, folder, workers=3)
-    assert second == {"fetched": ["img0.jpg", "img3.jpg"], "kept": ["img1.jpg", "img2.jpg", "img4.jpg",
-                                                                    "sub/local.jpg"], "failed": []}
+    assert second == Fetched(fetched=["img0.jpg", "img3.jpg"], kept=["img1.jpg", "img2.jpg", "img4.jpg"],
+                             failed={"sub/local.jpg": "scheme"})
     assert sorted(requested) == ["/img0.jpg", "/img3.jpg"]
     assert (folder / "img0.jpg").read_bytes() == payloads["img0.jpg"]
-    assert (folder / ".failed.tsv").read_text() == ""
+    assert (folder / ".failed.tsv").read_text().startswith(f"sub/local.jpg\t{local.as_uri()}\t")
 
 
 def test_fetch_many_refuses_a_name_outside_the_folder(tmp_path: Path) -> None:

@@ -166,3 +166,23 @@ def test_dividemix_runs_its_webvision_settings_there() -> None:
     default = TrialConfig(dataset="webvision_mini", method="dividemix", noise="real", r=0.0)
     assert default.trial_id != explicit.trial_id
     assert np.isclose(default.effective_params()["p_threshold"], 0.5)
+
+
+def test_a_weights_file_of_another_architecture_is_one_line_on_every_path(tmp_path: Path) -> None:
+    """A ResNet-18 state dict where a ResNet-50's belongs: the network's weights (`resnet50`, Clothing1M's and
+    Food-101N's `$BENCH_RESNET50_WEIGHTS`) and a torchvision backbone of `linear_probe` refuse it in one line; torch's
+    own text was a line per mismatched tensor (#54)."""
+    import torchvision
+
+    from bench import features
+
+    other = tmp_path / "resnet18.pth"
+    torch.save(torchvision.models.resnet18().state_dict(), other)
+    refusals = []
+    for build in (lambda: create("resnet50", 10, weights=str(other)),
+                  lambda: features.build_backbone("resnet50", str(other))):
+        with pytest.raises(UserError) as refused:
+            build()
+        refusals.append(str(refused.value))
+    assert all("\n" not in text and f"{other} is not a torchvision" in text and "state dict" in text
+               for text in refusals), refusals

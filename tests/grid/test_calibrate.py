@@ -147,6 +147,8 @@ def _no_cuda() -> list[tuple[list[str], str]]:
     (["--device", "cpu", "--models", "mlp", "--out", "{tmp}/file/t.csv"], "is a file, not a folder"),
     (["--device", "cpu", "--models", "mlp", "--out", "{tmp}/bad.csv"], "the executor table"),
     (["--device", "cpu", "--models", "word_cnn", "--data-root", "{tmp}/empty"], "cannot calibrate word_cnn"),
+    (["--device", "cpu", "--models", "", "--steps", "2", "--rounds", "1", "--members", "2"],
+     "--models names no model: ''"),  # an empty list, not the --config path (a TypeError on 9638f3c)
     *_no_cuda(),
 ])
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path: Path, capsys, argv: list[str],

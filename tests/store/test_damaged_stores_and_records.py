@@ -4,6 +4,7 @@ Each test fails on the code before that issue."""
 
 from __future__ import annotations
 
+import builtins
 import errno
 import json
 import os
@@ -24,6 +25,7 @@ from bench.exec.warmstart import WarmStartCache
 from bench.grid.files import load_experiment
 from bench.grid.runner import Settings, run_experiment
 from bench.report import analysis
+from bench.store import folder as store_folder
 from bench.store.folder import Checkpoints, Store, read_table
 from bench.store.rows import write_trial
 from bench.trial import TrialConfig, freeze_params
@@ -169,17 +171,15 @@ def test_bench_run_trains_past_a_damaged_mlflow_database(ray_session, tmp_path, 
 
 # -- a full disk while a checkpoint is written ---------------------------------------------------------------------
 class FullDisk:
-    """A filesystem whose writes under checkpoints/ stop half-way with ENOSPC; everything else passes through."""
+    """`open` as the store's local writes call it (on the descriptor of their new file, `bench.store.folder`): a
+    write under checkpoints/ stops half-way with ENOSPC; everything else passes through."""
 
-    def __init__(self, fs) -> None:  # noqa: ANN001
-        self.fs, self.failures = fs, 0
+    def __init__(self) -> None:
+        self.failures = 0
 
-    def __getattr__(self, name: str):  # noqa: ANN204
-        return getattr(self.fs, name)
-
-    def open_output_stream(self, path: str):  # noqa: ANN201
-        stream = self.fs.open_output_stream(path)
-        if "/checkpoints/" not in path:
+    def __call__(self, file, mode: str = "r", *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN204
+        stream = builtins.open(file, mode, *args, **kwargs)
+        if not isinstance(file, int) or "/checkpoints/" not in os.readlink(f"/proc/self/fd/{file}"):
             return stream
         outer = self
 
@@ -204,8 +204,8 @@ def test_a_full_disk_while_checkpointing_warns_once_and_the_trial_finishes(tmp_p
     results = tmp_path / "results"
     lines: list[str] = []
     checkpoints = Checkpoints(results, config.trial_id, lines.append)
-    disk = FullDisk(checkpoints.store.fs)
-    monkeypatch.setattr(checkpoints.store, "_fs", disk)
+    disk = FullDisk()
+    monkeypatch.setattr(store_folder, "open", disk, raising=False)
     row = run_trial(config, "unused", results=results, log=lines.append, checkpoints=checkpoints)
     assert disk.failures == 1  # tried once, then no more checkpoints for this trial
     assert row["status"] == "ok" and read_table(results)["status"].to_list() == ["ok"]

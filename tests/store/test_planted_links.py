@@ -335,3 +335,52 @@ def test_the_cache_lock_lets_one_holder_in_at_a_time(tmp_path):
     for t in threads:
         t.join()
     assert overlaps == [1, 1, 1]
+
+
+# -- links made during a run (issue #54) --------------------------------------------------------------------------
+@pytest.mark.parametrize("linked", ["trials", "epochs", "checkpoints", "warmstart"])
+def test_a_link_made_after_the_lock_is_refused_as_one_at_launch(tmp_path, monkeypatch, linked):
+    """The launch's check has passed and the lock is held; then `linked` is made a link to a folder outside, before
+    bench makes that folder: a real trial (the synthetic set, with checkpoints and the warm-start cache) writes
+    nothing through it, and the refusal names the link."""
+    from bench.config import UserError
+    from bench.exec.trainer import run_trial
+    from bench.exec.warmstart import WarmStartCache
+    from bench.store.folder import Checkpoints, Store
+    from bench.trial import TrialConfig
+
+    monkeypatch.setenv("BENCH_UNSAVED", str(tmp_path / "unsaved"))
+    results, outside = tmp_path / "results", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "kept.txt").write_text("not bench's\n")
+    config = TrialConfig("synthetic", "dmi", "case3", 0.4, seed=0, epochs=2, epochs_warmup=1)
+    lines: list[str] = []
+    with Store(results).hold():
+        (results / linked).symlink_to(outside, target_is_directory=True)
+        try:
+            run_trial(config, "unused", results=str(results), log=lines.append,
+                      checkpoints=Checkpoints(results, config.trial_id, lines.append),
+                      warm_cache=WarmStartCache(str(results)))
+        except UserError as e:  # the row's folder: the row kept in $BENCH_UNSAVED, and the link named
+            lines.append(str(e))
+    assert sorted(p.name for p in outside.iterdir()) == ["kept.txt"]
+    said = [line for line in lines if "symbolic link" in line]
+    assert said and str(results / linked) in said[0], lines
+
+
+def test_a_damaged_file_is_never_set_aside_through_a_link(tmp_path):
+    """`damaged/` made a link after the launch's check: setting a damaged row aside is refused naming it, and the
+    folder it points to stays as it was (pyarrow's move followed the link)."""
+    from bench.store.folder import Store
+
+    results, outside = tmp_path / "results", tmp_path / "outside"
+    (results / "trials").mkdir(parents=True)
+    outside.mkdir()
+    (results / "trials" / "0123456789abcdef.parquet").write_bytes(b"not parquet")
+    store = Store(results)
+    with store.hold():
+        (results / "damaged").symlink_to(outside, target_is_directory=True)
+        with pytest.raises(OSError, match="symbolic link") as refused:
+            store.set_aside_damaged()
+    assert str(results / "damaged") in str(refused.value) and list(outside.iterdir()) == []
+    assert (results / "trials" / "0123456789abcdef.parquet").read_bytes() == b"not parquet"
