@@ -24,9 +24,10 @@ from typing import Any
 from bench.config import UserError
 from bench.numerics import NATIVE, restore, set_pins
 from bench.store import folder
-from bench.store.columns import EPOCH_COLUMNS, FLOAT_ORDER, MEASUREMENT, group
+from bench.store.columns import DIAGNOSTIC_COLUMNS, EPOCH_COLUMNS, FLOAT_ORDER, MEASUREMENT, group
 
-# What a trial measured (its row's measurement columns; its error's words are not a figure) and each epoch's figures.
+# What a trial measured (its row's measurement columns; its error's words are not a figure) and each epoch's figures
+# (the per-epoch diagnostics where the re-run computes them too: `BENCH_EPOCH_EVAL` turns them off, and they only look).
 FIGURES = [c for c in group(MEASUREMENT) if c != "error"]
 EPOCH_FIGURES = [c for c in EPOCH_COLUMNS if c not in ("trial_id", "stage", "epoch", "seconds")]
 # Where it was computed, beside its float order: the device's model and the libraries.
@@ -133,7 +134,9 @@ def first_difference(row: dict[str, Any], curves: list[dict[str, Any]], new: dic
         return f"its epochs {len(new_curves)} here, {len(curves)} in the row"
     for was, now in zip(curves, new_curves, strict=True):
         for column in EPOCH_FIGURES:
-            if was.get(column) is not None and not _same(was.get(column), now.get(column)):
+            # The per-epoch diagnostics are an observer's, on where the re-run has them on (BENCH_EPOCH_EVAL)
+            observed = column not in DIAGNOSTIC_COLUMNS or now.get(column) is not None
+            if was.get(column) is not None and observed and not _same(was.get(column), now.get(column)):
                 return (f"{was['stage']} epoch {was['epoch']} {column} {_shown(now.get(column))} here, "
                         f"{_shown(was.get(column))} in the row")
     return None

@@ -29,7 +29,7 @@ SHELL = {"sh", "bash", "shell", "console"}  # fences whose lines are commands; s
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 ENV = re.compile(r"[A-Z_][A-Z0-9_]*=\S*$")
 # Commands that read these trial rows (`bench report results/demo`) get a folder of real trials made here.
-RESULTS_COMMANDS = {"report", "leaderboard", "results", "sync-mlflow", "ui"}
+RESULTS_COMMANDS = {"report", "leaderboard", "results", "sync-mlflow", "ui", "verify"}
 
 
 @dataclass(frozen=True)
