@@ -137,6 +137,12 @@ def test_no_observer_changes_a_number(tmp_path: Path, ray_unverified, monkeypatc
     run_experiment(exp, Settings(results=str(tmp_path / "off"), data_root=tmp_path, mlflow=False, report_every=60.0),
                    lambda s: None)
     assert (tmp_path / "on" / "mlflow.db").exists() and not (tmp_path / "off" / "mlflow.db").exists()
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'on' / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name(exp.name).experiment_id])
+    assert len(runs) == 4 and {(r.data.params["numerics"], r.data.params["threads"], r.data.params["cpu_capability"])
+                               for r in runs} == {("native", "1", "AVX2")}  # the float order, as MLflow params
     for flag in ("full", "0"):
         monkeypatch.setenv("BENCH_EPOCH_EVAL", flag)
         for t in exp.trials():
