@@ -246,3 +246,20 @@ def _grid(**changes) -> object:
 
     return parse_experiment(dict(name="g", dataset="mr", noise="pos_to_neg", r=[0.2], seeds=[0],
                                  methods={"dmi": {}}, **changes))
+
+
+def test_a_clusters_workers_get_the_pins_as_the_jobs_runtime_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a cluster the workers were started by `ray start` with their nodes' environment: a portable grid's pins
+    reach them as the job's runtime environment (a local Ray's workers inherit the driver's, which the runner pins)."""
+    import ray
+
+    from bench.grid import cluster
+
+    joined = {}
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(cluster, "connect", lambda address, kwargs: joined.update(address=address, **kwargs))
+    assert cluster.start_ray("127.0.0.1:6399", None, env=numerics.pins("portable"))
+    assert joined["runtime_env"] == {"env_vars": numerics.PINS} and joined["address"] == "127.0.0.1:6399"
+    joined.clear()
+    cluster.start_ray("127.0.0.1:6399", None, env=numerics.pins("native"))
+    assert "runtime_env" not in joined
