@@ -86,24 +86,27 @@ def _labels() -> dict[str, str]:
 FLOAT_ORDER = ("numerics", "threads", "cpu_capability")
 
 
-def mixed_float_orders(df: pl.DataFrame) -> str:
-    """A warning ("" for none) naming the cells whose trials were computed in more than one float order (numerics,
-    threads, ATen's kernels): their seeds' spread and their methods' differences then hold float-order noise too
-    (`bench verify` re-runs a row; docs/fidelity.md, "Float order")."""
+def float_orders(df: pl.DataFrame) -> str:
+    """What computed the trials, as the report's first line ends (`bench.numerics`): their float order (numerics,
+    threads, ATen's kernels), each with its count of trials; and a warning naming the cells whose trials were computed
+    in more than one, whose seeds' spread and methods' differences then hold float-order noise too."""
     if df.is_empty():
         return ""
-    orders = (df.with_columns(pl.concat_str([pl.col(c).cast(pl.String).fill_null("?") for c in FLOAT_ORDER],
-                                            separator="/").alias("float_order"))
-              .group_by(CELL).agg(pl.col("float_order").unique().sort()).filter(pl.col("float_order").list.len() > 1)
-              .sort(CELL))
-    if orders.is_empty():
-        return ""
-    first = orders.row(0, named=True)
-    where = (f"{first['dataset']} {first['noise']} r={first['r']:g} {first['method']}: "
-             f"{', '.join(first['float_order'])} (numerics/threads/kernels)")
-    more = f" and {orders.height - 1} more" if orders.height > 1 else ""
-    return (f" Warning: {orders.height} cell{'s' * (orders.height > 1)} mix{'es' * (orders.height == 1)} float "
-            f"orders ({where}{more}): their trials are not one computation; run them with one numerics and threads.")
+    df = df.with_columns(pl.concat_str([pl.col(c).cast(pl.String).fill_null("?") for c in FLOAT_ORDER],
+                                       separator="/").alias("float_order"))
+    counts = df.group_by("float_order").len().sort("float_order")
+    text = " Float order (numerics/threads/kernels): " + ", ".join(
+        f"{order}" + (f" ({n} trials)" if counts.height > 1 else "") for order, n in counts.iter_rows()) + "."
+    mixed = (df.group_by(CELL).agg(pl.col("float_order").unique().sort())
+             .filter(pl.col("float_order").list.len() > 1).sort(CELL))
+    if mixed.is_empty():
+        return text
+    first = mixed.row(0, named=True)
+    where = f"{first['dataset']} {first['noise']} r={first['r']:g} {first['method']}: {', '.join(first['float_order'])}"
+    more = f" and {mixed.height - 1} more" if mixed.height > 1 else ""
+    return text + (f" Warning: {mixed.height} cell{'s' * (mixed.height > 1)} mix{'es' * (mixed.height == 1)} float "
+                   f"orders ({where}{more}): their trials are not one computation; run them with one numerics and "
+                   "threads.")
 
 
 def load_trials(results: str | Path) -> pl.DataFrame:

@@ -75,7 +75,7 @@ def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str,
     every = analysis.load_trials(results)
     df = protocols.headline(every)  # the accuracy tables show one protocol; the protocol panel compares them
     grid = analysis.aggregate(df)
-    summary = _summary(df, grid, str(results), every) + analysis.mixed_float_orders(df)
+    summary = _summary(df, grid, str(results), every) + analysis.float_orders(df)
     log(summary)
     ctx = Context(results=str(results), every=every, df=df, grid=grid, folder=out / "plots", summary=summary,
                   log=log)
@@ -108,5 +108,5 @@ def terminal_leaderboard(results: str, metric: str = "selected", bold: bool = Fa
     df = protocols.headline(every)
     grid = analysis.aggregate(df)
     paired = analysis.paired_comparison(df, grid, metric=analysis.METRICS[metric])
-    summary = _summary(df, grid, results, every) + analysis.mixed_float_orders(df)
+    summary = _summary(df, grid, results, every) + analysis.float_orders(df)
     return leaderboard.to_terminal(leaderboard.tables(grid, paired, metric), summary, bold=bold, metric=metric)

@@ -380,18 +380,20 @@ def test_transition_estimates_are_scored_against_the_true_t(tmp_path: Path) -> N
 
 
 def test_a_cell_of_several_float_orders_is_named_in_the_report(tmp_path: Path) -> None:
-    """Issue #53: the seeds of one cell computed with other kernels (ATen's AVX-512 and the portable AVX2) are not
-    one computation: the leaderboard's first line warns, naming the cell and its float orders; one float order in
-    every cell (threads and numerics alike) gives no warning."""
+    """Issue #53: the leaderboard's first line says what computed the trials (numerics, threads, kernels); the seeds of
+    one cell computed with other kernels (ATen's AVX-512 and the portable AVX2) are not one computation: it warns,
+    naming the cell and its float orders; one float order in every cell gives no warning."""
     from bench.report.build import terminal_leaderboard
 
     rows = [make_row(m, 0.4, s, 0.5, 60.0 + s) for m in ("ce", "dmi") for s in (0, 1)]
     for row in rows:
         row.update(numerics="portable", threads=1, cpu_capability="AVX2")
     write(tmp_path / "one", rows)
-    assert "float orders" not in terminal_leaderboard(str(tmp_path / "one"))
+    one = " ".join(terminal_leaderboard(str(tmp_path / "one")).split())
+    assert "Float order (numerics/threads/kernels): portable/1/AVX2." in one and "Warning" not in one
     rows[1].update(numerics="native", cpu_capability="AVX512")
     write(tmp_path / "mixed", rows)
     text = terminal_leaderboard(str(tmp_path / "mixed"))
-    assert ("Warning: 1 cell mixes float orders (mr pos_to_neg r=0.4 ce: native/1/AVX512, portable/1/AVX2 "
-            "(numerics/threads/kernels))") in " ".join(text.split())
+    assert ("Float order (numerics/threads/kernels): native/1/AVX512 (1 trials), portable/1/AVX2 (3 trials). Warning: "
+            "1 cell mixes float orders (mr pos_to_neg r=0.4 ce: native/1/AVX512, portable/1/AVX2)"
+            ) in " ".join(text.split())
