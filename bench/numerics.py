@@ -66,14 +66,15 @@ def pins(numerics: str, device: str = "cpu") -> dict[str, str]:
     return {**PINS, **(CUDA_PINS if device.startswith("cuda") else {})}
 
 
-def set_pins(numerics: str, device: str = "cpu", environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+def set_pins(numerics: str, device: str = "cpu",
+             environ: MutableMapping[str, str] | None = None) -> dict[str, str | None]:
     """Put `pins(numerics, device)` into `environ` (this process's by default: its Ray workers inherit it); return
     what they replaced (None for a variable that was unset), for `restore`."""
     environ = os.environ if environ is None else environ
     wanted = pins(numerics, device)
     before = {name: environ.get(name) for name in wanted}
     environ.update(wanted)
-    return before  # type: ignore[return-value]
+    return before
 
 
 def restore(before: Mapping[str, str | None], environ: MutableMapping[str, str] | None = None) -> None:
