@@ -108,7 +108,7 @@ class Experiment:
     source: str  # the file it came from (and the command-line overrides)
     overrides: tuple[str, ...] = ()  # the flags that changed the file's grid, as typed
     base_name: str = ""  # the file's own name, where overrides renamed the grid
-    text: str = ""  # the changed grid as an experiment file, where overrides changed it
+    text: str = ""  # the grid as an experiment file: the file's text, or the changed grid where overrides changed it
     protocol: tuple[str, ...] = ("bench",)  # `bench.protocol` specs (grid axis)
     precision: tuple[str, ...] = ("fp32",)  # `bench.trial.PRECISIONS` (grid axis)
     model: str | None = None  # the network, where not the dataset's

@@ -62,7 +62,7 @@ from bench.grid.progress import (
 )
 from bench.grid.stop import GridStop, end_processes
 from bench.grid.validate import check_data, check_results
-from bench.store import folder
+from bench.store import folder, grids
 from bench.store.mirror import Mirror, open_mirror
 from bench.store.rows import write_trial
 from bench.trial import TrialConfig
@@ -383,6 +383,8 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
     for moved, problem in folder.Store(results).set_aside_damaged():
         out(f"set aside the result file {moved} ({problem}): its trial runs again")
     plan = Plan.make(exp, results, device=device)
+    # The readers compare the rows with the grid (`bench.store.grids`): a grid stopped part-way reads as incomplete.
+    grids.record(results, exp.name, exp.text, plan.trials)
     if note := plan.unmatched_note():
         out(note)
     pending = plan.pending
@@ -396,7 +398,7 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
         mirror_ready(opening, plan, results, out)
         out(f"{exp.name}: all {len(plan.trials)} trials already have a result row in {results}; nothing to run")
         return tally
-    if exp.text:  # a grid changed on the command line: the folder keeps it as a file `bench run` can take
+    if exp.overrides:  # a grid changed on the command line: the folder keeps it as a file `bench run` can take
         where = folder.Store(results)
         where.write_bytes(where.path(f"{exp.name}.yaml"), exp.text.encode())
     w = plan.work(pending)

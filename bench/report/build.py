@@ -15,7 +15,7 @@ from pathlib import Path
 import polars as pl
 
 from bench.config import UserError
-from bench.report import analysis, leaderboard, protocols
+from bench.report import analysis, completeness, leaderboard, protocols
 from bench.report.panel import Context, Panel, panels
 from bench.report.render import asset, stderr
 from bench.store.folder import replace_file
@@ -41,6 +41,17 @@ def _summary(df: pl.DataFrame, grid: pl.DataFrame, results: str, every: pl.DataF
     # The panel pairs each protocol with bench's trials: without them it is not drawn, and the others are not shown.
     return text + (f"; the tables show {shown}'s only (the first in sorted order); the others are not shown, and "
                    "no panel compares them: that needs bench's trials of the same cells.")
+
+
+def _read(results: str) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, str]:
+    """The folder's rows (every protocol's), the headline protocol's (those the accuracy tables show: the protocol
+    panel compares the others), their cells with the trials the recorded grids asked for, and the report's first
+    lines: the rows, then one line a recorded grid (`bench.report.completeness`)."""
+    every = analysis.load_trials(results)
+    df = protocols.headline(every)
+    found = completeness.gaps(results, every)
+    grid = analysis.aggregate(df, planned=completeness.planned(found, df["protocol"][0]))
+    return every, df, grid, " ".join([_summary(df, grid, results, every), *(g.line(results) for g in found)])
 
 
 def _page(sections: list[str]) -> str:
@@ -72,10 +83,7 @@ def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str,
     (`bench.report.panel.panels()`, in their order: the leaderboard's first), then their CSV tables, then
     `leaderboard.md`, the panels' other files (the leaderboard's `leaderboard.tex`) and `report.html`."""
     log(f"reading result rows under {results} ...")
-    every = analysis.load_trials(results)
-    df = protocols.headline(every)  # the accuracy tables show one protocol; the protocol panel compares them
-    grid = analysis.aggregate(df)
-    summary = _summary(df, grid, str(results), every)
+    every, df, grid, summary = _read(str(results))
     log(summary)
     ctx = Context(results=str(results), every=every, df=df, grid=grid, folder=out / "plots", summary=summary,
                   log=log)
@@ -104,9 +112,6 @@ def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str,
 def terminal_leaderboard(results: str, metric: str = "selected", bold: bool = False) -> str:
     """`bench leaderboard`'s text: the headline protocol's leaderboard as aligned terminal tables under the report's
     first line; `metric` a key of `analysis.METRICS` (the selected checkpoint's accuracy, or the last epoch's)."""
-    every = analysis.load_trials(results)
-    df = protocols.headline(every)
-    grid = analysis.aggregate(df)
+    _, df, grid, summary = _read(results)
     paired = analysis.paired_comparison(df, grid, metric=analysis.METRICS[metric])
-    return leaderboard.to_terminal(leaderboard.tables(grid, paired, metric), _summary(df, grid, results, every),
-                                   bold=bold, metric=metric)
+    return leaderboard.to_terminal(leaderboard.tables(grid, paired, metric), summary, bold=bold, metric=metric)

@@ -9,6 +9,8 @@
     ray/                        Ray Tune's own storage
     mlflow.db, mlartifacts/     the embedded MLflow store (`bench.store.mirror`)
     damaged/                    unreadable result files that `bench run` set aside
+    grids/<experiment>.yaml     each grid `bench run` ran, as its experiment file, and the trials it expands to
+    grids/<experiment>.json     (`bench.store.grids`): the readers say which of them have no row
     .bench.lock                 held by the one driver writing into the folder (local folders only)
 
 A local results folder holds no links: results folders travel between people (a tarball unpacked), and a link where

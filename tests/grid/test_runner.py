@@ -6,8 +6,10 @@ One local Ray session serves the in-process tests (module fixture); the killed-d
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -283,6 +285,24 @@ def test_results_command(grid, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert read_table(results)["trial_id"][0] in printed
     assert main(["results", str(tmp_path / "empty")]) == 2
+
+
+def test_the_folder_keeps_its_grid_and_a_row_removed_by_hand_reads_as_missing(grid, tmp_path, capsys):
+    """`bench run` records the grid it ran (its file and its trial ids: `bench.store.grids`); with a row file removed
+    by hand, `bench results` and `bench leaderboard` name the trial's cell (#55: before, both read as complete)."""
+    config, results, _, _ = grid
+    copy = tmp_path / "copy"
+    shutil.copytree(results, copy)
+    recorded = json.loads((copy / "grids" / "syn.json").read_text())["trials"]
+    assert (copy / "grids" / "syn.yaml").read_text() == config.read_text()
+    assert {t["trial_id"] for t in recorded} == set(read_table(copy)["trial_id"])  # the grid's trials, each a row
+    gone = next(t for t in recorded if t["method"] == "dmi")
+    (copy / "trials" / f"{gone['trial_id']}.parquet").unlink()
+    for command in ("results", "leaderboard"):
+        assert main([command, str(copy)]) == 0
+        out = capsys.readouterr().out
+        assert f"Grid syn: 1 of {len(recorded)} trials missing (no row): L_DMI 1 of {len(recorded) // 2}; in 1 cell: " \
+            f"synthetic case3 r={gone['r']:.1f} L_DMI (seed {gone['seed']})." in out
 
 
 def test_mlflow_store_down_loses_nothing_and_sync_backfills(ray_session, tmp_path, capsys):

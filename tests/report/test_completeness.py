@@ -1,0 +1,72 @@
+"""A report that knows its grid (#55): the grids `bench run` recorded in a results folder (`bench.store.grids`)
+against its rows, in `bench report`, `bench leaderboard` and `bench results` (`bench.report.completeness`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from bench.cli import main as cli
+from bench.grid.files import load_experiment
+from bench.store import grids
+from tests.report.test_report import make_row, write
+
+DEMO = Path(__file__).resolve().parents[2] / "tune_configs" / "demo.yaml"
+
+
+@pytest.fixture()
+def stopped_demo(tmp_path: Path) -> Path:
+    """The demo's grid recorded as `bench run` records it, stopped after its first 2 trials (CE, seed 0, r 0 and
+    0.3): real rows under the demo's own trial ids."""
+    exp = load_experiment(DEMO)
+    trials = exp.trials()
+    results = tmp_path / "results"
+    grids.record(results, exp.name, exp.text, trials)
+    rows = []
+    for t, acc in zip(trials[:2], (90.0, 70.0), strict=True):
+        rows.append(make_row(t.method, t.r, t.seed, 0.3, acc, dataset=t.dataset, noise=t.noise)
+                    | dict(trial_id=t.trial_id))
+    return write(results, rows)
+
+
+def test_a_grid_stopped_part_way_says_which_trials_and_cells_are_missing(stopped_demo: Path, tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    """Before #55 the stopped demo read "2 of 2 cells measured (0 missing)" with a CE-only table."""
+    assert (stopped_demo / "grids" / "demo.yaml").read_text() == DEMO.read_text()  # the grid, runnable again
+    assert cli.main(["leaderboard", str(stopped_demo)]) == 0
+    board = capsys.readouterr().out
+    assert "2 of 8 cells measured (6 missing)" in board
+    assert "Grid demo: 14 of 16 trials missing (no row): CE 6 of 8, L_DMI 8 of 8; in 8 cells:" in board
+    assert "fashion_mnist case3 r=0.0 CE (seed 1)" in board and "r=0.6 L_DMI (seeds 0, 1)" in board
+    header = next(line for line in board.splitlines() if line.lstrip().startswith("r "))
+    assert header.split() == ["r", "CE", "L_DMI"]  # the method without a row is a column of missing cells
+    first = next(line for line in board.splitlines() if line.startswith("0.0 "))
+    assert "90.00 [1/2 missing]" in first and "— [2/2 missing]" in first
+    assert "[k/m missing]: k of the m trials" in board
+
+    assert cli.main(["report", str(stopped_demo), "--out", str(tmp_path / "report")]) == 0
+    capsys.readouterr()
+    grid = pl.read_csv(tmp_path / "report" / "cells.csv")
+    assert grid.filter(method="dmi")[["planned", "unmeasured"]].rows() == [(2, 2)] * 4
+    assert grid.filter(method="ce").sort("r")["unmeasured"].to_list() == [1, 1, 2, 2]
+    assert "14 of 16 trials missing" in (tmp_path / "report" / "leaderboard.md").read_text()
+
+    assert cli.main(["results", str(stopped_demo)]) == 0
+    assert "Grid demo: 14 of 16 trials missing" in capsys.readouterr().out
+
+
+def test_a_failed_row_counts_as_missing_and_a_complete_grid_says_so(stopped_demo: Path,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    exp = load_experiment(DEMO)
+    third = exp.trials()[2]
+    write(stopped_demo, [make_row(third.method, third.r, third.seed, None, None, status="failed",
+                                  dataset=third.dataset, noise=third.noise) | dict(trial_id=third.trial_id)])
+    assert cli.main(["results", str(stopped_demo)]) == 0
+    assert "Grid demo: 14 of 16 trials missing (1 failed or without numbers, 13 without a row)" in \
+        capsys.readouterr().out
+
+    grids.record(stopped_demo, "two", "", exp.trials()[:2])
+    assert cli.main(["results", str(stopped_demo)]) == 0
+    assert "Grid two: all 2 trials have a usable row." in capsys.readouterr().out.splitlines()
