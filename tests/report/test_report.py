@@ -350,6 +350,7 @@ def test_run_summary_and_report_select_by_the_same_rule(tmp_path, capsys):
                   lines.append)
     table = "\n".join(lines[lines.index(next(x for x in lines if x.startswith("clean test accuracy"))):])
     assert "70.0" in table and "75.0" not in table
+    assert "┆ L_DMI │" in table and "dmi" not in table  # the method by its label, as every other output names it
     capsys.readouterr()
     assert cli.main(["leaderboard", str(tmp_path)]) == 0
     board = capsys.readouterr().out
