@@ -120,7 +120,10 @@ def _selection(row: dict[str, Any]) -> dict[str, str]:
         from bench.data import get_dataset  # the dataset registry imports torch: `bench sync-mlflow` loads it late
 
         proto = get_dataset(row["dataset"]).protocol(row.get("protocol") or ROW["protocol"].default)
-        return {"selection": repr(proto.selection(row["method"])), "warmup_selection": repr(proto.warmup_selection())}
+        # In words ("lowest loss on the whole validation set, strict"), as `bench trial` prints them: a reader of the
+        # UI's compare page reads the rule, not a Python repr.
+        return {"selection": proto.selection(row["method"]).words(),
+                "warmup_selection": proto.warmup_selection().words()}
     except (UserError, KeyError, ValueError):
         return {}
 

@@ -153,7 +153,7 @@ def test_the_ui_opens_an_experiment_on_its_runs_with_each_trials_params_and_time
         for i, run_id in enumerate(order):
             row = by_run[run_id]
             assert compare.rows["protocol"][i] == "bench"
-            assert compare.rows["selection"][i] == "Selection(by='loss', first=None, ties=False)"
+            assert compare.rows["selection"][i] == "lowest loss on the whole validation set, strict"
             assert compare.rows["train_subset"][i] == ("none" if row["train_subset"] is None else
                                                       str(row["train_subset"]))
             assert compare.rows["method"][i] == row["method"]

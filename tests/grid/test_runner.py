@@ -224,7 +224,8 @@ def test_grid_writes_one_row_and_one_mlflow_run_per_trial(grid):
         # Flat: no parent run; the trial's own times (ms: its wall time to the millisecond).
         assert "mlflow.parentRunId" not in run.data.tags
         assert run.info.end_time - run.info.start_time == round(row["wall_s"] * 1000)
-        assert (p["protocol"], p["train_subset"]) == ("bench", "none") and p["selection"].startswith("Selection(")
+        assert (p["protocol"], p["train_subset"]) == ("bench", "none")
+        assert p["selection"] == "lowest loss on the whole validation set, strict"  # words, not a Python repr
 
     # `bench ui` links each experiment's runs table in the UI's machine-learning view (MLflow 3 opens an experiment
     # on its GenAI overview).
