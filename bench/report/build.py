@@ -81,7 +81,8 @@ def _render(panel: Panel, ctx: Context, written: dict[str, Path], tables: dict[s
 def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str, Path]:
     """Write every output of `bench report` under `out`; return them by name: each panel's figures
     (`bench.report.panel.panels()`, in their order: the leaderboard's first), then their CSV tables, then
-    `leaderboard.md`, the panels' other files (the leaderboard's `leaderboard.tex`) and `report.html`."""
+    `leaderboard.md`, the panels' other files (the leaderboard's `leaderboard.tex`) and `report.html`. A table without
+    rows is no file (its panel says in the page why it is left out)."""
     log(f"reading result rows under {results} ...")
     every, df, grid, summary = _read(str(results))
     log(summary)
@@ -100,8 +101,13 @@ def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str,
         raise UserError(f"a panel writes {', '.join(clash)}, which the report's page is: rename its file")
     log("writing tables ...")
     for name, frame in tables.items():
+        if frame.is_empty():  # a panel left out (nothing to show) writes no table; an earlier report's copy goes
+            (out / f"{name}.csv").unlink(missing_ok=True)
+            continue
         written[f"{name} csv"] = out / f"{name}.csv"
         replace_file(written[f"{name} csv"], frame.write_csv)
+    if left_out := [f"{name}.csv" for name, frame in tables.items() if frame.is_empty()]:
+        log(f"tables left out (no rows: their panels had nothing to show): {', '.join(left_out)}")
     texts = {"leaderboard.md": "".join(markdown), **files, "report.html": _page(html)}
     for name, text in texts.items():
         written[name] = out / name

@@ -54,7 +54,7 @@ class Context:
 
 class Panel:
     """One section of the report. `analyse` computes its data once; the other methods render that data. A panel with
-    nothing to show returns empty text (its CSV tables are still written, with their columns)."""
+    nothing to show returns empty text or one line saying why (a table of no rows is not written)."""
 
     name: str = ""  # the registry's key; a subclass without one is not a panel (a shared base)
     order: float = 0.0  # where the section stands on the page and in leaderboard.md: lower first
