@@ -25,7 +25,7 @@ from bench.cli import output
 from bench.cli.calibrate import add_calibrate
 from bench.config import EXIT_USAGE, UserError, default_data_root, integer, number
 from bench.grid.stop import Interrupted  # the standard library only: `bench --help` stays quick
-from bench.schema import GRID_LIMIT
+from bench.schema import GRID_LIMIT, METHOD_STAGE, WHOLE_EXPERIMENT
 
 # What `bench run`, `report`, `results`, `sync-mlflow` and `ui` need beyond the training core; each command names
 # its own (`needs`), checked before it starts.
@@ -49,13 +49,22 @@ def _parse_params(method: str, items: list[str]) -> dict[str, object]:
     # torch loads with the commands that need it: `bench --help` and a mistyped flag answer at once
     from bench.methods import check_params, get_method
 
-    params: dict[str, object] = {}
+    return check_params(get_method(method), _param_texts(method, items), from_text=True)
+
+
+def _param_texts(method: str, items: list[str]) -> dict[str, str]:
+    """--param key=value pairs as texts; a pair that is not one, or that names a setting of the trial (which has a
+    flag of its own: --lr, not --param lr=), is one line. Needs no import: `bench trial` checks it first."""
+    params: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UserError(f"--param expects key=value, got {item!r}")
+        if key.strip() in (*METHOD_STAGE, *WHOLE_EXPERIMENT):
+            raise UserError(f"{key.strip()} is a setting of the trial, not a parameter of method {method!r}: give "
+                            f"--{key.strip().replace('_', '-')} {value.strip()}")
         params[key.strip()] = value.strip()
-    return check_params(get_method(method), params, from_text=True)
+    return params
 
 
 def _parse_model_args(items: list[str]) -> dict[str, object]:
@@ -250,7 +259,7 @@ def _add_trial(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--results", default="results", help="results folder (default: ./results)")
     p.add_argument("--experiment", default="adhoc", help="experiment name recorded in the row")
     _add_data_root(p)
-    p.set_defaults(func=cmd_trial)
+    p.set_defaults(func=cmd_trial, first=lambda args: _param_texts(args.method, args.param))
 
 
 def _add_run(sub: argparse._SubParsersAction) -> None:
@@ -288,8 +297,17 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                    help="--executor's older name: auto, off (= solo) or N (= pack:N)")
     p.add_argument("--yes", action="store_true",
                    help=f"run a grid of more than {GRID_LIMIT:,} trials (without it such a grid is refused)")
+    p.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)  # Ray Tune's habit: `_refuse_resume`
     _add_data_root(p)
-    p.set_defaults(func=_later("bench.cli.run", "cmd_run"), needs=("ray", "pyarrow", "polars"), leaves_at_once=True)
+    p.set_defaults(func=_later("bench.cli.run", "cmd_run"), needs=("ray", "pyarrow", "polars"), leaves_at_once=True,
+                   first=_refuse_resume)
+
+
+def _refuse_resume(args: argparse.Namespace) -> None:
+    """`bench run --resume` (a Ray Tune habit): one line that a relaunch resumes, before any import or file."""
+    if args.resume:
+        raise UserError("bench run has no --resume: run the same command again and it resumes (trials with a result "
+                        "row are skipped, those cut off continue from their last epoch checkpoint); drop --resume")
 
 
 def _add_labels(sub: argparse._SubParsersAction) -> None:
@@ -429,6 +447,8 @@ def _main(argv: list[str] | None, errors: TextIO | None) -> int:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("default")
+            if first := getattr(args, "first", None):  # a command's checks that need no import: a typo answers at once
+                first(args)
             with _holding_signals():
                 for package in getattr(args, "needs", ()):  # before anything is written
                     importlib.import_module(package)

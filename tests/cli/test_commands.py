@@ -51,6 +51,18 @@ def test_trial_on_tiny_fashion_files(tiny_fashion: Path, tmp_path: Path) -> None
          "--lr must be positive"),
         (["--dataset", "fashion_mnist", "--method", "ce", "--noise", "case1", "--r", "0.1",
           "--data-root", "/nonexistent"], "missing raw/train-images"),
+        # #55: the registries' names and the noises say "did you mean" as the experiment files' keys do; a setting
+        # of the trial given as a method parameter names its flag.
+        (["--dataset", "fmnist", "--method", "ce", "--noise", "case1", "--r", "0.1"],
+         r"unknown dataset 'fmnist' \(did you mean 'fashion_mnist'\?\); choose from"),
+        (["--dataset", "fashion_mnist", "--method", "ce", "--noise", "symetric", "--r", "0.1"],
+         r"unknown noise 'symetric' for fashion_mnist \(did you mean 'symmetric'\?\)"),
+        (["--dataset", "synthetic", "--method", "cee", "--noise", "case1", "--r", "0.1"],
+         r"unknown method 'cee' \(did you mean 'ce'\?\)"),
+        (["--dataset", "synthetic", "--method", "dmi", "--noise", "case1", "--r", "0.1", "--param", "lr=1e-3"],
+         r"lr is a setting of the trial, not a parameter of method 'dmi': give --lr 1e-3$"),
+        (["--dataset", "synthetic", "--method", "dmi", "--noise", "case1", "--r", "0.1", "--param", "batch_size=64"],
+         r"give --batch-size 64$"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path: Path, capsys, args, message) -> None:
@@ -61,6 +73,23 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path: Path, capsys, ar
     assert len(err) == 1 and err[0].startswith("bench: error:")
     assert re.search(message, err[0]), err[0]
     assert not results.exists()
+
+
+def test_run_resume_says_a_relaunch_resumes_before_any_import(tmp_path: Path) -> None:
+    """#55: `bench run GRID --resume` (a Ray Tune habit) was argparse's two lines ("unrecognized arguments"); it is
+    one line saying the same command resumes, exit 2, before torch or Ray load (a subprocess: nothing imported)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from bench.cli.main import main; c = main(['run', 'tune_configs/demo.yaml', '--resume', "
+            f"'--results', {str(tmp_path / 'res')!r}]); print(c, 'torch' in sys.modules, 'ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.split() == ["2", "False", "False"]
+    assert out.stderr.splitlines() == ["bench: error: bench run has no --resume: run the same command again and it "
+                                       "resumes (trials with a result row are skipped, those cut off continue from "
+                                       "their last epoch checkpoint); drop --resume"]
+    assert not (tmp_path / "res").exists()
 
 
 def test_non_stochastic_transition_file(tmp_path: Path, capsys) -> None:
