@@ -34,7 +34,9 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -481,12 +483,19 @@ def backfill(results: str, uri: str | None) -> tuple[str, int] | None:
     return (mirror.uri, count) if mirror.ok else None
 
 
-def serve(uri: str, port: int) -> int:
+JOB_RUNNER = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
+
+
+def serve(uri: str, port: int, answered: Callable[[], None]) -> int:
     """Run `mlflow server` on 127.0.0.1:`port` over the store `uri` until it exits (its exit code), or until Ctrl-C
-    or SIGTERM, which stop it too."""
+    or SIGTERM, which stop it too; `answered()` once it answers (its `/health`): a link printed before that was a
+    dead link for up to two minutes on a loaded machine. MLflow 3's GenAI job runner stays off (its own worker
+    processes, which the runs table never needs; docs/cluster.md), unless $MLFLOW_SERVER_ENABLE_JOB_EXECUTION
+    says otherwise."""
     mlflow_bin = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or shutil.which("mlflow")
     command = [mlflow_bin or "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
                "--backend-store-uri", uri]
+    env = {**os.environ, JOB_RUNNER: os.environ.get(JOB_RUNNER, "false")}
     server: subprocess.Popen | None = None
     signalled: list[int] = []
 
@@ -498,9 +507,16 @@ def serve(uri: str, port: int) -> int:
     # SIGTERM (kill, a service manager) must stop the server too, as Ctrl-C does, not orphan it.
     previous = signal.signal(signal.SIGTERM, terminated)
     try:
-        server = subprocess.Popen(command)
+        server = subprocess.Popen(command, env=env)
         if signalled:
             raise SystemExit(128 + signalled[0])
+        while server.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    answered()
+                    break
+            except OSError:  # not listening yet (refused, reset, or a timeout)
+                time.sleep(0.5)
         return server.wait()
     finally:  # Ctrl-C, SIGTERM or an error here: stop the server this command started
         signal.signal(signal.SIGTERM, previous)

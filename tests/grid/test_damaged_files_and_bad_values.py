@@ -371,10 +371,10 @@ def test_sigterm_to_bench_ui_stops_its_mlflow_server(tmp_path):
                            "--mlflow-uri", f"sqlite:///{store}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                           text=True)
     try:
-        assert ui.stdout.readline().startswith("MLflow UI for")
+        assert ui.stdout.readline().startswith("starting MLflow's server for")
         children = Path(f"/proc/{ui.pid}/task/{ui.pid}/children")
         server = None
-        while server is None:  # the server starts after the links are listed
+        while server is None:  # the server starts after that line, the links once it answers
             assert ui.poll() is None
             for pid in children.read_text().split():
                 try:  # other short-lived children come and go
