@@ -66,6 +66,15 @@ def check_counts(args: argparse.Namespace) -> None:
         raise UserError(f"--num-cpus must be >= 1, got {args.num_cpus}")
 
 
+def cpu_slots(exp: Experiment, args: argparse.Namespace) -> int:
+    """The trials a local Ray runs at once on CPUs: its CPUs (--num-cpus, else all) over each trial's share, at most
+    --max-concurrent (or the file's max_concurrent)."""
+    cpus = args.num_cpus or os.cpu_count() or 1
+    share = args.cpus_per_trial if args.cpus_per_trial is not None else exp.resources.cpu
+    limit = args.max_concurrent or exp.max_concurrent or cpus
+    return max(1, min(limit, int(cpus // share)))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     overrides = Overrides(tuple(args.sets), args.methods, args.seeds)
     exp = load_experiment(args.config, overrides=overrides)
@@ -92,7 +101,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         gpu, device = trial_device(exp, args.gpus_per_trial)
         print_plan(Plan.make(exp, folder.absolute(results), device=device), pack=spec,
                    data_root=args.data_root, gpus=gpus if gpu > 0 else None, gpu=gpu,
-                   gpu_kind=gpu_kind)
+                   gpu_kind=gpu_kind, at_once=None if args.address or gpu > 0 else cpu_slots(exp, args))
         if args.address is None:  # on a cluster the data lives on the nodes
             # Missing data ends the dry run as it ends the run: its one line, exit 2, after the plan.
             check_data([exp.dataset], args.data_root, exp.trials()[:1])

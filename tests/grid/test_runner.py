@@ -31,6 +31,7 @@ from bench.grid.runner import Settings, run_experiment
 from bench.methods import registry
 from bench.store.folder import read_table
 from tests.conftest import crashing_checkpoints
+from tests.report.test_report import make_row, write
 from tests.tolerances import same_accuracy, same_selection, trained_close
 
 REPO = Path(__file__).resolve().parents[2]
@@ -198,6 +199,29 @@ def test_demo_dry_run(capsys, tmp_path):
     assert err.startswith("bench: error: fashion_mnist: missing ")
     assert "grid: 16 trials = 8 ce + 8 dmi" in out
     assert "8 CE warm starts shared by 16 trials" in out
+
+
+def test_dry_run_estimates_the_time_from_earlier_rows_and_says_how(capsys, tmp_path):
+    """#55: `--dry-run` said epochs, not minutes. Seed 0 of the synthetic grid has rows whose seconds are set by hand
+    (CE 60 s an epoch, L_DMI 120, the warm start 90 where CE's row trained it, 0.25 where L_DMI's loaded it); seed 1
+    is pending: 2 CE and 2 L_DMI trials of 2 epochs and 2 warm starts of 2 epochs: 240 + 480 + 360 s = 18 min of
+    compute, 9 min of wall time at 2 trials at once (--num-cpus 2, 1 CPU a trial)."""
+    config = write_config(tmp_path)
+    results = tmp_path / "results"
+    assert main(["run", str(config), "--dry-run", "--results", str(results)]) == 0
+    assert "time: no estimate (no earlier row in the results folder to measure from)" in capsys.readouterr().out
+    rows = []
+    for t in load_experiment(config).trials():
+        if t.seed == 0:
+            rows.append(make_row(t.method, t.r, t.seed, 0.5, 80.0, dataset=t.dataset, noise=t.noise) | dict(
+                trial_id=t.trial_id, model=t.network(), device="cpu (x86_64)", train_subset=None, epochs=2,
+                epochs_warmup=2, method_s=120.0 if t.method == "ce" else 240.0,
+                warmup_s=180.0 if t.method == "ce" else 0.5))
+    write(results, rows)
+    assert main(["run", str(config), "--dry-run", "--results", str(results), "--num-cpus", "2"]) == 0
+    assert ("time: about 18 min of trial compute for 4 trials; about 9 min of wall time at 2 trials at once "
+            "(estimated from 4 earlier rows in the results folder: seconds an epoch of the same dataset, model, method "
+            "and device, median; fewer where warm starts are cached)") in capsys.readouterr().out.splitlines()
 
 
 # -- the grid on local Ray --------------------------------------------------------------------------------------
