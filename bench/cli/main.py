@@ -174,6 +174,7 @@ class _later:  # noqa: N801 - read as a function at each command's `set_defaults
 # The manual's pages (docs/NAME.md) each command's --help names for depth; others name the index, docs/README.md.
 HELP_PAGES = {"trial": ("running", "protocol"), "datasets": ("datasets",), "methods": ("methods", "fidelity"),
               "run": ("running", "cluster", "failures"), "labels": ("reports",), "results": ("running", "reports"),
+              "status": ("running",),
               "report": ("reports",), "leaderboard": ("reports",), "sync-mlflow": ("running",), "ui": ("running",),
               "calibrate": ("calibrate", "running")}
 
@@ -340,6 +341,11 @@ def _add_results_commands(sub: argparse._SubParsersAction) -> None:
                    help="one line per node and device that ran trials: how many, their statuses, mean wall time and "
                         "test accuracy (to find a bad node)")
     p.set_defaults(func=_later("bench.cli.results", "cmd_results"), needs=("pyarrow", "polars"))
+
+    p = sub.add_parser("status", help="each grid of a results folder: its trials with a row, failed and to go, "
+                       "the ETA of a running `bench run` and who runs it (from any shell that sees the folder)")
+    p.add_argument("results", help="results folder")
+    p.set_defaults(func=_later("bench.cli.results", "cmd_status"), needs=("pyarrow", "polars"))
 
     p = sub.add_parser(
         "report", help="leaderboards (Markdown, LaTeX, CSV, one HTML page), plots, paper vs measured, and the "

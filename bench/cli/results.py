@@ -4,6 +4,8 @@ every column, one line per node that ran trials, or one parquet/CSV file."""
 from __future__ import annotations
 
 import argparse
+import calendar
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -11,8 +13,9 @@ from typing import Any
 
 from bench.config import UserError
 from bench.report import analysis, completeness
+from bench.store import grids
 from bench.store.columns import ROW, conform
-from bench.store.folder import check_output, read_table, replace_file
+from bench.store.folder import Store, check_output, read_table, replace_file
 
 
 def cmd_results(args: argparse.Namespace) -> int:
@@ -27,6 +30,41 @@ def cmd_results(args: argparse.Namespace) -> int:
     for gap in completeness.gaps(args.results, analysis.with_usable(table)):
         print(gap.line(args.results))
     return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """`bench status`: per grid recorded in the folder (`bench.store.grids`), its trials with a usable row, failed and
+    to go, and while a `bench run` holds the folder (`Store.driver`), the rate its rows landed at since it started
+    and the ETA that rate gives; read from the files alone, so any shell on the same filesystem can ask."""
+    import polars as pl
+
+    table = read_table(args.results)
+    rows = analysis.with_usable(table) if not table.is_empty() else pl.DataFrame(
+        schema={"trial_id": pl.String, "usable": pl.Boolean, "finished_at": pl.String})
+    found = completeness.gaps(args.results, rows)
+    if not found:
+        raise UserError(f"no grid recorded under {args.results}/grids: `bench run` records each grid it runs there "
+                        "(`bench results` lists the rows)")
+    driver = Store(args.results).driver()
+    finished = dict(zip(rows["trial_id"].to_list(), rows["finished_at"].to_list(), strict=True))
+    now = time.time()
+    for gap in found:
+        done, failed = int(gap.trials["measured"].sum()), int(gap.trials["has_row"].sum())
+        left = gap.trials.height - done
+        line = f"{gap.name}: {done} of {gap.trials.height} trials have a usable row, {failed} failed, {left} to go"
+        if gap.started_at and driver and left:
+            elapsed = now - calendar.timegm(time.strptime(gap.started_at, grids.STAMP))
+            landed = sum(1 for t in gap.trials["trial_id"].to_list() if (finished.get(t) or "") >= gap.started_at)
+            line += f"; started {_duration(elapsed)} ago, {landed} rows since"
+            line += f": ETA about {_duration(left * elapsed / landed)}" if landed else ": ETA once a row lands"
+        print(line)
+    print(f"running: {driver}" if driver else "no `bench run` holds the folder now: run its grid again to finish it")
+    return 0
+
+
+def _duration(seconds: float) -> str:
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m" if seconds >= 3600 else \
+        f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
 
 
 def _results(args: argparse.Namespace, table: Any) -> None:

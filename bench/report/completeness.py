@@ -28,6 +28,7 @@ class Gap:
 
     name: str
     trials: pl.DataFrame
+    started_at: str  # when `bench run` last started the grid (`bench.store.grids.STAMP`; "" where not recorded)
 
     @property
     def missing(self) -> pl.DataFrame:
@@ -63,7 +64,7 @@ def gaps(results: str | os.PathLike[str], rows: pl.DataFrame) -> list[Gap]:
         trials = pl.DataFrame(list(grid.trials), schema=SCHEMA).with_columns(
             pl.col("r").round(6), pl.col("trial_id").is_in(usable).alias("measured"))
         out.append(Gap(grid.name, trials.with_columns(
-            (~pl.col("measured") & pl.col("trial_id").is_in(present)).alias("has_row"))))
+            (~pl.col("measured") & pl.col("trial_id").is_in(present)).alias("has_row")), grid.started_at))
     return out
 
 

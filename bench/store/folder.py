@@ -41,6 +41,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -407,6 +408,25 @@ class Store:
             yield
         finally:
             lock.release()
+
+    def driver(self) -> str | None:
+        """Who holds the folder (`hold`), as its lock file names it, for a reader in another shell; None where no
+        lock file names one, or its holder is a process of this host that is gone. Reads only: taking the lock to
+        test it would refuse a driver starting at that moment. A holder on another host is taken at its word."""
+        if not self.local:
+            return None
+        holder = _holder(Path(self.root) / ".bench.lock")
+        found = re.fullmatch(r"`bench` pid (\d+) on (\S+) since .*", holder)
+        if found is None:
+            return None
+        if found[2] == socket.gethostname():
+            try:
+                os.kill(int(found[1]), 0)
+            except ProcessLookupError:
+                return None
+            except PermissionError:  # alive, another user's
+                pass
+        return holder
 
     @contextmanager
     def lock(self, name: str) -> Iterator[None]:

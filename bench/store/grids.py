@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,12 +24,14 @@ from bench.trial import TrialConfig
 GRIDS = "grids"
 # What a recorded trial says of itself: its id and its cell, named as the result row's columns name them.
 KEYS = ("trial_id", "dataset", "noise", "r", "method", "seed", "protocol")
+STAMP = "%Y-%m-%dT%H:%M:%SZ"  # UTC, as a row's `finished_at` (`bench.store.rows`): the two compare as text
 
 
 @dataclass(frozen=True)
 class Grid:
     name: str
     trials: tuple[dict[str, Any], ...]  # one dict of `KEYS` a trial, in the grid's order
+    started_at: str = ""  # when `bench run` last started it (`STAMP`); "" in a record without it
 
 
 def record(results: str | os.PathLike[str], name: str, text: str, trials: list[TrialConfig]) -> None:
@@ -38,7 +41,8 @@ def record(results: str | os.PathLike[str], name: str, text: str, trials: list[T
                    seed=int(t.seed), protocol=protocol.canonical(t.protocol)) for t in trials]
     store.write_bytes(store.path(GRIDS, f"{name}.yaml"), text.encode())
     store.write_bytes(store.path(GRIDS, f"{name}.json"),
-                      json.dumps({"experiment": name, "trials": listed}, indent=1).encode())
+                      json.dumps({"experiment": name, "started_at": time.strftime(STAMP, time.gmtime()),
+                                  "trials": listed}, indent=1).encode())
 
 
 def read_grids(results: str | os.PathLike[str]) -> list[Grid]:
@@ -52,7 +56,8 @@ def read_grids(results: str | os.PathLike[str]) -> list[Grid]:
     for path in sorted(i.path for i in store.fs.get_file_info(selector) if i.path.endswith(".json")):
         try:
             data = json.loads(store.read_bytes(path))
-            grid = Grid(str(data["experiment"]), tuple({k: t[k] for k in KEYS} for t in data["trials"]))
+            grid = Grid(str(data["experiment"]), tuple({k: t[k] for k in KEYS} for t in data["trials"]),
+                        str(data.get("started_at", "")))
         except (OSError, ValueError, KeyError, TypeError) as e:
             print(f"bench: warning: skipping the grid record {path} ({type(e).__name__}: {e}); the next `bench run` "
                   "of its grid writes it again", file=sys.stderr, flush=True)

@@ -3,6 +3,12 @@ against its rows, in `bench report`, `bench leaderboard` and `bench results` (`b
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import socket
+import subprocess
+import time
 from pathlib import Path
 
 import polars as pl
@@ -70,3 +76,33 @@ def test_a_failed_row_counts_as_missing_and_a_complete_grid_says_so(stopped_demo
     grids.record(stopped_demo, "two", "", exp.trials()[:2])
     assert cli.main(["results", str(stopped_demo)]) == 0
     assert "Grid two: all 2 trials have a usable row." in capsys.readouterr().out.splitlines()
+
+
+def test_status_shows_a_running_grids_progress_and_eta_from_its_files(stopped_demo: Path,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    """#55: following a grid from a second shell meant reading the driver's log. `bench status` reads the grid's
+    record, the rows and the folder's lock file: 2 rows landed in the 100 s since the run started, 14 to go: ETA
+    about 700 s; the lock file names a live process (this one), then a gone one."""
+    record = stopped_demo / "grids" / "demo.json"
+    data = json.loads(record.read_text())
+    start = time.time() - 100
+    record.write_text(json.dumps(data | {"started_at": time.strftime(grids.STAMP, time.gmtime(start))}))
+    for path in (stopped_demo / "trials").glob("*.parquet"):  # both rows landed after the start
+        pl.read_parquet(path).with_columns(finished_at=pl.lit(time.strftime(grids.STAMP, time.gmtime(start + 50)))) \
+            .write_parquet(path)
+    holder = f"`bench` pid {os.getpid()} on {socket.gethostname()} since 2026-01-01 00:00:00"
+    (stopped_demo / ".bench.lock").write_text(holder)
+    assert cli.main(["status", str(stopped_demo)]) == 0
+    first, second = capsys.readouterr().out.splitlines()
+    found = re.fullmatch(r"demo: 2 of 16 trials have a usable row, 0 failed, 14 to go; started 1m4\ds ago, 2 rows "
+                         r"since: ETA about (\d+)m(\d\d)s", first)
+    assert found and 690 <= int(found[1]) * 60 + int(found[2]) <= 730, first
+    assert second == f"running: {holder}"
+
+    dead = subprocess.Popen(["true"])  # a process of this host that has ended
+    dead.wait()
+    (stopped_demo / ".bench.lock").write_text(f"`bench` pid {dead.pid} on {socket.gethostname()} since 2026-01-01")
+    assert cli.main(["status", str(stopped_demo)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "demo: 2 of 16 trials have a usable row, 0 failed, 14 to go",
+        "no `bench run` holds the folder now: run its grid again to finish it"]
