@@ -11,6 +11,7 @@ import argparse
 import atexit
 import contextlib
 import importlib
+import math
 import os
 import signal
 import sys
@@ -23,7 +24,7 @@ from typing import NoReturn, TextIO
 from bench import __version__
 from bench.cli import output
 from bench.cli.calibrate import add_calibrate
-from bench.config import EXIT_USAGE, UserError, default_data_root, integer, number
+from bench.config import EXIT_USAGE, UserError, default_data_root, integer, number, read_text_file
 from bench.grid.stop import Interrupted  # the standard library only: `bench --help` stays quick
 from bench.schema import GRID_LIMIT, METHOD_STAGE, WHOLE_EXPERIMENT
 
@@ -298,17 +299,29 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                    help="--executor's older name: auto, off (= solo) or N (= pack:N)")
     p.add_argument("--yes", action="store_true",
                    help=f"run a grid of more than {GRID_LIMIT:,} trials (without it such a grid is refused)")
-    p.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)  # Ray Tune's habit: `_refuse_resume`
+    p.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)  # Ray Tune's habit: `_run_flags`
     _add_data_root(p)
     p.set_defaults(func=_later("bench.cli.run", "cmd_run"), needs=("ray", "pyarrow", "polars"), leaves_at_once=True,
-                   first=_refuse_resume)
+                   first=_run_flags)
 
 
-def _refuse_resume(args: argparse.Namespace) -> None:
-    """`bench run --resume` (a Ray Tune habit): one line that a relaunch resumes, before any import or file."""
+def _run_flags(args: argparse.Namespace) -> None:
+    """`bench run`'s flags and file, as far as they are checked without the registries, Ray or torch: a mistake
+    answers in a fraction of a second. `--resume` (a Ray Tune habit): one line that a relaunch resumes; the counts
+    and shares, each one line when out of range; the experiment file, readable."""
     if args.resume:
         raise UserError("bench run has no --resume: run the same command again and it resumes (trials with a result "
                         "row are skipped, those cut off continue from their last epoch checkpoint); drop --resume")
+    for flag, value in (("--max-concurrent", args.max_concurrent), ("--retries", args.retries)):
+        if value is not None and value < (1 if flag == "--max-concurrent" else 0):
+            raise UserError(f"{flag} must be {'>= 1' if flag == '--max-concurrent' else '>= 0'}, got {value}")
+    if args.cpus_per_trial is not None and not (math.isfinite(args.cpus_per_trial) and args.cpus_per_trial > 0):
+        raise UserError(f"--cpus-per-trial must be a finite number > 0, got {args.cpus_per_trial}")
+    if args.gpus_per_trial is not None and not (math.isfinite(args.gpus_per_trial) and args.gpus_per_trial >= 0):
+        raise UserError(f"--gpus-per-trial must be a finite number >= 0, got {args.gpus_per_trial}")
+    if args.num_cpus is not None and args.num_cpus < 1:
+        raise UserError(f"--num-cpus must be >= 1, got {args.num_cpus}")
+    read_text_file(Path(args.config), "experiment file")  # the one line `bench.grid.files` would give, seconds later
 
 
 def _add_labels(sub: argparse._SubParsersAction) -> None:

@@ -75,20 +75,25 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path: Path, capsys, ar
     assert not results.exists()
 
 
-def test_run_resume_says_a_relaunch_resumes_before_any_import(tmp_path: Path) -> None:
-    """#55: `bench run GRID --resume` (a Ray Tune habit) was argparse's two lines ("unrecognized arguments"); it is
-    one line saying the same command resumes, exit 2, before torch or Ray load (a subprocess: nothing imported)."""
+@pytest.mark.parametrize("flags, line", [
+    (["tune_configs/demo.yaml", "--resume"], "bench run has no --resume: run the same command again and it resumes "
+     "(trials with a result row are skipped, those cut off continue from their last epoch checkpoint); drop --resume"),
+    (["tune_configs/demo.yaml", "--max-concurrent", "0"], "--max-concurrent must be >= 1, got 0"),
+    (["tune_configs/demo.yml"], "experiment file: no such file: tune_configs/demo.yml"),
+])
+def test_run_flag_mistakes_answer_before_any_import(tmp_path: Path, flags: list[str], line: str) -> None:
+    """#55: these waited for Ray's import (3 s here, 7-29 s under load), `--resume` (a Ray Tune habit) was
+    argparse's two lines ("unrecognized arguments"): each is one line, exit 2, with neither torch nor Ray imported
+    (a subprocess: nothing imported before)."""
     import subprocess
     import sys
 
-    code = ("import sys; from bench.cli.main import main; c = main(['run', 'tune_configs/demo.yaml', '--resume', "
-            f"'--results', {str(tmp_path / 'res')!r}]); print(c, 'torch' in sys.modules, 'ray' in sys.modules)")
+    code = (f"import sys; from bench.cli.main import main; c = main(['run', *{flags!r}, '--results', "
+            f"{str(tmp_path / 'res')!r}]); print(c, 'torch' in sys.modules, 'ray' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
                          cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.split() == ["2", "False", "False"]
-    assert out.stderr.splitlines() == ["bench: error: bench run has no --resume: run the same command again and it "
-                                       "resumes (trials with a result row are skipped, those cut off continue from "
-                                       "their last epoch checkpoint); drop --resume"]
+    assert out.stderr.splitlines() == [f"bench: error: {line}"]
     assert not (tmp_path / "res").exists()
 
 
