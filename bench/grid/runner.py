@@ -383,8 +383,6 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
     for moved, problem in folder.Store(results).set_aside_damaged():
         out(f"set aside the result file {moved} ({problem}): its trial runs again")
     plan = Plan.make(exp, results, device=device)
-    # The readers compare the rows with the grid (`bench.store.grids`): a grid stopped part-way reads as incomplete.
-    grids.record(results, exp.name, exp.text, plan.trials)
     if note := plan.unmatched_note():
         out(note)
     pending = plan.pending
@@ -395,6 +393,7 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
 
     tally = Tally(total=len(pending))
     if not pending:
+        record_grid(exp, plan)
         mirror_ready(opening, plan, results, out)
         out(f"{exp.name}: all {len(plan.trials)} trials already have a result row in {results}; nothing to run")
         return tally
@@ -426,6 +425,7 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
         if s.address is None:
             inherited_tune_env()
         tuner = _tuner(exp, s, units, results, cpu, gpu, callbacks, stop, tally)
+        record_grid(exp, plan)  # once every check passed: a grid refused writes nothing
         tally.started = time.monotonic()  # progress and ETA count from the first trial, not Ray's start-up
         stop.run(tuner.fit)
         mirror = ready()
@@ -447,6 +447,12 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
     for line in summary.result():
         out(line)
     return tally
+
+
+def record_grid(exp: Experiment, plan: Plan) -> None:
+    """Keep the grid in its results folder (`bench.store.grids`): the readers compare the rows with it, so that a grid
+    stopped part-way reads as incomplete, not as a smaller complete grid."""
+    grids.record(plan.results, exp.name, exp.text, plan.trials)
 
 
 def summary_lines(exp: Experiment, plan: Plan, tally: Tally, mirror: Mirror | None) -> list[str]:
