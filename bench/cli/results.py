@@ -29,6 +29,8 @@ def cmd_results(args: argparse.Namespace) -> int:
     _results(args, table)
     for gap in completeness.gaps(args.results, analysis.with_usable(table)):
         print(gap.line(args.results))
+    if line := completeness.mirror_line(args.results, table):
+        print(line)
     return 0
 
 

@@ -46,12 +46,14 @@ def _summary(df: pl.DataFrame, grid: pl.DataFrame, results: str, every: pl.DataF
 def _read(results: str) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, str]:
     """The folder's rows (every protocol's), the headline protocol's (those the accuracy tables show: the protocol
     panel compares the others), their cells with the trials the recorded grids asked for, and the report's first
-    lines: the rows, then one line a recorded grid (`bench.report.completeness`)."""
+    lines: the rows, then one line a recorded grid, and one where MLflow lacks runs (`bench.report.completeness`)."""
     every = analysis.load_trials(results)
     df = protocols.headline(every)
     found = completeness.gaps(results, every)
     grid = analysis.aggregate(df, planned=completeness.planned(found, df["protocol"][0]))
-    return every, df, grid, " ".join([_summary(df, grid, results, every), *(g.line(results) for g in found)])
+    lines = [_summary(df, grid, results, every), *(g.line(results) for g in found),
+             completeness.mirror_line(results, every)]
+    return every, df, grid, " ".join(line for line in lines if line)
 
 
 def _page(sections: list[str]) -> str:

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from bench.config import UserError
 from bench.report.analysis import CELL, label
 from bench.report.render import fmt_r
-from bench.store import grids
+from bench.store import grids, mirror
 
 SCHEMA = {"trial_id": pl.String, "dataset": pl.String, "noise": pl.String, "r": pl.Float64, "method": pl.String,
           "seed": pl.Int64, "protocol": pl.String}
@@ -66,6 +67,22 @@ def gaps(results: str | os.PathLike[str], rows: pl.DataFrame) -> list[Gap]:
         out.append(Gap(grid.name, trials.with_columns(
             (~pl.col("measured") & pl.col("trial_id").is_in(present)).alias("has_row")), grid.started_at))
     return out
+
+
+def mirror_line(results: str, rows: pl.DataFrame) -> str | None:
+    """One line where the folder's embedded MLflow store (`bench.store.mirror`) holds fewer complete trial runs than
+    the folder has rows (a grid stopped before its mirror caught up, a folder copied in part); None where it holds
+    them all, or where there is no such store to read cheaply."""
+    try:
+        uri = mirror.tracking_uri(results)
+    except UserError:  # a folder name MLflow cannot carry: it has no embedded store
+        return None
+    logged = mirror.complete_trial_runs(uri) if uri else None
+    ids = set(rows["trial_id"].to_list())
+    if logged is None or not (missing := ids - logged):
+        return None
+    return (f"MLflow ({uri}) holds {len(ids) - len(missing)} of the {len(ids)} rows' trials: `bench sync-mlflow "
+            f"{results}` logs the other {len(missing)}.")
 
 
 def planned(found: list[Gap], protocol: str) -> pl.DataFrame:

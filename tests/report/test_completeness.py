@@ -106,3 +106,21 @@ def test_status_shows_a_running_grids_progress_and_eta_from_its_files(stopped_de
     assert capsys.readouterr().out.splitlines() == [
         "demo: 2 of 16 trials have a usable row, 0 failed, 14 to go",
         "no `bench run` holds the folder now: run its grid again to finish it"]
+
+
+def test_the_readers_say_when_mlflow_holds_fewer_trials_than_rows(stopped_demo: Path,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    """#55: a folder whose MLflow store was partly synced read as whole. A real embedded store, synced with the two
+    rows (`bench sync-mlflow`), then a third row lands: the readers say MLflow holds 2 of the 3."""
+    assert cli.main(["sync-mlflow", str(stopped_demo)]) == 0
+    capsys.readouterr()
+    assert cli.main(["results", str(stopped_demo)]) == 0
+    assert "MLflow" not in capsys.readouterr().out  # it holds every row's trial
+    third = load_experiment(DEMO).trials()[2]
+    write(stopped_demo, [make_row(third.method, third.r, third.seed, 0.4, 60.0, dataset=third.dataset,
+                                  noise=third.noise) | dict(trial_id=third.trial_id)])
+    line = (f"MLflow (sqlite:///{stopped_demo / 'mlflow.db'}) holds 2 of the 3 rows' trials: `bench sync-mlflow "
+            f"{stopped_demo}` logs the other 1.")
+    for command in ("results", "leaderboard"):
+        assert cli.main([command, str(stopped_demo)]) == 0
+        assert line in capsys.readouterr().out
