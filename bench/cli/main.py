@@ -363,8 +363,9 @@ def _add_results_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "report", help="leaderboards (Markdown, LaTeX, CSV, one HTML page), plots, paper vs measured, and the "
         "diagnostics: three checkpoint rules, memorisation curves, detection quality, cost, label hashes")
-    p.add_argument("results", help="results folder (holds trials/*.parquet)")
-    p.add_argument("--out", default=None, help="output folder (default: RESULTS/report)")
+    p.add_argument("results", nargs="+", help="results folder (holds trials/*.parquet); several: one report over "
+                   "their rows, a trial found in two of them once (two different rows of one trial are refused)")
+    p.add_argument("--out", default=None, help="output folder (default: RESULTS/report; needed for several folders)")
     p.set_defaults(func=_later("bench.cli.report", "cmd_report"), needs=("polars", "scipy", "matplotlib"))
 
     p = sub.add_parser("leaderboard", help="print the leaderboard as an aligned terminal table")

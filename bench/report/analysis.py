@@ -28,6 +28,7 @@ import io
 import json
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,8 @@ SETTING_COLUMNS = ["model", "lr", "batch_size", "method_params", "epochs", "epoc
 PROVENANCE_COLUMNS = ["git_commit", "torch_version", "numpy_version", "python_version", "device", "noise_hash"]
 REQUIRED_COLUMNS = ["dataset", "method", "noise", "r", "seed", "status", "val_loss", "test_acc"]
 USABLE_STATUS = ("ok", "diverged")
+# What a row measured: two rows of one trial (from two results folders) that differ here cannot both be its row.
+CONFLICT_COLUMNS = ["status", "best_epoch", "val_loss", "test_acc", "last_test_acc"]
 REFERENCE = "dmi"
 REFERENCE_CSV = "reference_results.csv"
 # Published results on the datasets beyond the paper (mini-WebVision, ANIMAL-10N, Food-101N, Red Mini-ImageNet), each
@@ -82,18 +85,30 @@ def _labels() -> dict[str, str]:
 # ---------------------------------------------------------------------------------------------------- loading
 
 
-def load_trials(results: str | Path) -> pl.DataFrame:
-    """All trial rows under `results`, with the setting hash and the optional columns filled in."""
-    results = str(results)
-    if folder.is_local(results) and not folder.local_path(results).is_dir():
-        raise UserError(f"results folder {results} does not exist")
-    df = folder.read_table(results, "trials")
-    if df.is_empty():
-        raise UserError(f"no result rows under {results}/trials: run `bench trial` or `bench run` first")
-    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
-    if missing:
-        raise UserError(f"the result rows under {results} lack the columns {', '.join(missing)}")
-    return _once_per_seed(with_usable(df))
+def load_trials(results: str | Path | Sequence[str | Path]) -> pl.DataFrame:
+    """All trial rows under `results` (one folder, or several: `bench report A B ...`), with the setting hash and the
+    optional columns filled in. A trial found in two folders counts once; two rows of one trial that measured
+    different numbers (`CONFLICT_COLUMNS`) are refused in one line: which is the trial's is not ours to choose."""
+    folders = [str(results)] if isinstance(results, (str, Path)) else [str(r) for r in results]
+    frames = []
+    for where in folders:
+        if folder.is_local(where) and not folder.local_path(where).is_dir():
+            raise UserError(f"results folder {where} does not exist")
+        df = folder.read_table(where, "trials")
+        if df.is_empty():
+            raise UserError(f"no result rows under {where}/trials: run `bench trial` or `bench run` first")
+        if missing := [c for c in REQUIRED_COLUMNS if c not in df.columns]:
+            raise UserError(f"the result rows under {where} lack the columns {', '.join(missing)}")
+        frames.append(conform(df).with_columns(pl.lit(where).alias("_folder")))
+    df = pl.concat(frames, how="diagonal_relaxed") if len(frames) > 1 else frames[0]
+    measured = df.select("trial_id", *CONFLICT_COLUMNS, "_folder").unique(["trial_id", *CONFLICT_COLUMNS])
+    if (twice := measured.filter(pl.col("trial_id").is_duplicated())).height:
+        a, b = twice.filter(pl.col("trial_id") == twice["trial_id"][0]).sort(
+            pl.col("_folder").replace_strict(folders, list(range(len(folders))))).head(2).iter_rows(named=True)
+        differ = ", ".join(f"{c} {a[c]} vs {b[c]}" for c in CONFLICT_COLUMNS if a[c] != b[c])
+        raise UserError(f"trial {a['trial_id']} has two different rows, in {a['_folder']} and {b['_folder']} "
+                        f"({differ}): report the folders apart, or remove one of the rows")
+    return _once_per_seed(with_usable(df.unique("trial_id", keep="first", maintain_order=True).drop("_folder")))
 
 
 def with_usable(df: pl.DataFrame) -> pl.DataFrame:

@@ -9,7 +9,7 @@ alone as terminal text (`terminal_leaderboard`, from the leaderboard's own table
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import polars as pl
@@ -18,7 +18,7 @@ from bench.config import UserError
 from bench.report import analysis, completeness, leaderboard, protocols
 from bench.report.panel import Context, Panel, panels
 from bench.report.render import asset, stderr
-from bench.store.folder import replace_file
+from bench.store.folder import read_table, replace_file
 
 Log = Callable[[str], None]
 
@@ -43,16 +43,18 @@ def _summary(df: pl.DataFrame, grid: pl.DataFrame, results: str, every: pl.DataF
                    "no panel compares them: that needs bench's trials of the same cells.")
 
 
-def _read(results: str) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, str]:
+def _read(folders: list[str]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, str]:
     """The folder's rows (every protocol's), the headline protocol's (those the accuracy tables show: the protocol
     panel compares the others), their cells with the trials the recorded grids asked for, and the report's first
     lines: the rows, then one line a recorded grid, and one where MLflow lacks runs (`bench.report.completeness`)."""
-    every = analysis.load_trials(results)
+    every = analysis.load_trials(folders)
     df = protocols.headline(every)
-    found = completeness.gaps(results, every)
-    grid = analysis.aggregate(df, planned=completeness.planned(found, df["protocol"][0]))
-    lines = [_summary(df, grid, results, every), *(g.line(results) for g in found),
-             completeness.mirror_line(results, every)]
+    found = {where: completeness.gaps(where, every) for where in folders}
+    grid = analysis.aggregate(df, planned=completeness.planned(
+        [g for gaps in found.values() for g in gaps], df["protocol"][0]))
+    own = {folders[0]: every} if len(folders) == 1 else {where: read_table(where) for where in folders}
+    lines = [_summary(df, grid, ", ".join(folders), every), *(g.line(where) for where in folders for g in found[where]),
+             *(completeness.mirror_line(where, own[where]) for where in folders)]
     return every, df, grid, " ".join(line for line in lines if line)
 
 
@@ -80,16 +82,17 @@ def _render(panel: Panel, ctx: Context, written: dict[str, Path], tables: dict[s
     html.append(panel.html(data, drawn, ctx))
 
 
-def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str, Path]:
+def build_report(results: str | Path | Sequence[str | Path], out: Path, log: Log = stderr) -> dict[str, Path]:
     """Write every output of `bench report` under `out`; return them by name: each panel's figures
     (`bench.report.panel.panels()`, in their order: the leaderboard's first), then their CSV tables, then
     `leaderboard.md`, the panels' other files (the leaderboard's `leaderboard.tex`) and `report.html`. A table without
     rows is no file (its panel says in the page why it is left out)."""
-    log(f"reading result rows under {results} ...")
-    every, df, grid, summary = _read(str(results))
+    folders = [str(results)] if isinstance(results, (str, Path)) else [str(r) for r in results]
+    log(f"reading result rows under {', '.join(folders)} ...")
+    every, df, grid, summary = _read(folders)
     log(summary)
-    ctx = Context(results=str(results), every=every, df=df, grid=grid, folder=out / "plots", summary=summary,
-                  log=log)
+    ctx = Context(results=folders[0], every=every, df=df, grid=grid, folder=out / "plots", folders=tuple(folders),
+                  summary=summary, log=log)
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
     tables: dict[str, pl.DataFrame] = {}
@@ -120,6 +123,6 @@ def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str,
 def terminal_leaderboard(results: str, metric: str = "selected", bold: bool = False) -> str:
     """`bench leaderboard`'s text: the headline protocol's leaderboard as aligned terminal tables under the report's
     first line; `metric` a key of `analysis.METRICS` (the selected checkpoint's accuracy, or the last epoch's)."""
-    _, df, grid, summary = _read(results)
+    _, df, grid, summary = _read([results])
     paired = analysis.paired_comparison(df, grid, metric=analysis.METRICS[metric])
     return leaderboard.to_terminal(leaderboard.tables(grid, paired, metric), summary, bold=bold, metric=metric)

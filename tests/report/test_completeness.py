@@ -124,3 +124,29 @@ def test_the_readers_say_when_mlflow_holds_fewer_trials_than_rows(stopped_demo: 
     for command in ("results", "leaderboard"):
         assert cli.main([command, str(stopped_demo)]) == 0
         assert line in capsys.readouterr().out
+
+
+def test_one_report_over_two_folders_counts_a_shared_trial_once_and_refuses_two_rows_of_one(
+        stopped_demo: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """#55: `bench report` took one folder. Folder B holds the demo's next two trials and a copy of A's first row:
+    one report over both counts 4 trials; a B row of A's trial with other numbers is refused in one line."""
+    trials = load_experiment(DEMO).trials()
+    first = pl.read_parquet(stopped_demo / "trials" / f"{trials[0].trial_id}.parquet").to_dicts()[0]
+    other = tmp_path / "b"
+    write(other, [first] + [make_row(t.method, t.r, t.seed, 0.4, 60.0, dataset=t.dataset, noise=t.noise)
+                            | dict(trial_id=t.trial_id) for t in trials[2:4]])
+    out = tmp_path / "both"
+    assert cli.main(["report", str(stopped_demo), str(other)]) == 2
+    assert "needs --out DIR" in capsys.readouterr().err
+    assert cli.main(["report", str(stopped_demo), str(other), "--out", str(out)]) == 0
+    capsys.readouterr()
+    md = (out / "leaderboard.md").read_text()
+    assert f"4 trials under {stopped_demo}, {other}: 4 ok" in md
+    assert "Grid demo: 12 of 16 trials missing" in md  # A's grid, completed in part by B's rows
+    assert pl.read_csv(out / "cells.csv").filter(method="ce").sort("r")["n"].to_list() == [1, 1, 1, 1]  # A's + B's
+
+    write(other, [first | dict(test_acc=91.5)])
+    assert cli.main(["report", str(stopped_demo), str(other), "--out", str(out)]) == 2
+    assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("bench: ")] == [
+        f"bench: error: trial {trials[0].trial_id} has two different rows, in {stopped_demo} and {other} (test_acc "
+        "90.0 vs 91.5): report the folders apart, or remove one of the rows"]
