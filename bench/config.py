@@ -5,10 +5,12 @@ A trial's configuration and identity are `bench.trial`'s."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import errno
 import hashlib
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,8 +108,15 @@ def discover(base: type, places: tuple[str, ...]) -> dict[str, Any]:
 def lookup(found: dict[str, Any], kind: str, name: str) -> Any:
     """`found[name]` from a registry (`discover`'s result), or one line naming the choices."""
     if name not in found:
-        raise UserError(f"unknown {kind} {name!r}; choose from {', '.join(found)}")
+        raise UserError(f"unknown {kind} {name!r}{did_you_mean(name, found)}; choose from {', '.join(found)}")
     return found[name]
+
+
+def did_you_mean(name: str, allowed: Iterable[str]) -> str:
+    """" (did you mean 'X'?)" for the allowed name closest to a mistyped `name` (difflib's), else nothing:
+    every "unknown ..." line, of a flag's value or an experiment file's key, says it the same way."""
+    close = difflib.get_close_matches(name, list(allowed), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def read_text_file(path: Path, what: str) -> str:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from bench import noise, protocol
-from bench.config import Schedule, UserError, discover, lookup
+from bench.config import Schedule, UserError, did_you_mean, discover, lookup
 from bench.download import fetch, file_md5, unpack
 
 
@@ -173,7 +173,8 @@ class Dataset:
         if noise.is_instance_dependent(pattern):
             raise UserError(f"{cls.name} offers no instance-dependent noise ({pattern!r}): it needs every input in "
                             f"memory and every clean label; {choose}")
-        raise UserError(f"unknown noise {pattern!r} for {cls.name}; {choose}")
+        raise UserError(f"unknown noise {pattern!r} for {cls.name}{did_you_mean(pattern, cls.accepted_noise())}; "
+                        f"{choose}")
 
     @classmethod
     def check_level(cls, pattern: str, r: float) -> None:

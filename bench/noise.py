@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.config import UserError, number, read_text_file
+from bench.config import UserError, did_you_mean, number, read_text_file
 
 # How a pattern builds T from the noise level r and the number of classes C. A dataset declares its own patterns
 # (name -> builder, in its file under datasets/); the generic ones below are accepted by every dataset.
@@ -131,7 +131,8 @@ def transition_matrix(
         return validate_transition(explicit, num_classes, "--transition")
     if pattern not in patterns:
         allowed = ", ".join([*patterns, "transition"])
-        raise UserError(f"unknown noise pattern {pattern!r} for this dataset; choose from {allowed}")
+        raise UserError(f"unknown noise pattern {pattern!r} for this dataset{did_you_mean(pattern, patterns)}; "
+                        f"choose from {allowed}")
     return validate_transition(patterns[pattern](r, num_classes), num_classes, f"noise {pattern!r}")
 
 

@@ -11,6 +11,7 @@ import argparse
 import atexit
 import contextlib
 import importlib
+import math
 import os
 import signal
 import sys
@@ -23,9 +24,9 @@ from typing import NoReturn, TextIO
 from bench import __version__
 from bench.cli import output
 from bench.cli.calibrate import add_calibrate
-from bench.config import EXIT_USAGE, UserError, default_data_root, integer, number
+from bench.config import EXIT_USAGE, UserError, default_data_root, integer, number, read_text_file
 from bench.grid.stop import Interrupted  # the standard library only: `bench --help` stays quick
-from bench.schema import GRID_LIMIT
+from bench.schema import GRID_LIMIT, METHOD_STAGE, WHOLE_EXPERIMENT
 
 # What `bench run`, `report`, `results`, `sync-mlflow` and `ui` need beyond the training core; each command names
 # its own (`needs`), checked before it starts.
@@ -49,13 +50,22 @@ def _parse_params(method: str, items: list[str]) -> dict[str, object]:
     # torch loads with the commands that need it: `bench --help` and a mistyped flag answer at once
     from bench.methods import check_params, get_method
 
-    params: dict[str, object] = {}
+    return check_params(get_method(method), _param_texts(method, items), from_text=True)
+
+
+def _param_texts(method: str, items: list[str]) -> dict[str, str]:
+    """--param key=value pairs as texts; a pair that is not one, or that names a setting of the trial (which has a
+    flag of its own: --lr, not --param lr=), is one line. Needs no import: `bench trial` checks it first."""
+    params: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UserError(f"--param expects key=value, got {item!r}")
+        if key.strip() in (*METHOD_STAGE, *WHOLE_EXPERIMENT):
+            raise UserError(f"{key.strip()} is a setting of the trial, not a parameter of method {method!r}: give "
+                            f"--{key.strip().replace('_', '-')} {value.strip()}")
         params[key.strip()] = value.strip()
-    return check_params(get_method(method), params, from_text=True)
+    return params
 
 
 def _parse_model_args(items: list[str]) -> dict[str, object]:
@@ -174,6 +184,7 @@ class _later:  # noqa: N801 - read as a function at each command's `set_defaults
 # The manual's pages (docs/NAME.md) each command's --help names for depth; others name the index, docs/README.md.
 HELP_PAGES = {"trial": ("running", "protocol"), "datasets": ("datasets",), "methods": ("methods", "fidelity"),
               "run": ("running", "cluster", "failures"), "labels": ("reports",), "results": ("running", "reports"),
+              "status": ("running",),
               "report": ("reports",), "leaderboard": ("reports",), "sync-mlflow": ("running",), "ui": ("running",),
               "calibrate": ("calibrate", "running"), "verify": ("fidelity", "running")}
 
@@ -266,7 +277,7 @@ def _add_trial(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--results", default="results", help="results folder (default: ./results)")
     p.add_argument("--experiment", default="adhoc", help="experiment name recorded in the row")
     _add_data_root(p)
-    p.set_defaults(func=cmd_trial)
+    p.set_defaults(func=cmd_trial, first=lambda args: _param_texts(args.method, args.param))
 
 
 def _add_run(sub: argparse._SubParsersAction) -> None:
@@ -309,8 +320,29 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                    help="--executor's older name: auto, off (= solo) or N (= pack:N)")
     p.add_argument("--yes", action="store_true",
                    help=f"run a grid of more than {GRID_LIMIT:,} trials (without it such a grid is refused)")
+    p.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)  # Ray Tune's habit: `_run_flags`
     _add_data_root(p)
-    p.set_defaults(func=_later("bench.cli.run", "cmd_run"), needs=("ray", "pyarrow", "polars"), leaves_at_once=True)
+    p.set_defaults(func=_later("bench.cli.run", "cmd_run"), needs=("ray", "pyarrow", "polars"), leaves_at_once=True,
+                   first=_run_flags)
+
+
+def _run_flags(args: argparse.Namespace) -> None:
+    """`bench run`'s flags and file, as far as they are checked without the registries, Ray or torch: a mistake
+    answers in a fraction of a second. `--resume` (a Ray Tune habit): one line that a relaunch resumes; the counts
+    and shares, each one line when out of range; the experiment file, readable."""
+    if args.resume:
+        raise UserError("bench run has no --resume: run the same command again and it resumes (trials with a result "
+                        "row are skipped, those cut off continue from their last epoch checkpoint); drop --resume")
+    for flag, value in (("--max-concurrent", args.max_concurrent), ("--retries", args.retries)):
+        if value is not None and value < (1 if flag == "--max-concurrent" else 0):
+            raise UserError(f"{flag} must be {'>= 1' if flag == '--max-concurrent' else '>= 0'}, got {value}")
+    if args.cpus_per_trial is not None and not (math.isfinite(args.cpus_per_trial) and args.cpus_per_trial > 0):
+        raise UserError(f"--cpus-per-trial must be a finite number > 0, got {args.cpus_per_trial}")
+    if args.gpus_per_trial is not None and not (math.isfinite(args.gpus_per_trial) and args.gpus_per_trial >= 0):
+        raise UserError(f"--gpus-per-trial must be a finite number >= 0, got {args.gpus_per_trial}")
+    if args.num_cpus is not None and args.num_cpus < 1:
+        raise UserError(f"--num-cpus must be >= 1, got {args.num_cpus}")
+    read_text_file(Path(args.config), "experiment file")  # the one line `bench.grid.files` would give, seconds later
 
 
 def _add_labels(sub: argparse._SubParsersAction) -> None:
@@ -344,11 +376,17 @@ def _add_results_commands(sub: argparse._SubParsersAction) -> None:
                         "test accuracy (to find a bad node)")
     p.set_defaults(func=_later("bench.cli.results", "cmd_results"), needs=("pyarrow", "polars"))
 
+    p = sub.add_parser("status", help="each grid of a results folder: its trials with a row, failed and to go, "
+                       "the ETA of a running `bench run` and who runs it (from any shell that sees the folder)")
+    p.add_argument("results", help="results folder")
+    p.set_defaults(func=_later("bench.cli.results", "cmd_status"), needs=("pyarrow", "polars"))
+
     p = sub.add_parser(
         "report", help="leaderboards (Markdown, LaTeX, CSV, one HTML page), plots, paper vs measured, and the "
         "diagnostics: three checkpoint rules, memorisation curves, detection quality, cost, label hashes")
-    p.add_argument("results", help="results folder (holds trials/*.parquet)")
-    p.add_argument("--out", default=None, help="output folder (default: RESULTS/report)")
+    p.add_argument("results", nargs="+", help="results folder (holds trials/*.parquet); several: one report over "
+                   "their rows, a trial found in two of them once (two different rows of one trial are refused)")
+    p.add_argument("--out", default=None, help="output folder (default: RESULTS/report; needed for several folders)")
     p.set_defaults(func=_later("bench.cli.report", "cmd_report"), needs=("polars", "scipy", "matplotlib"))
 
     p = sub.add_parser("leaderboard", help="print the leaderboard as an aligned terminal table")
@@ -458,6 +496,8 @@ def _main(argv: list[str] | None, errors: TextIO | None) -> int:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("default")
+            if first := getattr(args, "first", None):  # a command's checks that need no import: a typo answers at once
+                first(args)
             with _holding_signals():
                 for package in getattr(args, "needs", ()):  # before anything is written
                     importlib.import_module(package)

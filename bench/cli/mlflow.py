@@ -51,7 +51,12 @@ def cmd_ui(args: argparse.Namespace) -> int:
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
         raise UserError(f"no MLflow store at {uri}; run `bench run` (or `bench sync-mlflow {args.results}`) first")
     address = f"http://127.0.0.1:{args.port}"
-    print(f"MLflow UI for {uri} on {address} (Ctrl-C stops it)", flush=True)
-    for line in mirror.runs_links(uri, address):
-        print(f"  {line}", flush=True)
-    return mirror.serve(uri, args.port)
+    links = mirror.runs_links(uri, address)
+    print(f"starting MLflow's server for {uri} (seconds; a minute on a loaded machine) ...", flush=True)
+
+    def answered() -> None:  # the links once they open a page, not a refused connection
+        print(f"MLflow UI for {uri} on {address} (Ctrl-C stops it)", flush=True)
+        for line in links:
+            print(f"  {line}", flush=True)
+
+    return mirror.serve(uri, args.port, answered)

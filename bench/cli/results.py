@@ -4,26 +4,75 @@ every column, one line per node that ran trials, or one parquet/CSV file."""
 from __future__ import annotations
 
 import argparse
-import importlib
+import calendar
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench.config import UserError
+from bench.report import analysis, completeness
+from bench.store import grids
 from bench.store.columns import ROW, conform
-from bench.store.folder import check_output, read_table, replace_file
+from bench.store.folder import Store, check_output, read_table, replace_file
 
 
 def cmd_results(args: argparse.Namespace) -> int:
-    """`bench results`: the merged result table, printed or written to one file."""
-    import polars as pl
-
+    """`bench results`: the merged result table, printed or written to one file, then one line for each grid
+    recorded in the folder: complete, or the trials it lacks (`bench.report.completeness`)."""
     if args.out:
         check_output(args.out, "output file", "give another file to --out", kind="file")
     table = read_table(args.results)
     if table.is_empty():
         raise UserError(f"no result rows under {args.results}/trials")
+    _results(args, table)
+    for gap in completeness.gaps(args.results, analysis.with_usable(table)):
+        print(gap.line(args.results))
+    if line := completeness.mirror_line(args.results, table):
+        print(line)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """`bench status`: per grid recorded in the folder (`bench.store.grids`), its trials with a usable row, failed and
+    to go, and while a `bench run` holds the folder (`Store.driver`), the rate its rows landed at since it started
+    and the ETA that rate gives; read from the files alone, so any shell on the same filesystem can ask."""
+    import polars as pl
+
+    table = read_table(args.results)
+    rows = analysis.with_usable(table) if not table.is_empty() else pl.DataFrame(
+        schema={"trial_id": pl.String, "usable": pl.Boolean, "finished_at": pl.String})
+    found = completeness.gaps(args.results, rows)
+    if not found:
+        raise UserError(f"no grid recorded under {args.results}/grids: `bench run` records each grid it runs there "
+                        "(`bench results` lists the rows)")
+    driver = Store(args.results).driver()
+    finished = dict(zip(rows["trial_id"].to_list(), rows["finished_at"].to_list(), strict=True))
+    now = time.time()
+    for gap in found:
+        done, failed = int(gap.trials["measured"].sum()), int(gap.trials["has_row"].sum())
+        left = gap.trials.height - done
+        line = f"{gap.name}: {done} of {gap.trials.height} trials have a usable row, {failed} failed, {left} to go"
+        if gap.started_at and driver and left:
+            elapsed = now - calendar.timegm(time.strptime(gap.started_at, grids.STAMP))
+            landed = sum(1 for t in gap.trials["trial_id"].to_list() if (finished.get(t) or "") >= gap.started_at)
+            line += f"; started {_duration(elapsed)} ago, {landed} rows since"
+            line += f": ETA about {_duration(left * elapsed / landed)}" if landed else ": ETA once a row lands"
+        print(line)
+    print(f"running: {driver}" if driver else "no `bench run` holds the folder now: run its grid again to finish it")
+    return 0
+
+
+def _duration(seconds: float) -> str:
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m" if seconds >= 3600 else \
+        f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
+def _results(args: argparse.Namespace, table: Any) -> None:
+    """The table, as the flags ask."""
+    import polars as pl
+
     if args.out:
         out = Path(args.out)
         if out.suffix == ".csv":
@@ -31,10 +80,10 @@ def cmd_results(args: argparse.Namespace) -> int:
         else:
             replace_file(out, table.write_parquet)
         print(f"{table.height} rows -> {out}")
-        return 0
+        return
     if args.by_node:
         print_by_node(table)
-        return 0
+        return
     order = [c for c in ("experiment", "dataset", "noise", "r", "method", "seed") if c in table.columns]
     if args.wide:  # every column: the declared ones in row order, then any other a file holds
         columns = [c for c in ROW if c in table.columns] + [c for c in table.columns if c not in ROW]
@@ -42,13 +91,12 @@ def cmd_results(args: argparse.Namespace) -> int:
         _print(table.sort(order), columns, shown)
         print(f"{table.height} rows, all {len(columns)} columns (texts cut at {WIDE_TEXT} characters; --out FILE "
               "keeps them whole)")
-        return 0
+        return
     one = [c for c in ("experiment", "dataset") if c in table.columns and table[c].n_unique() == 1]
     columns = [c for c in COMPACT_COLUMNS if c in table.columns and c not in one]
     _print(table.sort(order), columns, COMPACT_COLUMNS)
     common = "".join(f", {c} {table[c][0]}" for c in one)
     print(f"{table.height} rows{common}; --wide: every column")
-    return 0
 
 
 NODE = ("host", "node_id", "device_model", "device_uuid")  # a node and the device a trial ran on
@@ -107,7 +155,7 @@ def _shown(digits: int | None = None) -> Callable[[object], str]:
         if value is None:
             return "-"
         if isinstance(value, float) and digits is not None:
-            return f"{value:.{digits}f}" if digits == 0 else importlib.import_module("bench.report.analysis").fmt(value)
+            return f"{value:.{digits}f}" if digits == 0 else analysis.fmt(value)
         return f"{value:g}" if isinstance(value, float) else str(value)
     return text
 

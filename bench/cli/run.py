@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 from bench.cli.output import Unwritable, silence_stdout
-from bench.config import EXIT_USAGE, UserError
+from bench.config import EXIT_USAGE
 from bench.exec.memory import memory_budget
 from bench.exec.packed import check_no_pack_precision
 from bench.grid.cluster import gpus_to_plan, probe
@@ -54,24 +53,20 @@ class Lines:
                       "`bench results`)", file=sys.stderr, flush=True)
 
 
-def check_counts(args: argparse.Namespace) -> None:
-    """`bench run`'s counts and shares, each one line when out of range, before anything starts."""
-    for flag, value in (("--max-concurrent", args.max_concurrent), ("--retries", args.retries)):
-        if value is not None and value < (1 if flag == "--max-concurrent" else 0):
-            raise UserError(f"{flag} must be {'>= 1' if flag == '--max-concurrent' else '>= 0'}, got {value}")
-    if args.cpus_per_trial is not None and not (math.isfinite(args.cpus_per_trial) and args.cpus_per_trial > 0):
-        raise UserError(f"--cpus-per-trial must be a finite number > 0, got {args.cpus_per_trial}")
-    if args.gpus_per_trial is not None and not (math.isfinite(args.gpus_per_trial) and args.gpus_per_trial >= 0):
-        raise UserError(f"--gpus-per-trial must be a finite number >= 0, got {args.gpus_per_trial}")
-    if args.num_cpus is not None and args.num_cpus < 1:
-        raise UserError(f"--num-cpus must be >= 1, got {args.num_cpus}")
+def cpu_slots(exp: Experiment, args: argparse.Namespace) -> int:
+    """The trials a local Ray runs at once on CPUs: its CPUs (--num-cpus, else all) over each trial's share, at most
+    --max-concurrent (or the file's max_concurrent)."""
+    cpus = args.num_cpus or os.cpu_count() or 1
+    share = args.cpus_per_trial if args.cpus_per_trial is not None else exp.resources.cpu
+    limit = args.max_concurrent or exp.max_concurrent or cpus
+    return max(1, min(limit, int(cpus // share)))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     numerics = (f"numerics={args.numerics}",) if args.numerics else ()  # another computation: a grid of its own
     overrides = Overrides(tuple(args.sets) + numerics, args.methods, args.seeds)
     exp = load_experiment(args.config, overrides=overrides)
-    if args.cpus_per_trial is not None and math.isfinite(args.cpus_per_trial) and args.cpus_per_trial > 0:
+    if args.cpus_per_trial is not None:  # checked with the flags (`bench.cli.main`)
         # A trial's CPUs are its intra-op threads (`bench.trial.grid_threads`): its trials are those of that many.
         exp = replace(exp, resources=replace(exp.resources, cpu=args.cpus_per_trial))
     results = args.results or default_results(exp)
@@ -80,7 +75,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         out(f"{' '.join(exp.overrides)} changed the grid of {exp.base_name}: it runs as experiment {exp.name}"
               f"{'' if overrides.names() else ' (--set name=NAME names it)'}, results in {results}, which keeps it "
               f"as {exp.name}.yaml")
-    check_counts(args)
     spec = parse_executor(args.executor, args.pack)  # a bad --executor or --pack is one line, before anything
     memory_budget()  # a bad $BENCH_PACK_MEMORY_GB is one line here, before Ray, not an error in every pack
     check_no_pack_precision()  # likewise the retired $BENCH_PACK_PRECISION
@@ -97,7 +91,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         gpu, device = trial_device(exp, args.gpus_per_trial)
         print_plan(Plan.make(exp, folder.absolute(results), device=device), pack=spec,
                    data_root=args.data_root, gpus=gpus if gpu > 0 else None, gpu=gpu,
-                   gpu_kind=gpu_kind)
+                   gpu_kind=gpu_kind, at_once=None if args.address or gpu > 0 else cpu_slots(exp, args))
         if args.address is None:  # on a cluster the data lives on the nodes
             # Missing data ends the dry run as it ends the run: its one line, exit 2, after the plan.
             check_data([exp.dataset], args.data_root, exp.trials()[:1])

@@ -43,14 +43,13 @@ Every error names the file, the key and what is allowed, and is a `UserError` (o
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench.config import UserError
+from bench.config import UserError, did_you_mean
 from bench.data import registry as dataset_registry
 from bench.methods import registry as method_registry
 from bench.schema import (
@@ -109,7 +108,7 @@ class Experiment:
     source: str  # the file it came from (and the command-line overrides)
     overrides: tuple[str, ...] = ()  # the flags that changed the file's grid, as typed
     base_name: str = ""  # the file's own name, where overrides renamed the grid
-    text: str = ""  # the changed grid as an experiment file, where overrides changed it
+    text: str = ""  # the grid as an experiment file: the file's text, or the changed grid where overrides changed it
     protocol: tuple[str, ...] = ("bench",)  # `bench.protocol` specs (grid axis)
     precision: tuple[str, ...] = ("fp32",)  # `bench.trial.PRECISIONS` (grid axis)
     model: str | None = None  # the network, where not the dataset's
@@ -165,9 +164,7 @@ class _Checker:
         return UserError(where + problem)
 
     def unknown(self, key: str, name: str, allowed: list[str], what: str = "key") -> UserError:
-        close = difflib.get_close_matches(name, allowed, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        return self.fail(key, f"unknown {what} {name!r}{hint}; allowed: {', '.join(allowed)}")
+        return self.fail(key, f"unknown {what} {name!r}{did_you_mean(name, allowed)}; allowed: {', '.join(allowed)}")
 
     def value(self, key: str, value: Value, raw: Any) -> Any:
         problem = value.problem(raw)

@@ -99,9 +99,8 @@ def yaml_problem(error: yaml.YAMLError) -> tuple[str, str]:
     return f", line {mark.line + 1}, column {mark.column + 1}", what
 
 
-def read_yaml(path: str | Path) -> Any:
-    path = Path(path)
-    text = read_text_file(path, "experiment file")
+def parse_yaml(text: str, path: str | Path) -> Any:
+    """An experiment file's `text` as YAML; `path` names it in the one-line error."""
     try:
         return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
@@ -182,10 +181,11 @@ def _set_path(data: dict[str, Any], parts: list[str], value: Any) -> None:
 def load_experiment(path: str | Path, registries: bool = True, overrides: Overrides | None = None) -> Experiment:
     """Read, validate and (with `registries`) check the names of an experiment file, with command-line
     `overrides` applied first (the changed grid gets its own name unless `--set name=` gives one)."""
-    data = read_yaml(path)
+    text = read_text_file(Path(path), "experiment file")
+    data = parse_yaml(text, path)
     flags = overrides.flags() if overrides else []
     if not flags:
-        exp = parse_experiment(data, source=str(path))
+        exp = dataclasses.replace(parse_experiment(data, source=str(path)), text=text)
     else:
         changed = overrides.apply(data)
         exp = parse_experiment(changed, source=f"{path} with {' '.join(flags)}")

@@ -441,7 +441,8 @@ def _accuracy_table(analysis: ModuleType, grid: pl.DataFrame, out: Callable[[str
     cells = analysis.aggregate(grid).filter(pl.col("acc_mean").is_not_null())
     if cells.is_empty():
         return
-    wide = (cells.with_columns(pl.col("acc_mean").map_elements(analysis.fmt, return_dtype=pl.String))
+    wide = (cells.with_columns(pl.col("acc_mean").map_elements(analysis.fmt, return_dtype=pl.String),
+                               pl.col("method").map_elements(analysis.label, return_dtype=pl.String))  # as tables say
             .pivot(on="method", index=["dataset", "noise", "r"], values="acc_mean").sort(["dataset", "noise", "r"]))
     out(f"clean test accuracy (%){which}, mean over seeds; per cell the hyper-parameters with the lowest mean "
         "noisy-validation loss:")

@@ -63,7 +63,7 @@ from bench.grid.progress import (
 )
 from bench.grid.stop import GridStop, end_processes
 from bench.grid.validate import check_data, check_results
-from bench.store import folder
+from bench.store import folder, grids
 from bench.store.mirror import Mirror, open_mirror
 from bench.store.rows import write_trial
 from bench.trial import TrialConfig
@@ -392,10 +392,11 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
 
     tally = Tally(total=len(pending))
     if not pending:
+        record_grid(exp, plan)
         mirror_ready(opening, plan, results, out)
         out(f"{exp.name}: all {len(plan.trials)} trials already have a result row in {results}; nothing to run")
         return tally
-    if exp.text:  # a grid changed on the command line: the folder keeps it as a file `bench run` can take
+    if exp.overrides:  # a grid changed on the command line: the folder keeps it as a file `bench run` can take
         where = folder.Store(results)
         where.write_bytes(where.path(f"{exp.name}.yaml"), exp.text.encode())
     w = plan.work(pending)
@@ -427,6 +428,7 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
         if s.address is None:
             inherited_tune_env()
         tuner = _tuner(exp, s, units, results, cpu, gpu, callbacks, stop, tally)
+        record_grid(exp, plan)  # once every check passed: a grid refused writes nothing
         tally.started = time.monotonic()  # progress and ETA count from the first trial, not Ray's start-up
         stop.run(tuner.fit)
         mirror = ready()
@@ -449,6 +451,12 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
     for line in summary.result():
         out(line)
     return tally
+
+
+def record_grid(exp: Experiment, plan: Plan) -> None:
+    """Keep the grid in its results folder (`bench.store.grids`): the readers compare the rows with it, so that a grid
+    stopped part-way reads as incomplete, not as a smaller complete grid."""
+    grids.record(plan.results, exp.name, exp.text, plan.trials)
 
 
 def summary_lines(exp: Experiment, plan: Plan, tally: Tally, mirror: Mirror | None) -> list[str]:

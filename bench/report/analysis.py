@@ -28,6 +28,7 @@ import io
 import json
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,8 @@ SETTING_COLUMNS = ["model", "lr", "batch_size", "method_params", "epochs", "epoc
 PROVENANCE_COLUMNS = ["git_commit", "torch_version", "numpy_version", "python_version", "device", "noise_hash"]
 REQUIRED_COLUMNS = ["dataset", "method", "noise", "r", "seed", "status", "val_loss", "test_acc"]
 USABLE_STATUS = ("ok", "diverged")
+# What a row measured: two rows of one trial (from two results folders) that differ here cannot both be its row.
+CONFLICT_COLUMNS = ["status", "best_epoch", "val_loss", "test_acc", "last_test_acc"]
 REFERENCE = "dmi"
 REFERENCE_CSV = "reference_results.csv"
 # Published results on the datasets beyond the paper (mini-WebVision, ANIMAL-10N, Food-101N, Red Mini-ImageNet), each
@@ -109,17 +112,36 @@ def float_orders(df: pl.DataFrame) -> str:
                    "threads.")
 
 
-def load_trials(results: str | Path) -> pl.DataFrame:
-    """All trial rows under `results`, with the setting hash and the optional columns filled in."""
-    results = str(results)
-    if folder.is_local(results) and not folder.local_path(results).is_dir():
-        raise UserError(f"results folder {results} does not exist")
-    df = folder.read_table(results, "trials")
-    if df.is_empty():
-        raise UserError(f"no result rows under {results}/trials: run `bench trial` or `bench run` first")
-    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
-    if missing:
-        raise UserError(f"the result rows under {results} lack the columns {', '.join(missing)}")
+def load_trials(results: str | Path | Sequence[str | Path]) -> pl.DataFrame:
+    """All trial rows under `results` (one folder, or several: `bench report A B ...`), with the setting hash and the
+    optional columns filled in. A trial found in two folders counts once; two rows of one trial that measured
+    different numbers (`CONFLICT_COLUMNS`) are refused in one line: which is the trial's is not ours to choose."""
+    folders = [str(results)] if isinstance(results, (str, Path)) else [str(r) for r in results]
+    frames = []
+    for where in folders:
+        if folder.is_local(where) and not folder.local_path(where).is_dir():
+            raise UserError(f"results folder {where} does not exist")
+        df = folder.read_table(where, "trials")
+        if df.is_empty():
+            raise UserError(f"no result rows under {where}/trials: run `bench trial` or `bench run` first")
+        if missing := [c for c in REQUIRED_COLUMNS if c not in df.columns]:
+            raise UserError(f"the result rows under {where} lack the columns {', '.join(missing)}")
+        frames.append(conform(df).with_columns(pl.lit(where).alias("_folder")))
+    df = pl.concat(frames, how="diagonal_relaxed") if len(frames) > 1 else frames[0]
+    measured = df.select("trial_id", *CONFLICT_COLUMNS, "_folder").unique(["trial_id", *CONFLICT_COLUMNS])
+    if (twice := measured.filter(pl.col("trial_id").is_duplicated())).height:
+        a, b = twice.filter(pl.col("trial_id") == twice["trial_id"][0]).sort(
+            pl.col("_folder").replace_strict(folders, list(range(len(folders))))).head(2).iter_rows(named=True)
+        differ = ", ".join(f"{c} {a[c]} vs {b[c]}" for c in CONFLICT_COLUMNS if a[c] != b[c])
+        raise UserError(f"trial {a['trial_id']} has two different rows, in {a['_folder']} and {b['_folder']} "
+                        f"({differ}): report the folders apart, or remove one of the rows")
+    return _once_per_seed(with_usable(df.unique("trial_id", keep="first", maintain_order=True).drop("_folder")))
+
+
+def with_usable(df: pl.DataFrame) -> pl.DataFrame:
+    """Rows as read (`bench.store.folder.read_table`) with their columns typed, their setting hashed (`setting`)
+    and whether they measured their trial (`usable`: ok or diverged, with a finite validation loss and a test
+    accuracy)."""
     df = conform(df)  # a column older rows lack: its default (protocol: bench), else null
     df = df.with_columns(
         pl.col("r").cast(pl.Float64).round(6),
@@ -135,8 +157,7 @@ def load_trials(results: str | Path) -> pl.DataFrame:
     usable = (
         pl.col("status").is_in(USABLE_STATUS) & pl.col("val_loss").is_finite() & pl.col("test_acc").is_not_null()
     )
-    df = df.with_columns(pl.Series("setting", settings, dtype=pl.String), usable.fill_null(False).alias("usable"))
-    return _once_per_seed(df)
+    return df.with_columns(pl.Series("setting", settings, dtype=pl.String), usable.fill_null(False).alias("usable"))
 
 
 def _once_per_seed(df: pl.DataFrame) -> pl.DataFrame:
@@ -204,9 +225,14 @@ def _joined(values: list[Any]) -> str:
     return ", ".join(sorted({str(v) for v in values if v is not None}))
 
 
-def aggregate(df: pl.DataFrame, reference: str = REFERENCE) -> pl.DataFrame:
+def aggregate(df: pl.DataFrame, reference: str = REFERENCE, planned: pl.DataFrame | None = None) -> pl.DataFrame:
     """The grid: one row per (dataset, noise) x every method in the results x every r of that dataset and noise,
-    with the selected setting's statistics (null where no usable trial: a missing cell) and trial counts."""
+    with the selected setting's statistics (null where no usable trial: a missing cell) and trial counts.
+    `planned`: the trials the folder's recorded grids asked for (`bench.report.completeness.planned`, with
+    `measured`): their cells and methods join the grid (a method without a row is a column of missing cells), and
+    each cell counts them (`planned`) and those without a usable row (`unmeasured`)."""
+    if planned is None:
+        planned = pl.DataFrame(schema={**dict.fromkeys(CELL, pl.String), "r": pl.Float64, "measured": pl.Boolean})
     chosen = selected_trials(df)
     stats_frame = chosen.group_by(CELL).agg(
         pl.len().alias("n"),
@@ -227,17 +253,21 @@ def aggregate(df: pl.DataFrame, reference: str = REFERENCE) -> pl.DataFrame:
         (pl.col("status") == "diverged").sum().alias("diverged"),
         (pl.col("status") == "failed").sum().alias("failed"),
     )
-    methods = method_order(df["method"].unique().to_list(), reference)
+    asked = planned.group_by(CELL).agg(pl.len().alias("planned"), (~pl.col("measured")).sum().alias("unmeasured"))
+    methods = method_order(list(dict.fromkeys(df["method"].to_list() + planned["method"].to_list())), reference)
     grid = (
-        df.select("dataset", "noise", "r").unique()
+        pl.concat([df.select("dataset", "noise", "r"), planned.select("dataset", "noise", "r")]).unique()
         .join(pl.DataFrame({"method": methods}).with_row_index("method_rank"), how="cross")
         .join(counts, on=CELL, how="left")
+        .join(asked, on=CELL, how="left")
         .join(stats_frame, on=CELL, how="left")
         .join(df.group_by("method").agg(pl.col("privileged").any()), on="method", how="left")
         # A cell whose trials kept their epoch by clean test accuracy (the authors' Dogs vs Cats LCCN): no result.
         .join(df.group_by(CELL).agg(pl.col("oracle").fill_null(False).any()), on=CELL, how="left")
         .with_columns(
-            pl.col("trials", "ok", "diverged", "failed", "settings_tried", "n").fill_null(0).cast(pl.Int64),
+            pl.col("trials", "ok", "diverged", "failed", "settings_tried", "n", "planned", "unmeasured")
+            .fill_null(0).cast(pl.Int64),
+            pl.col("privileged", "oracle").fill_null(False),  # a method or cell of the grid without a row
         )
         .sort("dataset", "noise", "r", "method_rank")
     )
@@ -254,7 +284,7 @@ def aggregate(df: pl.DataFrame, reference: str = REFERENCE) -> pl.DataFrame:
     schema |= {f"{c}s": pl.String for c in PROVENANCE_COLUMNS[:5]} | {"seeds": pl.String}
     first = ["dataset", "noise", "r", "method", "privileged", "n", "acc_mean", "acc_std", "acc_ci_low", "acc_ci_high",
              "last_mean", "last_std", "last_ci_low", "last_ci_high", "val_loss_mean", "trials", "ok", "diverged",
-             "failed", "settings_tried", "setting"]
+             "failed", "planned", "unmeasured", "settings_tried", "setting"]
     frame = pl.DataFrame(rows, schema=schema).drop("method_rank")
     return frame.select(first + [c for c in frame.columns if c not in first])
 

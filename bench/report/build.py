@@ -9,16 +9,16 @@ alone as terminal text (`terminal_leaderboard`, from the leaderboard's own table
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import polars as pl
 
 from bench.config import UserError
-from bench.report import analysis, leaderboard, protocols
+from bench.report import analysis, completeness, leaderboard, protocols
 from bench.report.panel import Context, Panel, panels
 from bench.report.render import asset, stderr
-from bench.store.folder import replace_file
+from bench.store.folder import read_table, replace_file
 
 Log = Callable[[str], None]
 
@@ -41,6 +41,23 @@ def _summary(df: pl.DataFrame, grid: pl.DataFrame, results: str, every: pl.DataF
     # The panel pairs each protocol with bench's trials: without them it is not drawn, and the others are not shown.
     return text + (f"; the tables show {shown}'s only (the first in sorted order); the others are not shown, and "
                    "no panel compares them: that needs bench's trials of the same cells.")
+
+
+def _read(folders: list[str]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, str]:
+    """The folder's rows (every protocol's), the headline protocol's (those the accuracy tables show: the protocol
+    panel compares the others), their cells with the trials the recorded grids asked for, and the report's first
+    lines: the rows and what computed them (`analysis.float_orders`), then one line a recorded grid, and one where
+    MLflow lacks runs (`bench.report.completeness`)."""
+    every = analysis.load_trials(folders)
+    df = protocols.headline(every)
+    found = {where: completeness.gaps(where, every) for where in folders}
+    grid = analysis.aggregate(df, planned=completeness.planned(
+        [g for gaps in found.values() for g in gaps], df["protocol"][0]))
+    own = {folders[0]: every} if len(folders) == 1 else {where: read_table(where) for where in folders}
+    lines = [_summary(df, grid, ", ".join(folders), every) + analysis.float_orders(df),
+             *(g.line(where) for where in folders for g in found[where]),
+             *(completeness.mirror_line(where, own[where]) for where in folders)]
+    return every, df, grid, " ".join(line for line in lines if line)
 
 
 def _page(sections: list[str]) -> str:
@@ -67,18 +84,17 @@ def _render(panel: Panel, ctx: Context, written: dict[str, Path], tables: dict[s
     html.append(panel.html(data, drawn, ctx))
 
 
-def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str, Path]:
+def build_report(results: str | Path | Sequence[str | Path], out: Path, log: Log = stderr) -> dict[str, Path]:
     """Write every output of `bench report` under `out`; return them by name: each panel's figures
     (`bench.report.panel.panels()`, in their order: the leaderboard's first), then their CSV tables, then
-    `leaderboard.md`, the panels' other files (the leaderboard's `leaderboard.tex`) and `report.html`."""
-    log(f"reading result rows under {results} ...")
-    every = analysis.load_trials(results)
-    df = protocols.headline(every)  # the accuracy tables show one protocol; the protocol panel compares them
-    grid = analysis.aggregate(df)
-    summary = _summary(df, grid, str(results), every) + analysis.float_orders(df)
+    `leaderboard.md`, the panels' other files (the leaderboard's `leaderboard.tex`) and `report.html`. A table without
+    rows is no file (its panel says in the page why it is left out)."""
+    folders = [str(results)] if isinstance(results, (str, Path)) else [str(r) for r in results]
+    log(f"reading result rows under {', '.join(folders)} ...")
+    every, df, grid, summary = _read(folders)
     log(summary)
-    ctx = Context(results=str(results), every=every, df=df, grid=grid, folder=out / "plots", summary=summary,
-                  log=log)
+    ctx = Context(results=folders[0], every=every, df=df, grid=grid, folder=out / "plots", folders=tuple(folders),
+                  summary=summary, log=log)
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
     tables: dict[str, pl.DataFrame] = {}
@@ -92,8 +108,13 @@ def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str,
         raise UserError(f"a panel writes {', '.join(clash)}, which the report's page is: rename its file")
     log("writing tables ...")
     for name, frame in tables.items():
+        if frame.is_empty():  # a panel left out (nothing to show) writes no table; an earlier report's copy goes
+            (out / f"{name}.csv").unlink(missing_ok=True)
+            continue
         written[f"{name} csv"] = out / f"{name}.csv"
         replace_file(written[f"{name} csv"], frame.write_csv)
+    if left_out := [f"{name}.csv" for name, frame in tables.items() if frame.is_empty()]:
+        log(f"tables left out (no rows: their panels had nothing to show): {', '.join(left_out)}")
     texts = {"leaderboard.md": "".join(markdown), **files, "report.html": _page(html)}
     for name, text in texts.items():
         written[name] = out / name
@@ -104,9 +125,6 @@ def build_report(results: str | Path, out: Path, log: Log = stderr) -> dict[str,
 def terminal_leaderboard(results: str, metric: str = "selected", bold: bool = False) -> str:
     """`bench leaderboard`'s text: the headline protocol's leaderboard as aligned terminal tables under the report's
     first line; `metric` a key of `analysis.METRICS` (the selected checkpoint's accuracy, or the last epoch's)."""
-    every = analysis.load_trials(results)
-    df = protocols.headline(every)
-    grid = analysis.aggregate(df)
+    _, df, grid, summary = _read([results])
     paired = analysis.paired_comparison(df, grid, metric=analysis.METRICS[metric])
-    summary = _summary(df, grid, results, every) + analysis.float_orders(df)
     return leaderboard.to_terminal(leaderboard.tables(grid, paired, metric), summary, bold=bold, metric=metric)

@@ -76,6 +76,11 @@ COST_NOTE = (
     "accuracy at the selected epoch divided by the mean device-hours of a trial. Networks: trained in the method "
     "stage."
 )
+# The cost table's two times, named by what each counts: a trial that loaded its cell's cached warm start ran for
+# less wall time than its device-seconds, which carry an even share of that warm start's training (#55: "wall s"
+# below "device-s" read as a contradiction).
+COST_SECONDS = ("wall s / trial, as it ran (a cached warm start: its load only)",
+                "device-s / trial, each warm start's seconds split over its trials")
 NO_DETECTION = ("Detection quality: left out, no method here flags or down-weights training examples (or the "
                 "epochs table holds no detection numbers).")
 
@@ -331,7 +336,7 @@ def _cost_html(diag: Diagnostics, labels: dict[str, str]) -> list[str]:
         td(fmt(c["acc_per_device_hour"], 0), value=c["acc_per_device_hour"])]) + "</tr>"
         for c in diag.cost.iter_rows(named=True)]
     body.append(html_table(["dataset", "noise", "r", "method", "n", "device", "epochs", "networks",
-                             "wall s / trial", "device-s / trial", "of which warm-start share",
+                             *COST_SECONDS, "of which warm-start share",
                              "device-h (all seeds)", "test acc",
                              "acc. per device-hour"], rows, left=2))
     return body
@@ -402,7 +407,7 @@ def to_markdown(diag: Diagnostics, labels: dict[str, str]) -> str:
         lines.append("")
     if not diag.cost.is_empty():
         lines += ["## Cost", "", COST_NOTE, "", f"The grid: {diag.totals['device_h'].sum():.3f} device-hours.", "",
-                  "| dataset | noise | r | method | n | device | epochs | networks | device-s / trial | "
+                  f"| dataset | noise | r | method | n | device | epochs | networks | {COST_SECONDS[1]} | "
                   "of which warm-start share | accuracy per device-hour |", "|---" * 11 + "|"]
         lines += [f"{head(c)} {c['n']} | {md(c['devices'])} | {c['epochs']} | {c['networks'] or '—'} | "
                   f"{fmt(c['device_s_mean'], 1)} | {fmt(c['warm_share_s_mean'], 1)} | "

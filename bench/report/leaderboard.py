@@ -106,6 +106,8 @@ def tables(grid: pl.DataFrame, paired: pl.DataFrame, metric: str = "selected") -
                 text = MISSING + (f" ({', '.join(broken)})" if broken else "")
             else:
                 text = fmt(mean) + ("" if std is None else f" ± {fmt(std)}") + ("" if n == top_n else f" (n={n})")
+            if cell["unmeasured"]:  # the recorded grid asked for trials that have no usable row
+                text += f" [{cell['unmeasured']}/{cell['planned']} missing]"
             mark = markers.get((dataset, noise, cell["r"], cell["method"]), "")
             entries[(cell["r"], cell["method"])] = Entry(text, mean, False, mark, cell)
         rs = sorted({r for r, _ in entries})
@@ -129,12 +131,22 @@ def _mark(entry: Entry) -> str:
 CAPTIONS = {"selected": "at the checkpoint selected on the noisy validation set", "last": "at the last epoch trained"}
 
 
-def legend(metric: str = "selected") -> str:
-    return (f"Clean test accuracy (%) {CAPTIONS[metric]}: mean ± std over seeds "
-            "for the hyper-parameters with the lowest mean noisy-validation loss. Best per row in bold; * / ** / ***: "
-            f"paired test against {label(REFERENCE)} (matched seeds) p < 0.05 / 0.01 / 0.001; † privileged (uses the "
-            f"true T, not a fair competitor); ‡ oracle (its epoch kept by clean test accuracy, as the authors' Dogs vs "
-            f"Cats LCCN script did: an upper bound, not a result); {MISSING}: no usable trial.")
+def legend(tabs: list[Table], metric: str = "selected") -> str:
+    """The tables' caption: what their numbers are, and each mark that appears in `tabs` (only those)."""
+    entries = [e for t in tabs for e in t.entries.values()]
+    marks = [
+        (any(e.marker for e in entries), f"* / ** / ***: paired test against {label(REFERENCE)} (matched seeds) "
+         "p < 0.05 / 0.01 / 0.001"),
+        (any(t.privileged for t in tabs), "† privileged (uses the true T, not a fair competitor)"),
+        (any(t.oracle for t in tabs), "‡ oracle (its epoch kept by clean test accuracy, as the authors' Dogs vs Cats "
+         "LCCN script did: an upper bound, not a result)"),
+        (any(e.mean is None for e in entries), f"{MISSING}: no usable trial"),
+        (any(e.cell["unmeasured"] for e in entries), "[k/m missing]: k of the m trials its recorded grid asked for "
+         "have no usable row (the summary names them)"),
+    ]
+    return (f"Clean test accuracy (%) {CAPTIONS[metric]}: mean ± std over seeds for the hyper-parameters with the "
+            "lowest mean noisy-validation loss. Best per row in bold" + "".join(f"; {text}" for shown, text in marks
+                                                                                  if shown) + ".")
 
 
 ESTIMATES_NOTE = (
@@ -166,7 +178,7 @@ def _published_in(c: dict[str, Any]) -> str:
 
 def to_markdown(tabs: list[Table], wtl: pl.DataFrame, comparison: pl.DataFrame, summary: str,
                 estimates: pl.DataFrame | None = None) -> str:
-    lines = ["# Leaderboard", "", legend(), "", summary, ""]
+    lines = ["# Leaderboard", "", legend(tabs), "", summary, ""]
     for t in tabs:
         lines += [f"## {md(t.dataset)} · {md(t.noise)}", "", "| r | " + " | ".join(map(md, t.header())) + " |",
                   "|---|" + "---|" * len(t.methods)]
@@ -309,7 +321,7 @@ def to_html(tabs: list[Table], paired: pl.DataFrame, wtl: pl.DataFrame, comparis
     summary, one accuracy table per (dataset, noise) with its figure and every cell's provenance, the win/tie/loss
     table, the paper against ours, the transition-matrix estimates. Figures inline as base64 PNG."""
     p_of = {(p["dataset"], p["noise"], p["r"], p["method"]): p for p in paired.iter_rows(named=True)}
-    body = [f"<h1>bench report</h1><p class=note>{html.escape(legend())}</p><p>{html.escape(summary)}</p>"]
+    body = [f"<h1>bench report</h1><p class=note>{html.escape(legend(tabs))}</p><p>{html.escape(summary)}</p>"]
     for t in tabs:
         body.append(f"<h2>{html.escape(t.dataset)} · {html.escape(t.noise)}</h2>")
         rows = [f"<tr>{td(fmt_r(r), 'l', r)}" + "".join(
@@ -353,7 +365,7 @@ def to_terminal(tabs: list[Table], summary: str, bold: bool = False, metric: str
             lines.append("  ".join(f"\033[1m{text.rjust(w)}\033[0m" if best and bold else text.rjust(w)
                                    for (text, best), w in zip(row, widths, strict=True)))
         lines += [t.winners(), ""]
-    return "\n".join(lines + [legend(metric).replace("in bold", "marked <" if not bold else "in bold")])
+    return "\n".join(lines + [legend(tabs, metric).replace("in bold", "marked <" if not bold else "in bold")])
 
 
 # --------------------------------------------------------------------------------------------------- the panel

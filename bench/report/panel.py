@@ -28,18 +28,26 @@ from bench.store.folder import read_table
 class Context:
     """What a panel analyses: one results folder, read once for all panels."""
 
-    results: str  # the results folder (a path or a pyarrow filesystem URI)
+    results: str  # the results folder (a path or a pyarrow filesystem URI); the first, where there are several
     every: pl.DataFrame  # every protocol's trials, as `analysis.load_trials` gives them
     df: pl.DataFrame  # the headline protocol's trials: those the accuracy tables show
     grid: pl.DataFrame  # `analysis.aggregate(df)`: one row per cell, the setting selected on noisy validation
     folder: Path  # where a panel's figures go (`<out>/plots`)
+    folders: tuple[str, ...] = ()  # every results folder read (`bench report A B ...`); () means `results` alone
     summary: str = ""  # the report's first line: the trials read, measured cells, commits, the protocol shown
     log: Callable[[str], None] = lambda message: None  # progress for a long step (stderr under `bench report`)
 
     @cached_property
     def epochs(self) -> pl.DataFrame:
-        """The per-epoch table of the results folder (read on first use: only some panels need it)."""
-        return read_table(self.results, "epochs")
+        """The per-epoch table of the results folders (read on first use: only some panels need it), the epochs of
+        a trial found in several folders once (its first folder's)."""
+        frames, seen = [], set()
+        for where in self.folders or (self.results,):
+            frame = read_table(where, "epochs")
+            if not frame.is_empty():
+                frames.append(frame.filter(~pl.col("trial_id").is_in(seen)))
+                seen |= set(frame["trial_id"].to_list())
+        return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
 
     @cached_property
     def settings(self) -> pl.DataFrame:
@@ -54,7 +62,7 @@ class Context:
 
 class Panel:
     """One section of the report. `analyse` computes its data once; the other methods render that data. A panel with
-    nothing to show returns empty text (its CSV tables are still written, with their columns)."""
+    nothing to show returns empty text or one line saying why (a table of no rows is not written)."""
 
     name: str = ""  # the registry's key; a subclass without one is not a panel (a shared base)
     order: float = 0.0  # where the section stands on the page and in leaderboard.md: lower first

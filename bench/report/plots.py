@@ -152,8 +152,11 @@ def _panels(curves: pl.DataFrame, title: str, series: list[tuple[str, str, str, 
                 ax.set_xlabel("epoch (warm start, then method)", fontsize=8)
             if j == 0:
                 ax.set_ylabel(ylabel, fontsize=8)
-    handles, names = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=8, frameon=False)
+    # The legend names every line drawn in any panel: one panel alone may lack some (at r = 0 nothing is flipped).
+    drawn = {name: handle for ax in axes.flat for handle, name in zip(*ax.get_legend_handles_labels(), strict=True)}
+    names = [label for _, label, _, _ in series if label in drawn]
+    fig.legend([drawn[n] for n in names], names, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=8,
+               frameon=False)
     fig.suptitle(title, fontsize=10)
     return fig
 

@@ -9,6 +9,8 @@
     ray/                        Ray Tune's own storage
     mlflow.db, mlartifacts/     the embedded MLflow store (`bench.store.mirror`)
     damaged/                    unreadable result files that `bench run` set aside
+    grids/<experiment>.yaml     each grid `bench run` ran, as its experiment file, and the trials it expands to
+    grids/<experiment>.json     (`bench.store.grids`): the readers say which of them have no row
     .bench.lock                 held by the one driver writing into the folder (local folders only)
 
 A local results folder holds no links: results folders travel between people (a tarball unpacked), and a link where
@@ -42,6 +44,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -474,6 +477,25 @@ class Store:
             yield
         finally:
             lock.release()
+
+    def driver(self) -> str | None:
+        """Who holds the folder (`hold`), as its lock file names it, for a reader in another shell; None where no
+        lock file names one, or its holder is a process of this host that is gone. Reads only: taking the lock to
+        test it would refuse a driver starting at that moment. A holder on another host is taken at its word."""
+        if not self.local:
+            return None
+        holder = _holder(Path(self.root) / ".bench.lock")
+        found = re.fullmatch(r"`bench` pid (\d+) on (\S+) since .*", holder)
+        if found is None:
+            return None
+        if found[2] == socket.gethostname():
+            try:
+                os.kill(int(found[1]), 0)
+            except ProcessLookupError:
+                return None
+            except PermissionError:  # alive, another user's
+                pass
+        return holder
 
     @contextmanager
     def lock(self, name: str) -> Iterator[None]:

@@ -31,10 +31,13 @@ import logging
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
+import urllib.request
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -120,7 +123,10 @@ def _selection(row: dict[str, Any]) -> dict[str, str]:
         from bench.data import get_dataset  # the dataset registry imports torch: `bench sync-mlflow` loads it late
 
         proto = get_dataset(row["dataset"]).protocol(row.get("protocol") or ROW["protocol"].default)
-        return {"selection": repr(proto.selection(row["method"])), "warmup_selection": repr(proto.warmup_selection())}
+        # In words ("lowest loss on the whole validation set, strict"), as `bench trial` prints them: a reader of the
+        # UI's compare page reads the rule, not a Python repr.
+        return {"selection": proto.selection(row["method"]).words(),
+                "warmup_selection": proto.warmup_selection().words()}
     except (UserError, KeyError, ValueError):
         return {}
 
@@ -348,6 +354,24 @@ class Mirror:
         return count
 
 
+def complete_trial_runs(uri: str) -> set[str] | None:
+    """The trial ids with a complete run in the sqlite store `uri`, read with sqlite3 from MLflow's tables (`runs`,
+    `tags`), read-only and without importing MLflow: a reader asks it in milliseconds. None for a store of another
+    kind, a store that is not there, or one that does not read as MLflow's."""
+    path = Path(uri.removeprefix("sqlite:///"))
+    if not uri.startswith("sqlite:///") or not path.is_file():
+        return None
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            found = db.execute(
+                "SELECT t.value FROM tags t JOIN runs r ON r.run_uuid = t.run_uuid JOIN tags c ON c.run_uuid = "
+                "t.run_uuid AND c.key = ? AND c.value = 'true' WHERE t.key = ? AND r.lifecycle_stage = 'active'",
+                (f"{TAG}complete", f"{TAG}trial_id")).fetchall()
+    except sqlite3.Error:
+        return None
+    return {value for (value,) in found}
+
+
 def runs_links(uri: str, address: str) -> list[str]:
     """'name: link' to the runs table of each experiment in the store, in the UI's machine-learning view (`ML_VIEW`).
     MLflow 3's UI opens an experiment on its GenAI overview, where a grid's trials do not show."""
@@ -478,12 +502,19 @@ def backfill(results: str, uri: str | None) -> tuple[str, int] | None:
     return (mirror.uri, count) if mirror.ok else None
 
 
-def serve(uri: str, port: int) -> int:
+JOB_RUNNER = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
+
+
+def serve(uri: str, port: int, answered: Callable[[], None]) -> int:
     """Run `mlflow server` on 127.0.0.1:`port` over the store `uri` until it exits (its exit code), or until Ctrl-C
-    or SIGTERM, which stop it too."""
+    or SIGTERM, which stop it too; `answered()` once it answers (its `/health`): a link printed before that was a
+    dead link for up to two minutes on a loaded machine. MLflow 3's GenAI job runner stays off (its own worker
+    processes, which the runs table never needs; docs/cluster.md), unless $MLFLOW_SERVER_ENABLE_JOB_EXECUTION
+    says otherwise."""
     mlflow_bin = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or shutil.which("mlflow")
     command = [mlflow_bin or "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
                "--backend-store-uri", uri]
+    env = {**os.environ, JOB_RUNNER: os.environ.get(JOB_RUNNER, "false")}
     server: subprocess.Popen | None = None
     signalled: list[int] = []
 
@@ -495,9 +526,16 @@ def serve(uri: str, port: int) -> int:
     # SIGTERM (kill, a service manager) must stop the server too, as Ctrl-C does, not orphan it.
     previous = signal.signal(signal.SIGTERM, terminated)
     try:
-        server = subprocess.Popen(command)
+        server = subprocess.Popen(command, env=env)
         if signalled:
             raise SystemExit(128 + signalled[0])
+        while server.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    answered()
+                    break
+            except OSError:  # not listening yet (refused, reset, or a timeout)
+                time.sleep(0.5)
         return server.wait()
     finally:  # Ctrl-C, SIGTERM or an error here: stop the server this command started
         signal.signal(signal.SIGTERM, previous)

@@ -51,6 +51,18 @@ def test_trial_on_tiny_fashion_files(tiny_fashion: Path, tmp_path: Path) -> None
          "--lr must be positive"),
         (["--dataset", "fashion_mnist", "--method", "ce", "--noise", "case1", "--r", "0.1",
           "--data-root", "/nonexistent"], "missing raw/train-images"),
+        # #55: the registries' names and the noises say "did you mean" as the experiment files' keys do; a setting
+        # of the trial given as a method parameter names its flag.
+        (["--dataset", "fmnist", "--method", "ce", "--noise", "case1", "--r", "0.1"],
+         r"unknown dataset 'fmnist' \(did you mean 'fashion_mnist'\?\); choose from"),
+        (["--dataset", "fashion_mnist", "--method", "ce", "--noise", "symetric", "--r", "0.1"],
+         r"unknown noise 'symetric' for fashion_mnist \(did you mean 'symmetric'\?\)"),
+        (["--dataset", "synthetic", "--method", "cee", "--noise", "case1", "--r", "0.1"],
+         r"unknown method 'cee' \(did you mean 'ce'\?\)"),
+        (["--dataset", "synthetic", "--method", "dmi", "--noise", "case1", "--r", "0.1", "--param", "lr=1e-3"],
+         r"lr is a setting of the trial, not a parameter of method 'dmi': give --lr 1e-3$"),
+        (["--dataset", "synthetic", "--method", "dmi", "--noise", "case1", "--r", "0.1", "--param", "batch_size=64"],
+         r"give --batch-size 64$"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path: Path, capsys, args, message) -> None:
@@ -61,6 +73,28 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path: Path, capsys, ar
     assert len(err) == 1 and err[0].startswith("bench: error:")
     assert re.search(message, err[0]), err[0]
     assert not results.exists()
+
+
+@pytest.mark.parametrize("flags, line", [
+    (["tune_configs/demo.yaml", "--resume"], "bench run has no --resume: run the same command again and it resumes "
+     "(trials with a result row are skipped, those cut off continue from their last epoch checkpoint); drop --resume"),
+    (["tune_configs/demo.yaml", "--max-concurrent", "0"], "--max-concurrent must be >= 1, got 0"),
+    (["tune_configs/demo.yml"], "experiment file: no such file: tune_configs/demo.yml"),
+])
+def test_run_flag_mistakes_answer_before_any_import(tmp_path: Path, flags: list[str], line: str) -> None:
+    """#55: these waited for Ray's import (3 s here, 7-29 s under load), `--resume` (a Ray Tune habit) was
+    argparse's two lines ("unrecognized arguments"): each is one line, exit 2, with neither torch nor Ray imported
+    (a subprocess: nothing imported before)."""
+    import subprocess
+    import sys
+
+    code = (f"import sys; from bench.cli.main import main; c = main(['run', *{flags!r}, '--results', "
+            f"{str(tmp_path / 'res')!r}]); print(c, 'torch' in sys.modules, 'ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.split() == ["2", "False", "False"]
+    assert out.stderr.splitlines() == [f"bench: error: {line}"]
+    assert not (tmp_path / "res").exists()
 
 
 def test_non_stochastic_transition_file(tmp_path: Path, capsys) -> None:

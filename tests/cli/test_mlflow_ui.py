@@ -109,6 +109,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_the_ui_prints_its_link_once_the_server_answers_and_runs_no_job_runner(tmp_path: Path) -> None:
+    """#55: the link came at once, up to two minutes before the server answered it; and MLflow's GenAI job runner
+    started with the server. Now: a "starting" line, then the link when /health answers; the server's environment
+    turns the job runner off."""
+    results = tmp_path / "results"
+    trials(results)
+    port = free_port()
+    ui = subprocess.Popen([BENCH, "ui", str(results), "--port", str(port)], stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+                          env={k: v for k, v in os.environ.items() if k != "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"})
+    try:
+        assert ui.stdout.readline().startswith(f"starting MLflow's server for sqlite:///{results / 'mlflow.db'}")
+        # The server's own start-up lines, then ours, which waits until it answers (a minute at most, loaded).
+        while not (line := ui.stdout.readline()).startswith("MLflow UI for"):
+            assert line and "http://" not in line, line
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:  # at once, no retry
+            assert answer.status == 200
+        children = Path(f"/proc/{ui.pid}/task/{ui.pid}/children").read_text().split()
+        (server,) = [pid for pid in children if b"server" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
+        environ = Path(f"/proc/{server}/environ").read_bytes().split(b"\0")
+        assert b"MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false" in environ
+    finally:
+        os.killpg(ui.pid, signal.SIGTERM)
+        ui.wait(timeout=60)
+        ui.stdout.close()
+
+
 @needs_chromium
 @pytest.mark.slow
 def test_the_ui_opens_an_experiment_on_its_runs_with_each_trials_params_and_time(tmp_path: Path) -> None:
@@ -118,7 +145,12 @@ def test_the_ui_opens_an_experiment_on_its_runs_with_each_trials_params_and_time
     ui = subprocess.Popen([BENCH, "ui", str(results), "--port", str(port)], stdout=subprocess.PIPE,
                           stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
-        lines = [ui.stdout.readline() for _ in range(2)]
+        lines: list[str] = []  # ours, once the server answers; its own start-up lines come before them
+        while len(lines) < 2:
+            line = ui.stdout.readline()
+            assert line, "bench ui ended"
+            if line.startswith(("MLflow UI for", "  ")):
+                lines.append(line)
         link = lines[1].split(": ", 1)[1].strip()  # "  adhoc: http://127.0.0.1:PORT/#/experiments/1/runs?..."
         assert lines[1].strip().startswith("adhoc: ") and link.endswith("?workflowType=machine_learning")
         deadline = time.monotonic() + 300  # `mlflow server` takes 13 s idle, over a minute on a loaded machine
@@ -153,7 +185,7 @@ def test_the_ui_opens_an_experiment_on_its_runs_with_each_trials_params_and_time
         for i, run_id in enumerate(order):
             row = by_run[run_id]
             assert compare.rows["protocol"][i] == "bench"
-            assert compare.rows["selection"][i] == "Selection(by='loss', first=None, ties=False)"
+            assert compare.rows["selection"][i] == "lowest loss on the whole validation set, strict"
             assert compare.rows["train_subset"][i] == ("none" if row["train_subset"] is None else
                                                       str(row["train_subset"]))
             assert compare.rows["method"][i] == row["method"]

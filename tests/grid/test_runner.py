@@ -6,8 +6,10 @@ One local Ray session serves the in-process tests (module fixture); the killed-d
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -29,6 +31,7 @@ from bench.grid.runner import Settings, run_experiment
 from bench.methods import registry
 from bench.store.folder import read_table
 from tests.conftest import crashing_checkpoints
+from tests.report.test_report import make_row, write
 from tests.tolerances import same_accuracy, same_selection, trained_close
 
 REPO = Path(__file__).resolve().parents[2]
@@ -198,6 +201,29 @@ def test_demo_dry_run(capsys, tmp_path):
     assert "8 CE warm starts shared by 16 trials" in out
 
 
+def test_dry_run_estimates_the_time_from_earlier_rows_and_says_how(capsys, tmp_path):
+    """#55: `--dry-run` said epochs, not minutes. Seed 0 of the synthetic grid has rows whose seconds are set by hand
+    (CE 60 s an epoch, L_DMI 120, the warm start 90 where CE's row trained it, 0.25 where L_DMI's loaded it); seed 1
+    is pending: 2 CE and 2 L_DMI trials of 2 epochs and 2 warm starts of 2 epochs: 240 + 480 + 360 s = 18 min of
+    compute, 9 min of wall time at 2 trials at once (--num-cpus 2, 1 CPU a trial)."""
+    config = write_config(tmp_path)
+    results = tmp_path / "results"
+    assert main(["run", str(config), "--dry-run", "--results", str(results)]) == 0
+    assert "time: no estimate (no earlier row in the results folder to measure from)" in capsys.readouterr().out
+    rows = []
+    for t in load_experiment(config).trials():
+        if t.seed == 0:
+            rows.append(make_row(t.method, t.r, t.seed, 0.5, 80.0, dataset=t.dataset, noise=t.noise) | dict(
+                trial_id=t.trial_id, model=t.network(), device="cpu (x86_64)", train_subset=None, epochs=2,
+                epochs_warmup=2, method_s=120.0 if t.method == "ce" else 240.0,
+                warmup_s=180.0 if t.method == "ce" else 0.5))
+    write(results, rows)
+    assert main(["run", str(config), "--dry-run", "--results", str(results), "--num-cpus", "2"]) == 0
+    assert ("time: about 18 min of trial compute for 4 trials; about 9 min of wall time at 2 trials at once "
+            "(estimated from 4 earlier rows in the results folder: seconds an epoch of the same dataset, model, method "
+            "and device, median; fewer where warm starts are cached)") in capsys.readouterr().out.splitlines()
+
+
 # -- the grid on local Ray --------------------------------------------------------------------------------------
 def test_grid_writes_one_row_and_one_mlflow_run_per_trial(grid):
     config, results, tally, lines = grid
@@ -222,7 +248,8 @@ def test_grid_writes_one_row_and_one_mlflow_run_per_trial(grid):
         # Flat: no parent run; the trial's own times (ms: its wall time to the millisecond).
         assert "mlflow.parentRunId" not in run.data.tags
         assert run.info.end_time - run.info.start_time == round(row["wall_s"] * 1000)
-        assert (p["protocol"], p["train_subset"]) == ("bench", "none") and p["selection"].startswith("Selection(")
+        assert (p["protocol"], p["train_subset"]) == ("bench", "none")
+        assert p["selection"] == "lowest loss on the whole validation set, strict"  # words, not a Python repr
 
     # `bench ui` links each experiment's runs table in the UI's machine-learning view (MLflow 3 opens an experiment
     # on its GenAI overview).
@@ -285,6 +312,26 @@ def test_results_command(grid, tmp_path, capsys):
     assert main(["results", str(tmp_path / "empty")]) == 2
 
 
+def test_the_folder_keeps_its_grid_and_a_row_removed_by_hand_reads_as_missing(grid, tmp_path, capsys):
+    """`bench run` records the grid it ran (its file and its trial ids: `bench.store.grids`); with a row file removed
+    by hand, `bench results` and `bench leaderboard` name the trial's cell (#55: before, both read as complete)."""
+    _, results, _, _ = grid
+    copy = tmp_path / "copy"
+    shutil.copytree(results, copy)
+    recorded = json.loads((copy / "grids" / "syn.json").read_text())["trials"]
+    # The recorded file is the grid the ids come from (the fixture's, or the grown one where a test grew it first).
+    assert [t.trial_id for t in load_experiment(copy / "grids" / "syn.yaml").trials()] == \
+        [t["trial_id"] for t in recorded]
+    assert {t["trial_id"] for t in recorded} == set(read_table(copy)["trial_id"])  # the grid's trials, each a row
+    gone = next(t for t in recorded if t["method"] == "dmi")
+    (copy / "trials" / f"{gone['trial_id']}.parquet").unlink()
+    for command in ("results", "leaderboard"):
+        assert main([command, str(copy)]) == 0
+        out = capsys.readouterr().out
+        assert f"Grid syn: 1 of {len(recorded)} trials missing (no row): L_DMI 1 of {len(recorded) // 2}; in 1 cell: " \
+            f"synthetic case3 r={gone['r']:.1f} L_DMI (seed {gone['seed']})." in out
+
+
 def test_mlflow_store_down_loses_nothing_and_sync_backfills(ray_session, tmp_path, capsys):
     config = write_config(tmp_path, name="down", r=[0.2], seeds=[0])
     results = tmp_path / "results"
@@ -314,6 +361,7 @@ def test_gpu_request_on_a_cpu_only_cluster_fails_at_once(ray_session, tmp_path):
                                                          mlflow=False), lambda s: None)
     assert time.monotonic() - started < 30
     assert read_table(tmp_path / "r").is_empty()
+    assert not (tmp_path / "r" / "grids").exists()  # a grid refused is not recorded as one the folder runs
 
 
 # -- the warm-start cache ---------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ cost, the exported noisy labels, and that solo and packed members record the sam
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from bench.exec.pack import run_pack
 from bench.exec.prepare import prepare
 from bench.exec.trainer import run_trial
 from bench.methods import get_method
-from bench.report import diagnostics
+from bench.report import diagnostics, plots
 from bench.report.build import build_report
 from bench.report.diagnostics import trial_rules
 from bench.store.columns import DIAGNOSTIC_COLUMNS
@@ -228,6 +229,19 @@ def test_report_shows_rules_curves_detection_cost_and_label_links(tmp_path: Path
         assert noise_hash in page
     for name in ("memorisation synthetic case3", "detection synthetic case3"):
         assert written[f"plot {name}"].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_memorisation_legend_names_every_curve_drawn_in_any_panel(tmp_path: Path) -> None:
+    """#55: the legend was the top-left panel's (r = 0, where nothing is flipped): the red flipped-examples curve,
+    the figure's point, was missing from it. Read back from the SVG's legend group (matplotlib writes each text
+    there as a comment)."""
+    rows = [dict(r=r, method="ce", stage="warmup" if x == 1 else "method", x=x,
+                 train_noisy_acc_flipped=None if r == 0 else 10.0 * x, train_noisy_acc_kept=90.0, train_clean_acc=80.0,
+                 test_acc=75.0) for r in (0.0, 0.4) for x in (1, 2, 3)]
+    svg = plots.memorisation_curves(pl.DataFrame(rows), "t", tmp_path / "mem", {"ce": "CE"})[1].read_text()
+    legend = re.findall(r"<!-- (.*?) -->", svg[svg.index('id="legend_1"'):])
+    assert legend == ["noisy label, flipped examples (memorised)", "noisy label, kept examples",
+                      "clean label, training set", "clean test set"]
 
 
 def test_mlflow_mirrors_the_per_epoch_numbers(tmp_path: Path) -> None:

@@ -306,6 +306,20 @@ def test_all_failed_cells_and_privileged_methods(tmp_path: Path) -> None:
     assert "FW with the true T †" in md and "| 0.4 | — | 99.00 ± 0.00 * | **80.50 ± 0.71** |" in md
 
 
+def test_the_caption_explains_only_the_marks_its_tables_show(results: Path, tmp_path: Path) -> None:
+    """#55: every caption explained the Dogs vs Cats oracle mark (and †) where neither could appear."""
+    md = build_report(results, tmp_path / "plain", log=lambda s: None)["leaderboard.md"].read_text(encoding="utf-8")
+    caption = md.splitlines()[2]
+    assert "paired test against L_DMI" in caption and f"{analysis.MISSING}: no usable trial" in caption  # shown
+    assert "Dogs vs Cats" not in md and "†" not in md and "‡" not in md and "[k/m missing]" not in md
+    rows = [make_row("lccn", 0.2, s, 0.5, 60.0) | dict(oracle=True) for s in (0, 1)]
+    rows += [make_row("fw_oracle", 0.2, s, 0.5, 99.0) for s in (0, 1)]
+    marked = build_report(write(tmp_path / "marked", rows), tmp_path / "out", log=lambda s: None)
+    caption = marked["leaderboard.md"].read_text(encoding="utf-8").splitlines()[2]
+    assert "‡ oracle" in caption and "Dogs vs Cats" in caption and "† privileged" in caption
+    assert "paired test" not in caption and analysis.MISSING not in caption  # no L_DMI here, every cell measured
+
+
 def test_run_summary_and_report_select_by_the_same_rule(tmp_path, capsys):
     """Two settings x two seeds where per-seed selection (seed 0 -> lr 1e-3 at 80%, seed 1 -> lr 1e-4 at 70%:
     75.0) and per-cell selection (lowest mean validation loss: lr 1e-4, 70.0) disagree: the summary that
@@ -336,6 +350,7 @@ def test_run_summary_and_report_select_by_the_same_rule(tmp_path, capsys):
                   lines.append)
     table = "\n".join(lines[lines.index(next(x for x in lines if x.startswith("clean test accuracy"))):])
     assert "70.0" in table and "75.0" not in table
+    assert "┆ L_DMI │" in table and "dmi" not in table  # the method by its label, as every other output names it
     capsys.readouterr()
     assert cli.main(["leaderboard", str(tmp_path)]) == 0
     board = capsys.readouterr().out

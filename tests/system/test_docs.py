@@ -411,6 +411,15 @@ def test_the_readme_grid_is_the_demo_file() -> None:
     assert shown == [yaml.safe_load((REPO / "tune_configs" / "demo.yaml").read_text())]
 
 
+def test_the_demo_file_states_the_time_its_recorded_sample_took() -> None:
+    """tune_configs/demo.yaml says how long the demo takes: the minutes of docs/samples/demo.txt, the recorded run
+    (#55: it said 37 where the sample took 9)."""
+    sample = (REPO / "docs" / "samples" / "demo.txt").read_text()
+    took = re.search(r"^demo: 16 of 16 trials finished in (\d+)m(\d\d)s", sample, re.M)
+    stated = re.search(r"(\d+) minutes on", (REPO / "tune_configs" / "demo.yaml").read_text())
+    assert took and stated and int(stated[1]) == round(int(took[1]) + int(took[2]) / 60)
+
+
 def test_every_help_names_its_doc_page() -> None:
     """`bench --help` and each command's --help name the manual page for depth, and the page exists."""
     for command in [None, *bench_commands()]:
