@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn, TextIO
 
-from bench import __version__
+from bench import __version__, numerics  # numerics: the standard library only, so `bench --help` stays quick
 from bench.cli import output
 from bench.cli.calibrate import add_calibrate
 from bench.config import EXIT_USAGE, UserError, default_data_root, integer, number, read_text_file
@@ -86,8 +86,6 @@ def _integer_or_text(value: str) -> int | str:
 
 def cmd_trial(args: argparse.Namespace) -> int:
     # The trial's float-order pins before torch loads (`bench.numerics`): torch picks its kernels once per process.
-    from bench import numerics
-
     if args.numerics in numerics.NUMERICS and not numerics.machine_problem(args.numerics):
         numerics.set_pins(args.numerics, args.device)
     # torch loads with the commands that need it: `bench --help` and a mistyped flag answer at once

@@ -22,9 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.config import UserError
+from bench.exec.trainer import run_trial
+from bench.exec.warmstart import WarmStartCache
 from bench.numerics import NATIVE, restore, set_pins
 from bench.store import folder
 from bench.store.columns import DIAGNOSTIC_COLUMNS, EPOCH_COLUMNS, FLOAT_ORDER, MEASUREMENT, group
+from bench.store.rows import trial_config
 
 # What a trial measured (its row's measurement columns; its error's words are not a figure) and each epoch's figures
 # (the per-epoch diagnostics where the re-run computes them too: `BENCH_EPOCH_EVAL` turns them off, and they only look).
@@ -80,10 +83,6 @@ def _rerun_here(rows: list[dict[str, Any]], data_root: str,
                 scratch: str) -> dict[str, tuple[dict[str, Any] | None, list[dict[str, Any]], str]]:
     """In the re-running process: each row's trial, trained into `scratch` (the warm starts of a cell shared there,
     as a grid shares them), with its row and curves read back as the store holds them."""
-    from bench.exec.trainer import run_trial
-    from bench.exec.warmstart import WarmStartCache
-    from bench.store.rows import trial_config
-
     out: dict[str, tuple[dict[str, Any] | None, list[dict[str, Any]], str]] = {}
     cache = WarmStartCache(scratch, log=lambda _: None)
     for row in rows:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from bench import numerics, protocol
+from bench.data import get_dataset
 from bench.noise import NoisyLabels
 from bench.store.columns import ROW, check_declared
 from bench.store.folder import Store
@@ -162,8 +163,6 @@ def trial_config(row: dict[str, Any]) -> TrialConfig:
     schedule it ran (lr, batch size, epochs), its given hyper-parameters, its protocol, precision, float order and
     network. Its `trial_id` is the row's where the code computes the same trial (a caller compares them: a changed
     default or a plug-in's `version` makes another trial)."""
-    from bench.data import get_dataset
-
     model, _, args = str(row["model"]).partition("(")
     model_args = tuple(sorted((key.strip(), _number_or_text(value.strip())) for key, _, value in
                               (item.partition("=") for item in args.removesuffix(")").split(",") if item.strip())))
