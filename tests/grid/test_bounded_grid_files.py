@@ -14,7 +14,7 @@ import pytest
 
 from bench.cli.main import main
 from bench.grid import experiment
-from bench.grid.files import YAML_ALIAS_BUDGET, YAML_DEPTH, read_yaml
+from bench.grid.files import YAML_ALIAS_BUDGET, YAML_DEPTH, parse_yaml
 from bench.trial import TrialConfig, TrialError
 from tests.grid.test_damaged_files_and_bad_values import one_error_line
 
@@ -78,7 +78,7 @@ def test_the_bounds_let_a_file_that_uses_aliases_sensibly_through(tmp_path: Path
     path = tmp_path / "aliases.yaml"
     path.write_text(HEAD + "r: &levels [0.2, 0.4]\nmethods: {ce: &schedule {lr: 0.1, epochs: 2}, dmi: *schedule}\n"
                     "description: a grid\n")
-    assert read_yaml(path)["methods"] == {"ce": {"lr": 0.1, "epochs": 2}, "dmi": {"lr": 0.1, "epochs": 2}}
+    assert parse_yaml(path.read_text(), path)["methods"] == {"ce": {"lr": 0.1, "epochs": 2}, "dmi": {"lr": 0.1, "epochs": 2}}
 
 
 @pytest.mark.parametrize("key", ["epochs: 1000000000", "epochs_warmup: 1000000000",
