@@ -78,7 +78,8 @@ def test_the_bounds_let_a_file_that_uses_aliases_sensibly_through(tmp_path: Path
     path = tmp_path / "aliases.yaml"
     path.write_text(HEAD + "r: &levels [0.2, 0.4]\nmethods: {ce: &schedule {lr: 0.1, epochs: 2}, dmi: *schedule}\n"
                     "description: a grid\n")
-    assert parse_yaml(path.read_text(), path)["methods"] == {"ce": {"lr": 0.1, "epochs": 2}, "dmi": {"lr": 0.1, "epochs": 2}}
+    assert parse_yaml(path.read_text(), path)["methods"] == {"ce": {"lr": 0.1, "epochs": 2},
+                                                             "dmi": {"lr": 0.1, "epochs": 2}}
 
 
 @pytest.mark.parametrize("key", ["epochs: 1000000000", "epochs_warmup: 1000000000",
