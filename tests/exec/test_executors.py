@@ -41,7 +41,8 @@ def trials(n: int, device: str = "cpu", method: str = "dmi") -> list[TrialConfig
 
 def test_the_executors_are_found_by_name_and_an_unknown_one_names_the_choices() -> None:
     assert {"solo", "pack"} <= set(executors())
-    with pytest.raises(UserError, match=r"unknown executor 'streamz'; choose from .*pack.*solo"):
+    with pytest.raises(UserError,
+                       match=r"unknown executor 'streamz' \(did you mean 'streams'\?\); choose from .*pack.*solo"):
         get_executor("streamz")
 
 

@@ -249,7 +249,7 @@ def test_what_a_streams_unit_asks_for_and_how_it_is_named() -> None:
     assert ex.unit_id(gpu) == ex.unit_id(gpu[::-1]) != ex.unit_id(gpu[:2]) and ex.unit_id(gpu).startswith("streams-")
     assert ex.describe(gpu) == "streams of 3 (1 ce, 2 dmi)"
     assert all(ex.why_not(t) is None for t in gpu + MIXED)
-    assert ex.group_key(gpu[0]) == ("cifar10", "resnet34_cifar", "cuda")
+    assert ex.group_key(gpu[0]) == ("cifar10", "resnet34_cifar", "cuda", "native", 1)  # one process: one float order
 
 
 @pytest.mark.parametrize(("row", "trials", "sizes"), [

@@ -90,7 +90,7 @@ def grid(ray_session, tmp_path_factory):
     ({"device": "tpu"}, "device", "allowed: cpu, cuda"),
     ({"precision": "fp16"}, "precision", "must be fp32 or bf16, got 'fp16'"),
     ({"precision": ["fp32", "fp32"]}, "precision", "repeats a value"),
-    ({"epochs_warmup": 1.5}, "epochs_warmup", "expected an integer >= 0, got 1.5 (float)"),
+    ({"epochs_warmup": 1.5}, "epochs_warmup", "expected an integer >= 0 and <= 10,000, got 1.5 (float)"),
     ({"max_concurrent": 0}, "max_concurrent", "must be an integer >= 1, got 0"),
     ({"seeds": 0}, "seeds", "must be an integer >= 1, got 0"),  # N seeds
     ({"description": 3}, "description", "expected text"),
@@ -118,7 +118,7 @@ def test_config_errors_name_file_and_key(tmp_path, capsys, change, key, allowed)
 @pytest.mark.parametrize("key, value, flag, allowed", [
     ("r", 1.5, "--r", "a finite number in [0, 1]"),
     ("seeds", [-1], "--seed", "an integer >= 0 and <= 9,007,199,254,740,991"),
-    ("epochs", -1, "--epochs", "an integer >= 0"),
+    ("epochs", -1, "--epochs", "an integer >= 0 and <= 10,000"),
     ("lr", -1.0, "--lr", "positive (a finite number > 0.0)"),
     ("batch_size", 0, "--batch-size", "an integer >= 1"),
     ("precision", "fp16", "--precision", "fp32 or bf16"),
