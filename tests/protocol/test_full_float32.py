@@ -82,5 +82,5 @@ def test_every_paper_set_declares_it_and_streams_keep_it_apart() -> None:
     streams = Streams.__new__(Streams)
     keys = {spec: streams.group_key(_config("fashion_mnist", spec)) for spec in
             ("bench", "authors", "bench+full_float32", "authors-full_float32")}
-    assert keys["bench"] == ("fashion_mnist", "fashion_cnn", "cuda") == keys["authors-full_float32"]
+    assert keys["bench"] == ("fashion_mnist", "fashion_cnn", "cuda", "native", 1) == keys["authors-full_float32"]
     assert keys["authors"] == keys["bench+full_float32"] != keys["bench"]
