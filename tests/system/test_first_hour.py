@@ -472,7 +472,9 @@ def test_overrides_make_the_grid_a_file_would_and_name_it(tmp_path: Path) -> Non
     again = Overrides(sets=("methods.dmi.lr=1.0e-05", "r=[0.4, 0.2]", "seeds=[2,1,0]", "methods={dmi: {lr: 1e-5}, "
                             "ce: {}}"))
     assert load_experiment(config, overrides=again).name == exp.name
-    assert load_experiment(config, overrides=Overrides(sets=("resources.cpu=2", "max_concurrent=1"))).name == "syn"
+    assert load_experiment(config, overrides=Overrides(sets=("description=again", "max_concurrent=1"))).name == "syn"
+    # Two CPUs a trial are two intra-op threads: another float order, other trial ids, a grid of its own (#53).
+    assert load_experiment(config, overrides=Overrides(sets=("resources.cpu=2",))).name != "syn"
     assert load_experiment(config, overrides=Overrides(sets=("name=mine", "r=0.1"))).name == "mine"
     grown = load_experiment(config, overrides=Overrides(sets=("name=syn",), seeds="0,1,2"))  # grows the file's grid
     assert grown.name == "syn" and grown.text
