@@ -299,7 +299,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cpus-per-trial", type=number, default=None,
                    help="override resources.cpu (each trial's CPUs and intra-op threads: another float order, so "
                         "other trial ids)")
-    p.add_argument("--numerics", default=None, choices=("native", "portable"),
+    p.add_argument("--numerics", default=None, choices=numerics.NUMERICS,
                    help="the grid's numerics, as --set numerics=...: native (the file's default) or portable (the "
                         "same bits on any x86-64 CPU: its own grid name and trial ids)")
     p.add_argument("--gpus-per-trial", type=number, default=None,
