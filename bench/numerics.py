@@ -113,9 +113,10 @@ def check_in_force(device: str = "cpu") -> None:
     pins were set (another capability already chosen), or the environment lacks one."""
     if problem := machine_problem(PORTABLE):
         raise UserError(problem)
-    missing = {name: value for name, value in pins(PORTABLE, device).items() if os.environ.get(name) != value}
+    needed = pins(PORTABLE, device)
+    missing = {name: value for name, value in needed.items() if os.environ.get(name) != value}
     if missing:
-        wanted = " ".join(f"{k}={v}" for k, v in pins(PORTABLE, device).items())
+        wanted = " ".join(f"{k}={v}" for k, v in needed.items())
         raise UserError(f"numerics portable needs {' '.join(f'{k}={v}' for k, v in missing.items())} in the "
                         f"environment before torch loads; `bench trial` and `bench run` set them: elsewhere start "
                         f"Python with {wanted}")

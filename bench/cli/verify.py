@@ -40,9 +40,10 @@ PROVENANCE = (*FLOAT_ORDER, "device_model", "torch_version", "numpy_version", "p
 def cmd_verify(args: argparse.Namespace) -> int:
     results = folder.absolute(args.results)
     store = folder.Store(results)
-    if not Path(results).is_dir() or store.read_table().is_empty():
+    table = store.read_table() if Path(results).is_dir() else None
+    if table is None or table.is_empty():
         raise UserError(f"{args.results}: no result rows to verify (a results folder holds trials/*.parquet)")
-    rows = {row["trial_id"]: row for row in store.read_table().to_dicts()}
+    rows = {row["trial_id"]: row for row in table.to_dicts()}
     wanted = args.trial or sorted(rows)
     unknown = [t for t in wanted if t not in rows]
     if unknown:
