@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -41,9 +42,7 @@ class Model(nn.Module):
     @classmethod
     def options(cls) -> set[str]:
         """The options (`model_args`) this network takes: its constructor's and its `data_options`."""
-        import inspect
-
-        return set(cls.data_options) | set(list(inspect.signature(cls.__init__).parameters)[2:])
+        return set(cls.data_options) | _constructor_options(cls.__init__)
 
     def shortened(self, x: torch.Tensor) -> torch.Tensor:
         """A batch with what the network would not read cut off (by default all of it is read). A solo trial's
@@ -59,6 +58,15 @@ class Model(nn.Module):
         """The splits this network trains on, from the dataset's (`bench.features`: a frozen backbone's features);
         the dataset's own by default."""
         return splits
+
+
+@functools.cache
+def _constructor_options(init: Callable[..., Any]) -> frozenset[str]:
+    """The keyword options of a network's constructor (past `self` and `num_classes`): read once a constructor, not
+    once a trial (`inspect.signature` costs a grid's planning more than the rest of a trial's checks)."""
+    import inspect
+
+    return frozenset(list(inspect.signature(init).parameters)[2:])
 
 
 @functools.cache

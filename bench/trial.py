@@ -104,7 +104,8 @@ class TrialConfig:
         worker before it loads any data (`bench.exec.prepare.prepare`). A refused value is a `TrialError`: one line,
         exit code 2, naming the field. A new constrained field needs one rule here (or in `check_inputs`, where the
         rule needs the data loaded). `transitions` remembers the noise matrices already checked (a grid repeats
-        them)."""
+        them). The seed's rule reads the seed alone: a grid checks each setting once for all its seeds
+        (`bench.grid.validate.check_trials`)."""
         with _about("experiment"):
             check_name("experiment", self.experiment)
         with _about("dataset"):
@@ -254,7 +255,12 @@ class TrialConfig:
         """The (warm start, method stage) schedules this trial trains with: its dataset's paper warm start, and its
         method's own method stage on that dataset (else the dataset's), with this config's lr, batch size and epochs
         where it sets them; the protocol's switches last (the script's warm-start batch; CE's row as the warm start
-        alone: no CE method stage)."""
+        alone: no CE method stage). Built once a trial: its check, its identity, the plan's work and the trainer ask
+        them."""
+        return self._schedules
+
+    @functools.cached_property
+    def _schedules(self) -> tuple[Schedule, Schedule]:
         ds, proto = get_dataset(self.dataset), self.resolved_protocol()
         warmup = ds.warmup.with_overrides(epochs=self.epochs_warmup,
                                           batch_size=proto.setting("warmup_batch_size"))

@@ -89,12 +89,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             print_size(exp)
             return 0
         gpu, device = trial_device(exp, args.gpus_per_trial)
-        print_plan(Plan.make(exp, folder.absolute(results), device=device), pack=spec,
-                   data_root=args.data_root, gpus=gpus if gpu > 0 else None, gpu=gpu,
+        plan = Plan.make(exp, folder.absolute(results), device=device)
+        print_plan(plan, pack=spec, data_root=args.data_root, gpus=gpus if gpu > 0 else None, gpu=gpu,
                    gpu_kind=gpu_kind, at_once=None if args.address or gpu > 0 else cpu_slots(exp, args))
         if args.address is None:  # on a cluster the data lives on the nodes
             # Missing data ends the dry run as it ends the run: its one line, exit 2, after the plan.
-            check_data([exp.dataset], args.data_root, exp.trials()[:1])
+            check_data([exp.dataset], args.data_root, plan.trials[:1])
             print(f"data: {exp.dataset} present and intact under {args.data_root}")
         return 0
     check_grid_size(exp.size(), args.yes)

@@ -41,13 +41,20 @@ class Plan:
 
     @classmethod
     def make(cls, experiment: Experiment, results: str, device: str | None = None) -> Plan:
-        trials = experiment.trials()
-        if device is not None:
-            trials = [dataclasses.replace(t, device=device) for t in trials]
+        """The grid's trials (on `device` where given: the device is no part of a trial's identity), each checked,
+        and which of them the folder's rows mark done. A run makes it once (`bench.grid.runner.run_experiment`)."""
+        on_device = experiment if device is None else dataclasses.replace(experiment, device=device)
+        trials = on_device.trials()  # each trial's id hashed here, once
         check_trials(trials)
-        rows = Store(results).statuses()
-        done = {t.trial_id: rows[t.trial_id] for t in trials if rows.get(t.trial_id, "failed") != "failed"}
-        return cls(experiment, trials, results, done, len(set(rows) - {t.trial_id for t in trials}))
+        return cls(experiment, trials, results).reread()
+
+    def reread(self) -> Plan:
+        """The plan with the folder's rows read again (its trials as they were expanded and checked): after damaged
+        files were set aside, whose trials run again."""
+        rows = Store(self.results).statuses()
+        done = {t.trial_id: rows[t.trial_id] for t in self.trials if rows.get(t.trial_id, "failed") != "failed"}
+        unmatched = len(set(rows) - {t.trial_id for t in self.trials})
+        return dataclasses.replace(self, done=done, unmatched=unmatched)
 
     def unmatched_note(self) -> str | None:
         """One line on the rows of the folder that match no trial of this grid, if any."""

@@ -9,6 +9,7 @@ anything is written, so that a bad value never reaches a Ray worker (where it wo
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -23,10 +24,22 @@ from bench.trial import TrialConfig
 
 
 def check_trials(trials: Iterable[TrialConfig]) -> None:
-    """Each trial by the one check of a trial's values (`TrialConfig.check`), its noise matrices checked once."""
-    seen: set[tuple[Any, ...]] = set()
+    """Each trial by the one check of a trial's values (`TrialConfig.check`), its noise matrices checked once, and
+    each setting once for all its seeds: no rule but the seed's own reads the seed, so a trial whose setting (every
+    field but the seed) and whose seed were both checked in other trials passes as they did."""
+    transitions: set[tuple[Any, ...]] = set()
+    settings: set[tuple[Any, ...]] = set()
+    seeds: set[int] = set()
     for trial in trials:
-        trial.check(seen)
+        setting = tuple(getattr(trial, name) for name in SETTING_FIELDS)
+        if setting in settings and trial.seed in seeds:
+            continue
+        trial.check(transitions)
+        settings.add(setting)
+        seeds.add(trial.seed)
+
+
+SETTING_FIELDS = tuple(f.name for f in dataclasses.fields(TrialConfig) if f.name != "seed")
 
 
 def check_data(datasets: Iterable[str], data_root: str | os.PathLike[str],
