@@ -32,7 +32,6 @@ every file in the results folder goes through `bench.store.folder`; the command'
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 import traceback
@@ -51,7 +50,7 @@ from bench.exec.warmstart import WarmStartCache
 from bench.grid.cluster import check_resources, cluster_gpu_kind, cluster_gpus, start_ray
 from bench.grid.describe import draw_units
 from bench.grid.experiment import Experiment
-from bench.grid.mlflow_callback import make_mlflow_callback
+from bench.grid.mlflow_callback import MirrorWriter, make_mlflow_callback
 from bench.grid.plan import Plan
 from bench.grid.progress import (
     REPORT_EVERY,
@@ -70,6 +69,9 @@ from bench.trial import TrialConfig
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no status table from Ray Tune
+# Ray Tune's own per-trial result files (JSON, CSV, TensorBoard: a write per report, about 5% of the driver's CPU):
+# a trial's record is its parquet row. TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=0 in the environment brings them back.
+os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
 
 
 # -- the trial, in a Ray worker ---------------------------------------------------------------------------------
@@ -228,14 +230,15 @@ def run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None] = pr
     when another driver holds the results folder."""
     results = folder.absolute(s.results)
     check_results(results)
+    plan = None  # made once a run: here where the trials run locally, else once connected (`_run_experiment`)
     if s.address is None:  # before the folder's lock and the MLflow store: a run refused here writes nothing
-        pending = Plan.make(exp, results, device=trial_device(exp, s.gpus_per_trial)[1]).pending
-        check_data({t.dataset for t in pending}, s.data_root, pending)
+        plan = Plan.make(exp, results, device=trial_device(exp, s.gpus_per_trial)[1])
+        check_data({t.dataset for t in plan.pending}, s.data_root, plan.pending)
     with GridStop() as stop, folder.Store(results).hold(), warnings.catch_warnings():
         # Ray Tune leaves the logs of units a signal stopped to the garbage collector: not the user's concern.
         warnings.simplefilter("ignore", ResourceWarning)
         try:
-            return _run_experiment(exp, s, out, stop)
+            return _run_experiment(exp, s, out, stop, plan)
         except Exception as e:
             if disk_full(e):  # a write of the driver's own (Ray Tune's state, the grid's file): one line
                 raise FolderFull(f"the disk of the results folder {results} is full ({' '.join(str(e).split())[:200]});"
@@ -366,28 +369,40 @@ def mirror_ready(opening: Future[Mirror | None] | None, plan: Plan, results: str
     return mirror
 
 
-def when_ready(opening: Future[Mirror | None] | None, plan: Plan, results: str,
-               out: Callable[[str], None]) -> Callable[[], Mirror | None]:
-    """`mirror_ready`, called once, when first needed: by the first unit to end (`MlflowMirroring`) or after the
-    grid, so that the units start while MLflow still opens (its import and a fresh store: seconds)."""
-    return functools.cache(lambda: mirror_ready(opening, plan, results, out))
+MIRROR_WAIT = 120.0  # seconds the driver waits, after the grid, for MLflow's writer to log the rows it was given
 
 
-def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], stop: GridStop) -> Tally:
+def closed_mirror(writer: MirrorWriter | None, out: Callable[[str], None]) -> Mirror | None:
+    """The mirror once its writer has logged every row it was given (waiting at most `MIRROR_WAIT`: a store that
+    hangs must not hold the driver; those rows are in parquet, for `bench sync-mlflow`)."""
+    if writer is None:
+        return None
+    if not writer.close(MIRROR_WAIT):
+        out(f"MLflow: still logging after {MIRROR_WAIT:g} s; the rows it has not logged are in parquet, and "
+            "`bench sync-mlflow` backfills them")
+    return writer.mirror
+
+
+def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], stop: GridStop,
+                    plan: Plan | None) -> Tally:
     cpu = s.cpus_per_trial if s.cpus_per_trial is not None else exp.resources.cpu
     gpu, device = trial_device(exp, s.gpus_per_trial)
     if device == "cpu" and exp.device.startswith("cuda"):
         out("note: --gpus-per-trial 0 runs this grid on the CPU")
     results = folder.absolute(s.results)
-    for moved, problem in folder.Store(results).set_aside_damaged():
+    set_aside = folder.Store(results).set_aside_damaged()
+    for moved, problem in set_aside:
         out(f"set aside the result file {moved} ({problem}): its trial runs again")
-    plan = Plan.make(exp, results, device=device)
+    if plan is None:
+        plan = Plan.make(exp, results, device=device)
+    elif set_aside:  # the trials of those files are pending again: the rows read anew, the grid not planned again
+        plan = plan.reread()
     if note := plan.unmatched_note():
         out(note)
     pending = plan.pending
 
     # Opening MLflow takes seconds (its import; a fresh sqlite store builds its tables): it goes on in a thread of its
-    # own while Ray and the first units start, and the grid waits for it when the first unit ends (`when_ready`).
+    # own while Ray and the first units start; the writer that logs the grid's rows waits for it (`MirrorWriter`).
     opening = in_background(open_mirror, results, s.mlflow_uri) if s.mlflow else None
 
     tally = Tally(total=len(pending))
@@ -414,16 +429,18 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
     tune_imported = importing_ray_tune()
     started_here = stop.start(lambda: start_ray(s.address, s.num_cpus, env=pinned))  # then takes the signals back
     board = StatusBoard(out, live=s.live, every=s.status_every)
+    writer = None
     try:
-        ready = when_ready(opening, plan, results, out)
         units = plan_on_cluster(pending, s, gpu, out)
         check_resources({describe_size(u, gpu): unit_bundles(u, cpu, gpu) for u in units.values()})
         if s.address is None:  # the trials run here (on a cluster each worker checks its own)
             check_cuda(pending[0].device)
         callbacks = [make_callback(tally, results, units, board)]
-        if opening is not None:
+        if opening is not None:  # MLflow's writer, a thread of its own: Ray Tune's loop only hands it trial ids
             members = {k: [t.trial_id for t in u.trials] for k, u in units.items()}
-            callbacks.append(make_mlflow_callback(tally, results, members, ready))
+            writer = MirrorWriter(tally, results, lambda: mirror_ready(opening, plan, results, out),
+                                  [t.trial_id for t in pending])
+            callbacks.append(make_mlflow_callback(writer, members))
         tune_imported.result()
         if s.address is None:
             inherited_tune_env()
@@ -431,16 +448,18 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
         record_grid(exp, plan)  # once every check passed: a grid refused writes nothing
         tally.started = time.monotonic()  # progress and ETA count from the first trial, not Ray's start-up
         stop.run(tuner.fit)
-        mirror = ready()
         tally.interrupted, tally.ray_left = stop.signum, stop.abandoned
         if stop.signum is not None or tally.halt is not None:  # rows that landed while it stopped, unseen so far
             landed = count_landed(tally, results, pending)
-            if mirror is not None and landed:  # in MLflow before the driver exits, not at the next run's backfill
-                tally.mlflow_logged += mirror.sync(results, trial_ids=landed)
+            if writer is not None:  # in MLflow before the driver exits, not at the next run's backfill
+                writer.put(sorted(landed))
+        mirror, writer = closed_mirror(writer, out), None
         # The summary (polars and bench.report imported, the rows read) is written while Ray stops: its processes'
         # ends are mostly waiting, where the summary's imports beside the units took CPU from their start.
         summary = in_background(summary_lines, exp, plan, tally, mirror)
     finally:
+        if writer is not None:  # the grid failed: the writer's thread ends with what it has logged
+            writer.close(0)
         board.close()
         if started_here and not stop.abandoned:
             stop.end_ray()  # its agents too

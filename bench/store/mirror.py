@@ -34,6 +34,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import warnings
@@ -197,6 +198,7 @@ class Mirror:
         self.warn = warn or (lambda msg: print(f"bench: warning: {msg}", file=sys.stderr, flush=True))
         self._experiments: dict[str, str] = {}
         self._logged: dict[str, dict[str, tuple[str, str]]] = {}
+        self._runs: dict[str, dict[str, list[str]]] = {}  # experiment -> trial_id -> its runs, complete or not
 
     # -- failure handling -------------------------------------------------------------------------------------
     def _guard(self, what: str, fn, *args):
@@ -223,6 +225,7 @@ class Mirror:
         self.failed = None
         self._experiments.clear()
         self._logged.clear()
+        self._runs.clear()
 
     # -- store layout -----------------------------------------------------------------------------------------
     def experiment_id(self, name: str) -> str:
@@ -249,15 +252,19 @@ class Mirror:
                 return runs
 
     def logged(self, experiment: str) -> dict[str, tuple[str, str]]:
-        """trial_id -> (run_id, status logged) of the complete trial runs in an experiment."""
+        """trial_id -> (run_id, status logged) of the complete trial runs in an experiment. Listed once a mirror (with
+        every trial run, complete or not: those `_log_row` replaces), then kept up to date as it logs: the folder's
+        lock makes it the store's one writer of the experiment's trial runs."""
         if experiment not in self._logged:
             exp_id = self.experiment_id(experiment)
             done: dict[str, tuple[str, str]] = {}
+            runs: dict[str, list[str]] = {}
             for run in self._search(exp_id, f"tags.`{TAG}kind` = 'trial'"):
                 tags = run.data.tags
+                runs.setdefault(tags.get(f"{TAG}trial_id", ""), []).append(run.info.run_id)
                 if tags.get(f"{TAG}complete") == "true":
                     done[tags[f"{TAG}trial_id"]] = (run.info.run_id, tags.get(f"{TAG}status", ""))
-            self._logged[experiment] = done
+            self._logged[experiment], self._runs[experiment] = done, runs
         return self._logged[experiment]
 
     # -- logging ----------------------------------------------------------------------------------------------
@@ -279,7 +286,7 @@ class Mirror:
         return True
 
     def _log_row(self, row: dict[str, Any], epochs: pl.DataFrame | None) -> bool:
-        from mlflow.entities import Metric, Param
+        from mlflow.entities import Metric, Param, RunTag
 
         experiment = row.get("experiment") or "adhoc"
         exp_id = self.experiment_id(experiment)
@@ -288,8 +295,8 @@ class Mirror:
         if trial_id in logged and logged[trial_id][1] == row["status"]:
             return True
         # Outdated or partial runs of this trial (a failed attempt, a driver killed mid-log) go first.
-        for run in self._search(exp_id, f"tags.`{TAG}trial_id` = '{trial_id}'"):
-            self.client.delete_run(run.info.run_id)
+        for old in self._runs[experiment].pop(trial_id, []):
+            self.client.delete_run(old)
         logged.pop(trial_id, None)
 
         cell = cell_of(row)
@@ -302,6 +309,7 @@ class Mirror:
         start, end = trial_times(row) or (None, None)  # the trial's own times: MLflow's Duration is its wall time
         run = self.client.create_run(exp_id, start_time=start, run_name=run_name(row), tags=tags)
         run_id = run.info.run_id
+        self._runs[experiment][trial_id] = [run_id]
 
         now = int(time.time() * 1000) if end is None else end
         metrics = [Metric(k, float(row[k]), now, 0) for k in MLFLOW_METRICS if row.get(k) is not None]
@@ -311,25 +319,32 @@ class Mirror:
                 for name in ("train_loss", "val_loss", "val_acc", "seconds", *DIAGNOSTIC_COLUMNS):
                     if e.get(name) is not None:
                         metrics.append(Metric(f"{prefix}epoch_{name}", float(e[name]), now, int(e["epoch"])))
-        param_list = [Param(k, v) for k, v in trial_params(row).items()]
-        for start in range(0, len(param_list), 100):  # MLflow's per-call limits: 100 params, 1000 metrics
-            self.client.log_batch(run_id, params=param_list[start:start + 100])
-        for start in range(0, len(metrics), 1000):
-            self.client.log_batch(run_id, metrics=metrics[start:start + 1000])
-
-        self.client.log_text(run_id, json.dumps(row, indent=1, sort_keys=True, default=str), "result_row.json")
-        for column, name in (("confusion", "confusion_matrix.json"),
-                             ("estimated_transition", "estimated_transition.json"),
-                             ("transition", "true_transition.json"),
-                             ("empirical_transition", "empirical_transition.json")):
-            if row.get(column):
-                self.client.log_text(run_id, row[column], name)
-        if row.get("error"):
-            self.client.log_text(run_id, row["error"], "error.txt")
-        self.client.set_tag(run_id, f"{TAG}complete", "true")
+        params = [Param(k, v) for k, v in trial_params(row).items()]
+        self._log_files(run_id, row)
+        # Params, metrics and, last, the tag that marks the run complete, in as few of MLflow's batches as its limits
+        # allow (1,000 values a call, 100 of them params): one transaction each, where a call a value was one each.
+        while params or metrics:
+            some, params = params[:100], params[100:]
+            more, metrics = metrics[:1000 - len(some)], metrics[1000 - len(some):]
+            done = [] if params or metrics else [RunTag(f"{TAG}complete", "true")]
+            self.client.log_batch(run_id, metrics=more, params=some, tags=done)
         self.client.set_terminated(run_id, "FINISHED" if row["status"] != "failed" else "FAILED", end_time=end)
         logged[trial_id] = (run_id, row["status"])
         return True
+
+    def _log_files(self, run_id: str, row: dict[str, Any]) -> None:
+        """The row's files as the run's artifacts (the row as JSON, its matrices, its error), in one call."""
+        files = {"result_row.json": json.dumps(row, indent=1, sort_keys=True, default=str)}
+        for column, name in (("confusion", "confusion_matrix.json"),
+                             ("estimated_transition", "estimated_transition.json"),
+                             ("transition", "true_transition.json"),
+                             ("empirical_transition", "empirical_transition.json"), ("error", "error.txt")):
+            if row.get(column):
+                files[name] = row[column]
+        with tempfile.TemporaryDirectory(prefix="bench-mlflow-") as where:
+            for name, text in files.items():
+                Path(where, name).write_text(text, encoding="utf-8")
+            self.client.log_artifacts(run_id, where)
 
     def sync(self, results: str | os.PathLike[str], trial_ids: set[str] | None = None) -> int:
         """Log every row under `results` (or those in `trial_ids`) that MLflow lacks; return how many."""
@@ -337,6 +352,7 @@ class Mirror:
         if rows.is_empty() or self.failed:
             return 0
         epochs = folder.read_table(results, "epochs")
+        curves = epochs.partition_by("trial_id", as_dict=True) if epochs.height else {}  # one pass, not one a row
         count = 0
         for row in rows.iter_rows(named=True):
             if trial_ids is not None and row["trial_id"] not in trial_ids or not self.loggable(row):
@@ -347,7 +363,7 @@ class Mirror:
                 break
             if row["trial_id"] in known and known[row["trial_id"]][1] == row["status"]:
                 continue
-            curve = epochs.filter(epochs["trial_id"] == row["trial_id"]) if epochs.height else None
+            curve = curves.get((row["trial_id"],)) if epochs.height else None
             if not self.log_row(row, curve):
                 break
             count += 1

@@ -258,6 +258,67 @@ def test_grid_writes_one_row_and_one_mlflow_run_per_trial(grid):
         f"syn: http://127.0.0.1:5000/#/experiments/{runs[0].info.experiment_id}/runs?workflowType=machine_learning"]
 
 
+def test_each_mlflow_run_holds_its_row_and_curves_exactly(grid, tmp_path):
+    """MLflow's writer (a thread, off Ray Tune's loop: issue #56, item 2) logs what the callback logged before it,
+    checked against the rows themselves: one complete, finished run a trial; its tags; each configuration column as
+    a param; each measured column as a metric of the row's value; each curve point at its epoch; the row's files."""
+    from mlflow import MlflowClient
+
+    from bench.store.columns import MLFLOW_METRICS, MLFLOW_PARAMS
+
+    _, results, _, _ = grid
+    rows, epochs = read_table(results), read_table(results, "epochs")
+    client = MlflowClient(f"sqlite:///{results / 'mlflow.db'}")
+    runs = mlflow_trial_runs(results, "syn")
+    assert sorted(r.data.tags["bench.trial_id"] for r in runs) == sorted(rows["trial_id"])  # one run a trial
+    by_id = {r.data.tags["bench.trial_id"]: r for r in runs}
+    for row in rows.iter_rows(named=True):
+        run = by_id[row["trial_id"]]
+        assert (run.info.status, run.info.lifecycle_stage) == ("FINISHED", "active")
+        assert {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")} == {
+            "bench.kind": "trial", "bench.trial_id": row["trial_id"], "bench.status": "ok", "bench.complete": "true",
+            "bench.cell": f"synthetic/case3/r={row['r']:g}", "bench.protocol": "bench", "bench.switches": "",
+            **{k: str(row[k]) for k in ("dataset", "method", "noise", "r", "seed")}}
+        for name in MLFLOW_PARAMS:
+            assert run.data.params[name] == ("none" if row[name] is None else str(row[name])), name
+        measured = {k: v for k, v in run.data.metrics.items() if "epoch_" not in k}
+        assert measured == {k: float(row[k]) for k in MLFLOW_METRICS if row[k] is not None}
+        curve = epochs.filter(pl.col("trial_id") == row["trial_id"])
+        expected = {(("" if e["stage"] == "method" else f"{e['stage']}_") + f"epoch_{k}", e["epoch"]): float(e[k])
+                    for e in curve.iter_rows(named=True) for k in ("train_loss", "val_loss", "val_acc", "seconds")
+                    if e[k] is not None}
+        logged = {(key, m.step): m.value for key in run.data.metrics if "epoch_" in key
+                  for m in client.get_metric_history(run.info.run_id, key)}
+        assert expected and {k: v for k, v in logged.items() if k in expected} == expected
+        files = {f.path for f in client.list_artifacts(run.info.run_id)}
+        assert files == {"result_row.json"} | {name for column, name in ARTIFACTS if row[column]}
+        local = client.download_artifacts(run.info.run_id, "result_row.json", str(tmp_path / row["trial_id"]))
+        assert json.loads(Path(local).read_text()) == json.loads(json.dumps(row, default=str))
+
+
+ARTIFACTS = (("confusion", "confusion_matrix.json"), ("estimated_transition", "estimated_transition.json"),
+             ("transition", "true_transition.json"), ("empirical_transition", "empirical_transition.json"),
+             ("error", "error.txt"))
+
+
+def test_a_run_plans_its_grid_once(grid, tmp_path, monkeypatch):
+    """One `Plan.make` a run (issue #56, item 3; a local run made two), each trial's id hashed once."""
+    from collections import Counter
+
+    from bench.grid.plan import Plan
+    from bench.trial import TrialConfig
+
+    config, results, _, _ = grid
+    shutil.copytree(results / "trials", tmp_path / "results" / "trials")
+    calls: Counter = Counter()
+    make, identity = Plan.make.__func__, TrialConfig.identity
+    monkeypatch.setattr(Plan, "make", classmethod(lambda cls, *a, **k: calls.update(["make"]) or make(cls, *a, **k)))
+    monkeypatch.setattr(TrialConfig, "identity", lambda self: calls.update(["identity"]) or identity(self))
+    tally = run_experiment(load_experiment(config), Settings(results=str(tmp_path / "results"), data_root=tmp_path,
+                                                             mlflow=False), lambda line: None)
+    assert tally.total == 0 and calls == {"make": 1, "identity": 8}
+
+
 def test_warm_start_is_shared_by_the_methods_of_a_cell(grid):
     _, results, tally, _ = grid
     # 4 (r, seed) cells: CE and L_DMI of a cell share one warm start, trained once; each records its epochs (the

@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
-from bench.grid.mlflow_callback import MlflowMirroring
+from bench.grid.mlflow_callback import MirrorWriter, MlflowMirroring
 from bench.grid.progress import Tally
 from bench.store.mirror import TAG, Mirror
 from tests.report.test_report import make_row, write
@@ -30,20 +30,25 @@ def test_a_store_that_failed_mid_grid_is_backfilled_when_the_grid_ends(tmp_path:
     uri = f"sqlite:///{store}"
     warnings: list[str] = []
     tally = Tally(total=3)
-    callback = MlflowMirroring(tally, str(results), {"u1": [rows[0]["trial_id"]],
-                                                      "u2": [rows[1]["trial_id"], rows[2]["trial_id"]]},
-                               Mirror(uri, results, warn=warnings.append))
+    writer = MirrorWriter(tally, str(results), lambda: Mirror(uri, results, warn=warnings.append),
+                          [r["trial_id"] for r in rows])
+    callback = MlflowMirroring(writer, {"u1": [rows[0]["trial_id"]], "u2": [rows[1]["trial_id"], rows[2]["trial_id"]]})
+    assert writer.flush(60) and writer.mirror.ok  # opened while the store was up
     header = store.read_bytes()[:100]
     with open(store, "r+b") as f:  # the store down: its file's header overwritten in place ("not a database")
         f.write(b"x" * 100)
     callback.log_trial_end(SimpleNamespace(config={"unit": "u1"}))
-    assert not callback.mirror.ok and tally.mlflow_logged == 0 and len(warnings) == 1
+    assert writer.flush(60)
+    assert not writer.mirror.ok and tally.mlflow_logged == 0 and len(warnings) == 1
     callback.log_trial_end(SimpleNamespace(config={"unit": "u2"}))  # the mirror no longer tries during the grid
+    assert writer.flush(60)
     assert tally.mlflow_logged == 0 and len(warnings) == 1
     with open(store, "r+b") as f:  # and up again
         f.write(header)
-    callback.on_experiment_end([])
-    assert callback.mirror.ok and tally.mlflow_backfilled == 3, warnings
+    assert writer.close(60)  # the grid's end
+    assert writer.mirror.ok and tally.mlflow_backfilled == 3, warnings
     assert trial_runs(uri) == Counter({r["trial_id"]: 1 for r in rows})
-    callback.on_experiment_end([])  # a store that did not fail: nothing more
+    again = MirrorWriter(Tally(total=3), str(results), lambda: Mirror(uri, results, warn=warnings.append),
+                         [r["trial_id"] for r in rows])
+    assert again.close(60)  # a store that did not fail: nothing more
     assert trial_runs(uri) == Counter({r["trial_id"]: 1 for r in rows})

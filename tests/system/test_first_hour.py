@@ -30,7 +30,7 @@ from bench.config import UserError
 from bench.exec.events import EpochRecord, Resumed, StageEnd, StageStart, log_line
 from bench.exec.executor import Unit
 from bench.grid.files import Overrides, load_experiment
-from bench.grid.mlflow_callback import make_mlflow_callback
+from bench.grid.mlflow_callback import MirrorWriter, make_mlflow_callback
 from bench.grid.plan import Plan
 from bench.grid.progress import (
     RunProgress,
@@ -272,12 +272,15 @@ def test_a_rejected_pack_is_one_line(tmp_path: Path) -> None:
     tally = Tally(total=3)
     lines: list[str] = []
     callback = make_callback(tally, str(tmp_path), {"pack-1": pack}, StatusBoard(lines.append))
-    mirror = SimpleNamespace(logged=[], log_row=lambda row, epochs: mirror.logged.append(row["trial_id"]) or True)
-    mlflow = make_mlflow_callback(tally, str(tmp_path), {"pack-1": ids}, mirror)
+    mirror = SimpleNamespace(logged=[], log_row=lambda row, epochs: mirror.logged.append(row["trial_id"]) or True,
+                             ok=True)
+    writer = MirrorWriter(tally, str(tmp_path), lambda: mirror)
+    mlflow = make_mlflow_callback(writer, {"pack-1": ids})
     trial = _trial("pack-1", "TERMINATED")
     trial.last_result = {"unit": "pack-1", "status": "rejected", "error": "no CUDA"}
     callback.on_trial_complete(0, [trial], trial)
     mlflow.on_trial_complete(0, [trial], trial)
+    assert writer.close(60)
     assert sum("bench: error: no CUDA" in line for line in lines) == 1
     assert "pack of 3 (3 ce)" in lines[0] and tally.done == 3 and sorted(tally.rejected) == sorted(ids)
     assert mirror.logged == [] and tally.mlflow_logged == 0
@@ -291,10 +294,13 @@ def test_the_mlflow_callback_mirrors_each_row_a_unit_wrote(tmp_path: Path) -> No
     ids = [r["trial_id"] for r in rows] + ["died"]
     tally = Tally(total=3)
     logged: list[tuple[str, int]] = []
-    mirror = SimpleNamespace(log_row=lambda row, epochs: logged.append((row["trial_id"], epochs.height)) or True)
-    mlflow = make_mlflow_callback(tally, str(tmp_path), {"pack-1": ids}, mirror)
+    mirror = SimpleNamespace(log_row=lambda row, epochs: logged.append((row["trial_id"], epochs.height)) or True,
+                             ok=True)
+    writer = MirrorWriter(tally, str(tmp_path), lambda: mirror)
+    mlflow = make_mlflow_callback(writer, {"pack-1": ids})
     trial = _trial("pack-1", "ERROR")
     mlflow.on_trial_error(0, [trial], trial)
+    assert writer.close(60)  # the writer's thread logged what the callback handed it
     assert logged == [(ids[0], 1), (ids[1], 1)] and tally.mlflow_logged == 2
     lines: list[str] = []
     print_summary(SimpleNamespace(name="m"), Plan(experiment=None, trials=[], results=str(tmp_path)), tally,
