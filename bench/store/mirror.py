@@ -421,6 +421,8 @@ def open_mirror(results: str | os.PathLike[str], uri: str | None, warn=None) -> 
         if problem := _not_a_database(path):
             say(f"{path} is not a usable MLflow database ({problem}); set it aside as {_set_aside(path).name} and "
                 f"started a fresh one: the parquet rows hold every result, and {backfill} logs those it lacks")
+        if not path.exists() or path.stat().st_size == 0:
+            _new_store(path)
     try:
         return _opened(chosen, results, say)
     except Exception as e:  # noqa: BLE001 - a store that cannot open must not stop the grid: parquet is the truth
@@ -444,6 +446,32 @@ def open_mirror(results: str | os.PathLike[str], uri: str | None, warn=None) -> 
     say(f"MLflow store {chosen} cannot be opened ({problem}); MLflow logging is off for this run, no result is "
         f"lost, and {backfill} backfills it later")
     return None
+
+
+def _new_store(path: Path) -> None:
+    """A new embedded store at `path`, copied from an empty one MLflow built once per version and user (in
+    ~/.cache/bench/mlflow-stores): MLflow runs each of its schema migrations to build one, 2 s of CPU beside a new
+    folder's grid. Its Default experiment gets the location and times MLflow would give it here and now (its one value
+    that depends on them). Where no template can be made, MLflow builds the store itself."""
+    import mlflow
+
+    template = Path.home() / ".cache" / "bench" / "mlflow-stores" / f"empty-{mlflow.__version__}.db"
+    building, copy = (p.with_name(f".{p.name}.{os.getpid()}.new") for p in (template, path))
+    try:
+        if not template.is_file():  # whole or not at all: another process may build it at the same time
+            template.parent.mkdir(parents=True, exist_ok=True)
+            Mirror(f"sqlite:///{building}", path.parent).client.search_experiments(max_results=1)
+            _forget(f"sqlite:///{building}")
+            building.replace(template)
+        shutil.copyfile(template, copy)
+        with contextlib.closing(sqlite3.connect(copy)) as db, db:  # MLflow's artifact root: ./mlruns, made absolute
+            db.execute("UPDATE experiments SET artifact_location = ?, creation_time = ?, last_update_time = ? WHERE "
+                       "experiment_id = 0", (str(Path("mlruns").absolute() / "0"), *[int(time.time() * 1000)] * 2))
+        copy.replace(path)
+    except Exception:  # noqa: BLE001 - no template (a home that cannot be written, another schema): MLflow builds it
+        for leftover in (building, copy):
+            with contextlib.suppress(OSError):
+                leftover.unlink(missing_ok=True)
 
 
 def _opened(uri: str, results: str | os.PathLike[str], say) -> Mirror:
