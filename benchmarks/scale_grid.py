@@ -1,0 +1,131 @@
+"""What a grid's driver costs per trial: bench (MLflow on, off) against plain Ray Tune, on grids of tiny trials
+(issue #56, item 5: the trial arms).
+
+    python benchmarks/scale_grid.py [--trials 8 128 1024] [--rounds 2]
+
+Per grid size N and round, three arms, interleaved (their order rotating from round to round), each a whole process
+into a fresh folder: `bench run` of an N-trial grid of tiny synthetic trials (CE at r = 0.2, seeds 0..N-1, 1 + 1 epochs
+on 200 examples) with the local MLflow mirror on; the same with `--no-mlflow`; and plain Ray Tune: `tune.Tuner` over
+the same N trial configurations, each running the same trial function (`bench.exec.trainer.run_trial`, its row
+written), with the same resources (1 CPU a trial, a local Ray of 2 CPUs, actors reused) and Ray Tune's defaults
+otherwise. Printed per arm: the grid's wall (the process's, start-up and shutdown included), the driver process's own
+CPU seconds (its threads, `getrusage(RUSAGE_SELF)` as it exits: not Ray's processes, where the trials' work is the
+same in every arm) and those per trial; then per N the best (least) of the rounds and the ratios to plain Ray Tune's.
+The issue's targets: driver CPU a trial with MLflow on at most 2x plain's, grid wall at most 1.15x plain's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ARMS = ("bench", "bench --no-mlflow", "plain Ray Tune")
+
+
+def grid_file(scratch: Path, trials: int) -> Path:
+    path = scratch / f"tiny{trials}.yaml"
+    path.write_text(f"name: tiny{trials}\ndataset: synthetic\nnoise: case3\nr: [0.2]\nseeds: {trials}\nepochs: 1\n"
+                    "epochs_warmup: 1\ntrain_subset: 200\ndevice: cpu\nresources: {cpu: 1, gpu: 0}\n"
+                    "methods:\n  ce: {}\n")
+    return path
+
+
+def driver_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def child_bench(config: str, results: str, mlflow: bool) -> None:
+    from bench.cli.main import main
+
+    code = main(["run", config, "--results", results, "--num-cpus", "2", "--yes"] + ([] if mlflow else
+                                                                                     ["--no-mlflow"]))
+    if code != 0:
+        sys.exit(f"scale_grid: bench run exited {code}")
+
+
+def plain_trial(config: dict, trials: list, data_root: str, results: str) -> None:
+    from ray import tune
+
+    from bench.exec.trainer import run_trial
+
+    row = run_trial(trials[config["i"]], data_root, results=results, log=lambda line: None)
+    tune.report({"test_acc": row["test_acc"]})
+
+
+def child_plain(config: str, results: str) -> None:
+    import ray
+    from ray import tune
+
+    from bench.grid.files import load_experiment
+    from bench.grid.plan import Plan
+
+    trials = Plan.make(load_experiment(config), results).trials
+    ray.init(num_cpus=2, include_dashboard=False)
+    trainable = tune.with_resources(tune.with_parameters(plain_trial, trials=trials, data_root=results,
+                                                         results=results), {"cpu": 1})
+    tuner = tune.Tuner(trainable, param_space={"i": tune.grid_search(list(range(len(trials))))},
+                       tune_config=tune.TuneConfig(reuse_actors=True),
+                       run_config=tune.RunConfig(storage_path=str(Path(results) / "ray"), verbose=0))
+    grid = tuner.fit()
+    if grid.num_errors:
+        sys.exit(f"scale_grid: {grid.num_errors} plain Ray Tune trials failed")
+    ray.shutdown()
+
+
+def one_arm(arm: str, config: Path, results: Path) -> tuple[float, float]:
+    """(wall, driver CPU seconds) of one arm's whole process."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONWARNINGS": "ignore"}
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, __file__, "--child", arm, str(config), str(results)], env=env,
+                          capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        sys.exit(f"scale_grid: arm {arm!r} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return wall, json.loads(proc.stdout.strip().splitlines()[-1])["cpu"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, nargs="+", default=[8, 128])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        arm, config, results = args.child
+        if arm == "plain Ray Tune":
+            child_plain(config, results)
+        else:
+            child_bench(config, results, mlflow=arm == "bench")
+        print(json.dumps({"cpu": driver_cpu()}), flush=True)
+        return
+    scratch = Path(tempfile.mkdtemp(prefix="scale-grid-"))
+    print(f"scale_grid: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start; arms: "
+          f"{', '.join(ARMS)}", flush=True)
+    for n in args.trials:
+        config = grid_file(scratch, n)
+        best: dict[str, tuple[float, float]] = {}
+        for round_ in range(args.rounds):
+            order = ARMS[round_ % 3:] + ARMS[:round_ % 3]
+            for arm in order:
+                wall, cpu = one_arm(arm, config, scratch / f"r{n}-{round_}-{ARMS.index(arm)}")
+                print(f"N={n:5d} round {round_ + 1} {arm:18s} wall {wall:7.1f} s  driver CPU {cpu:7.2f} s  "
+                      f"{1000 * cpu / n:7.1f} ms a trial  (load {os.getloadavg()[0]:.1f})", flush=True)
+                walls, cpus = best.get(arm, (wall, cpu))
+                best[arm] = (min(walls, wall), min(cpus, cpu))
+        plain_wall, plain_cpu = best["plain Ray Tune"]
+        for arm in ARMS:
+            wall, cpu = best[arm]
+            print(f"N={n:5d} best of {args.rounds}: {arm:18s} wall {wall:7.1f} s ({wall / plain_wall:.2f}x plain)  "
+                  f"driver CPU {1000 * cpu / n:7.1f} ms a trial ({cpu / plain_cpu:.2f}x plain)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
