@@ -1,16 +1,18 @@
 """What a grid's driver costs per trial: bench (MLflow on, off) against plain Ray Tune, on grids of tiny trials
 (issue #56, item 5: the trial arms).
 
-    python benchmarks/scale_grid.py [--trials 8 128 1024] [--rounds 2]
+    python benchmarks/scale_grid.py [--trials 8 128 1024] [--rounds 2] [--baseline-python OTHER/.venv/bin/python]
 
 Per grid size N and round, three arms, interleaved (their order rotating from round to round), each a whole process
 into a fresh folder: `bench run` of an N-trial grid of tiny synthetic trials (CE at r = 0.2, seeds 0..N-1, 1 + 1 epochs
 on 200 examples) with the local MLflow mirror on; the same with `--no-mlflow`; and plain Ray Tune: `tune.Tuner` over
 the same N trial configurations, each running the same trial function (`bench.exec.trainer.run_trial`, its row
 written), with the same resources (1 CPU a trial, a local Ray of 2 CPUs, actors reused) and Ray Tune's defaults
-otherwise. Printed per arm: the grid's wall (the process's, start-up and shutdown included), the driver process's own
-CPU seconds (its threads, `getrusage(RUSAGE_SELF)` as it exits: not Ray's processes, where the trials' work is the
-same in every arm) and those per trial; then per N the best (least) of the rounds and the ratios to plain Ray Tune's.
+otherwise. With --baseline-python, a fourth arm: `bench run` (MLflow on) by another interpreter (another checkout's
+venv, PYTHONPATH dropped: the bench it imports is the one measured). Printed per arm: the grid's wall (the process's,
+start-up and shutdown included), the driver process's own CPU seconds (its threads, `getrusage(RUSAGE_SELF)` as it
+exits: not Ray's processes, where the trials' work is the same in every arm) and those per trial; then per N the best
+(least) of the rounds and the ratios to plain Ray Tune's.
 The issue's targets: driver CPU a trial with MLflow on at most 2x plain's, grid wall at most 1.15x plain's.
 """
 
@@ -27,6 +29,7 @@ import time
 from pathlib import Path
 
 ARMS = ("bench", "bench --no-mlflow", "plain Ray Tune")
+BASELINE = "baseline bench"
 
 
 def grid_file(scratch: Path, trials: int) -> Path:
@@ -80,11 +83,15 @@ def child_plain(config: str, results: str) -> None:
     ray.shutdown()
 
 
-def one_arm(arm: str, config: Path, results: Path) -> tuple[float, float]:
+def one_arm(arm: str, config: Path, results: Path, baseline: str | None) -> tuple[float, float]:
     """(wall, driver CPU seconds) of one arm's whole process."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONWARNINGS": "ignore"}
+    python = sys.executable
+    if arm == BASELINE:
+        python, arm = baseline, "bench"
+        env.pop("PYTHONPATH", None)
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--child", arm, str(config), str(results)], env=env,
+    proc = subprocess.run([python, __file__, "--child", arm, str(config), str(results)], env=env,
                           capture_output=True, text=True)
     wall = time.perf_counter() - started
     if proc.returncode != 0:
@@ -96,6 +103,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, nargs="+", default=[8, 128])
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--baseline-python", default=None,
+                        help="another interpreter whose bench runs the grid (MLflow on) as a fourth arm")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -106,22 +115,23 @@ def main() -> None:
             child_bench(config, results, mlflow=arm == "bench")
         print(json.dumps({"cpu": driver_cpu()}), flush=True)
         return
+    arms = ARMS + ((BASELINE,) if args.baseline_python else ())
     scratch = Path(tempfile.mkdtemp(prefix="scale-grid-"))
     print(f"scale_grid: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start; arms: "
-          f"{', '.join(ARMS)}", flush=True)
+          f"{', '.join(arms)}", flush=True)
     for n in args.trials:
         config = grid_file(scratch, n)
         best: dict[str, tuple[float, float]] = {}
         for round_ in range(args.rounds):
-            order = ARMS[round_ % 3:] + ARMS[:round_ % 3]
+            order = arms[round_ % len(arms):] + arms[:round_ % len(arms)]
             for arm in order:
-                wall, cpu = one_arm(arm, config, scratch / f"r{n}-{round_}-{ARMS.index(arm)}")
+                wall, cpu = one_arm(arm, config, scratch / f"r{n}-{round_}-{arms.index(arm)}", args.baseline_python)
                 print(f"N={n:5d} round {round_ + 1} {arm:18s} wall {wall:7.1f} s  driver CPU {cpu:7.2f} s  "
                       f"{1000 * cpu / n:7.1f} ms a trial  (load {os.getloadavg()[0]:.1f})", flush=True)
                 walls, cpus = best.get(arm, (wall, cpu))
                 best[arm] = (min(walls, wall), min(cpus, cpu))
         plain_wall, plain_cpu = best["plain Ray Tune"]
-        for arm in ARMS:
+        for arm in arms:
             wall, cpu = best[arm]
             print(f"N={n:5d} best of {args.rounds}: {arm:18s} wall {wall:7.1f} s ({wall / plain_wall:.2f}x plain)  "
                   f"driver CPU {1000 * cpu / n:7.1f} ms a trial ({cpu / plain_cpu:.2f}x plain)", flush=True)
