@@ -403,12 +403,15 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
 
     # Opening MLflow takes seconds (its import; a fresh sqlite store builds its tables): it goes on in a thread of its
     # own while Ray and the first units start; the writer that logs the grid's rows waits for it (`MirrorWriter`).
+    # From here on a signal is noted and the run stops at its next `stop.check()` (bench.grid.stop says why).
+    stop.beside_threads()
     opening = in_background(open_mirror, results, s.mlflow_uri) if s.mlflow else None
 
     tally = Tally(total=len(pending))
     if not pending:
         record_grid(exp, plan)
         mirror_ready(opening, plan, results, out)
+        stop.check()
         out(f"{exp.name}: all {len(plan.trials)} trials already have a result row in {results}; nothing to run")
         return tally
     if exp.overrides:  # a grid changed on the command line: the folder keeps it as a file `bench run` can take
@@ -445,6 +448,7 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
         if s.address is None:
             inherited_tune_env()
         tuner = _tuner(exp, s, units, results, cpu, gpu, callbacks, stop, tally)
+        stop.check()  # a signal since Ray started: the grid stops before it starts
         record_grid(exp, plan)  # once every check passed: a grid refused writes nothing
         tally.started = time.monotonic()  # progress and ETA count from the first trial, not Ray's start-up
         stop.run(tuner.fit)
@@ -469,6 +473,8 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
         numerics.restore(unpinned)
     for line in summary.result():
         out(line)
+    if tally.interrupted is None and stop.signum is not None:  # noted after the grid had ended: its stop all the same
+        tally.interrupted = stop.signum
     return tally
 
 

@@ -2,8 +2,13 @@
 SIGINT (Ctrl-C) end a grid cleanly, and a second signal ends it at once.
 
 The driver holds both signals from the start of the run (`GridStop`). Before Ray Tune runs the grid, the first signal
-raises `Interrupted` (a KeyboardInterrupt: `bench.cli.main` turns it into exit 128 + the signal's number), so nothing
-is half-done: every file is written atomically and the folder's lock is released on the way out. While Ray Tune runs
+stops the run (`Interrupted`, a KeyboardInterrupt: `bench.cli.main` turns it into exit 128 + the signal's number), so
+nothing is half-done: every file is written atomically and the folder's lock is released on the way out. While the
+driver is one thread the signal raises it at once; once threads run beside it (MLflow opening, Ray Tune's import) it
+only notes the signal, and the run raises it at its next safe point (`check`): an exception raised by a handler can
+come out of any line, between a lock's acquire and its `try`, and a lock left held so deadlocked the driver (4 of 14
+SIGTERMs during Ray's start with MLflow on: the main thread waited in an import for a module lock that MLflow's
+thread held, which waited for the logging lock the main thread's cut-short call had left held). While Ray Tune runs
 the grid, the first signal only sets a flag that the grid's stopper (`stopper`) hands to Ray Tune, which stops every
 unit in flight: a unit is cut at its last epoch checkpoint (the method stage checkpoints after every epoch, and the
 warm start is cached per cell), so the next `bench run` resumes it there. The runner then counts the rows on disk
@@ -61,6 +66,7 @@ class GridStop:
         self.signum: int | None = None
         self.since = 0.0  # when the signal came (time.monotonic)
         self.deferred = False
+        self.noting = False  # threads run beside the driver's: a signal is noted, raised at the next `check`
         self.abandoned = False  # Ray did not stop within STOP_GRACE: the driver leaves it (bench.cli.run exits)
         self._previous: dict[int, Any] = {}
         self.others: set[int] = set()  # Ray processes under this driver before it started its own (`start`)
@@ -85,22 +91,34 @@ class GridStop:
     def stop_requested(self) -> bool:
         return self.signum is not None
 
+    def beside_threads(self) -> None:
+        """From now on threads run beside the driver's: a signal is only noted, and raised at the next `check`."""
+        self.noting = True
+
+    def check(self) -> None:
+        """A safe point: the noted signal, if one came, stops the run here."""
+        if self.signum is not None:
+            raise Interrupted(self.signum)
+
     def start(self, start: Callable[[], bool]) -> bool:
         """Start Ray (`start`, which says whether it started one), then take both signals back. A signal while it
-        starts is the same stop as before the grid (`Interrupted`): Ray's own SIGTERM handler, which `ray.init`
-        installs first, would end the driver with `sys.exit(15)` (exit 15, no line) and leave what it had started;
-        here Ray is shut down and its processes ended before the stop goes on."""
+        starts is the same stop as before the grid (`Interrupted`), raised once Ray's start has returned: Ray's own
+        SIGTERM handlers, which `ray.init` and its node install, would end the driver with `sys.exit` from wherever
+        it was (exit 15, no line, what it had started left running, or a deadlock: the module docstring); here each
+        is replaced by ours, and Ray is shut down and its processes ended before the stop goes on."""
         self.others = set(ray_processes())  # a Ray of someone else's in this process's tree (a test's cluster)
         try:
             with self._noting_ray_handlers():
                 started = start()
             self.hold()
-            return started
-        except SystemExit:  # Ray's handlers end with sys.exit: ray.init's (15), its node's (1, its processes killed)
+            if self.signum is None:
+                return started
+            signum = self.signum
+        except SystemExit:  # a handler of Ray's that was not replaced (one installed otherwise) ended with sys.exit
             if self.signum is None:
                 raise
             signum = self.signum
-        except Interrupted as e:  # ours, before Ray's was installed (SIGTERM) or at any time (SIGINT)
+        except Interrupted as e:  # ours, where the driver was still one thread
             signum = e.signum
         self.hold()
         self.signum = signum
@@ -112,17 +130,13 @@ class GridStop:
     @contextlib.contextmanager
     def _noting_ray_handlers(self) -> Any:
         """While Ray starts, each SIGTERM handler it installs (`ray._private.utils.set_sigterm_handler`: ray.init's,
-        then its node's) first notes the signal here, so that the `SystemExit` it ends with is told from others."""
+        then its node's) is ours instead: the signal is noted, and `start` acts on it once Ray's start returns."""
         from ray._private import utils
 
         install = utils.set_sigterm_handler
 
         def noting(handler: Callable[[int, FrameType | None], Any]) -> None:
-            def handle(signum: int, frame: FrameType | None) -> None:
-                self.signum = self.signum or signum
-                handler(signum, frame)
-
-            install(handle)
+            install(self._handle)
 
         utils.set_sigterm_handler = noting
         try:
@@ -151,7 +165,9 @@ class GridStop:
             os._exit(128 + signum)
         self.signum, self.since = signum, time.monotonic()
         if not self.deferred:
-            raise Interrupted(signum)
+            if not self.noting:
+                raise Interrupted(signum)
+            return  # noted: raised at the next `check` (the module docstring says why not here)
         say(f"bench: {signal_name(signum)}: stopping the grid at the trials' last checkpoints (send it again to stop "
             "at once)")
 

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -252,6 +253,49 @@ def test_a_signal_while_ray_starts_is_a_clean_stop(tmp_path, sig):
         run.send_signal(sig)
         assert_stopped(run, sig)
     assert not list((tmp_path / "res").glob("trials/*.parquet"))
+
+
+# Seconds after `running N of N trials` (Ray's start, Ray Tune's import and MLflow's opening all under way): the ten
+# moments of start-up the sweep signals at.
+START_UP_MOMENTS = (0.0, 0.3, 0.6, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0)
+
+
+def stop_at(tmp_path: Path, seconds: float) -> tuple[int, float, str, list[str]]:
+    """`bench run` with MLflow on, SIGTERM `seconds` after its `running` line: its exit status, the seconds it took
+    to end after the signal (inf: it did not end within 60 s), its stderr and what of its session was left."""
+    folder = tmp_path / f"at-{seconds}"
+    folder.mkdir()
+    config = write_config(folder)
+    with driver(["run", str(config), "--results", str(folder / "res"), "--num-cpus", "1"]) as run:
+        while "running" not in (line := run.stdout.readline()):
+            assert line or run.poll() is None, run.communicate()
+        time.sleep(seconds)
+        run.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        try:
+            _, err = run.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # the deadlock: `driver` kills it
+            return run.returncode, float("inf"), "", []
+        took = time.monotonic() - sent
+        deadline = time.monotonic() + 5
+        while (left := session_processes(run.pid)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return run.returncode, took, err, left
+
+
+@pytest.mark.slow
+def test_sigterm_at_ten_moments_of_start_up_with_mlflow_on_is_exit_143_every_time(tmp_path):
+    """4 of 14 SIGTERMs 3-6 s after `running N of N trials` hung the driver (45-82 s, until a second signal): the
+    handler raised inside the import system's lock callback while MLflow's and Ray Tune's imports ran in threads, and
+    the import lock it left held deadlocked the three threads. Two drivers at a time: each mostly waits on Ray."""
+    with ThreadPoolExecutor(2) as pool:
+        outcomes = dict(zip(START_UP_MOMENTS, pool.map(lambda s: stop_at(tmp_path, s), START_UP_MOMENTS),
+                            strict=True))
+    for seconds, (code, took, err, left) in outcomes.items():
+        assert took < 60, f"{seconds} s after `running`: no end within 60 s"
+        assert code == 128 + signal.SIGTERM, (seconds, code, err[-2000:])
+        assert "Traceback" not in err, (seconds, err[-2000:])
+        assert not left, (seconds, left)
 
 
 def test_sigterm_to_a_dry_run_is_a_clean_stop(tmp_path):
