@@ -369,6 +369,33 @@ def mirror_ready(opening: Future[Mirror | None] | None, plan: Plan, results: str
     return mirror
 
 
+def planned(exp: Experiment, results: str, device: str | None, plan: Plan | None, out: Callable[[str], None]) -> Plan:
+    """The run's plan once the folder's damaged files are set aside: the one made before the folder's lock (`plan`),
+    its rows read again where files were set aside, else made here (a run on a cluster)."""
+    set_aside = folder.Store(results).set_aside_damaged()
+    for moved, problem in set_aside:
+        out(f"set aside the result file {moved} ({problem}): its trial runs again")
+    if plan is None:
+        plan = Plan.make(exp, results, device=device)
+    elif set_aside:  # the trials of those files are pending again: the rows read anew, the grid not planned again
+        plan = plan.reread()
+    if note := plan.unmatched_note():
+        out(note)
+    return plan
+
+
+def after_grid(tally: Tally, stop: GridStop, results: str, pending: list[TrialConfig], writer: MirrorWriter | None,
+               out: Callable[[str], None]) -> Mirror | None:
+    """How the grid ended, in the tally; the rows that landed while it stopped counted and handed to MLflow's writer;
+    the mirror once the writer is done (`closed_mirror`)."""
+    tally.interrupted, tally.ray_left = stop.signum, stop.abandoned
+    if stop.signum is not None or tally.halt is not None:  # rows that landed while it stopped, unseen so far
+        landed = count_landed(tally, results, pending)
+        if writer is not None:  # in MLflow before the driver exits, not at the next run's backfill
+            writer.put(sorted(landed))
+    return closed_mirror(writer, out)
+
+
 MIRROR_WAIT = 120.0  # seconds the driver waits, after the grid, for MLflow's writer to log the rows it was given
 
 
@@ -390,15 +417,7 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
     if device == "cpu" and exp.device.startswith("cuda"):
         out("note: --gpus-per-trial 0 runs this grid on the CPU")
     results = folder.absolute(s.results)
-    set_aside = folder.Store(results).set_aside_damaged()
-    for moved, problem in set_aside:
-        out(f"set aside the result file {moved} ({problem}): its trial runs again")
-    if plan is None:
-        plan = Plan.make(exp, results, device=device)
-    elif set_aside:  # the trials of those files are pending again: the rows read anew, the grid not planned again
-        plan = plan.reread()
-    if note := plan.unmatched_note():
-        out(note)
+    plan = planned(exp, results, device, plan, out)
     pending = plan.pending
 
     # Opening MLflow takes seconds (its import; a fresh sqlite store builds its tables): it goes on in a thread of its
@@ -452,12 +471,7 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
         record_grid(exp, plan)  # once every check passed: a grid refused writes nothing
         tally.started = time.monotonic()  # progress and ETA count from the first trial, not Ray's start-up
         stop.run(tuner.fit)
-        tally.interrupted, tally.ray_left = stop.signum, stop.abandoned
-        if stop.signum is not None or tally.halt is not None:  # rows that landed while it stopped, unseen so far
-            landed = count_landed(tally, results, pending)
-            if writer is not None:  # in MLflow before the driver exits, not at the next run's backfill
-                writer.put(sorted(landed))
-        mirror, writer = closed_mirror(writer, out), None
+        mirror, writer = after_grid(tally, stop, results, pending, writer, out), None
         # The summary (polars and bench.report imported, the rows read) is written while Ray stops: its processes'
         # ends are mostly waiting, where the summary's imports beside the units took CPU from their start.
         summary = in_background(summary_lines, exp, plan, tally, mirror)
