@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import time
 import traceback
 import warnings
@@ -48,7 +49,14 @@ from bench.config import FolderFull, UserError, disk_full
 from bench.exec.executor import Bundle, Unit, UnitContext, get_executor, retry_may_cure
 from bench.exec.trainer import failed_row
 from bench.exec.warmstart import WarmStartCache
-from bench.grid.cluster import check_resources, cluster_gpu_kind, cluster_gpus, start_ray
+from bench.grid.cluster import (
+    HeadWatch,
+    check_resources,
+    cluster_gpu_kind,
+    cluster_gpus,
+    retry_units_lost_in_reset,
+    start_ray,
+)
 from bench.grid.describe import draw_units
 from bench.grid.experiment import Experiment
 from bench.grid.mlflow_callback import make_mlflow_callback
@@ -300,6 +308,7 @@ def _tuner(exp: Experiment, s: Settings, units: dict[str, Unit], results: str, c
     actors, no scheduler; it ends early on a signal (`stop`) or a full disk (`tally.halt`)."""
     from ray import tune
 
+    retry_units_lost_in_reset()
     trainable = tune.with_parameters(
         ray_unit, units=units,
         data_root=str(Path(s.data_root).expanduser().resolve()), results=results, report_every=s.report_every,
@@ -430,11 +439,16 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
         tuner = _tuner(exp, s, units, results, cpu, gpu, callbacks, stop, tally)
         record_grid(exp, plan)  # once every check passed: a grid refused writes nothing
         tally.started = time.monotonic()  # progress and ETA count from the first trial, not Ray's start-up
-        stop.run(tuner.fit)
+        with HeadWatch(s.address) as head:
+            stop.run(tuner.fit, lost=lambda: head.lost is not None)
+        if head.lost:  # Ray Tune is left waiting on the dead head: the driver ends with what landed (bench.cli.run)
+            print(head.lost, file=sys.stderr, flush=True)
         mirror = ready()
-        tally.interrupted, tally.ray_left = stop.signum, stop.abandoned
-        if stop.signum is not None or tally.halt is not None:  # rows that landed while it stopped, unseen so far
+        tally.interrupted, tally.ray_left, tally.head_lost = stop.signum, stop.abandoned, head.lost
+        if stop.signum is not None or tally.halt is not None or head.lost:  # rows landed while it stopped, unseen
             landed = count_landed(tally, results, pending)
+            if head.lost:  # rows whose unit's end Ray Tune never reported: their MLflow runs were not logged either
+                landed = {t.trial_id for t in pending}
             if mirror is not None and landed:  # in MLflow before the driver exits, not at the next run's backfill
                 tally.mlflow_logged += mirror.sync(results, trial_ids=landed)
         # The summary (polars and bench.report imported, the rows read) is written while Ray stops: its processes'
