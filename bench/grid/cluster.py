@@ -338,12 +338,13 @@ def node_lost(node_id: str | None, timeout: float = 2.0) -> bool:
 def retry_units_lost_in_reset() -> None:
     """Let Ray Tune retry a unit whose reused actor died while being reset for it (called before the grid).
 
-    With `reuse_actors`, a unit that starts on an actor kept from a finished one is PENDING while the actor's `reset`
-    task runs; Ray Tune (2.60, `TuneController._process_trial_failure`) retries only a RUNNING trial, so a node lost
-    in that moment (just after a row landed there, or with the finished unit's actor cached there) ended the next
-    unit `failed` without a row, whatever `--retries` said. An actor that dies while it is created for a PENDING
-    unit is retried (`_actor_failed` first marks the unit RUNNING); the same is done here for a reset's failure, and
-    the unit leaves Ray Tune's set of units being reset (else it would wait on that reset for ever)."""
+    With `reuse_actors`, a unit that starts on the actor kept from a finished one waits, PENDING, for the actor's
+    `reset`. Where that actor dies then (its node lost just after a row landed there), Ray Tune 2.60 hears of it
+    twice: the actor's death (`_actor_failed`, which marks the unit RUNNING and retries it, requeued PENDING), then
+    the reset task's error, which `_process_trial_failure` took for a second failure of a unit not running and ended
+    it `failed` without a row, whatever `--retries` said. Here the first report of the death retries the unit,
+    whichever comes first, and it leaves Ray Tune's set of units being reset (else it would wait on that reset for
+    ever); a later report for the requeued unit is the same death, dropped."""
     from ray.tune.execution.tune_controller import TuneController
     from ray.tune.experiment import Trial
 
@@ -352,11 +353,13 @@ def retry_units_lost_in_reset() -> None:
         return
 
     def trial_task_failure(self: Any, trial: Any, exception: Exception) -> None:
-        if trial in self._resetting_trials:
+        if trial in self._resetting_trials:  # the first report of its actor's death in the reset
             self._resetting_trials.discard(trial)
-            if trial.status == Trial.PENDING:
+            if trial.status == Trial.PENDING:  # as `_actor_failed` does for a unit whose actor died starting
                 self._set_trial_status(trial, Trial.RUNNING)
                 self._unstage_trial_with_resources(trial)
+        elif trial.status == Trial.PENDING:  # no task runs for a waiting unit: the same death, reported again
+            return
         task_failure(self, trial, exception)
 
     trial_task_failure.retries_resets = True  # type: ignore[attr-defined]

@@ -6,8 +6,8 @@ The head's loss ends the grid: the driver notices within its own bound (`bench.g
 line and the summary of what landed, logs every landed row to MLflow and exits 1. A worker node's loss ends only the
 units in flight there, each retried by Ray Tune from its last epoch checkpoint, whatever the moment: while its actor
 starts, while it trains, at an epoch's checkpoint, right after its row lands (its actor then cached, or being reset
-for the next unit: the moment where a unit ended `failed` without a row,
-`bench.grid.cluster.retry_units_lost_in_reset`).
+for the next unit: the moment where a unit ended `failed` without a row, `bench.grid.cluster.retry_units_lost_in_reset`;
+`tests/grid/test_reused_actor_retry.py` makes that moment certain).
 Run with -s to see the measured figures.
 """
 
