@@ -175,9 +175,9 @@ def nodes_listed(cluster: Cluster) -> list[dict]:
 
 # -- the moments: each a test of the second node's state, true when the moment has come --------------------------
 def actor_starting(node: Node, results: Path, node_id: str, since: float) -> bool:
-    """A worker of the node holds a unit's actor that runs no method yet (Ray names a busy actor's process after
-    the method it runs: `ray::ImplicitFunc.train`)."""
-    return any(re.search(r"ray::ImplicitFunc(\s|$)", cmdline(pid)) for pid in node.pids)
+    """A worker of the node holds a unit's actor being made or running no method yet (Ray names a busy actor's
+    process after the method it runs: `ray::ImplicitFunc.__init__`, then `ray::ImplicitFunc.train`)."""
+    return any(re.search(r"ray::ImplicitFunc(\.__init__)?(\s|$)", cmdline(pid)) for pid in node.pids)
 
 
 def mid_epoch(node: Node, results: Path, node_id: str, since: float) -> bool:
