@@ -351,6 +351,20 @@ def count_landed(tally: Tally, results: str, trials: list[Any]) -> set[str]:
     return landed
 
 
+def log_landed(tally: Tally, results: str, pending: list[TrialConfig], mirror: Mirror | None) -> None:
+    """After a grid that stopped early (a signal, a full disk, a lost head): count the rows that landed while it
+    stopped, unseen so far (`count_landed`), and log them to MLflow before the driver exits, not at the next run's
+    backfill. After a lost head, every row of the grid that MLflow lacks: Ray Tune never reported the end of the
+    units that wrote them, so their runs were not logged either."""
+    if tally.interrupted is None and tally.halt is None and tally.head_lost is None:
+        return
+    landed = count_landed(tally, results, pending)
+    if tally.head_lost:
+        landed = {t.trial_id for t in pending}
+    if mirror is not None and landed:
+        tally.mlflow_logged += mirror.sync(results, trial_ids=landed)
+
+
 def trial_device(exp: Experiment, gpus_per_trial: float | None) -> tuple[float, str | None]:
     """The GPU share of each trial, and the device `--gpus-per-trial` imposes on the grid (None: the file's)."""
     gpu = gpus_per_trial if gpus_per_trial is not None else exp.resources.gpu
@@ -445,12 +459,7 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
             print(head.lost, file=sys.stderr, flush=True)
         mirror = ready()
         tally.interrupted, tally.ray_left, tally.head_lost = stop.signum, stop.abandoned, head.lost
-        if stop.signum is not None or tally.halt is not None or head.lost:  # rows landed while it stopped, unseen
-            landed = count_landed(tally, results, pending)
-            if head.lost:  # rows whose unit's end Ray Tune never reported: their MLflow runs were not logged either
-                landed = {t.trial_id for t in pending}
-            if mirror is not None and landed:  # in MLflow before the driver exits, not at the next run's backfill
-                tally.mlflow_logged += mirror.sync(results, trial_ids=landed)
+        log_landed(tally, results, pending, mirror)
         # The summary (polars and bench.report imported, the rows read) is written while Ray stops: its processes'
         # ends are mostly waiting, where the summary's imports beside the units took CPU from their start.
         summary = in_background(summary_lines, exp, plan, tally, mirror)
