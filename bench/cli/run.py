@@ -113,6 +113,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                     stream.flush()
             os._exit(128 + tally.interrupted)
         return 128 + tally.interrupted
+    if tally.head_lost:  # Ray's client still waits on the dead head: its exit hooks would too (docs/failures.md)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(1)
     if tally.rejected:
         return EXIT_USAGE
     return 0 if tally.done == tally.total and not tally.statuses.get("failed") else 1

@@ -333,3 +333,88 @@ def node_lost(node_id: str | None, timeout: float = 2.0) -> bool:
             except OSError:
                 return True
     return False
+
+
+def retry_units_lost_in_reset() -> None:
+    """Let Ray Tune retry a unit whose reused actor died while being reset for it (called before the grid).
+
+    With `reuse_actors`, a unit that starts on the actor kept from a finished one waits, PENDING, for the actor's
+    `reset`. Where that actor dies then (its node lost just after a row landed there), Ray Tune 2.60 hears of it
+    twice: the actor's death (`_actor_failed`, which marks the unit RUNNING and retries it, requeued PENDING), then
+    the reset task's error, which `_process_trial_failure` took for a second failure of a unit not running and ended
+    it `failed` without a row, whatever `--retries` said. Here the first report of the death retries the unit,
+    whichever comes first, and it leaves Ray Tune's set of units being reset (else it would wait on that reset for
+    ever); a later report for the requeued unit is the same death, dropped."""
+    from ray.tune.execution.tune_controller import TuneController
+    from ray.tune.experiment import Trial
+
+    task_failure = TuneController._trial_task_failure
+    if getattr(task_failure, "retries_resets", False):
+        return
+
+    def trial_task_failure(self: Any, trial: Any, exception: Exception) -> None:
+        if trial in self._resetting_trials:  # the first report of its actor's death in the reset
+            self._resetting_trials.discard(trial)
+            if trial.status == Trial.PENDING:  # as `_actor_failed` does for a unit whose actor died starting
+                self._set_trial_status(trial, Trial.RUNNING)
+                self._unstage_trial_with_resources(trial)
+        elif trial.status == Trial.PENDING:  # no task runs for a waiting unit: the same death, reported again
+            return
+        task_failure(self, trial, exception)
+
+    trial_task_failure.retries_resets = True  # type: ignore[attr-defined]
+    TuneController._trial_task_failure = trial_task_failure
+
+
+# Seconds the head's GCS may go without taking a connection before the driver calls the head lost. Ray's own clients
+# wait 60 s (RAY_gcs_rpc_server_reconnect_timeout_s), then end the driver's process with one C++ line and nothing of
+# bench's: the driver decides well before, and has the rest of that minute to count the rows and log them to MLflow.
+HEAD_GRACE = 20.0
+
+
+class HeadWatch:
+    """Watches the head of the cluster this driver joined (its GCS, where Ray keeps the cluster's state): a thread
+    tries a TCP connection to it every `every` seconds, and `lost` becomes a line saying what happened once none was
+    taken for `grace` seconds (refused: the head's processes died; silent: its machine is off or cut off). Ray Tune
+    says nothing meanwhile: its calls wait on the GCS."""
+
+    def __init__(self, address: str | None, grace: float = HEAD_GRACE, every: float = 2.0) -> None:
+        import threading
+
+        import ray
+
+        self.address, self.grace, self.every = address, grace, every
+        # None: a local Ray, this driver's own (its GCS dies only with the driver's machine), not watched
+        self.gcs = ray.get_runtime_context().gcs_address if address else None
+        self.lost: str | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="bench-head-watch", daemon=True)
+
+    def __enter__(self) -> HeadWatch:
+        if self.gcs is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+
+    def _answers(self) -> bool:
+        host, _, port = str(self.gcs).rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=self.every).close()
+        except OSError:
+            return False
+        return True
+
+    def _watch(self) -> None:
+        answered = time.monotonic()
+        while not self._done.wait(self.every):
+            if self._answers():
+                answered = time.monotonic()
+            elif time.monotonic() - answered >= self.grace:
+                self.lost = (f"bench: lost the Ray cluster's head node (its GCS at {self.gcs} took no connection for "
+                             f"{self.grace:g} s: its processes died, or its machine is off or cut off); the trials in "
+                             "flight are lost with it: restart the cluster, then run the same command again "
+                             f"(--address of the new head, if not {self.address}): it runs only the trials without a "
+                             "row, from their last epoch checkpoints")
+                return

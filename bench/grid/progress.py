@@ -123,6 +123,7 @@ class Tally:
     halt: str | None = None  # why the grid ends early without a signal: a full disk
     warned: set[str] = field(default_factory=set)  # the kinds of worker warnings printed (once each)
     ray_left: bool = False  # Ray did not stop in time after the signal: the command exits without waiting on it
+    head_lost: str | None = None  # the line that says the cluster's head was lost (`bench.grid.cluster.HeadWatch`)
     # Trials whose unit Ray retried (`--retries`), by why: "node" (the node it ran on was lost) or "worker" (its
     # worker died, or a fault of Ray's own); a trial retried for both counts under "node".
     retried: dict[str, str] = field(default_factory=dict)

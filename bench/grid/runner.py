@@ -33,6 +33,7 @@ every file in the results folder goes through `bench.store.folder`; the command'
 from __future__ import annotations
 
 import os
+import sys
 import time
 import traceback
 import warnings
@@ -47,7 +48,14 @@ from bench.config import FolderFull, UserError, disk_full
 from bench.exec.executor import Bundle, Unit, UnitContext, get_executor, retry_may_cure
 from bench.exec.trainer import failed_row
 from bench.exec.warmstart import WarmStartCache
-from bench.grid.cluster import check_resources, cluster_gpu_kind, cluster_gpus, start_ray
+from bench.grid.cluster import (
+    HeadWatch,
+    check_resources,
+    cluster_gpu_kind,
+    cluster_gpus,
+    retry_units_lost_in_reset,
+    start_ray,
+)
 from bench.grid.describe import draw_units
 from bench.grid.experiment import Experiment
 from bench.grid.mlflow_callback import MirrorWriter, make_mlflow_callback
@@ -303,6 +311,7 @@ def _tuner(exp: Experiment, s: Settings, units: dict[str, Unit], results: str, c
     actors, no scheduler; it ends early on a signal (`stop`) or a full disk (`tally.halt`)."""
     from ray import tune
 
+    retry_units_lost_in_reset()
     trainable = tune.with_parameters(
         ray_unit, units=units,
         data_root=str(Path(s.data_root).expanduser().resolve()), results=results, report_every=s.report_every,
@@ -386,10 +395,11 @@ def planned(exp: Experiment, results: str, device: str | None, plan: Plan | None
 
 def after_grid(tally: Tally, stop: GridStop, results: str, pending: list[TrialConfig], writer: MirrorWriter | None,
                out: Callable[[str], None]) -> Mirror | None:
-    """How the grid ended, in the tally; the rows that landed while it stopped counted and handed to MLflow's writer;
-    the mirror once the writer is done (`closed_mirror`)."""
+    """How the grid ended, in the tally; the rows that landed while it stopped (a signal, a full disk, a lost head)
+    counted and handed to MLflow's writer: Ray Tune never reported the end of the units that wrote them, so their runs
+    were not logged either; the mirror once the writer is done (`closed_mirror`)."""
     tally.interrupted, tally.ray_left = stop.signum, stop.abandoned
-    if stop.signum is not None or tally.halt is not None:  # rows that landed while it stopped, unseen so far
+    if stop.signum is not None or tally.halt is not None or tally.head_lost is not None:  # unseen rows
         landed = count_landed(tally, results, pending)
         if writer is not None:  # in MLflow before the driver exits, not at the next run's backfill
             writer.put(sorted(landed))
@@ -470,7 +480,11 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
         stop.check()  # a signal since Ray started: the grid stops before it starts
         record_grid(exp, plan)  # once every check passed: a grid refused writes nothing
         tally.started = time.monotonic()  # progress and ETA count from the first trial, not Ray's start-up
-        stop.run(tuner.fit)
+        with HeadWatch(s.address) as head:
+            stop.run(tuner.fit, lost=lambda: head.lost is not None)
+        if head.lost:  # Ray Tune is left waiting on the dead head: the driver ends with what landed (bench.cli.run)
+            print(head.lost, file=sys.stderr, flush=True)
+        tally.head_lost = head.lost
         mirror, writer = after_grid(tally, stop, results, pending, writer, out), None
         # The summary (polars and bench.report imported, the rows read) is written while Ray stops: its processes'
         # ends are mostly waiting, where the summary's imports beside the units took CPU from their start.

@@ -171,11 +171,12 @@ class GridStop:
         say(f"bench: {signal_name(signum)}: stopping the grid at the trials' last checkpoints (send it again to stop "
             "at once)")
 
-    def run(self, grid: Callable[[], Any]) -> None:
+    def run(self, grid: Callable[[], Any], lost: Callable[[], bool] = lambda: False) -> None:
         """Run the grid (Ray Tune's fit) in a thread, this one waiting for signals: after the first, the grid has
         STOP_GRACE seconds to stop (a signal sent to the whole process group, as `timeout` and Ctrl-C do, or to every
         process, as Slurm does, reaches Ray's own processes too, and Ray Tune may then wait minutes on a dead Ray); past
-        that the driver leaves it (`abandoned`)."""
+        that the driver leaves it (`abandoned`). Once `lost()` (the cluster's head is gone), the driver leaves the
+        grid at once: Ray Tune would wait on the dead head until Ray's client ends the process."""
         outcome: dict[str, BaseException] = {}
 
         def target() -> None:
@@ -193,9 +194,11 @@ class GridStop:
                 if self.signum is not None and time.monotonic() - self.since > STOP_GRACE:
                     self.abandoned = True
                     return
+                if lost():
+                    return
         finally:
             self.deferred = False
-        if "error" in outcome and self.signum is None:
+        if "error" in outcome and self.signum is None and not lost():
             raise outcome["error"]
 
     def stopper(self, halted: Callable[[], bool]) -> Any:
