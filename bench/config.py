@@ -1,4 +1,6 @@
-"""The ground floor every other module stands on: the one error users see (`UserError`, exit code 2), plug-in
+"""The ground floor: `UserError`, plug-in discovery, the data root, a stage's `Schedule`, reading a user's file.
+
+The ground floor every other module stands on: the one error users see (`UserError`, exit code 2), plug-in
 discovery and lookup, the data root, a stage's optimiser schedule (`Schedule`), reading a user's text file.
 A trial's configuration and identity are `bench.trial`'s."""
 

@@ -1,4 +1,6 @@
-"""Every column of the results folder, declared once: a trial row's columns (`ROW_COLUMNS`, each with its arrow type,
+"""Every column declared once: its arrow type, its group, its MLflow name; a trial's `Outcome`.
+
+Every column of the results folder, declared once: a trial row's columns (`ROW_COLUMNS`, each with its arrow type,
 its group and what the MLflow mirror logs it as), the epochs table's columns, and the per-epoch diagnostics'. The
 store writes rows with these types (`row_schema`, `arrow_tables`: a solo and a packed trial's files alike), the MLflow
 mirror logs the columns they name, the analysis reads rows through `conform` (a column a row written by older code
