@@ -51,7 +51,7 @@ def _c(name: str, kind: str, group: str, mlflow: str = "", default: Any = None) 
 
 
 TEXT, INT, FLOAT, BOOL = "string", "int64", "float64", "bool"  # the arrow types a row holds
-# Columns other tools rely on, first and in this order (DESIGN.md section 3).
+# Columns other tools rely on, first and in this order (docs/reports.md, "The result row").
 CORE = (
     _c("trial_id", TEXT, IDENTITY, "param"), _c("experiment", TEXT, IDENTITY),
     _c("dataset", TEXT, IDENTITY, "param"), _c("model", TEXT, CONFIGURATION, "param"),
