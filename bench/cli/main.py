@@ -186,7 +186,7 @@ HELP_PAGES = {"trial": ("running", "protocol"), "datasets": ("datasets",), "meth
               "run": ("running", "cluster", "failures"), "labels": ("reports",), "results": ("running", "reports"),
               "status": ("running",),
               "report": ("reports",), "leaderboard": ("reports",), "sync-mlflow": ("running",), "ui": ("running",),
-              "calibrate": ("calibrate", "running"), "verify": ("fidelity", "running")}
+              "calibrate": ("calibrate", "running"), "verify": ("fidelity", "running"), "check": ("extending",)}
 
 
 def _name_pages(sub: argparse._SubParsersAction) -> None:
@@ -410,7 +410,7 @@ def _add_results_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_later("bench.cli.verify", "cmd_verify"), needs=("pyarrow", "polars"))
 
     p = sub.add_parser("check", help="check plug-ins' contracts: registered, described, a tiny trial, unit or report, "
-                       "their rows and MLflow params read back, the layers (docs/extending.md)")
+                       "their rows and MLflow params read back, the layers")
     p.add_argument("paths", nargs="*", metavar="PATH", help="a plug-in folder, a file of the checkout, or the checkout "
                    "(default: the $BENCH_PLUGINS folders, else the checkout)")
     p.set_defaults(func=_later("bench.cli.check", "cmd_check"), needs=("mlflow", "polars"))
