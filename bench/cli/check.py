@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from bench import models, noise
-from bench.config import PLUGINS_ENV, UserError
+from bench.config import PLUGIN_INTERFACES, PLUGINS_ENV, UserError
 from bench.data import registry as datasets
 from bench.exec.executor import UnitContext, executors
 from bench.exec.trainer import run_trial
@@ -41,9 +41,7 @@ from bench.store.mirror import TAG, open_mirror, trial_params
 from bench.trial import TrialConfig
 
 CHECKOUT = Path(__file__).resolve().parents[2]
-# What a plug-in file may import from bench, by its kind: the interfaces, and its registry's own package.
-INTERFACES = ("bench.methods", "bench.data", "bench.models", "bench.dmi", "bench.noise", "bench.schema",
-              "bench.protocol", "bench.download", "bench.config", "bench.baselines", "bench.datasets")
+# What a plug-in file may import from bench beyond the interfaces (`PLUGIN_INTERFACES`): its registry's own package.
 OWN_PACKAGE = {"executor": ("bench.exec",), "panel": ("bench.report",)}
 LEVELS = [i / 10 for i in range(11)]
 QUIET = dict(log=lambda *_: None)
@@ -236,13 +234,17 @@ def column_declared(name: str, work: Path) -> None:
 
 
 def imports_interfaces(kind: str, file: Path) -> None:
-    allowed = INTERFACES + OWN_PACKAGE.get(kind, ())
+    """A plug-in file imports from bench only the interfaces (and its registry's own package)."""
+    allowed = PLUGIN_INTERFACES + OWN_PACKAGE.get(kind, ())
     for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-            [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [f"bench.{a.name}" for a in node.names] if node.module == "bench" else [node.module]
+        else:
+            continue
         for module in names:
-            if module.split(".")[0] == "bench" and not any(module == a or module.startswith(a + ".")
-                                                           for a in ("bench", *allowed) if a != "bench"):
+            if module.split(".")[0] == "bench" and not any(module == a or module.startswith(a + ".") for a in allowed):
                 raise Broken(f"obeys the layers: it imports {module}, not an interface")
 
 
