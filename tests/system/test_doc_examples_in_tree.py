@@ -4,9 +4,9 @@ its recipe puts it, as written (the method into `baselines/`, the dataset into `
 the panel under the page's own name into `bench/report/` with its one word in the report's layers), and a new module
 of `bench` (its file with a docstring and its name in its package's layers); then the recipe's commands (`bench
 methods --references --update docs/fidelity.md`, `python docs/make_tables.py`), then `bench check` on what was added,
-which trains each plug-in and runs lint-imports over the copy, and the files of tests that read the generated pages
-and the layers. The examples are templates, not fixtures: no test loads one under its own name (tests/doc_examples.py
-gives them fresh names), so one copied in as written collides with no test.
+which trains each plug-in and runs lint-imports over the copy, and the tests of the generated pages. The examples are
+templates, not fixtures: no test loads one under its own name (tests/doc_examples.py gives them fresh names), so one
+copied in as written collides with no test.
 
 The executor-table row is not copied in: it is a measurement of the reader's machine that sends every CPU trial of
 every model through the example executor, which is what it is for; tests/exec/test_executors.py runs it from a table
@@ -28,8 +28,9 @@ from tests import doc_examples
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 REPO = Path(__file__).resolve().parents[2]
-# The tests of what the recipes' commands write (the README's and the code's tables) and of the layers.
-TESTS = ["tests/system/test_readme_tables.py", "tests/system/test_architecture_doc.py", "tests/system/test_layers.py"]
+# The tests of what the recipes' commands write: the README's and the code's tables. (The layers: `bench check` runs
+# lint-imports and reads each plug-in file's imports.)
+TESTS = ["tests/system/test_readme_tables.py", "tests/system/test_architecture_doc.py"]
 # A module of bench, added as the recipe says: a file with a docstring, its name beside its package's lowest layer.
 MODULE = ("bench/store/notes.py", '"""The notes a results folder keeps beside its rows (a recipe\'s example)."""\n',
           "bench.store")
