@@ -1,4 +1,6 @@
-"""The ground floor every other module stands on: the one error users see (`UserError`, exit code 2), plug-in
+"""The ground floor: `UserError`, plug-in discovery, the data root, a stage's `Schedule`, reading a user's file.
+
+The ground floor every other module stands on: the one error users see (`UserError`, exit code 2), plug-in
 discovery and lookup, the data root, a stage's optimiser schedule (`Schedule`), reading a user's text file.
 A trial's configuration and identity are `bench.trial`'s."""
 
@@ -130,6 +132,9 @@ def read_text_file(path: Path, what: str) -> str:
                         "save it as UTF-8") from None
 
 PLUGINS_ENV = "BENCH_PLUGINS"
+# What a plug-in (a method, a dataset) may import from bench: the interfaces, and the plug-in folders' shared helpers.
+PLUGIN_INTERFACES = ("bench.methods", "bench.data", "bench.models", "bench.dmi", "bench.noise", "bench.schema",
+                     "bench.protocol", "bench.download", "bench.config", "bench.baselines", "bench.datasets")
 
 
 def imported_modules(file: Path) -> set[str]:

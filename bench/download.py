@@ -1,4 +1,6 @@
-"""A dataset's published files fetched, checked and unpacked: the download (atomic, with its progress on stderr), the
+"""A dataset's published files fetched (atomic, with progress on stderr) and checked against their md5.
+
+A dataset's published files fetched, checked and unpacked: the download (atomic, with its progress on stderr), the
 md5 a file is checked against, and the one unpack of a published archive (`unpack`: plain files and folders only,
 nothing written outside the dataset's folder). `bench.data.Dataset.download` and the datasets that verify releases
 use them; `fetch_many` fetches the many images a dataset publishes as a list of URLs (`Dataset.prepare`),

@@ -1,4 +1,6 @@
-"""The frozen-feature baseline: a linear head on a frozen torchvision backbone (`linear_probe`), the backbone's
+"""The frozen-feature baseline: a linear head on a frozen backbone, its features computed once and cached.
+
+The frozen-feature baseline: a linear head on a frozen torchvision backbone (`linear_probe`), the backbone's
 features computed once per (dataset, split, backbone, weights) and cached on disk.
 
 A trial with `model: linear_probe` and `model_args: {backbone: resnet18, weights: /path/resnet18.pth}` trains a

@@ -1,4 +1,6 @@
-"""A trial's float order: its numerics (`native` or `portable`), its intra-op threads, the pins that make `portable`
+"""A trial's float order: its threads, native or portable kernels, the pins checked in force, what a row records.
+
+A trial's float order: its numerics (`native` or `portable`), its intra-op threads, the pins that make `portable`
 one computation on every x86-64 CPU, the check that they are in force where the trial runs, and what a row records
 of what computed it (`in_force`).
 

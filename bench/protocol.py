@@ -1,4 +1,6 @@
-"""Two protocols: `bench` (the paper's protocol done right, the default) and `authors` (the paper as its authors'
+"""The two protocols (`bench`, `authors`) and every switch that separates them.
+
+Two protocols: `bench` (the paper's protocol done right, the default) and `authors` (the paper as its authors'
 scripts ran it), and every choice that separates them as a named switch.
 
 Each dataset declares, in its own file (`Dataset.authors_protocol`), the switches its scripts make and where they
@@ -29,7 +31,7 @@ from bench.config import UserError
 BENCH, AUTHORS = "bench", "authors"
 
 # Where a switch acts: on the CE warm start, on the method stage, or on both. A switch acting on the warm start is part
-# of its cache key (`bench.exec.prepare.warm_start_key`) and of the planner's cell (`bench.grid.plan.warm_cell`); one
+# of its cache key and of the planner's cell (both from `bench.trial.TrialConfig.warm_start_cell`); one
 # acting on the method stage alone leaves a trial sharing bench's cached warm start.
 WARM, METHOD, BOTH = "warm start", "method stage", "both"
 

@@ -1,4 +1,6 @@
-"""The one schema: every key of an experiment file and every value of a trial, with its type, its default and what
+"""Every key of an experiment file and every value of a trial: its type, its default, its check.
+
+The one schema: every key of an experiment file and every value of a trial, with its type, its default and what
 it allows, and the check that turns a bad value into one line naming where it came from and what is allowed.
 
 A trial's values (r, seed, lr, batch size, epochs, training subset, device, precision, numerics, threads) are
@@ -10,7 +12,7 @@ Hand-written rather than pydantic (which Ray Tune installs): `bench trial` and b
 and read experiment files on a bare GPU box with torch, numpy and pyyaml only, so this module imports nothing
 beyond the standard library; and the one-line errors are the product, which pydantic would word its own way
 ("Input should be greater than or equal to 0") for every key to be translated back. `TrialConfig` stays a plain
-dataclass in `bench.config` for the same reason: the training core imports only torch and numpy.
+dataclass in `bench.trial` for the same reason: the training core imports only torch and numpy.
 """
 
 from __future__ import annotations

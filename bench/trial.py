@@ -222,6 +222,17 @@ class TrialConfig:
         args = ", ".join(f"{k}={v}" for k, v in self.model_args)
         return f"{self.network()}({args})" if args else self.network()
 
+    def warm_start_cell(self) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """What of this configuration its CE warm start depends on, the one list of it: (the cell every warm start
+        has: dataset, noise, r, seed, explicit T, training subset; what only a setting off bench's defaults adds: the
+        warm-start switches of its protocol, its precision, its float order), so that the keys of the default
+        settings stay those they always were. `bench.exec.prepare.warm_start_key` adds what preparing shows (the
+        network, the labels' hash, the schedule), `bench.grid.plan.warm_cell` what the planner can see."""
+        switches = self.resolved_protocol().warm_start_switches()  # the authors' warm start is not bench's
+        extra = ((switches,) if switches else ()) + ((self.precision,) if self.precision != FP32 else ()) + \
+            ((self.numerics,) if self.numerics != NATIVE else ()) + ((self.threads,) if self.threads != 1 else ())
+        return (self.dataset, self.noise, round(self.r, 10), self.seed, self.transition, self.train_subset), extra
+
     def network_version(self) -> list[int]:
         """The network's `version` where a change has altered its numbers; none while it is 1 (the identity and warm
         start key every trial had before networks counted their changes)."""

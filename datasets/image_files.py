@@ -1,4 +1,6 @@
-"""What the web-scale image sets (ANIMAL-10N, Food-101N, mini-WebVision, Red Mini-ImageNet) share: reading their
+"""What the web-scale image sets share: their list files, one image decoded on demand, ImageNet-style crops.
+
+What the web-scale image sets (ANIMAL-10N, Food-101N, mini-WebVision, Red Mini-ImageNet) share: reading their
 list files, decoding one image from disk on demand, and the ImageNet-style crops they train and test with.
 
 Their images do not fit in memory: a split is an `ImageFiles`, decoded in the DataLoader workers (shorter side

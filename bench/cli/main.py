@@ -1,4 +1,6 @@
-"""The `bench` command line: every command's arguments are defined here (but `calibrate`'s, with its body in
+"""The parser: every command's arguments (but `calibrate`'s), and the bodies of `bench trial` and `bench datasets`.
+
+The `bench` command line: every command's arguments are defined here (but `calibrate`'s, with its body in
 `bench.cli.calibrate`), with the bodies of `trial` and `datasets`; the others' bodies are modules of their own in
 `bench.cli` (`run`; `report`: report and leaderboard; `mlflow`: sync-mlflow and ui; `labels`; `methods`; `results`),
 each a thin call into its layer. Each is imported only when its command runs, so that `bench --help`, `trial`,
@@ -184,7 +186,7 @@ HELP_PAGES = {"trial": ("running", "protocol"), "datasets": ("datasets",), "meth
               "run": ("running", "cluster", "failures"), "labels": ("reports",), "results": ("running", "reports"),
               "status": ("running",),
               "report": ("reports",), "leaderboard": ("reports",), "sync-mlflow": ("running",), "ui": ("running",),
-              "calibrate": ("calibrate", "running"), "verify": ("fidelity", "running")}
+              "calibrate": ("calibrate", "running"), "verify": ("fidelity", "running"), "check": ("extending",)}
 
 
 def _name_pages(sub: argparse._SubParsersAction) -> None:
@@ -406,6 +408,12 @@ def _add_results_commands(sub: argparse._SubParsersAction) -> None:
                    help="verify this trial (repeatable; default: every row of the folder)")
     _add_data_root(p)
     p.set_defaults(func=_later("bench.cli.verify", "cmd_verify"), needs=("pyarrow", "polars"))
+
+    p = sub.add_parser("check", help="check plug-ins' contracts: registered, described, a tiny trial, unit or report, "
+                       "their rows and MLflow params read back, the layers")
+    p.add_argument("paths", nargs="*", metavar="PATH", help="a plug-in folder, a file of the checkout, or the checkout "
+                   "(default: the $BENCH_PLUGINS folders, else the checkout)")
+    p.set_defaults(func=_later("bench.cli.check", "cmd_check"), needs=("mlflow", "polars"))
 
     p = sub.add_parser("ui", help="serve the MLflow UI of a results folder on 127.0.0.1")
     p.add_argument("results", help="results folder")

@@ -1,4 +1,6 @@
-"""`bench sync-mlflow RESULTS` and `bench ui RESULTS`: which MLflow store a results folder uses and whether it can
+"""`bench sync-mlflow` and `bench ui`: which MLflow store a results folder uses, one call into `store/mirror`.
+
+`bench sync-mlflow RESULTS` and `bench ui RESULTS`: which MLflow store a results folder uses and whether it can
 be written or read, one call into `bench.store.mirror` (`backfill`, `serve`), and what it did printed."""
 
 from __future__ import annotations

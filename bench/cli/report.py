@@ -1,4 +1,6 @@
-"""`bench report RESULTS [RESULTS ...] [--out DIR]` and `bench leaderboard RESULTS [--metric M]`: where the output
+"""`bench report` and `bench leaderboard`: where the output goes, one call into `report/build`.
+
+`bench report RESULTS [RESULTS ...] [--out DIR]` and `bench leaderboard RESULTS [--metric M]`: where the output
 goes, one call into `bench.report.build`, and what was written (or the table) printed. The analysis and every
 rendering are the report layer's."""
 

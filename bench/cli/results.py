@@ -1,4 +1,7 @@
-"""`bench results RESULTS [--wide | --by-node | --out FILE]`: the merged result table, as a compact terminal table,
+"""`bench results`: the merged result table (compact, `--wide`, `--by-node`, or one parquet/CSV file) and each recorded
+grid's missing trials; `bench status`: each grid's progress and ETA from the folder's files.
+
+`bench results RESULTS [--wide | --by-node | --out FILE]`: the merged result table, as a compact terminal table,
 every column, one line per node that ran trials, or one parquet/CSV file."""
 
 from __future__ import annotations

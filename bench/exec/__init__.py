@@ -1,0 +1,1 @@
+"""The training core (torch and numpy only)."""

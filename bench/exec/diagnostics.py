@@ -1,4 +1,6 @@
-"""The per-epoch diagnostics a trial records, computed on the training device: test accuracy, memorisation of the
+"""The per-epoch diagnostics, computed on the training device.
+
+The per-epoch diagnostics a trial records, computed on the training device: test accuracy, memorisation of the
 noisy labels (training accuracy split by flipped / kept examples) and detection quality of a method's noise flags
 (precision, recall, rank-based AUROC), on a fixed sample of the training split (`train_sample`).
 

@@ -1,4 +1,6 @@
-"""What every executor does for each member of its unit (a trial, trained solo or in a pack), written once: its
+"""What every executor does for each member: its method set up, its outcome measured, its row.
+
+What every executor does for each member of its unit (a trial, trained solo or in a pack), written once: its
 method set up on its warm-started networks with the whole `StageContext`, its outcome measured from its selected
 and its last model, and its result row made and written. An executor (`bench.exec.executors`) decides only how
 the members train together.

@@ -111,7 +111,11 @@ def prepare_pack(configs: list[TrialConfig], data_root: str | os.PathLike[str], 
                  ) -> tuple[list[int], list[Prepared]]:
     """The members prepared on one copy of the data, those with the same method and hyper-parameters side by side
     (their losses are computed together), after the checks that they may share a pack and that it fits its device:
-    (the members' order among `configs`, the prepared members)."""
+    (the members' order among `configs`, the prepared members). Every member's values are checked first, before the
+    shared data loads (`TrialConfig.check`; `prepare` asks again, as it does for a solo trial)."""
+    checked: set = set()  # a pack's members share their noise matrices: each is checked once
+    for c in configs:
+        c.check(checked)
     for c in configs:
         reason = why_solo(c)
         if reason:

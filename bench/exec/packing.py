@@ -1,4 +1,6 @@
-"""Which trials can train in one pack, and with whom: the pack's membership rules, read by the planner's side (the
+"""Which trials can train in one pack, and with whom.
+
+Which trials can train in one pack, and with whom: the pack's membership rules, read by the planner's side (the
 pack executor's `why_not` and `group_key`), by a pack as it orders its members (`bench.exec.pack`) and by the stacked
 stage as it groups their losses (`bench.exec.packed.PackedStage`). Rules about configurations only: no tensors.
 """

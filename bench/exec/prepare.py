@@ -315,16 +315,11 @@ def warm_start_key(p: Prepared, net_index: int) -> str:
     """Identity of a CE warm start: shared by every method and hyper-parameter of its (data, noise, seed) cell at
     one precision and float order."""
     c = p.config
-    cell = [c.dataset, c.model_label(), c.noise, round(c.r, 10), c.seed, c.transition, c.train_subset,
-            p.labels.noise_hash, repr(p.warmup), net_index, type(p.dataset).version]
-    switches = p.protocol.warm_start_switches()  # none under bench: its keys are those it always had
-    precision = [] if c.precision == FP32 else [c.precision]  # fp32's keys are those it always had
-    # Another float order is another warm start (native at one thread: the keys it always had).
-    precision += ([] if c.numerics == numerics.NATIVE else [c.numerics]) + ([] if c.threads == 1 else [c.threads])
+    (dataset, *cell), extra = c.warm_start_cell()
+    key = [dataset, c.model_label(), *cell, p.labels.noise_hash, repr(p.warmup), net_index, type(p.dataset).version]
     weights = c.weights()  # the files the network starts from, by content (none: the keys it always had)
     version = c.network_version()  # none while the network is at version 1: the keys it always had
-    blob = json.dumps(cell + ([switches] if switches else []) + precision + ([weights] if weights else []) + version,
-                      default=str)
+    blob = json.dumps(key + list(extra) + ([weights] if weights else []) + version, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

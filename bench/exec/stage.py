@@ -1,4 +1,7 @@
-"""The stage loop of the paper's protocol and the pieces a stage trains with: a training pass, predictions,
+"""The stage loop and what a stage trains with: a training pass, predictions and accuracy, a solo stage's optimiser, the
+turns the loop takes after each step (a streams unit's members).
+
+The stage loop of the paper's protocol and the pieces a stage trains with: a training pass, predictions,
 accuracy and a solo stage's optimiser (torch.optim's Adam or SGD, `make_optimizer`; a pack's stacked step is
 `bench.exec.packed.StackedOptimizer`); the device and the loaders are `bench.exec.prepare`'s.
 

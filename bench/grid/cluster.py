@@ -1,4 +1,6 @@
-"""Joining Ray for `bench run`: a local Ray on 127.0.0.1, or a cluster at `--address` (`connect`), with every
+"""Joining Ray (a local one on 127.0.0.1, or `--address`), probing an address, the resource checks.
+
+Joining Ray for `bench run`: a local Ray on 127.0.0.1, or a cluster at `--address` (`connect`), with every
 failure to reach it one line within seconds: nothing listening, something that is not Ray (`probe`: gRPC's HTTP/2
 handshake, then Ray's own first call to the head, `gcs_call`, all within `HANDSHAKE_TIMEOUT`), a refused token; and
 what the cluster offers (`check_resources`, `cluster_gpus`). `bench.grid.runner` drives the grid on it."""

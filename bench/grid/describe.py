@@ -1,4 +1,6 @@
-"""The plan in words: the lines `bench run` prints before it trains (`draw_units`: the units and why, the GPUs'
+"""The plan in words: the lines `bench run` prints before it trains, and the `--dry-run` listing.
+
+The plan in words: the lines `bench run` prints before it trains (`draw_units`: the units and why, the GPUs'
 loads) and the `--dry-run` listing (`print_plan`), both from one drawing of the units (`bench.grid.plan`)."""
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""The planner's table: which executor trains the trials of a model on a kind of device, and how many trials at once
+"""The planner's table (`executors.csv`, or `$BENCH_EXECUTOR_TABLE`): the executor per model and device, and the row a
+model's measured arms make (calibration's winner).
+
+The planner's table: which executor trains the trials of a model on a kind of device, and how many trials at once
 (`bench/grid/executors.csv`, or the file `$BENCH_EXECUTOR_TABLE` names). `bench calibrate` and benchmarks write its
 rows from what they measured (`write_rows`; `benchmarks/big_models.py --write-table`), each row citing its
 measurement; the planner reads them (`choose`) under `--pack auto` instead of deciding by a constant.

@@ -1,4 +1,7 @@
-"""Experiment files (`tune_configs/*.yaml`): validation against the schema and the expansion into trials (reading
+"""An experiment file's schema, its names checked with "did you mean", each cell's `TrialConfig.check` worded with the
+file's key, and its expansion into trials.
+
+Experiment files (`tune_configs/*.yaml`): validation against the schema and the expansion into trials (reading
 them, and the command line's overrides: `bench.grid.files`).
 
 An experiment is one grid of the paper's protocol on one dataset:

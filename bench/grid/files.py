@@ -1,4 +1,6 @@
-"""Reading an experiment file: strict and bounded YAML (a key given twice is an error; `1e-4` is a number; the nesting
+"""Reading an experiment file: strict YAML, the command line's overrides, the name a changed grid gets.
+
+Reading an experiment file: strict and bounded YAML (a key given twice is an error; `1e-4` is a number; the nesting
 and what aliases repeat are bounded), the command line's changes to it (`--methods`, `--seeds`, `--set`:
 `Overrides`), and the name a changed grid gets. The schema itself is `bench.grid.experiment`'s.
 """

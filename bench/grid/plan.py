@@ -21,9 +21,8 @@ from bench.exec.executor import Unit, executors, get_executor
 from bench.grid import executor_table
 from bench.grid.validate import check_trials
 from bench.methods import get_method
-from bench.numerics import NATIVE
 from bench.store.folder import Store
-from bench.trial import FP32, TrialConfig
+from bench.trial import TrialConfig
 
 UNIT_MOST = executor_table.TRIALS_MOST  # trials a unit at most, as a table row may say
 
@@ -90,12 +89,11 @@ class Plan:
 
 
 def warm_cell(c: TrialConfig) -> tuple[Any, ...]:
-    """A trial's CE warm-start cell: what `bench.exec.prepare.warm_start_key` depends on that a config shows (the noise
-    hash follows from these). The runner counts warm starts by it, and packs hold whole cells where they fit."""
-    switches = c.resolved_protocol().warm_start_switches()  # the authors' warm start is not bench's
-    return (c.dataset, c.noise, round(c.r, 10), c.seed, c.transition, c.train_subset, c.epochs_warmup) + \
-        ((tuple(switches),) if switches else ()) + ((c.precision,) if c.precision != FP32 else ()) + \
-        ((c.numerics, c.threads) if (c.numerics, c.threads) != (NATIVE, 1) else ())
+    """A trial's CE warm-start cell: what `bench.exec.prepare.warm_start_key` depends on that a config shows
+    (`TrialConfig.warm_start_cell`, and the warm start's epochs; the noise hash follows from these). The runner
+    counts warm starts by it, and packs hold whole cells where they fit."""
+    cell, extra = c.warm_start_cell()
+    return cell + (c.epochs_warmup,) + tuple(tuple(e) if isinstance(e, list) else e for e in extra)
 
 
 def plan_units(trials: list[TrialConfig], pack: str | int, data_root: str | os.PathLike[str] | None = None,

@@ -1,4 +1,6 @@
-"""What the driver of `bench run` prints while and after a grid runs: a live status of the units in flight, one
+"""What the driver prints: the live status of the units in flight, a line per finished trial, the summary.
+
+What the driver of `bench run` prints while and after a grid runs: a live status of the units in flight, one
 line per finished trial (n/N, its accuracy, elapsed time and ETA) from a Ray Tune callback, and the closing summary
 with the grid's accuracy table. Mirroring the rows to MLflow is another callback's (`bench.grid.mlflow_callback`):
 one sink per callback: the lines need no MLflow, and the mirror prints nothing.

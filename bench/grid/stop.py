@@ -1,4 +1,6 @@
-"""How `bench run` stops on a signal: SIGTERM (what Slurm, Kubernetes, a spot preemption or `timeout` sends) and
+"""How `bench run` stops on SIGTERM or SIGINT: cleanly, and at once on a second signal.
+
+How `bench run` stops on a signal: SIGTERM (what Slurm, Kubernetes, a spot preemption or `timeout` sends) and
 SIGINT (Ctrl-C) end a grid cleanly, and a second signal ends it at once.
 
 The driver holds both signals from the start of the run (`GridStop`). Before Ray Tune runs the grid, the first signal

@@ -1,4 +1,7 @@
-"""Checks made in the driver before any training, beyond a trial's values (`bench.trial.TrialConfig.check`, the
+"""The driver's checks beyond a trial's values, before any training: data files, results folder, grid size; every trial
+through `TrialConfig.check`.
+
+Checks made in the driver before any training, beyond a trial's values (`bench.trial.TrialConfig.check`, the
 one home of those, which the worker repeats before it loads data): the data files' integrity, the results folder,
 and the size of a grid.
 

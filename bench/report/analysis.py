@@ -1,4 +1,6 @@
-"""The benchmark's protocol over result rows, in one place: loading the rows, selecting hyper-parameters,
+"""The protocol over rows: loading, selection, aggregation, paired tests against L_DMI, the paper comparison.
+
+The benchmark's protocol over result rows, in one place: loading the rows, selecting hyper-parameters,
 aggregating over seeds, paired tests against L_DMI, the paper comparison and the transition-matrix table. The run
 summary (`bench.grid.progress`), `bench report` and `bench leaderboard` all call it, so each rule exists once; rendering
 is `bench.report.leaderboard`'s and `bench.report.plots`'.

@@ -1,4 +1,7 @@
-"""What `bench report` and `bench leaderboard` produce (their commands: `bench.cli.report`): read a results folder
+"""What `bench report` and `bench leaderboard` produce: one loop over the panels into one folder, framed as
+`leaderboard.md` and the self-contained `report.html` (`report.css`, `report.js`).
+
+What `bench report` and `bench leaderboard` produce (their commands: `bench.cli.report`): read a results folder
 and write every panel's rendering of it into one folder (`build_report`): the panels (`bench.report.panel`: each a
 file of its own, found by the registry, the leaderboard first at order 0) in their order, framed as one page
 (`leaderboard.md`: the Markdown sections one after another; `report.html`: one self-contained page, its CSS and JS

@@ -1,4 +1,7 @@
-"""What the rows lack of the grids that were asked for: each grid `bench run` recorded in the folder
+"""The rows against the grids `bench run` recorded in the folder: "N of M trials missing", by method and cell, and the
+trials each table cell expects.
+
+What the rows lack of the grids that were asked for: each grid `bench run` recorded in the folder
 (`bench.store.grids`) against the usable rows (`analysis.load_trials`' `usable`), as one line a grid
 (`Gap.line`: "N of M trials missing", by method and by cell) and as the trials the accuracy tables expect per cell
 (`planned`, which `analysis.aggregate` takes to show the cells and methods that have no row at all, and to mark

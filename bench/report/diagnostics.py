@@ -1,4 +1,7 @@
-"""What a benchmark reader asks beyond the headline: three checkpoint-selection rules side by side, memorisation
+"""The panel of checkpoint rules, memorisation curves, detection quality, the labels' origin and cost (device-seconds, a
+CE warm start shared by the trials that load it).
+
+What a benchmark reader asks beyond the headline: three checkpoint-selection rules side by side, memorisation
 curves, detection quality, cost per method, and where each cell's exact noisy labels come from.
 
 Per epoch (made by `bench.exec.stage.run_stage` for solo and packed members alike, in the epochs table; the training-set

@@ -1,4 +1,7 @@
-"""The leaderboard, the report's first panel (`Leaderboard`, order 0): one wide table per (dataset, noise) (`tables`,
+"""The panel at order 0: the leaderboard's tables, as Markdown, LaTeX (the paper's layout), terminal text and the HTML
+page's leading sections.
+
+The leaderboard, the report's first panel (`Leaderboard`, order 0): one wide table per (dataset, noise) (`tables`,
 walked by every renderer through `Table.rows`), rendered as Markdown, LaTeX (the paper's layout, `leaderboard.tex`),
 the leading sections of the HTML page and aligned terminal text (`bench leaderboard`), with its figures and CSV
 tables. The numbers come from `bench.report.analysis`; `bench.report.build` writes these renderings with the other

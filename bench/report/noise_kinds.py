@@ -1,4 +1,6 @@
-"""The report's panel "Class-conditional vs instance-dependent noise": per dataset and r where the results hold both
+"""The panel "Class-conditional vs instance-dependent noise".
+
+The report's panel "Class-conditional vs instance-dependent noise": per dataset and r where the results hold both
 instance-dependent trials (`bench.noise.INSTANCE_DEPENDENT`, idn) and trials of a class-conditional pattern, each
 method's clean test accuracy under the one beside the other, their difference paired by seed with a 95% t-interval
 (the seed fixes data order and initialisation, so pairing removes that share of the seed-to-seed spread), and the

@@ -1,4 +1,6 @@
-"""The report's panel "Protocol effect": wherever a results folder holds trials of the `bench` protocol and of
+"""The panel "Protocol effect": the `bench` protocol against `authors` and its single switches.
+
+The report's panel "Protocol effect": wherever a results folder holds trials of the `bench` protocol and of
 another (`authors`, or bench with single switches of the authors' scripts: `bench.protocol`), per cell (dataset,
 noise, r, method) the paper's published mean ± std, bench's, the other protocol's, and the difference other − bench
 paired by seed with its 95% t half-width. Each protocol selects its own setting per cell, as the accuracy tables do

@@ -1,4 +1,6 @@
-"""The report's formatting, shared by its renderers (`bench.report.leaderboard`, `bench.report.diagnostics`):
+"""Formatting shared by the renderers: numbers as the paper prints them, escaping, HTML cells and tables.
+
+The report's formatting, shared by its renderers (`bench.report.leaderboard`, `bench.report.diagnostics`):
 numbers as the paper prints them, text from the data escaped for Markdown, LaTeX and HTML, HTML cells and tables,
 inlined figures and package assets.
 """

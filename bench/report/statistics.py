@@ -1,4 +1,6 @@
-"""The statistics of the report, over plain numbers (numpy and scipy, no frames): the 95% Student-t interval of a
+"""Intervals and paired tests over plain numbers (numpy and SciPy, no frames).
+
+The statistics of the report, over plain numbers (numpy and scipy, no frames): the 95% Student-t interval of a
 mean over seeds (`t_half_width`; an accuracy's clipped to [0, 100], where its mean lies: `accuracy_interval`), the
 mean paired difference of two methods over the seeds both hold (`paired_difference`), and the paired significance
 test with its marker (`paired_test`, `marker`). `bench.report.analysis` applies them to the cells it selects and

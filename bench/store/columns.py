@@ -1,4 +1,6 @@
-"""Every column of the results folder, declared once: a trial row's columns (`ROW_COLUMNS`, each with its arrow type,
+"""Every column declared once: its arrow type, its group, its MLflow name; a trial's `Outcome`.
+
+Every column of the results folder, declared once: a trial row's columns (`ROW_COLUMNS`, each with its arrow type,
 its group and what the MLflow mirror logs it as), the epochs table's columns, and the per-epoch diagnostics'. The
 store writes rows with these types (`row_schema`, `arrow_tables`: a solo and a packed trial's files alike), the MLflow
 mirror logs the columns they name, the analysis reads rows through `conform` (a column a row written by older code
@@ -49,7 +51,7 @@ def _c(name: str, kind: str, group: str, mlflow: str = "", default: Any = None) 
 
 
 TEXT, INT, FLOAT, BOOL = "string", "int64", "float64", "bool"  # the arrow types a row holds
-# Columns other tools rely on, first and in this order (DESIGN.md section 3).
+# Columns other tools rely on, first and in this order (docs/reports.md, "The result row").
 CORE = (
     _c("trial_id", TEXT, IDENTITY, "param"), _c("experiment", TEXT, IDENTITY),
     _c("dataset", TEXT, IDENTITY, "param"), _c("model", TEXT, CONFIGURATION, "param"),

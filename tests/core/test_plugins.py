@@ -5,7 +5,6 @@ edited."""
 from __future__ import annotations
 
 import math
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -13,43 +12,29 @@ import polars as pl
 import pytest
 import yaml
 
-from bench import models, noise
+from bench import models
+from bench.cli import check
 from bench.cli.main import main
 from bench.data import registry as datasets
 from bench.methods import registry as methods
 from bench.report.analysis import LITERATURE_CSV, read_published, read_reference
 from tests import doc_examples
 
-LEVELS = [i / 20 for i in range(21)]
 # Datasets with a pattern of the paper's tables, by the reference file (bench/reference_results.csv).
 REFERENCE = read_reference()
 PUBLISHED = read_published()
 
 
-# -- every dataset ---------------------------------------------------------------------------------------------------
+# -- every dataset and method: `bench check`'s cheap contracts (bench/cli/check.py), the same code -----------------
 @pytest.mark.parametrize("name", list(datasets()))
-def test_dataset_noise_patterns_build_row_stochastic_matrices(name):
-    dataset = datasets()[name]
-    c = dataset.num_classes
-    assert c >= 2 and len(dataset.class_names) == c
-    own = dataset.noise_patterns
-    assert not set(own) & set(noise.GENERIC_PATTERNS), "a dataset's pattern may not shadow a generic one"
-    accepted = dataset.accepted_noise()
-    generic = [p for p in noise.GENERIC_PATTERNS if dataset.instance_noise or not noise.is_instance_dependent(p)]
-    if not dataset.clean_labels:  # no clean labels to draw synthetic noise from: its own (real) noise only
-        generic = []
-    assert len(set(accepted)) == len(accepted) == len(own) + len(generic)
-    for pattern in accepted:
-        if pattern == "transition" or not dataset.has_transition(pattern):
-            continue
-        for r in LEVELS:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # det T = 0 at some r: a warning, by design
-                t = dataset.transition(pattern, r)
-            assert t.shape == (c, c), (pattern, r)
-            assert (t >= 0).all() and np.allclose(t.sum(axis=1), 1.0), (pattern, r)
-            if r == 0:
-                np.testing.assert_array_equal(t, np.eye(c), err_msg=f"{name} {pattern}: r = 0 flips labels")
+def test_every_dataset_is_described_and_its_noise_patterns_build_row_stochastic_matrices(name, tmp_path):
+    check.dataset_described(name, tmp_path)
+    check.dataset_noise(name, tmp_path)
+
+
+@pytest.mark.parametrize("name", list(methods()))
+def test_every_method_is_described_and_answers_refuses(name, tmp_path):
+    check.method_described(name, tmp_path)
 
 
 @pytest.mark.parametrize("name", list(datasets()))
@@ -80,17 +65,6 @@ def test_every_published_table_belongs_to_a_dataset():
     # each row cites paper and table (or figure): tests/report/test_literature.py checks the other columns
     assert literature["source"].str.contains(r"\(\w+ 20\d\d\), (Table \d+|Figure): ").all()
     assert literature.filter(dataset="webvision_mini", method="dividemix")["acc_mean"].to_list() == [77.32]
-
-
-# -- every method ----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", list(methods()))
-def test_method_has_a_label_and_answers_refuses(name):
-    method = methods()[name]
-    assert isinstance(method.title, str) and method.title.strip() and method.paper.strip()
-    for dataset in datasets().values():
-        for pattern in dataset.accepted_noise():
-            reason = method.refuses(dataset, pattern)
-            assert reason is None or (isinstance(reason, str) and reason.strip()), (dataset.name, pattern)
 
 
 def test_every_model_is_registered_once_with_its_packing():
@@ -218,3 +192,57 @@ def test_a_panel_plug_in_never_loads_in_the_training_core(tmp_path, monkeypatch)
     kinds = {kind: [m.__file__ for m in plugin_modules(kind)] for kind in [("bench.report.panel",), ("bench.data",)]}
     assert [Path(f).name for f in kinds[("bench.report.panel",)]] == ["seeds_panel.py"]
     assert "seeds_panel.py" not in [Path(f).name for f in kinds[("bench.data",)]]
+
+
+# -- `bench check` on the docs' examples, and on a broken plug-in of each kind --------------------------------------
+def test_bench_check_passes_the_docs_examples_as_a_plug_in_folder(tmp_path, monkeypatch, capsys):
+    """The page's method, dataset, executor and panel in one folder, under fresh names: every contract holds."""
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    write_templates(folder)
+    (folder / "seeds_panel.py").write_text(doc_examples.renamed(doc_examples.panel()))
+    (folder / "sequence.py").write_text(doc_examples.renamed(doc_examples.executor()))
+    monkeypatch.setenv("BENCH_PLUGINS", "")  # bench check names the folder; the test restores the variable
+    try:
+        assert main(["check", str(folder)]) == 0, capsys.readouterr().out
+        assert capsys.readouterr().out == "bench check: every contract holds\n"
+        found = check.selected([folder.resolve()])
+        assert {kind: sorted(names) for kind, names in found.items() if names} == {
+            "method": [METHOD], "dataset": [DATASET], "executor": ["sequence" + doc_examples.FRESH],
+            "panel": ["seeds" + doc_examples.FRESH]}
+    finally:
+        for registry in (datasets, methods, models.registry):
+            registry.cache_clear()
+
+
+BROKEN = {  # what each broken plug-in changes in the docs' example, and the contract it breaks
+    "method": ("return sum(", "return float('nan') * sum(", "trains a tiny trial"),
+    "dataset": ("y = rng.integers(0, self.num_classes, n)", "y = rng.integers(0, self.num_classes, n) + 1",
+                "labels its classes"),
+    "panel": ("        seeds = ctx.df", "        (ctx.folder / '..' / '..' / 'stray.csv').write_text('')\n"
+              "        seeds = ctx.df", "writes only inside the report folder"),
+}
+
+
+def test_bench_check_names_the_contract_a_broken_plug_in_breaks_in_one_line(tmp_path, monkeypatch, capsys):
+    """A method whose loss is NaN, a dataset whose labels are off by one (label 3 of 3 classes) and a panel that
+    writes beside the report's folder: one line each, naming the plug-in and its contract; exit code 1."""
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    method, dataset = (doc_examples.renamed(code) for code in doc_examples.files().values())
+    examples = {"method": method, "dataset": dataset, "panel": doc_examples.renamed(doc_examples.panel())}
+    for kind, (old, new, _) in BROKEN.items():
+        assert examples[kind].count(old) == 1, kind  # the example still reads as the change expects
+        (folder / f"broken_{kind}.py").write_text(examples[kind].replace(old, new))
+    monkeypatch.setenv("BENCH_PLUGINS", "")  # bench check names the folder; the test restores the variable
+    try:
+        assert main(["check", str(folder)]) == 1
+        lines = capsys.readouterr().out.splitlines()
+    finally:
+        for registry in (datasets, methods, models.registry):
+            registry.cache_clear()
+    names = {"method": METHOD, "dataset": DATASET, "panel": "seeds" + doc_examples.FRESH}
+    assert len(lines) == 3, lines
+    for kind, (_, _, contract) in BROKEN.items():
+        assert [line for line in lines if line.startswith(f"bench check: {kind} {names[kind]}: {contract}: ")], \
+            (kind, lines)

@@ -438,3 +438,15 @@ def test_members_equal_after_their_dataset_defaults_share_a_loss_group() -> None
     methods = [registry()["vat"](2, dataset="synthetic", **configs[i].params) for i in order]
     keys = [group_key(m.name, m.params) for m in methods]
     assert len(set(keys)) == 3 and keys.count(group_key("vat", methods[order.index(0)].params)) == 2
+
+
+def test_a_packs_members_are_checked_before_its_data_loads(tmp_path: Path) -> None:
+    """A bad value in any member stops the pack with the check's own line before the shared data loads: with no
+    Fashion-MNIST files under the root, loading first would have named the missing files instead."""
+    from bench.exec.pack import prepare_pack
+    from bench.trial import TrialError
+
+    configs = [TrialConfig("fashion_mnist", "ce", "uniform", r, seed=0) for r in (0.2, 1.5)]
+    with pytest.raises(TrialError, match=r"^--r ") as refused:
+        prepare_pack(configs, tmp_path / "no data", log=lambda _: None)
+    assert refused.value.field == "r" and not (tmp_path / "no data").exists()

@@ -530,8 +530,8 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_grid_on_a_local_cluster_reached_by_address(tmp_path):
-    # Token auth (DESIGN §6): the cluster and its client agree on RAY_AUTH_MODE; this private cluster on 127.0.0.1
-    # runs without a token so that the test never touches ~/.ray/auth_token.
+    # Token auth (docs/cluster.md, the RAY_AUTH_MODE trap): the cluster and its client agree on RAY_AUTH_MODE; this
+    # private cluster on 127.0.0.1 runs without a token so that the test never touches ~/.ray/auth_token.
     env = subprocess_env(RAY_AUTH_MODE="disabled")
     temp_dir = tempfile.mkdtemp(prefix="rayt", dir="/tmp")  # short: Ray's socket paths have a length limit
     port = _free_port()

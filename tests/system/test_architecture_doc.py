@@ -1,10 +1,18 @@
-"""docs/architecture.md names every module under bench/ with its one-line role, and no module that is not there
-(issue #48 item 5): a module added, merged, moved or removed without the page following fails here, naming it."""
+"""The code's map is drawn once: docs/architecture.md's module tables and the panels' layer that docs/extending.md
+quotes are what docs/make_tables.py writes from the layers of `pyproject.toml` (and each module's docstring), and the
+page names every module under bench/ and no module that is not there. A module added, merged, moved or removed
+without its name in its package's layers and the command fails here (or in lint-imports), naming it."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tomllib")  # docs/make_tables.py reads pyproject.toml with it (Python 3.11+)
+
+from tests.system.test_readme_tables import make_tables  # noqa: E402 - after the skip
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "architecture.md"
@@ -17,41 +25,25 @@ def rows(text: str) -> list[tuple[str, str]]:
     return [(m["path"], m["role"].strip()) for m in map(ROW.match, text.splitlines()) if m]
 
 
-def bench_modules() -> set[str]:
-    """Every module file under bench/ (the __init__.py files only mark packages)."""
-    return {p.relative_to(REPO).as_posix() for p in (REPO / "bench").rglob("*.py") if p.name != "__init__.py"}
+def test_the_pages_tables_are_what_the_generator_writes() -> None:
+    assert make_tables().stale() == [], "stale tables: run `python docs/make_tables.py`"
 
 
-def missing(text: str) -> list[str]:
-    """The modules under bench/ that the page has no row for."""
-    return sorted(bench_modules() - {path for path, _ in rows(text)})
+def test_the_page_names_every_module_under_bench_once_with_a_role() -> None:
+    named = rows(DOC.read_text(encoding="utf-8"))
+    paths = [path for path, _ in named if path.startswith("bench/")]
+    on_disk = {p.relative_to(REPO).as_posix() for p in (REPO / "bench").rglob("*.py") if p.name != "__init__.py"}
+    assert len(paths) == len(set(paths)) and set(paths) == on_disk, sorted(set(paths) ^ on_disk)
+    assert all(role.endswith(".") and len(role) > 10 for _, role in named)
 
 
-def gone(text: str) -> list[str]:
-    """The modules the page has a row for that are not in the tree."""
-    return sorted(path for path, _ in rows(text) if not (REPO / path).is_file())
-
-
-def test_the_page_names_every_module_under_bench() -> None:
-    assert not missing(DOC.read_text(encoding="utf-8")), "docs/architecture.md lacks a row for these modules"
-
-
-def test_every_module_the_page_names_exists() -> None:
-    assert not gone(DOC.read_text(encoding="utf-8")), "docs/architecture.md names modules that are not in the tree"
-
-
-def test_each_module_has_one_row_and_a_role() -> None:
-    paths = [path for path, _ in rows(DOC.read_text(encoding="utf-8"))]
-    assert len(paths) == len(set(paths)), sorted({p for p in paths if paths.count(p) > 1})
-    assert all(role for _, role in rows(DOC.read_text(encoding="utf-8")))
-
-
-def test_the_checks_see_a_module_left_out_and_one_merged_away() -> None:
-    """The checks can fail: the page without one row, and with a row for a module that is not there."""
-    dropped, merged = "bench/exec/stage.py", "bench/exec/no_such_module.py"
-    text = DOC.read_text(encoding="utf-8")
-    assert dropped in bench_modules() and f"| `{dropped}` |" in text
-    lines = [line for line in text.splitlines() if not line.startswith(f"| `{dropped}` |")]
-    broken = "\n".join([*lines, f"| `{merged}` | a room that was merged away |"])
-    assert missing(broken) == [dropped]
-    assert gone(broken) == [merged]
+def test_a_module_no_layer_names_is_refused_by_the_generator(tmp_path) -> None:
+    """The layers are the map: the generator draws what they name, and a module's row is its docstring's first
+    sentence, or it stops with the one line that says to write one."""
+    module = make_tables()
+    assert module.summary(REPO / "bench" / "exec" / "stage.py").startswith("The stage loop and what a stage trains")
+    bare = tmp_path / "bare.py"
+    bare.write_text("x = 1\n")
+    module.REPO = tmp_path  # the line names the file relative to the checkout
+    with pytest.raises(SystemExit, match=r"bare\.py has no docstring whose first sentence says what it holds"):
+        module.summary(bare)

@@ -1,13 +1,16 @@
-"""docs/extending.md's examples copied into a copy of the checkout as written, at the paths its recipes give (the
-method into `baselines/`, the dataset into `datasets/` with the page's `authors_protocol` in its class, the executor
-into `bench/exec/executors/`, the switch into `bench.protocol.SWITCHES`, the panel into `bench/report/`), the two
-regeneration commands the recipe names run (`bench methods --references --update docs/fidelity.md`, `python
-docs/make_tables.py`), then the tests that read the registries run in that copy and pass: the examples are templates,
-not fixtures, and no test loads one under its own name (tests/doc_examples.py gives them fresh names).
+"""docs/extending.md's recipes followed in a copy of the checkout with their files only: each example written where
+its recipe puts it, as written (the method into `baselines/`, the dataset into `datasets/` with the page's
+`authors_protocol` in its class, the executor into `bench/exec/executors/`, the switch into `bench.protocol.SWITCHES`,
+the panel under the page's own name into `bench/report/` with its one word in the report's layers), and a new module
+of `bench` (its file with a docstring and its name in its package's layers); then the recipe's commands (`bench
+methods --references --update docs/fidelity.md`, `python docs/make_tables.py`), then `bench check` on what was added,
+which trains each plug-in and runs lint-imports over the copy, and the tests of the generated pages. The examples are
+templates, not fixtures: no test loads one under its own name (tests/doc_examples.py gives them fresh names), so one
+copied in as written collides with no test.
 
 The executor-table row is not copied in: it is a measurement of the reader's machine that sends every CPU trial of
-every model through the example executor, which is what it is for (the tests of the planner pin which executor a
-trial gets); tests/exec/test_executors.py runs it from a table of its own."""
+every model through the example executor, which is what it is for; tests/exec/test_executors.py runs it from a table
+of its own."""
 
 from __future__ import annotations
 
@@ -18,29 +21,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests import doc_examples
 
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
 REPO = Path(__file__).resolve().parents[2]
-# The tests that read a registry (methods, datasets, switches, executors, panels), the README's tables, the fidelity
-# record or the row's columns; the other tests of these files train a method or run Ray, and read nothing the
-# examples change.
-FIDELITY = ("every_method_names_the_released_code_it_was_checked_against", "docs_fidelity_page_is_the_generated_record",
-            "the_terminal_record_lists_each_method_with_its_reference",
-            "dataset_defaults_name_registered_datasets_and_allowed_values")
-TESTS = ["tests/core/test_plugins.py", "tests/system/test_readme_tables.py", "tests/system/test_extending.py",
-         *[f"tests/methods/test_fidelity_records_and_training_rules.py::test_{name}" for name in FIDELITY],
-         *[f"tests/protocol/test_switches.py::test_{name}" for name in (
-             "specs_resolve_to_the_declared_switches_and_refuse_in_one_line", "a_switch_must_be_one_that_bench_knows",
-             "every_declared_switch_is_known_cites_a_script_line_and_is_not_inherited",
-             "where_a_switch_acts_is_its_one_declaration")],
-         *[f"tests/report/test_panels.py::test_{name}" for name in (
-             "the_built_in_panels_come_in_their_declared_order", "a_panel_is_one_plug_in_file")],
-         *[f"tests/exec/test_executors.py::test_{name}" for name in (
-             "the_executors_are_found_by_name_and_an_unknown_one_names_the_choices",
-             "the_shipped_table_keeps_todays_plan",
-             "the_docs_executor_is_chosen_by_name_and_planned_in_its_own_words")],
-         "tests/methods/test_current_baselines.py::test_the_new_methods_are_registered_with_papers_and_declared_ranges",
-         "tests/store/test_row_columns.py::test_the_declaration_groups_every_column_once"]
+# The tests of what the recipes' commands write: the README's and the code's tables. (The layers: `bench check` runs
+# lint-imports and reads each plug-in file's imports.)
+TESTS = ["tests/system/test_readme_tables.py", "tests/system/test_architecture_doc.py"]
+# A module of bench, added as the recipe says: a file with a docstring, its name beside its package's lowest layer.
+MODULE = ("bench/store/notes.py", '"""The notes a results folder keeps beside its rows (a recipe\'s example)."""\n',
+          "bench.store")
 # The copy's `bench.baselines` and `bench.datasets` are its `baselines/` and `datasets/` (pyproject.toml's
 # package-dir), ahead of the editable install's finder, which maps them into this checkout.
 SITECUSTOMIZE = '''import importlib.util, sys
@@ -82,12 +75,29 @@ def install_examples(root: Path) -> list[str]:
     (root / "bench" / "exec" / "executors" / executor).write_text(doc_examples.executor())
     panel = doc_examples.panel()
     (root / "bench" / "report" / f"{doc_examples.name_of(panel)}.py").write_text(panel)
+    placed(root, "bench.report", lambda layers: next(i for i, layer in enumerate(layers) if "leaderboard" in layer),
+           doc_examples.name_of(panel))  # the recipe's one word: beside the built-in panels
     protocol = root / "bench" / "protocol.py"
     text = protocol.read_text()
     end = text.index("\n}\n", text.index("SWITCHES = {\n"))
     protocol.write_text(text[:end] + "\n" + doc_examples.switch_entry().rstrip("\n") + text[end:])
+    path, code, package = MODULE
+    (root / path).write_text(code)
+    placed(root, package, lambda layers: len(layers) - 1, Path(path).stem)  # it imports nothing: the lowest layer
     return [*written, f"bench/exec/executors/{executor}", f"bench/report/{doc_examples.name_of(panel)}.py",
-            "bench/protocol.py"]
+            "bench/protocol.py", path, "pyproject.toml"]
+
+
+def placed(root: Path, package: str, which, module: str) -> None:
+    """`module` written beside the modules of one layer of `package`'s contract in the copy's pyproject.toml: the one
+    word the recipes ask for."""
+    config = root / "pyproject.toml"
+    text = config.read_text()
+    (layers,) = [c["layers"] for c in tomllib.loads(text)["tool"]["importlinter"]["contracts"]
+                 if c.get("containers") == [package]]
+    layer = layers[which(layers)]
+    assert text.count(f'"{layer}"') == 1, layer
+    config.write_text(text.replace(f'"{layer}"', f'"{layer} | {module}"'))
 
 
 def test_the_docs_examples_copied_into_the_checkout_break_no_test(tmp_path: Path) -> None:
@@ -111,8 +121,13 @@ def test_the_docs_examples_copied_into_the_checkout_break_no_test(tmp_path: Path
     # The recipe's two commands, then the tests.
     assert run(*bench, "methods", "--references", "--update", "docs/fidelity.md").returncode == 0
     assert run(sys.executable, "docs/make_tables.py").returncode == 0
-    readme = (root / "README.md").read_text()
+    readme, architecture = (root / "README.md").read_text(), (root / "docs" / "architecture.md").read_text()
     assert f"| `{method}` |" in readme and f"| `{dataset}` |" in readme
+    assert f"| `{MODULE[0]}` | The notes a results folder keeps" in architecture
+    assert "| seeds\"` (the built-in panels" in (root / "docs" / "extending.md").read_text()
+    # Every plug-in the recipes added, trained and read back, and lint-imports over the copy; then the tests.
+    checked = run(*bench, "check", *[p for p in written if p != "pyproject.toml"])
+    assert checked.returncode == 0, f"with {written} added:\n{checked.stdout[-4000:]}{checked.stderr[-2000:]}"
     done = run(sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *TESTS)
-    assert done.returncode == 0, f"with {written} copied in:\n{done.stdout[-4000:]}{done.stderr[-2000:]}"
+    assert done.returncode == 0, f"with {written} added:\n{done.stdout[-4000:]}{done.stderr[-2000:]}"
     assert re.search(r"\b\d+ passed\b", done.stdout) and " failed" not in done.stdout

@@ -12,15 +12,15 @@ from pathlib import Path
 import grimp
 import pytest
 
+from bench import config
+
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
 PLUGIN_FOLDERS = {"baselines": REPO / "baselines", "datasets": REPO / "datasets"}
-# What a plug-in may import from bench: the interfaces (DESIGN.md section 1) and its own folder's shared helpers.
-PLUGIN_INTERFACES = {"bench.methods", "bench.data", "bench.models", "bench.dmi", "bench.noise", "bench.schema",
-                     "bench.protocol", "bench.download",
-                     "bench.config", "bench.baselines", "bench.datasets"}
+# What a plug-in may import from bench: the interfaces (docs/architecture.md) and its own folder's shared helpers.
+PLUGIN_INTERFACES = set(config.PLUGIN_INTERFACES)
 BARE_BOX_FORBIDDEN = {"ray", "mlflow", "yaml", "scipy", "matplotlib"}
-# DESIGN.md section 1 and issue #48: a module ends where its concept ends, at most 600 lines, a function at most 80;
+# docs/architecture.md and issue #48: a module ends where its concept ends, at most 600 lines, a function at most 80;
 # the caps are a ceiling against a module that does too much, never the reason to cut one.
 MODULE_LINES = 600
 FUNCTION_LINES = 80

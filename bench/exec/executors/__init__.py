@@ -1,0 +1,1 @@
+"""The executors, one a file (`bench.exec.executor.Executor`)."""

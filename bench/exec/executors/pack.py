@@ -1,4 +1,6 @@
-"""Several trials trained as one stacked model on one device (`bench.exec.pack`): the executor of the planner's
+"""The executor of packs (several trials as one stacked model), and how many members fit a GPU.
+
+Several trials trained as one stacked model on one device (`bench.exec.pack`): the executor of the planner's
 packs (`bench.grid.plan.plan_units`), and how many members fit a GPU's memory (`bench.exec.memory`)."""
 
 from __future__ import annotations
