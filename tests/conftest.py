@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.server
+import importlib.util
 import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
+import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 from bench.numerics import PINS, machine_problem
 
@@ -70,14 +79,19 @@ def _missing_data(error: Exception) -> bool:
     return ": missing " in str(error) and str(SHARED_DATA) in str(error)
 
 
-@pytest.fixture
-def published(tmp_path: Path) -> Iterator[Callable[[Path], str]]:
-    """A real HTTP server on 127.0.0.1 serving the test's `tmp_path`, where a test puts the files a dataset
-    publishes: a file there -> its http:// address (bench fetches only http and https)."""
+@contextlib.contextmanager
+def http_folder(folder: Path) -> Iterator[tuple[str, list[str]]]:
+    """A real HTTP server on 127.0.0.1 serving `folder` while the block runs: its base URL and the paths requested
+    (in order)."""
+    requested: list[str] = []
 
     class Handler(http.server.SimpleHTTPRequestHandler):
         def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, directory=str(tmp_path), **kwargs)
+            super().__init__(*args, directory=str(folder), **kwargs)
+
+        def do_GET(self) -> None:  # noqa: N802 (the base class's name)
+            requested.append(self.path)
+            super().do_GET()
 
         def log_message(self, *args) -> None:
             pass
@@ -86,11 +100,19 @@ def published(tmp_path: Path) -> Iterator[Callable[[Path], str]]:
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
-        yield lambda path: f"http://127.0.0.1:{httpd.server_address[1]}/{path.relative_to(tmp_path).as_posix()}"
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", requested
     finally:
         httpd.shutdown()
         httpd.server_close()
         thread.join()
+
+
+@pytest.fixture
+def published(tmp_path: Path) -> Iterator[Callable[[Path], str]]:
+    """A real HTTP server on 127.0.0.1 serving the test's `tmp_path`, where a test puts the files a dataset
+    publishes: a file there -> its http:// address (bench fetches only http and https)."""
+    with http_folder(tmp_path) as (base, _):
+        yield lambda path: f"{base}/{path.relative_to(tmp_path).as_posix()}"
 
 
 @pytest.fixture
@@ -118,6 +140,87 @@ def ray_session():
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     yield ray
     ray.shutdown()
+
+
+def repo_script(relative: str) -> ModuleType:
+    """A script of the repository that is no package's module (`docs/make_samples.py`, `benchmarks/...`), loaded
+    under its file's stem (registered, as its dataclasses look their module up)."""
+    path = REPO / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listened on a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def session_pids(session: int) -> list[int]:
+    """The live processes of a session (its leader's pid is the session id); zombies do not count."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == session and fields[0] != "Z":  # after ")": state, ppid, pgrp, session
+                pids.append(int(entry.name))
+    return pids
+
+
+def stop_session(session: int, grace: float = 0) -> list[int]:
+    """The processes of a session these tests started still alive after `grace` seconds, SIGKILLed then (by their own
+    ids), so that nothing is left behind whatever the test says."""
+    deadline = time.monotonic() + grace
+    while session_pids(session) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = session_pids(session)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def answers(url: str) -> bool:
+    """Whether `url` answers 200 within two seconds."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def held_by_another_process(results: Path) -> Iterator[int]:
+    """The results folder held (`Store.hold`) by another live process while the block runs: that process's pid."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from bench.store.folder import Store\n"
+         f"with Store({str(results)!r}).hold():\n    print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield holder.pid
+    finally:
+        holder.stdin.close()
+        holder.wait()
+
+
+def method_that_raises(folder: Path, name: str, error: str) -> Path:
+    """A method plug-in in `folder` (a $BENCH_PLUGINS folder) whose loss raises `error` (Python source: an exception,
+    which may be `UserError`) the same way on every try: its file."""
+    path = folder / f"{name}.py"
+    path.write_text("from bench.config import UserError\n"
+                    "from bench.methods import Method\n\n\n"
+                    f"class Raises(Method):\n    name = {name!r}\n    title = {name.title()!r}\n"
+                    f"    paper = 'a method whose loss raises {name} (tests)'\n    reference = 'none'\n\n"
+                    f"    def loss(self, logits, labels):\n        raise {error}\n")
+    return path
 
 
 def crashing_checkpoints(after_epoch: int = 2) -> type:

@@ -10,12 +10,11 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import pytest
 from bench.cli import main as cli
 from bench.store.folder import read_table
 from bench.store.mirror import run_name
+from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = str(Path(sys.executable).parent / "bench")
@@ -103,104 +103,92 @@ def render(url: str) -> _Cells:
     return parser
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture(scope="module")
+def synced(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+    """The two trials, trained and logged to MLflow once for the module: their results folder and rows."""
+    results = tmp_path_factory.mktemp("ui") / "results"
+    return results, trials(results)
 
 
-def test_the_ui_prints_its_link_once_the_server_answers_and_runs_no_job_runner(tmp_path: Path) -> None:
-    """#55: the link came at once, up to two minutes before the server answered it; and MLflow's GenAI job runner
-    started with the server. Now: a "starting" line, then the link when /health answers; the server's environment
-    turns the job runner off."""
-    results = tmp_path / "results"
-    trials(results)
+@pytest.fixture(scope="module")
+def ui(synced: tuple[Path, list[dict]]) -> Iterator[tuple[subprocess.Popen, int, list[str]]]:
+    """One `bench ui` on the trials for the module (started by a shell without MLFLOW_SERVER_ENABLE_JOB_EXECUTION):
+    its process, its port and the lines it printed up to the experiment's link, which it prints last."""
+    results, _ = synced
     port = free_port()
     ui = subprocess.Popen([BENCH, "ui", str(results), "--port", str(port)], stdout=subprocess.PIPE,
                           stderr=subprocess.DEVNULL, text=True, start_new_session=True,
                           env={k: v for k, v in os.environ.items() if k != "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"})
     try:
-        assert ui.stdout.readline().startswith(f"starting MLflow's server for sqlite:///{results / 'mlflow.db'}")
-        # The server's own start-up lines, then ours, which waits until it answers (a minute at most, loaded).
-        while not (line := ui.stdout.readline()).startswith("MLflow UI for"):
-            assert line and "http://" not in line, line
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:  # at once, no retry
-            assert answer.status == 200
-        children = Path(f"/proc/{ui.pid}/task/{ui.pid}/children").read_text().split()
-        (server,) = [pid for pid in children if b"server" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
-        environ = Path(f"/proc/{server}/environ").read_bytes().split(b"\0")
-        assert b"MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false" in environ
+        lines = [ui.stdout.readline()]
+        while not lines[-1].startswith("MLflow UI for"):  # the server's own start-up lines come first
+            assert lines[-1], "bench ui ended"
+            lines.append(ui.stdout.readline())
+        lines.append(ui.stdout.readline())  # "  adhoc: http://..."
+        yield ui, port, lines
     finally:
         os.killpg(ui.pid, signal.SIGTERM)
         ui.wait(timeout=60)
         ui.stdout.close()
+
+
+def test_the_ui_prints_its_link_once_the_server_answers_and_runs_no_job_runner(synced, ui) -> None:
+    """#55: the link came at once, up to two minutes before the server answered it; and MLflow's GenAI job runner
+    started with the server. Now: a "starting" line, then the link when /health answers; the server's environment
+    turns the job runner off."""
+    (results, _), (ui, port, lines) = synced, ui
+    assert lines[0].startswith(f"starting MLflow's server for sqlite:///{results / 'mlflow.db'}")
+    # The server's own start-up lines, then ours, which waits until it answers (a minute at most, loaded).
+    title = next(i for i, line in enumerate(lines) if line.startswith("MLflow UI for"))
+    assert title == len(lines) - 2 and not any("http://" in line for line in lines[:title]), lines
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:  # at once, no retry
+        assert answer.status == 200
+    children = Path(f"/proc/{ui.pid}/task/{ui.pid}/children").read_text().split()
+    (server,) = [pid for pid in children if b"server" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
+    environ = Path(f"/proc/{server}/environ").read_bytes().split(b"\0")
+    assert b"MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false" in environ
 
 
 @needs_chromium
 @pytest.mark.slow
-def test_the_ui_opens_an_experiment_on_its_runs_with_each_trials_params_and_time(tmp_path: Path) -> None:
-    results = tmp_path / "results"
-    rows = {r["trial_id"]: r for r in trials(results)}
-    port = free_port()
-    ui = subprocess.Popen([BENCH, "ui", str(results), "--port", str(port)], stdout=subprocess.PIPE,
-                          stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-    try:
-        lines: list[str] = []  # ours, once the server answers; its own start-up lines come before them
-        while len(lines) < 2:
-            line = ui.stdout.readline()
-            assert line, "bench ui ended"
-            if line.startswith(("MLflow UI for", "  ")):
-                lines.append(line)
-        link = lines[1].split(": ", 1)[1].strip()  # "  adhoc: http://127.0.0.1:PORT/#/experiments/1/runs?..."
-        assert lines[1].strip().startswith("adhoc: ") and link.endswith("?workflowType=machine_learning")
-        deadline = time.monotonic() + 300  # `mlflow server` takes 13 s idle, over a minute on a loaded machine
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
-                break
-            except OSError:
-                assert time.monotonic() < deadline and ui.poll() is None, "the MLflow UI did not start"
-                time.sleep(2)
-        from mlflow import MlflowClient
+def test_the_ui_opens_an_experiment_on_its_runs_with_each_trials_params_and_time(synced, ui) -> None:
+    (results, rows), (_, port, lines) = synced, ui
+    rows = {r["trial_id"]: r for r in rows}
+    link = lines[-1].split(": ", 1)[1].strip()  # "  adhoc: http://127.0.0.1:PORT/#/experiments/1/runs?..."
+    assert lines[-1].strip().startswith("adhoc: ") and link.endswith("?workflowType=machine_learning")
+    from mlflow import MlflowClient
 
-        runs = MlflowClient(f"sqlite:///{results / 'mlflow.db'}").search_runs(
-            [re.search(r"/experiments/(\w+)/", link).group(1)])
-        by_run = {r.info.run_id: rows[r.data.tags["bench.trial_id"]] for r in runs}
-        assert len(by_run) == 2  # flat: the two trials, no parent run
+    runs = MlflowClient(f"sqlite:///{results / 'mlflow.db'}").search_runs(
+        [re.search(r"/experiments/(\w+)/", link).group(1)])
+    by_run = {r.info.run_id: rows[r.data.tags["bench.trial_id"]] for r in runs}
+    assert len(by_run) == 2  # flat: the two trials, no parent run
 
-        page = render(link)
-        assert set(page.grid) == set(by_run), page.grid  # the runs table, one row per trial
-        for run_id, row in by_run.items():
-            cells = page.grid[run_id]
-            assert cells["attributes.`Run Name`"].endswith(run_name(row))  # after its colour chip's text
-            # Duration shows 3 significant digits of the trial's wall time (not the mirror's ms of logging).
-            assert seconds(cells["duration"]) == pytest.approx(row["wall_s"], rel=0.05)
-
-        ids = list(by_run)
-        compare = render(f"http://127.0.0.1:{port}/#/compare-runs?"
-                         + urllib.parse.urlencode({"runs": json.dumps(ids), "experiments": json.dumps(
-                             [runs[0].info.experiment_id])}))
-        order = compare.rows["Run ID"]
-        assert sorted(order) == sorted(ids)
-        for i, run_id in enumerate(order):
-            row = by_run[run_id]
-            assert compare.rows["protocol"][i] == "bench"
-            assert compare.rows["selection"][i] == "lowest loss on the whole validation set, strict"
-            assert compare.rows["train_subset"][i] == ("none" if row["train_subset"] is None else
-                                                      str(row["train_subset"]))
-            assert compare.rows["method"][i] == row["method"]
-            assert seconds(compare.rows["Duration"][i]) == pytest.approx(row["wall_s"], rel=0.05)
-        assert sorted(compare.rows["train_subset"]) == ["300", "none"]
-    finally:
-        os.killpg(ui.pid, signal.SIGTERM)
-        ui.wait(timeout=60)
-        ui.stdout.close()
+    page = render(link)
+    assert set(page.grid) == set(by_run), page.grid  # the runs table, one row per trial
+    for run_id, row in by_run.items():
+        cells = page.grid[run_id]
+        assert cells["attributes.`Run Name`"].endswith(run_name(row))  # after its colour chip's text
+        # Duration shows 3 significant digits of the trial's wall time (not the mirror's ms of logging).
+        assert seconds(cells["duration"]) == pytest.approx(row["wall_s"], rel=0.05)
+    ids = list(by_run)
+    compare = render(f"http://127.0.0.1:{port}/#/compare-runs?"
+                     + urllib.parse.urlencode({"runs": json.dumps(ids), "experiments": json.dumps(
+                         [runs[0].info.experiment_id])}))
+    order = compare.rows["Run ID"]
+    assert sorted(order) == sorted(ids)
+    for i, run_id in enumerate(order):
+        row = by_run[run_id]
+        assert compare.rows["protocol"][i] == "bench"
+        assert compare.rows["selection"][i] == "lowest loss on the whole validation set, strict"
+        assert compare.rows["train_subset"][i] == ("none" if row["train_subset"] is None else
+                                                  str(row["train_subset"]))
+        assert compare.rows["method"][i] == row["method"]
+        assert seconds(compare.rows["Duration"][i]) == pytest.approx(row["wall_s"], rel=0.05)
+    assert sorted(compare.rows["train_subset"]) == ["300", "none"]
 
 
-def test_the_compare_recipe_runs_as_written(tmp_path: Path, capsys, monkeypatch) -> None:
-    results = tmp_path / "results"
-    rows = trials(results)
-    capsys.readouterr()  # the trials' own lines
+def test_the_compare_recipe_runs_as_written(synced, capsys) -> None:
+    results, rows = synced
     text = (REPO / "docs" / "running.md").read_text(encoding="utf-8")
     (recipe,) = re.findall(r"```python\n(from mlflow import MlflowClient\n.*?)```", text, re.S)
     assert 'RESULTS, EXPERIMENT = "results/demo", "demo"\n' in recipe

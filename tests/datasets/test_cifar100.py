@@ -18,13 +18,14 @@ import torch
 from bench import noise
 from bench.cli.main import main
 from bench.config import UserError
-from bench.data import Splits, get_dataset
+from bench.data import get_dataset
 from bench.datasets import cifar100 as cifar100_mod
 from bench.datasets import cifar100n as cifar100n_mod
 from bench.datasets.cifar100 import CIFAR100
 from bench.datasets.cifar100n import CIFAR100N, LABELS_FILE
 from bench.download import file_md5
 from bench.grid.validate import check_data
+from tests.datasets.conftest import Payload, refuses_the_pickled_payload, trains_an_mlp
 
 # CIFAR-100's superclasses as its web page lists them (www.cs.toronto.edu/~kriz/cifar.html), in coarse-label order,
 # spelled as the meta file spells them: the tests' own statement of the data, independent of the module's tables.
@@ -121,16 +122,6 @@ def tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, dict]:
     set_md5s(tmp_path, monkeypatch)
     monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "1")
     return tmp_path, written
-
-
-class Payload:
-    """Touches a file when unpickled: what a restricted unpickler must never build."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (Path.touch, (self.marker,))
 
 
 # ---------------------------------------------------------------- CIFAR-100
@@ -373,17 +364,8 @@ def test_cifar100n_never_unpickles_unrestricted(tiny, tmp_path: Path, monkeypatc
     marker = tmp_path / "pwned"
     torch.save({"clean_label": written["human"]["clean_label"], "noisy_label": Payload(marker)}, root / LABELS_FILE)
     set_md5s(root, monkeypatch)
-    calls = []
-    real_load = torch.load
-    monkeypatch.setattr(torch, "load", lambda *a, **k: calls.append(k) or real_load(*a, **k))
     ds = get_dataset("cifar100n")(root)
-    # One line, naming the global torch's allow-list refused (a method's reduce pickles getattr), not torch's advice.
-    with pytest.raises(UserError, match=r"^cifar100n: .*CIFAR-100_human.pt is not the published CIFAR-100N label file "
-                                        r"\(its pickle names getattr, which the allow-list of numpy types refuses\); "
-                                        "delete it and get it again from https://github.com/UCSC-REAL/.*human.pt$"):
-        ds.load()
-    assert not marker.exists()
-    assert calls and all(k.get("weights_only") is True for k in calls)  # no second, unrestricted try
+    refuses_the_pickled_payload(ds.load, marker, monkeypatch, "cifar100n", "CIFAR-100")
     assert any("not the published CIFAR-100N label file (its pickle names getattr" in line for line in ds.describe())
     # Anything else torch.load fails on gives the last line of its message, less torch's pointer to its docs.
     (root / LABELS_FILE).write_bytes(b"not a torch file")
@@ -417,17 +399,7 @@ def test_cifar100n_trial_on_human_labels(tiny, tmp_path: Path, monkeypatch) -> N
     """`bench trial` end to end on the tiny files: CE on noisy_fine, an MLP instead of ResNet-34 (the pipeline is
     under test here), one epoch each stage."""
     root, written = tiny
-    monkeypatch.setattr(CIFAR100N, "model", "mlp")
-    monkeypatch.setattr(CIFAR100N, "eval_transform", lambda self, x: self.normalise(x).flatten(1))
-    monkeypatch.setattr(CIFAR100N, "train_transform", lambda self, x, generator=None: self.normalise(x).flatten(1))
-    real_load = CIFAR100N.load
-
-    def load(self) -> Splits:
-        splits = real_load(self)
-        splits.model_args = {"in_features": 3072}
-        return splits
-
-    monkeypatch.setattr(CIFAR100N, "load", load)
+    trains_an_mlp(CIFAR100N, monkeypatch)
     results = tmp_path / "results"
     assert main(["trial", "--dataset", "cifar100n", "--method", "ce", "--noise", "noisy_fine", "--r", "0",
                  "--epochs-warmup", "1", "--epochs", "1", "--batch-size", "16", "--data-root", str(root),

@@ -24,6 +24,7 @@ from bench.datasets.cifar10 import CIFAR10, crop_flip, read_batch
 from bench.datasets.cifar10n import CIFAR10N, LABELS_FILE
 from bench.datasets.clothing1m import CLASSES as CLOTHING_CLASSES
 from bench.download import file_md5
+from tests.datasets.conftest import Payload, refuses_the_pickled_payload, trains_an_mlp
 from tests.tolerances import f32
 
 CIFAR_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
@@ -170,13 +171,8 @@ def test_cifar10_download_checks_the_archive(tiny_cifar: Path, tmp_path: Path, m
 
 def test_cifar10_unpickler_refuses_anything_but_numpy(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
-
-    class Payload:
-        def __reduce__(self):
-            return (Path.touch, (marker,))
-
     path = tmp_path / "data_batch_1"
-    path.write_bytes(pickle.dumps({b"data": np.zeros((1, 3072), np.uint8), b"labels": [0], b"x": Payload()}))
+    path.write_bytes(pickle.dumps({b"data": np.zeros((1, 3072), np.uint8), b"labels": [0], b"x": Payload(marker)}))
     with pytest.raises(UserError, match="refusing to load pathlib"):
         read_batch(path)
     assert not marker.exists()
@@ -274,25 +270,12 @@ def test_cifar10n_refuses_a_wrong_checksum(tiny_cifar: Path, monkeypatch) -> Non
 
 def test_cifar10n_never_unpickles_unrestricted(tmp_path: Path, monkeypatch) -> None:
     marker = tmp_path / "pwned"
-
-    class Payload:
-        def __reduce__(self):
-            return (Path.touch, (marker,))
-
     path = tmp_path / LABELS_FILE
     path.parent.mkdir(parents=True)
-    torch.save({"clean_label": np.zeros(10, np.int64), "aggre_label": Payload()}, path)
+    torch.save({"clean_label": np.zeros(10, np.int64), "aggre_label": Payload(marker)}, path)
     monkeypatch.setattr(CIFAR10N, "files", {**CIFAR10N.files, LABELS_FILE: file_md5(path)})
-    calls = []
-    real_load = torch.load
-    monkeypatch.setattr(torch, "load", lambda *a, **k: calls.append(k) or real_load(*a, **k))
     ds = get_dataset("cifar10n")(tmp_path)
-    with pytest.raises(UserError, match=r"^cifar10n: .*CIFAR-10_human.pt is not the published CIFAR-10N label file "
-                                        r"\(its pickle names getattr, which the allow-list of numpy types refuses\); "
-                                        "delete it and get it again from https://github.com/UCSC-REAL/.*human.pt$"):
-        ds.human_labels_file()
-    assert not marker.exists()
-    assert calls and all(k.get("weights_only") is True for k in calls)  # no second, unrestricted try
+    refuses_the_pickled_payload(ds.human_labels_file, marker, monkeypatch, "cifar10n", "CIFAR-10")
     assert any("not the published CIFAR-10N label file" in line for line in ds.describe())
 
 
@@ -312,19 +295,7 @@ def test_cifar10n_trial_on_human_labels(tiny_cifar: Path, tmp_path: Path, monkey
     from bench.exec.trainer import run_trial
     from bench.trial import TrialConfig
 
-    monkeypatch.setattr(CIFAR10N, "model", "mlp")  # the pipeline, not ResNet-34, is under test here
-    monkeypatch.setattr(CIFAR10N, "eval_transform", lambda self, x: self.normalise(x).flatten(1))
-    monkeypatch.setattr(CIFAR10N, "train_transform", lambda self, x: self.normalise(x).flatten(1))
-    from bench.data import Splits
-
-    real_load = CIFAR10N.load
-
-    def load(self) -> Splits:
-        splits = real_load(self)
-        splits.model_args = {"in_features": 3072}
-        return splits
-
-    monkeypatch.setattr(CIFAR10N, "load", load)
+    trains_an_mlp(CIFAR10N, monkeypatch)
     config = TrialConfig(dataset="cifar10n", method="ce", noise="worse", r=0.0, epochs=1, epochs_warmup=1,
                          batch_size=16)
     row = run_trial(config, tiny_cifar, results=tmp_path / "results", log=lambda s: None)

@@ -6,9 +6,7 @@ ground truth. Each result is checked against the files written, and the datasets
 from __future__ import annotations
 
 import hashlib
-import http.server
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,35 +16,17 @@ import pytest
 from bench.cli.main import main
 from bench.data import get_dataset
 from bench.download import MANIFEST, Fetched, fetch_many
+from tests.conftest import http_folder
 from tests.datasets.test_realworld import write_image, write_red, write_webvision
 
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[str, Path, list[str]]]:
     """A real HTTP server on 127.0.0.1 serving `served/`; yields its base URL, the folder and the paths requested."""
-    served, requested = tmp_path / "served", []
+    served = tmp_path / "served"
     served.mkdir()
-
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, directory=str(served), **kwargs)
-
-        def do_GET(self) -> None:  # noqa: N802 (the base class's name)
-            requested.append(self.path)
-            super().do_GET()
-
-        def log_message(self, *args) -> None:
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}", served, requested
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join()
+    with http_folder(served) as (base, requested):
+        yield base, served, requested
 
 
 def sha256(data: bytes) -> str:

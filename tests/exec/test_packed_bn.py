@@ -45,7 +45,7 @@ from bench.exec.trainer import run_trial
 from bench.grid import executor_table
 from bench.store.folder import Checkpoints
 from bench.trial import TrialConfig
-from tests.conftest import crashing_checkpoints
+from tests.conftest import crashing_checkpoints, repo_script
 from tests.exec.test_packed import _peak_allocated
 from tests.tolerances import same_accuracy, same_selection
 
@@ -344,15 +344,6 @@ def test_a_packed_resnet_pair_equals_its_solo_trials_on_cuda(small_cifar: Path, 
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
 
 
-def _big_models():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("big_models", REPO / "benchmarks" / "big_models.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_projection_counts_the_cifar10_table_of_the_experiment_file() -> None:
     """benchmarks/big_models.py's projection (it may not read YAML: it runs on a bare GPU box) against the grid
     that `tune_configs/cifar10.yaml` expands to: training image-steps of its trials and their warm starts, split by
@@ -369,7 +360,7 @@ def test_the_projection_counts_the_cifar10_table_of_the_experiment_file() -> Non
     warm = len(cells) * CIFAR10.warmup.epochs * images
     packable = sum(epochs[t.trial_id] for t in trials if not why_solo(t)) * images + warm
     assert len(trials) == 600 and len(cells) == 50
-    big_models = _big_models()
+    big_models = repo_script("benchmarks/big_models.py")
     assert big_models.table_image_steps() == (packable, solo)
     hours = big_models.projection({"solo fp32": 11_074.0, "pack 8 fp32": 40_000.0}, out=lambda s: None)
     assert hours["today: every trial solo fp32"] == pytest.approx((600 * 100 + 50 * 120) * 40_000 / 11_074 / 3600)

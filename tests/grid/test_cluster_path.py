@@ -17,7 +17,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import yaml
 from bench.config import UserError
 from bench.grid.cluster import probe
 from bench.store.folder import read_table
+from tests.conftest import answers, free_port, stop_session
 
 BIN = Path(sys.executable).parent
 SYNTHETIC = dict(name="syn", dataset="synthetic", noise="case3", r=[0.0, 0.4], seeds=[0, 1], epochs=2,
@@ -39,29 +39,9 @@ def _config(folder: Path) -> Path:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     return {**env, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONWARNINGS": "ignore", **extra}
-
-
-def _session_pids(session: int) -> list[int]:
-    """The processes of a session (its leader's pid is the session id)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == session:  # after ")": state, ppid, pgrp, session
-                pids.append(int(entry.name))
-    return pids
 
 
 def _wait(ready, timeout: float, what: str, head: subprocess.Popen, log: Path) -> None:
@@ -76,7 +56,7 @@ def _wait(ready, timeout: float, what: str, head: subprocess.Popen, log: Path) -
 def local_head(tmp_path: Path, env: dict[str, str], dashboard: bool = False) -> Iterator[dict[str, object]]:
     """`ray start --head --block` on 127.0.0.1 in a session of its own; stopped as docs/cluster.md says, by
     SIGTERM to that one process, which takes its cluster down (checked: nothing of its session stays)."""
-    port, dash = _free_port(), _free_port()
+    port, dash = free_port(), free_port()
     temp_dir = tempfile.mkdtemp(prefix="rayc", dir="/tmp")  # short: Ray's socket paths have a length limit
     log = tmp_path / "head.log"
     extra = (["--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash)] if dashboard
@@ -89,29 +69,15 @@ def local_head(tmp_path: Path, env: dict[str, str], dashboard: bool = False) -> 
     try:
         _wait(lambda: b"block forever" in log.read_bytes(), 120, "the head", head, log)
         if dashboard:
-            _wait(lambda: _answers(f"http://127.0.0.1:{dash}/api/version"), 120, "the job server", head, log)
+            _wait(lambda: answers(f"http://127.0.0.1:{dash}/api/version"), 120, "the job server", head, log)
         yield dict(address=f"127.0.0.1:{port}", dashboard=f"http://127.0.0.1:{dash}", pid=head.pid)
     finally:
         head.send_signal(signal.SIGTERM)
         try:
             head.wait(timeout=60)
         finally:
-            deadline = time.monotonic() + 30
-            while _session_pids(head.pid) and time.monotonic() < deadline:
-                time.sleep(0.5)
-            left = _session_pids(head.pid)
-            for pid in left:  # should not happen; never leave a cluster behind
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            left = stop_session(head.pid, grace=30)
         assert not left, f"SIGTERM to `ray start --block` left {len(left)} processes of its cluster"
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 def _has_job_server() -> bool:
@@ -153,13 +119,13 @@ def test_the_probe_passes_a_grpc_server_and_auto_and_refuses_a_silent_listener()
     probe("auto")
     probe("http://127.0.0.1:8265")  # not a GCS address: Ray names what is wrong with it
     with pytest.raises(UserError, match="nothing listens there"):
-        probe(f"127.0.0.1:{_free_port()}")
+        probe(f"127.0.0.1:{free_port()}")
 
 
 def test_an_address_where_nothing_listens_is_one_line_within_seconds(tmp_path: Path) -> None:
     started = time.monotonic()
     run = subprocess.run([str(BIN / "bench"), "run", str(_config(tmp_path)), "--results", str(tmp_path / "r"),
-                          "--address", f"127.0.0.1:{_free_port()}", "--no-mlflow"],
+                          "--address", f"127.0.0.1:{free_port()}", "--no-mlflow"],
                          capture_output=True, text=True, timeout=120, env=_env())
     assert time.monotonic() - started < 20
     assert run.returncode == 2

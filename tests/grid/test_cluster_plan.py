@@ -33,6 +33,7 @@ from bench.grid.files import load_experiment
 from bench.grid.plan import plan_units, share_gpus, warm_cell
 from bench.grid.runner import Settings, plan_on_cluster
 from bench.trial import TrialConfig
+from tests.conftest import free_port, stop_session
 
 REPO = Path(__file__).resolve().parents[2]
 FIGURE = REPO / "tune_configs" / "fashion_mnist_figure.yaml"  # 300 trials: 150 cells of a CE and an L_DMI trial
@@ -108,27 +109,10 @@ def test_share_gpus(work, gpus, shares):
 
 
 # -- against a Ray head with logical GPUs -------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _kill_session(session: int) -> None:
-    """Kill what is left of the processes of the session the head started (its pid is the session id)."""
-    lines = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True).stdout.splitlines()
-    for pid, sid in (line.split() for line in lines if line.strip()):
-        if int(sid) == session:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
 @pytest.fixture(scope="module", params=[8, 2])
 def ray_head(request):
     """A Ray head with `param` logical GPUs on 127.0.0.1, without token auth (a private, throw-away cluster)."""
-    gpus, port = request.param, _free_port()
+    gpus, port = request.param, free_port()
     temp_dir = tempfile.mkdtemp(prefix="rayg", dir="/tmp")  # short: Ray's socket paths have a length limit
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     head = subprocess.Popen(
@@ -151,7 +135,7 @@ def ray_head(request):
         except subprocess.TimeoutExpired:
             pass
         time.sleep(1)
-        _kill_session(head.pid)
+        stop_session(head.pid)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 

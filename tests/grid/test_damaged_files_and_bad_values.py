@@ -24,6 +24,7 @@ from bench.grid.runner import Settings, run_experiment
 from bench.methods import FromTrial, Interval, registry
 from bench.store.folder import read_table
 from bench.store.rows import write_trial
+from tests.conftest import held_by_another_process
 
 GRID = dict(name="faults", dataset="synthetic", noise="case3", r=[0.0, 0.4], seeds=[0], epochs=1, epochs_warmup=1,
             resources={"cpu": 1}, methods={"ce": {}})
@@ -281,19 +282,11 @@ def test_names_with_path_characters_are_refused_in_a_grid(tmp_path, capsys):
 def test_a_second_launch_on_a_held_folder_names_the_holder_and_exits_2(tmp_path, capsys):
     config = write_config(tmp_path)
     results = tmp_path / "results"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from bench.store.folder import Store\n"
-         f"with Store({str(results)!r}).hold():\n    print('held', flush=True); sys.stdin.read()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with held_by_another_process(results) as holder:
         assert main(["run", str(config), "--results", str(results), "--no-mlflow"]) == 2
         line = one_error_line(capsys)
-        assert f"pid {holder.pid}" in line and "in use" in line
+        assert f"pid {holder}" in line and "in use" in line
         assert not (results / "trials").exists() and not (results / "mlflow.db").exists()
-    finally:
-        holder.stdin.close()
-        holder.wait()
 
 
 # -- 9. a huge grid --------------------------------------------------------------------------------------------------

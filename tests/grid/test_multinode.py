@@ -22,12 +22,10 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -40,7 +38,7 @@ import yaml
 from bench.store.folder import read_table
 from bench.store.mirror import TAG
 from tests import netns
-from tests.conftest import write_idx
+from tests.conftest import answers, free_port, session_pids, stop_session, write_idx
 
 BIN = Path(sys.executable).parent
 GRID = dict(name="mn", dataset="fashion_mnist", noise="case3", r=[0.2, 0.4], seeds=[0, 1], epochs=1, epochs_warmup=1,
@@ -55,32 +53,12 @@ print(json.dumps([dict(NodeID=n["NodeID"], Alive=n["Alive"], Resources=n["Resour
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment of every node and driver: no token (the cluster is reachable only from the module's own
     network namespace), no file under ~/.ray read or written, no MLflow or Ray auth settings of the caller."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "MLFLOW_"))}
     return {**env, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",
             "RAY_AUTH_MODE": "disabled", "BENCH_VERIFY_CHECKSUMS": "0", **extra}
-
-
-def session_pids(session: int) -> list[int]:
-    """The live processes of a session (its leader's pid is the session id); zombies do not count."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == session and fields[0] != "Z":  # after ")": state, ppid, pgrp, session
-                pids.append(int(entry.name))
-    return pids
 
 
 def cmdline(pid: int) -> str:
@@ -127,13 +105,7 @@ class Node:
             self.send(signum)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=timeout)
-        deadline = time.monotonic() + timeout
-        while self.pids and time.monotonic() < deadline:
-            time.sleep(0.5)
-        left = self.pids
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        left = stop_session(self.process.pid, grace=timeout)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=10)
         return left
@@ -357,14 +329,6 @@ class Server:
     def stop(self) -> list[int]:
         node, self.node = self.node, None
         return node.stop() if node else []
-
-
-def answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 def test_a_grid_logs_to_an_mlflow_server_that_restarts_mid_grid(two_nodes: Cluster, fashion: Path,

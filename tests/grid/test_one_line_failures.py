@@ -27,25 +27,12 @@ from bench.grid.runner import Settings, run_experiment
 from bench.methods import registry as methods
 from bench.schema import check_name
 from bench.store.folder import read_table
+from tests.conftest import method_that_raises
 from tests.grid.test_damaged_files_and_bad_values import one_error_line
 
 GRID = dict(name="last", dataset="synthetic", noise="case3", r=[0.2], seeds=[0], epochs=1, epochs_warmup=1,
             resources={"cpu": 1}, methods={"ce": {}})
 
-# A method plug-in with a bug: its loss raises, the same way on every try.
-CRASHY = '''
-from bench.methods import Method
-
-
-class Crashy(Method):
-    name = "crashy"
-    title = "Crashy"
-    paper = "a method whose loss has a bug (tests)"
-    reference = "none"
-
-    def loss(self, logits, labels):
-        raise ValueError("a bug in the loss,\\n  on two lines")
-'''
 
 
 def write_config(folder: Path, **changes) -> Path:
@@ -66,7 +53,7 @@ def plugin_ray(tmp_path_factory):
     import ray
 
     folder = tmp_path_factory.mktemp("plugins")
-    (folder / "crashy.py").write_text(CRASHY)
+    method_that_raises(folder, "crashy", r'ValueError("a bug in the loss,\n  on two lines")')
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("BENCH_PLUGINS", str(folder))
         _clear_registries()

@@ -10,7 +10,6 @@ import json
 import multiprocessing
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from bench.grid.files import load_experiment
 from bench.grid.runner import Settings, run_experiment
 from bench.methods import registry
 from bench.store.folder import read_table
-from tests.conftest import crashing_checkpoints
+from tests.conftest import crashing_checkpoints, stop_session
 from tests.report.test_report import make_row, write
 from tests.tolerances import same_accuracy, same_selection, trained_close
 
@@ -478,20 +477,6 @@ def test_a_crashed_trial_resumes_from_its_epoch_checkpoint_with_the_same_numbers
 
 
 # -- a killed driver, and a cluster reached by --address --------------------------------------------------------
-def _session_pids(session: int) -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True).stdout.split("\n")
-    return [int(p) for p, s in (line.split() for line in out if line.strip()) if int(s) == session]
-
-
-def _kill_session(session: int) -> None:
-    """Kill the processes of a session these tests started (the leader's pid is the session id)."""
-    for pid in _session_pids(session):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 @pytest.mark.slow
 def test_killed_driver_relaunch_gives_every_row_exactly_once(ray_session, tmp_path):
     config = write_config(tmp_path, name="killed", r=[0.0, 0.2, 0.4, 0.6], seeds=[0], epochs=10, epochs_warmup=3)
@@ -507,7 +492,7 @@ def test_killed_driver_relaunch_gives_every_row_exactly_once(ray_session, tmp_pa
         driver.kill()
         driver.wait()
     finally:
-        _kill_session(driver.pid)
+        stop_session(driver.pid)
     landed = len(list((results / "trials").glob("*.parquet")))
     assert landed < 8, "the driver finished before it was killed: make the trials longer"
 
@@ -553,7 +538,7 @@ def test_grid_on_a_local_cluster_reached_by_address(tmp_path):
         assert "[8/8]" in run.stdout
         assert read_table(results).height == 8
     finally:
-        _kill_session(head.pid)
+        stop_session(head.pid)
 
 
 def test_a_packed_grid_gives_each_trial_its_row_and_run_and_the_solo_numbers(grid, tmp_path):

@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from bench.cli.main import main
+from tests.conftest import method_that_raises
 
 BENCH = str(Path(sys.executable).parent / "bench")
 # Four trials one at a time, long enough that a signal after the first row finds the second one training.
@@ -221,27 +222,11 @@ def test_a_full_disk_is_never_retried():
 
 
 # -- the streams executor: each member's row counts ------------------------------------------------------------------
-BAD_INPUT = '''
-from bench.config import UserError
-from bench.methods import Method
-
-
-class BadInput(Method):
-    name = "badinput"
-    title = "Bad input"
-    paper = "a method that meets bad input only in the worker (tests)"
-    reference = "none"
-
-    def loss(self, logits, labels):
-        raise UserError("the worker found a damaged file")
-'''
-
-
 def test_a_streams_unit_with_one_rejected_member_counts_the_others_rows(tmp_path):
     """A unit of three members, one meeting bad input: the two rows on disk are counted in the summary and logged to
     MLflow; only the third is rejected (the code before issue #40: "3 ... wrote no row", 0 runs logged)."""
     (tmp_path / "plugins").mkdir()
-    (tmp_path / "plugins" / "badinput.py").write_text(BAD_INPUT)
+    method_that_raises(tmp_path / "plugins", "badinput", 'UserError("the worker found a damaged file")')
     (tmp_path / "table.csv").write_text("model,device,executor,trials,images_per_s,measured,source\n"
                                         "*,cpu,streams,3,,today,a test\n")
     config = tmp_path / "grid.yaml"

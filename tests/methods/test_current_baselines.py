@@ -17,26 +17,8 @@ from bench.baselines.fw import Forward
 from bench.baselines.gls import GeneralizedLabelSmoothing, gls_targets
 from bench.baselines.jocor import JoCoR
 from bench.methods import Batch, StageContext
-from tests.tolerances import f32, f32_log_softmax, within
-
-
-def numpy_softmax(logits: np.ndarray) -> np.ndarray:
-    z = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return z / z.sum(axis=-1, keepdims=True)
-
-
-def random_problem(n: int = 256, c: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-    """Logits (float32), labels, and the softmax computed in float64 from the same float32 logits: what differs
-    from a method's output is its float32 arithmetic alone."""
-    rng = np.random.default_rng(seed)
-    logits = torch.tensor(rng.normal(size=(n, c)) * 2, dtype=torch.float32)
-    labels = rng.integers(0, c, n)
-    return logits, torch.tensor(labels), numpy_softmax(logits.double().numpy())
-
-
-def log_softmax_error(logits: torch.Tensor) -> float:
-    """The absolute rounding bound of a float32 log-softmax of these logits (tests/tolerances.py)."""
-    return f32_log_softmax(float(logits.detach().abs().max()), logits.shape[-1])
+from tests.methods.conftest import log_softmax_error, numpy_softmax, random_problem
+from tests.tolerances import f32, within
 
 
 def stage(probs: torch.Tensor, labels: torch.Tensor, nets: list[nn.Module] | None = None, epochs: int = 4,

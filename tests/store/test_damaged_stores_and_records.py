@@ -8,6 +8,7 @@ import builtins
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -46,13 +47,19 @@ def trial(r: float = 0.2, method: str = "ce", **changes) -> TrialConfig:
     return TrialConfig("synthetic", method, "case3", r, **{"epochs": 1, "epochs_warmup": 1, **changes})
 
 
-@pytest.fixture
-def results(tmp_path: Path) -> Path:
-    """A results folder with two real rows (CE on the synthetic set at r = 0.2 and 0.4)."""
-    folder = tmp_path / "results"
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two real rows (CE on the synthetic set at r = 0.2 and 0.4), trained once for the module."""
+    folder = tmp_path_factory.mktemp("trained") / "results"
     for r in (0.2, 0.4):
         run_trial(trial(r), "unused", results=folder, **QUIET)
     return folder
+
+
+@pytest.fixture
+def results(trained: Path, tmp_path: Path) -> Path:
+    """The test's own copy of the two-row results folder, to damage."""
+    return Path(shutil.copytree(trained, tmp_path / "results"))
 
 
 def warnings_in(err: str) -> list[str]:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from bench.cli.main import main
+from tests.conftest import held_by_another_process
 
 GRID = dict(name="links", dataset="synthetic", noise="case3", r=[0.0, 0.4], seeds=[0], epochs=1, epochs_warmup=1,
             resources={"cpu": 1}, methods={"ce": {}})
@@ -31,6 +32,21 @@ def reference(ray_session, tmp_path_factory) -> tuple[Path, Path]:
     assert main(["run", str(config), "--results", str(results)]) == 0
     assert main(["report", str(results)]) == 0
     return config, results
+
+
+@pytest.fixture
+def elsewhere(tmp_path) -> Path:
+    """A user's file outside anything bench writes, which a link planted in bench's way points to."""
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("mine\n")
+    return target
+
+
+def planted(link: Path, target: Path) -> Path:
+    """`link` (its folder made) pointing to `target`."""
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target, target_is_directory=target.is_dir())
+    return link
 
 
 def snapshot(folder: Path) -> dict[str, bytes | None]:
@@ -109,55 +125,43 @@ def test_no_command_writes_through_a_link_planted_in_the_results_folder(referenc
 
 
 # -- each write point on its own (what the folder check would stop first) ---------------------------------------
-def test_a_unit_log_planted_as_a_link_is_not_appended_to(tmp_path):
+def test_a_unit_log_planted_as_a_link_is_not_appended_to(tmp_path, elsewhere):
     from bench.grid.runner import UnitLog
 
-    target = tmp_path / "elsewhere.txt"
-    target.write_text("mine\n")
-    log = tmp_path / "logs" / "abc.log"
-    log.parent.mkdir()
-    log.symlink_to(target)
+    log = planted(tmp_path / "logs" / "abc.log", elsewhere)
     with UnitLog(log) as write:
         write("a line of bench's")
-    assert target.read_text() == "mine\n" and write.warning and str(log) in write.warning
+    assert elsewhere.read_text() == "mine\n" and write.warning and str(log) in write.warning
     real = tmp_path / "real"
     real.mkdir()
-    (tmp_path / "linked").symlink_to(real, target_is_directory=True)  # a logs/ folder that is a link
+    planted(tmp_path / "linked", real)  # a logs/ folder that is a link
     with UnitLog(tmp_path / "linked" / "abc.log") as write:
         write("a line of bench's")
     assert list(real.iterdir()) == [] and write.warning
 
 
-def test_the_folder_lock_and_the_cache_locks_never_open_a_link(tmp_path, capsys):
+def test_the_folder_lock_and_the_cache_locks_never_open_a_link(tmp_path, elsewhere):
     from bench.config import UserError
     from bench.store.folder import Store
 
-    target = tmp_path / "elsewhere.txt"
-    target.write_text("mine\n")
     results = tmp_path / "results"
-    results.mkdir()
-    (results / ".bench.lock").symlink_to(target)
+    planted(results / ".bench.lock", elsewhere)
     with pytest.raises(UserError, match=r"results folder .* holds a symbolic link .*: \.bench\.lock -> "):
         with Store(results).hold():
             pass
-    (results / "warmstart").mkdir()
-    (results / "warmstart" / "key.lock").symlink_to(target)
+    planted(results / "warmstart" / "key.lock", elsewhere)
     with pytest.raises(OSError, match="symbolic link"):
         with Store(results).lock("warmstart/key"):
             pass
-    assert target.read_text() == "mine\n"
+    assert elsewhere.read_text() == "mine\n"
 
 
-def test_a_written_file_replaces_a_link_in_its_place_and_leaves_no_temporary_file(tmp_path):
+def test_a_written_file_replaces_a_link_in_its_place_and_leaves_no_temporary_file(tmp_path, elsewhere):
     from bench.store.folder import replace_file
 
-    target = tmp_path / "elsewhere.txt"
-    target.write_text("mine\n")
-    path = tmp_path / "out" / "leaderboard.md"
-    path.parent.mkdir()
-    path.symlink_to(target)
+    path = planted(tmp_path / "out" / "leaderboard.md", elsewhere)
     replace_file(path, lambda tmp: tmp.write_text("bench's\n"))
-    assert not path.is_symlink() and path.read_text() == "bench's\n" and target.read_text() == "mine\n"
+    assert not path.is_symlink() and path.read_text() == "bench's\n" and elsewhere.read_text() == "mine\n"
     with pytest.raises(ZeroDivisionError):
         replace_file(path, lambda tmp: 1 / 0)
     assert sorted(p.name for p in path.parent.iterdir()) == ["leaderboard.md"]
@@ -272,27 +276,16 @@ def test_a_half_made_mlflow_store_is_set_aside_and_refilled_from_the_rows(refere
 def test_a_refused_launch_leaves_the_holder_named_and_the_lock_is_released_after(tmp_path):
     """The first holder's line survives a second launch's attempt (a lock that truncates its file on open would
     erase it), and once the holder is gone the folder can be held again."""
-    import subprocess
-    import sys
-
     from bench.config import UserError
     from bench.store.folder import Store
 
     results = tmp_path / "results"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from bench.store.folder import Store\n"
-         f"with Store({str(results)!r}).hold():\n    print('held', flush=True); sys.stdin.read()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with held_by_another_process(results) as holder:
         for _ in range(2):
-            with pytest.raises(UserError, match=rf"in use by `bench` pid {holder.pid} on "):
+            with pytest.raises(UserError, match=rf"in use by `bench` pid {holder} on "):
                 with Store(results).hold():
                     pass
-        assert (results / ".bench.lock").read_text().startswith(f"`bench` pid {holder.pid} on ")
-    finally:
-        holder.stdin.close()
-        holder.wait()
+        assert (results / ".bench.lock").read_text().startswith(f"`bench` pid {holder} on ")
     with Store(results).hold():
         assert (results / ".bench.lock").read_text().startswith(f"`bench` pid {os.getpid()} on ")
 

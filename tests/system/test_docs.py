@@ -8,7 +8,6 @@ the quick samples are run again and compared, times and paths aside. The checker
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import re
 import shlex
@@ -21,9 +20,10 @@ import pytest
 import yaml
 
 from bench.cli import main as cli
-from tests.conftest import SHARED_DATA
+from tests.conftest import SHARED_DATA, repo_script
 
 REPO = Path(__file__).resolve().parents[2]
+MAKE_SAMPLES = "docs/make_samples.py"  # the README's samples: its runs and their excerpts
 DOC_FILES = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
 SHELL = {"sh", "bash", "shell", "console"}  # fences whose lines are commands; synopses go in `text` blocks
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
@@ -319,18 +319,11 @@ def test_a_documented_command_that_fails_is_reported(trial_rows: Path, tmp_path:
 
 # -- the README's samples ------------------------------------------------------------------------------------------
 
-def _samples_module():
-    spec = importlib.util.spec_from_file_location("make_samples", REPO / "docs" / "make_samples.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_readme_samples_are_excerpts_of_real_runs() -> None:
     """Each sample block of the README and the docs is the excerpt of the file that docs/make_samples.py wrote from a
     real run, and the file's first line is the command the sample names; a sample the tests do not re-run (it takes
     minutes) names the commit that made it, where it was made since samples say so."""
-    samples = _samples_module()
+    samples = repo_script(MAKE_SAMPLES)
     shown = [(page, name, block) for page in samples.DOCS
              for name, block in samples.readme_samples(page.read_text(encoding="utf-8")).items()]
     assert sorted(name for _, name, _ in shown) == sorted(samples.SAMPLES), "every sample shown once, only samples"
@@ -344,7 +337,7 @@ def test_readme_samples_are_excerpts_of_real_runs() -> None:
 
 
 def test_the_sample_check_fails_on_a_changed_readme() -> None:
-    samples = _samples_module()
+    samples = repo_script(MAKE_SAMPLES)
     text = (REPO / "README.md").read_text(encoding="utf-8")
     name, block = next(iter(samples.readme_samples(text).items()))
     changed = text.replace(block, block.replace(" ok ", " OK ", 1) if " ok " in block else block + "\nextra", 1)
@@ -371,18 +364,18 @@ def test_normalising_masks_times_and_paths_only() -> None:
 def forks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """One fork server for every quick sample's commands (docs/make_samples.py, `Forks`): 27 commands, each its own
     process, paid one import of torch, Ray, polars and matplotlib instead of 27."""
-    server = _samples_module().Forks(tmp_path_factory.mktemp("forks"))
+    server = repo_script(MAKE_SAMPLES).Forks(tmp_path_factory.mktemp("forks"))
     yield server
     server.close()
 
 
-@pytest.mark.parametrize("name", [n for n, (_, _, quick) in _samples_module().SAMPLES.items() if quick])
+@pytest.mark.parametrize("name", [n for n, (_, _, quick) in repo_script(MAKE_SAMPLES).SAMPLES.items() if quick])
 def test_quick_samples_reproduce(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forks: object) -> None:
     """Run the sample's commands again, as docs/make_samples.py runs them: the same output line for line, numbers
     included (a trial is a pure function of its config), times and paths aside. The commands are forked from one
     Python that imported their modules once, each still a process with its own folder, environment, output, error
     and exit status (make_samples checks it: 0, or an error sample's 2 and one `bench: error:` line on stderr)."""
-    samples = _samples_module()
+    samples = repo_script(MAKE_SAMPLES)
     datasets = {argv[argv.index("--dataset") + 1] for argv in samples.SAMPLES[name][0]
                 if "--dataset" in argv and "--data-root" not in argv}  # an error sample brings its damaged files
     if not all(_ready(d, SHARED_DATA) for d in datasets):

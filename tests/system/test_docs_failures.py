@@ -4,26 +4,20 @@ unless the block says why it is not re-run (a full disk, a cluster, a server tha
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
+
+from tests.conftest import repo_script
 
 REPO = Path(__file__).resolve().parents[2]
 FAILURES = REPO / "docs" / "failures.md"
 FENCE = re.compile(r"^(<!-- not re-run: [^\n]+ -->\n)?```\w*\n(.*?)^```", re.S | re.M)
 
 
-def _samples():
-    spec = importlib.util.spec_from_file_location("make_samples", REPO / "docs" / "make_samples.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def unrecorded(text: str) -> list[str]:
     """The `bench: error:` lines of a page's blocks that neither a sample block holds nor a `not re-run` note
     explains."""
-    samples = _samples()
+    samples = repo_script("docs/make_samples.py")
     outside = samples.BLOCK.sub("", text)  # what is left once the recorded samples are cut out
     return [line for m in FENCE.finditer(outside) if m.group(1) is None
             for line in m.group(2).splitlines() if "bench: error:" in line]
@@ -32,7 +26,7 @@ def unrecorded(text: str) -> list[str]:
 def test_every_error_line_shown_comes_from_a_recorded_run() -> None:
     text = FAILURES.read_text(encoding="utf-8")
     assert unrecorded(text) == []
-    samples = _samples()
+    samples = repo_script("docs/make_samples.py")
     shown = samples.readme_samples(text)
     assert set(shown) == samples.ERRORS, "each error sample is shown in docs/failures.md"
     lines = [line for name in shown for line in (REPO / "docs" / "samples" / f"{name}.txt").read_text().splitlines()]
@@ -51,6 +45,6 @@ def test_the_check_fails_on_an_error_line_typed_by_hand() -> None:
     typed = "```\nbench: error: grid.yaml: r: must be a finite number in [0, 1], got 1.5\n```\n"
     assert unrecorded(text + "\n" + typed) == ["bench: error: grid.yaml: r: must be a finite number in [0, 1], got 1.5"]
     assert unrecorded(text + "\n<!-- not re-run: a reason -->\n" + typed) == []
-    samples = _samples()
+    samples = repo_script("docs/make_samples.py")
     changed = text.replace("got 1.5\n", "got 2.5\n", 1)
     assert changed != text and samples.readme_samples(changed)["bad_input"] != samples.readme_block("bad_input")

@@ -523,7 +523,8 @@ def test_mlflow_run_names_tell_two_cells_apart() -> None:
     assert "pos_to_neg r=0.2 seed=0" in run_name(a)
 
 
-def test_bench_results_fits_a_terminal_and_wide_shows_every_column(tmp_path: Path, capsys) -> None:
+def test_bench_results_fits_a_terminal(tmp_path: Path, capsys) -> None:
+    """The compact table (`--wide`, every column, is held by tests/cli/test_honest_exits.py)."""
     write(tmp_path, [make_row(m, r, s, 0.5, 70.0 + s) for m in ("ce", "dmi") for r in (0.2, 0.4) for s in (0, 1)])
     assert cli.main(["results", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -531,8 +532,6 @@ def test_bench_results_fits_a_terminal_and_wide_shows_every_column(tmp_path: Pat
     assert lines[0].split() == ["trial", "method", "noise", "r", "seed", "lr", "bs", "status", "sel", "ep", "test",
                                 "%", "last", "%", "wall", "s"]
     assert "dataset mr" in lines[-1]
-    assert cli.main(["results", str(tmp_path), "--wide"]) == 0
-    assert "git_commit" in capsys.readouterr().out
 
 
 def test_leaderboard_metric_is_selected_and_best_is_refused_with_a_hint(tmp_path: Path, capsys) -> None:

@@ -5,7 +5,6 @@ every step, the grid through Ray and MLflow planned from the table `bench calibr
 from __future__ import annotations
 
 import csv
-import importlib.util
 import os
 import subprocess
 import sys
@@ -17,17 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from bench.grid import executor_table
+from tests.conftest import repo_script
 
 REPO = Path(__file__).resolve().parents[2]
 MR = Path(os.environ.get("BENCH_DATA") or REPO.parent / "shared" / "data")
-
-
-def _summary_module():
-    spec = importlib.util.spec_from_file_location("acceptance_summary", REPO / "benchmarks" / "acceptance_summary.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def _write_csv(path: Path, rows: list[dict[str, object]]) -> None:
@@ -72,7 +64,7 @@ def _folder(tmp_path: Path) -> Path:
 
 
 def test_the_summary_counts_paper_cells_cost_and_arms_as_computed_independently(tmp_path: Path) -> None:
-    summary = _summary_module()
+    summary = repo_script("benchmarks/acceptance_summary.py")
     folder = _folder(tmp_path)
     text = summary.summary(folder, grid_wall_s=300.0, total_wall_s=580.0, gpus=1, mode="full",
                            train_images={"mr": 7676}, machine="NVIDIA H100, torch 2.x")
@@ -105,7 +97,8 @@ def test_the_summary_counts_paper_cells_cost_and_arms_as_computed_independently(
 def test_the_summary_says_what_it_lacks(tmp_path: Path) -> None:
     """A run whose grid and report never ran: no paper cell, no ResNet figure, nothing invented."""
     (tmp_path / "run").mkdir()
-    text = _summary_module().summary(tmp_path / "run", 10.0, None, 1, "tiny", {"mr": 7676}, "CPU")
+    summary = repo_script("benchmarks/acceptance_summary.py").summary
+    text = summary(tmp_path / "run", 10.0, None, 1, "tiny", {"mr": 7676}, "CPU")
     assert "grid: 0 trials ended (0 ok)" in text and "paper's MR cells: none measured" in text
     assert "resnet34_cifar: not measured" in text
 
