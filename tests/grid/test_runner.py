@@ -209,7 +209,8 @@ def test_dry_run_estimates_the_time_from_earlier_rows_and_says_how(capsys, tmp_p
     config = write_config(tmp_path)
     results = tmp_path / "results"
     assert main(["run", str(config), "--dry-run", "--results", str(results)]) == 0
-    assert "time: no estimate (no earlier row in the results folder to measure from)" in capsys.readouterr().out
+    assert "time: no estimate (no earlier row like them in the results folder, no images/s for mlp on cpu" in \
+        capsys.readouterr().out
     rows = []
     for t in load_experiment(config).trials():
         if t.seed == 0:
