@@ -128,18 +128,18 @@ def _lines(rows: Part, rated: Part, unknown: dict[tuple[str, str], int], n_rows:
     if rows.trials:
         wall = rows.seconds / at_once if at_once else None
         walls.append(wall)
-        at = f"; about {wall / 60:.0f} min of wall time at {at_once} trials at once" if wall is not None else ""
-        lines.append(f"time: about {rows.seconds / 60:.0f} min of trial compute for {rows.trials} trials{at} "
+        at = f"; about {minutes(wall)} of wall time at {at_once} trials at once" if wall is not None else ""
+        lines.append(f"time: about {minutes(rows.seconds)} of trial compute for {rows.trials} trials{at} "
                      f"(estimated from {n_rows} earlier rows in the results folder: seconds an epoch of the same "
                      "dataset, model, method and device, median; fewer where warm starts are cached)")
     if rated.trials:
         wall = rated.seconds / (devices or 1)
         walls.append(wall)
         on = f"on {devices} GPUs" if devices and devices > 1 else "on one device"
-        which = "; ".join(f"{r.model} on {r.device}: {float(r.images_per_s):,.0f} images/s ({r.measured}: "
-                          f"{r.source})" for r in rated.sources)
+        which = "; ".join(f"{r.model} on {r.device}: {float(r.images_per_s):,.0f} images/s, measured {r.measured} "
+                          f"by {r.source.split(':')[0]}" for r in rated.sources)  # the source up to its figures
         where = executor_table.table_path()
-        lines.append(f"time: about {wall / 60:.0f} min of wall time {on} for {rated.trials} trials (estimated from "
+        lines.append(f"time: about {minutes(wall)} of wall time {on} for {rated.trials} trials (estimated from "
                      f"the executor table {where.name if where == executor_table.DEFAULT else where}, {which}: "
                      "training images at that rate, evaluated ones at three times it; start-up and data loading "
                      "not counted)")
@@ -155,8 +155,13 @@ def _lines(rows: Part, rated: Part, unknown: dict[tuple[str, str], int], n_rows:
     if unknown or None in walls:
         return lines, None
     if len(walls) > 1:
-        lines.append(f"time: about {sum(walls) / 60:.0f} min of wall time in all")
+        lines.append(f"time: about {minutes(sum(walls))} of wall time in all")
     return lines, sum(walls)
+
+
+def minutes(seconds: float) -> str:
+    """`seconds` in minutes, to a tenth below ten (a short grid's estimate is not 0 or 2 min)."""
+    return f"{seconds / 60:.1f} min" if seconds < 600 else f"{seconds / 60:.0f} min"
 
 
 def device_kind(device: str) -> str:

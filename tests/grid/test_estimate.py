@@ -52,10 +52,11 @@ def test_dry_run_estimates_from_the_executor_tables_rate_and_says_so(tmp_path, m
     monkeypatch.setenv("BENCH_EXECUTOR_TABLE", str(table_with_rate(tmp_path, "mlp", EPOCH_S)))
     lines = dry_run(config, tmp_path / "results", capsys)
     assert len(lines) == 1, lines
-    minutes = (epochs + warm) * EPOCH_S / 60
-    assert lines[0].startswith(f"time: about {minutes:.0f} min of wall time on one device for 8 trials (estimated "
+    assert (epochs + warm) * EPOCH_S / 60 == 12
+    assert lines[0].startswith(f"time: about 12 min of wall time on one device for 8 trials (estimated "
                                f"from the executor table {tmp_path / 'table.csv'}, mlp on cpu: ")
-    assert "bench calibrate --device cpu" in lines[0] and "start-up and data loading not counted" in lines[0]
+    assert "measured 2026-12-07 cpu by bench calibrate --device cpu" in lines[0]
+    assert "start-up and data loading not counted" in lines[0]
 
 
 def test_earlier_rows_come_before_the_table(tmp_path, monkeypatch, capsys):
@@ -70,7 +71,7 @@ def test_earlier_rows_come_before_the_table(tmp_path, monkeypatch, capsys):
     write(results, rows)
     monkeypatch.setenv("BENCH_EXECUTOR_TABLE", str(table_with_rate(tmp_path, "mlp", EPOCH_S)))
     lines = dry_run(config, results, capsys)
-    assert len(lines) == 1 and lines[0].startswith("time: about 18 min of trial compute for 4 trials; about 9 min "
+    assert len(lines) == 1 and lines[0].startswith("time: about 18 min of trial compute for 4 trials; about 9.0 min "
                                                    "of wall time at 2 trials at once (estimated from 4 earlier rows")
 
 

@@ -220,7 +220,7 @@ def test_dry_run_estimates_the_time_from_earlier_rows_and_says_how(capsys, tmp_p
                 warmup_s=180.0 if t.method == "ce" else 0.5))
     write(results, rows)
     assert main(["run", str(config), "--dry-run", "--results", str(results), "--num-cpus", "2"]) == 0
-    assert ("time: about 18 min of trial compute for 4 trials; about 9 min of wall time at 2 trials at once "
+    assert ("time: about 18 min of trial compute for 4 trials; about 9.0 min of wall time at 2 trials at once "
             "(estimated from 4 earlier rows in the results folder: seconds an epoch of the same dataset, model, method "
             "and device, median; fewer where warm starts are cached)") in capsys.readouterr().out.splitlines()
 
