@@ -19,7 +19,7 @@ from bench.grid.describe import print_plan, print_size
 from bench.grid.experiment import Experiment
 from bench.grid.files import Overrides, load_experiment
 from bench.grid.plan import Plan, parse_executor
-from bench.grid.runner import Settings, run_experiment, trial_device
+from bench.grid.runner import Settings, cpu_slots, run_experiment, trial_device
 from bench.grid.validate import check_data, check_grid_size, check_results
 from bench.schema import GRID_LIMIT
 from bench.store import folder
@@ -53,15 +53,6 @@ class Lines:
                       "`bench results`)", file=sys.stderr, flush=True)
 
 
-def cpu_slots(exp: Experiment, args: argparse.Namespace) -> int:
-    """The trials a local Ray runs at once on CPUs: its CPUs (--num-cpus, else all) over each trial's share, at most
-    --max-concurrent (or the file's max_concurrent)."""
-    cpus = args.num_cpus or os.cpu_count() or 1
-    share = args.cpus_per_trial if args.cpus_per_trial is not None else exp.resources.cpu
-    limit = args.max_concurrent or exp.max_concurrent or cpus
-    return max(1, min(limit, int(cpus // share)))
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     numerics = (f"numerics={args.numerics}",) if args.numerics else ()  # another computation: a grid of its own
     overrides = Overrides(tuple(args.sets) + numerics, args.methods, args.seeds)
@@ -91,7 +82,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         gpu, device = trial_device(exp, args.gpus_per_trial)
         plan = Plan.make(exp, folder.absolute(results), device=device)
         print_plan(plan, pack=spec, data_root=args.data_root, gpus=gpus if gpu > 0 else None, gpu=gpu,
-                   gpu_kind=gpu_kind, at_once=None if args.address or gpu > 0 else cpu_slots(exp, args))
+                   gpu_kind=gpu_kind, at_once=None if args.address or gpu > 0 else cpu_slots(
+                       exp, args.num_cpus, args.cpus_per_trial, args.max_concurrent))
         if args.address is None:  # on a cluster the data lives on the nodes
             # Missing data ends the dry run as it ends the run: its one line, exit 2, after the plan.
             check_data([exp.dataset], args.data_root, plan.trials[:1])

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import heapq
 import os
-import statistics
 from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -16,9 +15,9 @@ from bench.config import Schedule
 from bench.data import get_dataset
 from bench.exec.executor import Unit, get_executor
 from bench.grid import executor_table
-from bench.grid.plan import Plan, plan_units, unit_epochs, unit_kind, unit_spec, warm_cell
+from bench.grid.estimate import time_estimate
+from bench.grid.plan import Plan, plan_units, unit_epochs, unit_kind, unit_spec
 from bench.schema import GRID_LIMIT
-from bench.store.folder import Store
 from bench.trial import TrialConfig
 
 if TYPE_CHECKING:  # the listing takes an Experiment; it need not import the experiment files' YAML reader
@@ -166,7 +165,7 @@ def print_plan(plan: Plan, out: Callable[[str], None] = print, pack: str | int =
                data_root: str | os.PathLike[str] | None = None, gpus: int | None = None, gpu: float = 0.0,
                gpu_kind: str | None = None, at_once: int | None = None) -> None:
     """The `--dry-run` listing; `gpus`: the GPUs the trials would run on (None: they ask for none) and their kind;
-    `gpu`: each trial's GPU share; `at_once`: the trials that would run together, where known (`time_estimate`)."""
+    `gpu`: each trial's GPU share; `at_once`: the trials that would run together, where known."""
     exp, pending = plan.experiment, plan.pending
     total = len(plan.trials)
     out(f"experiment {exp.name} ({exp.source}): {exp.dataset}, noise {', '.join(exp.noise)}, "
@@ -181,8 +180,8 @@ def print_plan(plan: Plan, out: Callable[[str], None] = print, pack: str | int =
     out(f"work to run: {w['method_epochs']} method-stage epochs + {w['warm_epochs']} warm-start epochs "
         f"({w['warm_starts']} CE warm starts shared by {len(pending)} trials; {saved} epochs saved by sharing, "
         f"fewer if some are already cached)")
-    if estimate := time_estimate(plan, at_once):
-        out(estimate)
+    for line in time_estimate(plan, at_once, gpus, gpu_kind).lines:
+        out(line)
     res = exp.resources
     out(f"per trial: {res.cpu:g} CPU, {res.gpu:g} GPU, device {pending[0].device if pending else exp.device}; "
         f"at most {exp.max_concurrent or 'as many as fit'} at once")
@@ -202,55 +201,6 @@ def print_plan(plan: Plan, out: Callable[[str], None] = print, pack: str | int =
     for i, t in enumerate(plan.trials, 1):
         state = plan.done.get(t.trial_id, "pending")
         out(f"  {i:>{width}}. {t.trial_id}  {state:8s} {t.describe()}")
-
-
-def time_estimate(plan: Plan, at_once: int | None) -> str:
-    """The `--dry-run`'s estimate of the pending trials' time, from the earlier rows of the results folder: per trial,
-    the median seconds an epoch of the method stage in the rows of its dataset, model, method, device kind and
-    training subset, times its epochs; per warm-start cell, the median over earlier cells of the seconds an epoch
-    of the warm start (the row that trained it: a cell's longest), times its epochs. Trials no earlier row matches are
-    counted apart. `at_once`: the trials that run together (None: not known, as on GPUs or a cluster)."""
-    pending = plan.pending
-    rows = [r for r in Store(plan.results).read_table().iter_rows(named=True)
-            if r.get("status") in ("ok", "diverged") and r.get("method_s") is not None and r.get("epochs")]
-    if not pending or not rows:
-        return "time: no estimate (no earlier row in the results folder to measure from)" if pending else ""
-    method: dict[tuple[Any, ...], list[float]] = {}
-    cells: dict[tuple[Any, ...], float] = {}
-    for r in rows:
-        where = (r["dataset"], r["model"], device_kind(r["device"]), r["train_subset"])
-        method.setdefault((*where, r["method"]), []).append(r["method_s"] / r["epochs"])
-        if r.get("warmup_s") is not None and r.get("epochs_warmup"):
-            cell = (*where, r["noise"], r["r"], r["seed"], r["epochs_warmup"])
-            cells[cell] = max(cells.get(cell, 0.0), r["warmup_s"] / r["epochs_warmup"])
-    warm: dict[tuple[Any, ...], list[float]] = {}
-    for cell, rate in cells.items():
-        warm.setdefault(cell[:4], []).append(rate)
-    seconds, unknown, started = 0.0, 0, set()
-    for t in pending:
-        where = (t.dataset, t.network(), device_kind(t.device), t.train_subset)
-        warmup, stage = t.schedules()
-        if (*where, t.method) not in method or where not in warm:
-            unknown += 1
-            continue
-        seconds += statistics.median(method[(*where, t.method)]) * stage.epochs
-        if warm_cell(t) not in started:  # the cache trains each warm start once
-            started.add(warm_cell(t))
-            seconds += statistics.median(warm[where]) * warmup.epochs
-    measured = len(pending) - unknown
-    if not measured:
-        return (f"time: no estimate (none of the {len(rows)} earlier rows in the results folder has the dataset, "
-                "model, method and device of a pending trial)")
-    wall = f"; about {seconds / at_once / 60:.0f} min of wall time at {at_once} trials at once" if at_once else ""
-    missing = f"; {unknown} trials not counted (no earlier row like them)" if unknown else ""
-    return (f"time: about {seconds / 60:.0f} min of trial compute for {measured} trials{wall} (estimated from "
-            f"{len(rows)} earlier rows in the results folder: seconds an epoch of the same dataset, model, method and "
-            f"device, median; fewer where warm starts are cached){missing}")
-
-
-def device_kind(device: str) -> str:
-    """A row's device ("cuda:0 (NVIDIA H100 ...)", "cpu (x86_64)") or a trial's ("cuda:1") as its kind: cuda, cpu."""
-    return str(device).split(" ")[0].split(":")[0]
 
 
 def print_size(exp: Experiment, out: Callable[[str], None] = print) -> None:

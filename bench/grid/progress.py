@@ -11,7 +11,9 @@ the training core emits (`bench.exec.events`, read by `UnitReporter`), not from 
 (`StatusBoard`): on a terminal a compact table under the finished lines, redrawn every `REDRAW_EVERY` seconds;
 elsewhere (a pipe, a file, `ray job submit`'s log) one status line every `Settings.status_every` seconds. The ETA
 counts work in trial-epochs (`bench.grid.plan.Plan.work`: method-stage epochs, and warm-start epochs once per cached
-cell), so the units in flight count with the epochs they have done.
+cell), so the units in flight count with the epochs they have done; from the first finished trial, or before it
+from the plan's estimate (`bench.grid.estimate`, marked "(estimate)"), so that it is not "--" while the first units
+warm up.
 
 The summary's table applies the protocol of `bench report` (`bench.report.analysis`: per cell, the hyper-parameters
 with the lowest mean noisy-validation loss over seeds) and its rounding (`bench.report.analysis.fmt`), so the two never
@@ -120,6 +122,7 @@ class Tally:
     work_finished: int = 0  # trial-epochs of the finished units
     running: dict[str, dict[str, Any]] = field(default_factory=dict)  # unit -> its latest progress record
     working_since: float | None = None  # when the first unit reported (Ray's start-up is not the grid's pace)
+    estimate_s: float | None = None  # the plan's estimated wall time (`bench.grid.estimate`): the ETA until a pace
     seen: set[str] = field(default_factory=set)  # trials whose end the callbacks saw
     interrupted: int | None = None  # the signal that stopped the grid (bench.grid.stop)
     halt: str | None = None  # why the grid ends early without a signal: a full disk
@@ -147,24 +150,38 @@ class Tally:
         if self.working_since is None:
             self.working_since = time.monotonic()
 
+    def work_done(self) -> int:
+        """Trial-epochs done: the finished units', and the in-flight units' by their latest progress record."""
+        return self.work_finished + sum(p.get("work", 0) for p in self.running.values())
+
     def eta(self) -> float | None:
         """Seconds left: the work not done at the pace of the work done since the first unit started, in-flight
-        units counted with the epochs they have trained (by finished trials where the grid trains no epochs);
-        None until `ETA_AFTER` of the work is done or a trial has finished."""
+        units counted with the epochs they have trained; from the first finished trial on, where less than
+        `ETA_AFTER` of the work is done (or the grid trains no epochs), the pace of the finished trials; before
+        either, the plan's estimate less the time elapsed (`estimate_s`; None where there is none, or once the
+        time elapsed has passed it)."""
         if self.done >= self.total:
             return 0.0
-        done = self.work_finished + sum(p.get("work", 0) for p in self.running.values())
+        done = self.work_done()
         if self.work_total > 0 and done >= max(1.0, ETA_AFTER * self.work_total):
             working = time.monotonic() - (self.working_since or self.started)
             return max(self.work_total - done, 0) / done * working
         if self.done:
             return self.elapsed() / self.done * (self.total - self.done)
+        if self.estimate_s is not None and self.estimate_s > self.elapsed():
+            return self.estimate_s - self.elapsed()
         return None
+
+    def paced(self) -> bool:
+        """Whether the ETA comes from the grid's own pace (`eta`), not from the plan's estimate."""
+        return bool(self.done) or (self.work_total > 0 and self.work_done() >= max(1.0, ETA_AFTER * self.work_total))
 
 
 def _eta_text(tally: Tally) -> str:
     eta = tally.eta()
-    return "--" if eta is None else fmt_seconds(eta)
+    if eta is None:
+        return "--"
+    return fmt_seconds(eta) + ("" if tally.paced() else " (estimate)")
 
 
 def describe_progress(p: dict[str, Any] | None) -> str:

@@ -57,6 +57,7 @@ from bench.grid.cluster import (
     start_ray,
 )
 from bench.grid.describe import draw_units
+from bench.grid.estimate import time_estimate
 from bench.grid.experiment import Experiment
 from bench.grid.mlflow_callback import MirrorWriter, make_mlflow_callback
 from bench.grid.plan import Plan
@@ -213,6 +214,29 @@ def plan_on_cluster(pending: list[TrialConfig], s: Settings, gpu: float,
     for line in lines:
         out(line)
     return {u.id: u for u in units}
+
+
+def cpu_slots(exp: Experiment, num_cpus: int | None, cpus_per_trial: float | None,
+              max_concurrent: int | None) -> int:
+    """The trials a local Ray runs at once on CPUs: its CPUs (--num-cpus, else all) over each trial's share, at most
+    --max-concurrent (or the file's max_concurrent)."""
+    cpus = num_cpus or os.cpu_count() or 1
+    share = cpus_per_trial if cpus_per_trial is not None else exp.resources.cpu
+    limit = max_concurrent or exp.max_concurrent or cpus
+    return max(1, min(limit, int(cpus // share)))
+
+
+def estimate_time(exp: Experiment, s: Settings, plan: Plan, gpu: float, tally: Tally,
+                  out: Callable[[str], None]) -> None:
+    """The dry run's time lines (`bench.grid.estimate`), printed before the grid trains, and their wall time as the
+    ETA until the grid's own pace gives one (`Tally.eta`); after Ray started, which counts the GPUs."""
+    local_cpus = s.address is None and gpu == 0
+    at_once = cpu_slots(exp, s.num_cpus, s.cpus_per_trial, s.max_concurrent) if local_cpus else None
+    gpus, kind = (cluster_gpus(), cluster_gpu_kind()) if gpu > 0 else (None, None)
+    estimate = time_estimate(plan, at_once, gpus, kind)
+    for line in estimate.lines:
+        out(line)
+    tally.estimate_s = estimate.wall_s
 
 
 @dataclass
@@ -464,6 +488,7 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
     writer = None
     try:
         units = plan_on_cluster(pending, s, gpu, out)
+        estimate_time(exp, s, plan, gpu, tally, out)
         check_resources({describe_size(u, gpu): unit_bundles(u, cpu, gpu) for u in units.values()})
         if s.address is None:  # the trials run here (on a cluster each worker checks its own)
             check_cuda(pending[0].device)

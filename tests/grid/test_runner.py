@@ -208,7 +208,8 @@ def test_dry_run_estimates_the_time_from_earlier_rows_and_says_how(capsys, tmp_p
     config = write_config(tmp_path)
     results = tmp_path / "results"
     assert main(["run", str(config), "--dry-run", "--results", str(results)]) == 0
-    assert "time: no estimate (no earlier row in the results folder to measure from)" in capsys.readouterr().out
+    assert "time: no estimate (no earlier row like them in the results folder, no images/s for mlp on cpu" in \
+        capsys.readouterr().out
     rows = []
     for t in load_experiment(config).trials():
         if t.seed == 0:
@@ -218,7 +219,7 @@ def test_dry_run_estimates_the_time_from_earlier_rows_and_says_how(capsys, tmp_p
                 warmup_s=180.0 if t.method == "ce" else 0.5))
     write(results, rows)
     assert main(["run", str(config), "--dry-run", "--results", str(results), "--num-cpus", "2"]) == 0
-    assert ("time: about 18 min of trial compute for 4 trials; about 9 min of wall time at 2 trials at once "
+    assert ("time: about 18 min of trial compute for 4 trials; about 9.0 min of wall time at 2 trials at once "
             "(estimated from 4 earlier rows in the results folder: seconds an epoch of the same dataset, model, method "
             "and device, median; fewer where warm starts are cached)") in capsys.readouterr().out.splitlines()
 
