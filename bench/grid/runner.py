@@ -444,6 +444,20 @@ def closed_mirror(writer: MirrorWriter | None, out: Callable[[str], None]) -> Mi
     return writer.mirror
 
 
+def announce(exp: Experiment, plan: Plan, tally: Tally, results: str, out: Callable[[str], None]) -> None:
+    """The grid's opening line (what runs, what is done, its work in epochs), once a grid changed on the command line
+    is kept in the folder as a file `bench run` can take."""
+    if exp.overrides:
+        where = folder.Store(results)
+        where.write_bytes(where.path(f"{exp.name}.yaml"), exp.text.encode())
+    pending = plan.pending
+    w = plan.work(pending)
+    tally.work_total = w["method_epochs"] + w["warm_epochs"]
+    out(f"{exp.name}: running {len(pending)} of {len(plan.trials)} trials ({len(plan.done)} already done); "
+        f"{w['method_epochs']} method-stage epochs + {w['warm_epochs']} warm-start epochs "
+        f"({w['warm_starts']} warm starts); per-epoch logs in {folder.Store(results).logs_hint()}")
+
+
 def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], stop: GridStop,
                     plan: Plan | None) -> Tally:
     cpu = s.cpus_per_trial if s.cpus_per_trial is not None else exp.resources.cpu
@@ -467,14 +481,7 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
         stop.check()
         out(f"{exp.name}: all {len(plan.trials)} trials already have a result row in {results}; nothing to run")
         return tally
-    if exp.overrides:  # a grid changed on the command line: the folder keeps it as a file `bench run` can take
-        where = folder.Store(results)
-        where.write_bytes(where.path(f"{exp.name}.yaml"), exp.text.encode())
-    w = plan.work(pending)
-    tally.work_total = w["method_epochs"] + w["warm_epochs"]
-    out(f"{exp.name}: running {len(pending)} of {len(plan.trials)} trials ({len(plan.done)} already done); "
-        f"{w['method_epochs']} method-stage epochs + {w['warm_epochs']} warm-start epochs "
-        f"({w['warm_starts']} warm starts); per-epoch logs in {folder.Store(results).logs_hint()}")
+    announce(exp, plan, tally, results, out)
 
     if s.address is None:
         plain_trial_workers()  # before Ray starts: its processes inherit the environment
