@@ -106,6 +106,7 @@ methods: {ce: {}, dmi: {lr: 0.001}}
 
 
 @pytest.mark.slow
+@pytest.mark.install
 @needs_pypi
 def test_bench_runs_on_the_oldest_light_dependencies(tmp_path: Path) -> None:
     python, site = fresh_venv(tmp_path / "oldest")
@@ -139,6 +140,7 @@ def local_file(report: Path, name: str) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.install
 @needs_pypi
 def test_a_venv_with_the_oldest_torch_and_numpy_keeps_them(tmp_path: Path) -> None:
     pins = oldest_pins()
