@@ -9,6 +9,8 @@
     ray/                        Ray Tune's own storage
     mlflow.db, mlartifacts/     the embedded MLflow store (`bench.store.mirror`)
     damaged/                    unreadable result files that `bench run` set aside
+    index/<table>.parquet       a compact copy of each table's rows, by file, that readers keep and check against
+                                the listing (`bench.store.dataset`): a cache, never the truth
     grids/<experiment>.yaml     each grid `bench run` ran, as its experiment file, and the trials it expands to
     grids/<experiment>.json     (`bench.store.grids`): the readers say which of them have no row
     .bench.lock                 held by the one driver writing into the folder (local folders only)
@@ -361,12 +363,6 @@ class Store:
 
         self._atomically(path, lambda out: pq.write_table(table, out))
 
-    def _paths(self, table: str) -> list[str]:
-        import pyarrow.fs as pafs
-
-        selector = pafs.FileSelector(self.path(table), allow_not_found=True)
-        return sorted(info.path for info in self.fs.get_file_info(selector) if info.path.endswith(".parquet"))
-
     def _read(self, path: str) -> Any:
         """One parquet file as a polars frame; None (with one warning per file and process) if it is unreadable or
         not one of ours."""
@@ -378,7 +374,7 @@ class Store:
         """All rows of `trials` or `epochs` as one polars frame (empty if none), of the `columns` the files hold (all
         for None), read as one dataset (`bench.store.dataset`), and each file that is unreadable or not one of ours
         with what is wrong with it (no warning: the caller says what it does with them)."""
-        return dataset.read(self.fs, self._paths(table), table, columns)
+        return dataset.read(self, table, columns)
 
     def read_table(self, table: str = "trials", columns: Sequence[str] | None = None) -> Any:
         """All rows of `trials` or `epochs`, as one polars frame (empty if none), of the `columns` the files hold

@@ -60,7 +60,7 @@ def mixed_folder(root: Path) -> None:
 def one_by_one(root: Path, table: str, columns: tuple[str, ...] | None) -> tuple[pl.DataFrame, dict[str, str]]:
     """The files read as the store read them before: each on its own, the good ones concatenated."""
     store, frames, problems = Store(root), [], {}
-    for path in store._paths(table):  # noqa: SLF001 - the listing the store reads
+    for path in dataset.listing(store, table):
         frame, problem = dataset.read_one(store.fs, path)
         if problem:
             problems[path] = problem
@@ -69,19 +69,52 @@ def one_by_one(root: Path, table: str, columns: tuple[str, ...] | None) -> tuple
     return (pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()), problems
 
 
+def same_as_one_by_one(root: Path, table: str, columns: tuple[str, ...] | None) -> None:
+    expected, refused = one_by_one(root, table, columns)
+    found, problems = Store(root).scan(table, columns)
+    assert problems == refused
+    assert found.schema == expected.schema
+    assert found.equals(expected, null_equal=True)
+
+
 @pytest.mark.parametrize("table", ["trials", "epochs"])
 @pytest.mark.parametrize("columns", [None, ("trial_id", "status"), ("wall_s", "finished_at", "r"), ()])
 def test_one_pass_reads_what_reading_file_by_file_reads(tmp_path: Path, table: str, columns: tuple | None) -> None:
     mixed_folder(tmp_path)
-    expected, refused = one_by_one(tmp_path, table, columns)
-    found, problems = Store(tmp_path).scan(table, columns)
-    assert problems == refused and len(refused) == {"trials": 9, "epochs": 1}[table]
-    assert found.schema == expected.schema
-    assert found.equals(expected, null_equal=True)
+    assert len(one_by_one(tmp_path, table, None)[1]) == {"trials": 9, "epochs": 1}[table]
+    same_as_one_by_one(tmp_path, table, columns)  # the files read, the compact copy written
+    assert (tmp_path / "index" / f"{table}.parquet").is_file()
+    same_as_one_by_one(tmp_path, table, columns)  # from the copy
     if columns is None and table == "trials":  # the rows themselves, value for value (floats bit for bit)
-        assert [r["trial_id"] for r in found.iter_rows(named=True)] == [f"t{n:03d}" for n in range(30)]
+        found = Store(tmp_path).read_table()
+        assert found["trial_id"].to_list() == [f"t{n:03d}" for n in range(30)]
         assert all(math.copysign(1, a) == math.copysign(1, b) and a == b for a, b in
                    zip(found["test_acc"].to_list(), [70.0 + n / 7 for n in range(30)], strict=True))
+
+
+@pytest.mark.parametrize("table", ["trials", "epochs"])
+@pytest.mark.parametrize("columns", [None, ("trial_id", "status", "wall_s")])
+def test_the_compact_copy_follows_files_added_removed_and_replaced_by_hand(tmp_path: Path, table: str,
+                                                                            columns: tuple | None) -> None:
+    mixed_folder(tmp_path)
+    Store(tmp_path).scan(table, columns)
+    for n in (4, 7):  # removed
+        (tmp_path / table / f"t{n:03d}.parquet").unlink()
+    Store(tmp_path).write_trial(row(40, host="elsewhere"), CURVE)  # added, of a schema of its own
+    Store(tmp_path).write_trial(row(5, status="failed", wall_s=-0.0), [])  # replaced: another row, no curves
+    (tmp_path / table / "t010.parquet").write_bytes(b"damaged since")
+    same_as_one_by_one(tmp_path, table, columns)
+    same_as_one_by_one(tmp_path, table, columns)
+    (tmp_path / "index" / f"{table}.parquet").write_bytes(b"a copy cut short")  # a cache that cannot be read
+    same_as_one_by_one(tmp_path, table, columns)
+    same_as_one_by_one(tmp_path, table, None)
+
+
+def test_a_folder_that_refuses_the_copy_is_read_all_the_same(tmp_path: Path) -> None:
+    mixed_folder(tmp_path)
+    (tmp_path / "index").write_text("a file where the copies' folder goes")
+    same_as_one_by_one(tmp_path, "trials", None)
+    same_as_one_by_one(tmp_path, "trials", ("status",))
 
 
 def test_each_damaged_file_is_named_once_and_set_aside_with_its_words(tmp_path: Path, capsys) -> None:
