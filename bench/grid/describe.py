@@ -202,6 +202,11 @@ def print_plan(plan: Plan, out: Callable[[str], None] = print, pack: str | int =
         out(f"  {i:>{width}}. {t.trial_id}  {state:8s} {t.describe()}")
 
 
+# The columns of earlier rows `time_estimate` reads.
+ESTIMATE_COLUMNS = ("status", "method_s", "epochs", "warmup_s", "epochs_warmup", "dataset", "model", "device",
+                    "train_subset", "method", "noise", "r", "seed")
+
+
 def time_estimate(plan: Plan, at_once: int | None) -> str:
     """The `--dry-run`'s estimate of the pending trials' time, from the earlier rows of the results folder: per trial,
     the median seconds an epoch of the method stage in the rows of its dataset, model, method, device kind and
@@ -209,7 +214,7 @@ def time_estimate(plan: Plan, at_once: int | None) -> str:
     of the warm start (the row that trained it: a cell's longest), times its epochs. Trials no earlier row matches are
     counted apart. `at_once`: the trials that run together (None: not known, as on GPUs or a cluster)."""
     pending = plan.pending
-    rows = [r for r in Store(plan.results).read_table().iter_rows(named=True)
+    rows = [r for r in Store(plan.results).read_table(columns=ESTIMATE_COLUMNS).iter_rows(named=True)
             if r.get("status") in ("ok", "diverged") and r.get("method_s") is not None and r.get("epochs")]
     if not pending or not rows:
         return "time: no estimate (no earlier row in the results folder to measure from)" if pending else ""
