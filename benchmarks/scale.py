@@ -170,7 +170,7 @@ def report(best: dict[tuple[str, int, str], tuple[float, float, float]], arms: d
                   f"{'met' if cpu <= 10 and rss <= 1024 else 'NOT met'}")
     full = max((n for (label, n, _) in best if label == "dry run 60"), default=0)
     for arm in arms:
-        if full and ("dry run 60", 0, arm) in best:
+        if full and ("dry run 60", 0, arm) in best and ("dry run 60", full, arm) in best:
             ratio = best[("dry run 60", full, arm)][0] / best[("dry run 60", 0, arm)][0]
             print(f"  dry run of 60 trials into {full:,} rows / into an empty folder, {arm}: {ratio:.2f}x CPU "
                   f"(after: <= 2)")

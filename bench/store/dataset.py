@@ -142,6 +142,8 @@ class Copy:
         path = store.path(INDEX, f"{table}.parquet")
         if not store.local or not os.path.isfile(path):
             return cls()
+        if os.path.islink(path) or os.path.islink(store.path(INDEX)):  # not ours: never read through a link
+            return cls(outdated=True)
         try:
             held = pq.read_schema(path)
             schemas = tuple(pl.read_ipc(io.BytesIO(base64.b64decode(s)))
@@ -183,7 +185,7 @@ class Copy:
         known = {schema_key(s.schema): i for i, s in enumerate(schemas)}
         names = pl.Series([p.rsplit("/", 1)[-1] for p in files], dtype=pl.String)
         keys = pl.Series(list(files.values()), dtype=pl.String)
-        parts = [] if self.rows is None else [self.rows]
+        parts = [] if self.rows is None or self.rows.is_empty() else [self.rows]
         for key, frame in groups:
             if key not in known:
                 known[key] = len(schemas)
@@ -191,12 +193,16 @@ class Copy:
             at = frame[AT].to_numpy()
             parts.append(frame.with_columns(names.gather(at).alias(FILE), keys.gather(at).alias(KEY),
                                             pl.lit(known[key], dtype=pl.Int64).alias(SCHEMA)).drop(AT))
+        path = store.path(INDEX, f"{table}.parquet")
+        if not parts or os.path.islink(path) or os.path.islink(store.path(INDEX)):
+            return  # nothing to keep (a copy left as it was holds no file under its present identity), or a link
+            # planted where the copy goes: left as it is (a reader changes nothing that is not its own)
         try:
             whole = pl.concat(parts, how="diagonal_relaxed").to_arrow().replace_schema_metadata(
                 {"bench.schemas": json.dumps([base64.b64encode(_ipc(s)).decode() for s in schemas])})
             sink = pa.BufferOutputStream()
             pq.write_table(whole, sink)
-            store.write_bytes(store.path(INDEX, f"{table}.parquet"), sink.getvalue().to_pybytes())
+            store.write_bytes(path, sink.getvalue().to_pybytes())
         except (OSError, pa.ArrowException, pl.exceptions.PolarsError):
             pass  # a read-only folder, a full disk: the next reader reads the files again
 
