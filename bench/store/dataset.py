@@ -6,9 +6,10 @@ own) spent 5-6 ms of CPU a row, on every command. Here a table is read in three 
      times; on an object store, none);
   2. the files the table's compact copy (`index/<table>.parquet`, below) holds under that same identity, taken from
      it: one parquet file of every row, read for only the columns asked for;
-  3. the others read as one dataset: each file's footer once, the files grouped by their schema, each group read in
-     one multi-threaded pass of only the columns asked for (and those the ownership check needs), the check
-     (`bench.store.columns.not_ours`) made once per distinct schema and over whole columns, never file by file.
+  3. the others read as one dataset: each file's schema first (its footer), the files grouped by it, each group read
+     in one multi-threaded polars pass of only the columns asked for (and those the ownership check needs), the
+     check (`bench.store.columns.not_ours`) made once per distinct schema and over whole columns, never file by file;
+     then kept in the copy, so that the next reader reads none of them.
 The compact copy is a cache, never the truth: a row file added, removed or replaced by hand (another identity) is
 read from its file, a copy that cannot be read is ignored, and a reader that read new files (or found files gone)
 writes the copy anew, whole (to a temporary name, then renamed), where it can: a read-only folder is read all the
