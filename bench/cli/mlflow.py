@@ -16,7 +16,7 @@ from bench.store import folder, mirror
 
 def cmd_sync_mlflow(args: argparse.Namespace) -> int:
     results = folder.absolute(args.results)
-    if folder.read_table(results).is_empty():
+    if folder.read_table(results, columns=("trial_id",)).is_empty():
         raise UserError(f"no result rows under {args.results}/trials")
     uri = mirror.tracking_uri(results, args.mlflow_uri)
     if uri is not None and uri.startswith("sqlite:///"):  # a store MLflow would retry for minutes to write

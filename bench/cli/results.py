@@ -37,13 +37,18 @@ def cmd_results(args: argparse.Namespace) -> int:
     return 0
 
 
+# What `bench status` reads of each row: its trial, when it landed, and what makes it usable (`analysis.with_usable`).
+STATUS_COLUMNS = ("trial_id", "finished_at", "status", "val_loss", "test_acc", "dataset", "noise", "r", "method",
+                  "seed")
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     """`bench status`: per grid recorded in the folder (`bench.store.grids`), its trials with a usable row, failed and
     to go, and while a `bench run` holds the folder (`Store.driver`), the rate its rows landed at since it started
     and the ETA that rate gives; read from the files alone, so any shell on the same filesystem can ask."""
     import polars as pl
 
-    table = read_table(args.results)
+    table = read_table(args.results, columns=STATUS_COLUMNS)
     rows = analysis.with_usable(table) if not table.is_empty() else pl.DataFrame(
         schema={"trial_id": pl.String, "usable": pl.Boolean, "finished_at": pl.String})
     found = completeness.gaps(args.results, rows)

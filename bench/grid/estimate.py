@@ -62,10 +62,15 @@ def epoch_images(t: TrialConfig) -> tuple[int, int]:
     return train, val + (test + min(TRAIN_SAMPLE, train) if dataset.epoch_eval else 0)
 
 
+# The columns of earlier rows `rates_from_rows` reads.
+ESTIMATE_COLUMNS = ("status", "method_s", "epochs", "warmup_s", "epochs_warmup", "dataset", "model", "device",
+                    "train_subset", "method", "noise", "r", "seed")
+
+
 def rates_from_rows(results: str) -> tuple[int, dict[tuple[Any, ...], list[float]], dict[tuple[Any, ...], list[float]]]:
     """(rows read, method-stage seconds an epoch by (dataset, model, device kind, subset, method), warm-start seconds
     an epoch by (dataset, model, device kind, subset)) of the folder's finished rows."""
-    rows = [r for r in Store(results).read_table().iter_rows(named=True)
+    rows = [r for r in Store(results).read_table(columns=ESTIMATE_COLUMNS).iter_rows(named=True)
             if r.get("status") in ("ok", "diverged") and r.get("method_s") is not None and r.get("epochs")]
     method: dict[tuple[Any, ...], list[float]] = {}
     cells: dict[tuple[Any, ...], float] = {}

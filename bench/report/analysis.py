@@ -38,8 +38,6 @@ import numpy as np
 import polars as pl
 
 from bench.config import UserError
-from bench.data import get_dataset, paper_noise
-from bench.methods import registry
 from bench.noise import is_instance_dependent
 from bench.report.statistics import ALPHA, MIN_CI_SEEDS, accuracy_interval, marker, paired_test
 from bench.store import folder
@@ -80,6 +78,7 @@ def label(method: str) -> str:
 
 @functools.cache
 def _labels() -> dict[str, str]:
+    from bench.methods import registry  # the methods are torch modules: imported where a label is first asked for
 
     return {name: cls.title.split(" (")[0] for name, cls in registry().items() if cls.title}
 
@@ -398,6 +397,13 @@ def read_reference(name: str = REFERENCE_CSV) -> pl.DataFrame:
                        schema_overrides={"noise_r": pl.Float64, "acc_mean": pl.Float64, "acc_std": pl.Float64})
 
 
+def paper_noise(dataset: str) -> str | None:
+    """`bench.data.paper_noise`, imported when first asked (the datasets import torch)."""
+    from bench.data import paper_noise as noise_of_the_paper
+
+    return noise_of_the_paper(dataset)
+
+
 PAPER, LITERATURE = "paper", "literature"  # `read_published`'s `published_by`: whose table a published row is from
 
 
@@ -405,6 +411,8 @@ def read_published() -> pl.DataFrame:
     """Every published result a run is shown beside: the paper's table (its network: each dataset's own model, which
     the paper trains), then the literature's on the other datasets, with their networks. `published_by` says whose
     each row is (`PAPER` or `LITERATURE`); `source` and `table` cite the table itself."""
+    from bench.data import get_dataset  # the datasets import torch: only where the published table is read
+
     paper = read_reference().with_columns(
         pl.col("dataset").map_elements(lambda name: get_dataset(name).model, return_dtype=pl.String).alias("model"))
     paper = paper.with_columns(pl.col("model").alias("network"), pl.lit("the L_DMI paper").alias("table"),

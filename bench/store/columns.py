@@ -187,6 +187,29 @@ TABLE_COLUMNS = {
 _NAME = re.compile(NAME.pattern)
 
 
+def column_kind(table: str, column: str) -> str | None:
+    """What a column of a file of `table` must hold (`TABLE_COLUMNS`; a NAME for the `NAME_COLUMNS`), None: any."""
+    return TABLE_COLUMNS.get(table, {}).get(column, "name" if column in NAME_COLUMNS else None)
+
+
+def kind_fault(table: str, column: str, dtype: Any) -> str | None:
+    """What is wrong with a column of polars type `dtype` in a file of `table` (None: nothing; a column of nulls
+    only fits any kind): a file's schema alone decides it."""
+    import polars as pl
+
+    kind = column_kind(table, column)
+    if kind is None or dtype == pl.Null:
+        return None
+    if kind in ("name", "text") and dtype != pl.String or kind == "int" and not dtype.is_integer() \
+            or kind == "number" and not dtype.is_numeric():
+        return f"column {column} holds {dtype}"
+    return None
+
+
+def is_name(value: str) -> bool:
+    return _NAME.fullmatch(value) is not None
+
+
 def not_ours(frame: Any, table: str, stem: str) -> str | None:
     """What makes a polars frame read from `<table>/<stem>.parquet` not one of ours (None: nothing): a missing
     column (`TABLE_COLUMNS`) or one of another type, a trial_id other than the file's name, a name field that is not
@@ -200,15 +223,10 @@ def not_ours(frame: Any, table: str, stem: str) -> str | None:
     if one_row and frame.height != 1:
         return f"{frame.height} rows where a trial has one"
     for column in frame.columns:
-        kind = columns.get(column, "name" if column in NAME_COLUMNS else None)
-        dtype = frame.schema[column]
-        if kind is None or dtype == pl.Null:
-            continue
-        if kind in ("name", "text") and dtype != pl.String or kind == "int" and not dtype.is_integer() \
-                or kind == "number" and not dtype.is_numeric():
-            return f"column {column} holds {dtype}"
-        if kind == "name":
-            bad = [v for v in frame[column].drop_nulls().unique().to_list() if not _NAME.fullmatch(v)]
+        if problem := kind_fault(table, column, frame.schema[column]):
+            return problem
+        if column_kind(table, column) == "name" and frame.schema[column] == pl.String:
+            bad = [v for v in frame[column].drop_nulls().unique().to_list() if not is_name(v)]
             if bad:
                 return f"{column} {bad[0][:60]!r} is not a name ({NAME.words})"
     if frame.height and set(frame["trial_id"].to_list()) != {stem}:

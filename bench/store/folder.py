@@ -9,6 +9,8 @@
     ray/                        Ray Tune's own storage
     mlflow.db, mlartifacts/     the embedded MLflow store (`bench.store.mirror`)
     damaged/                    unreadable result files that `bench run` set aside
+    index/<table>.parquet       a compact copy of each table's rows, by file, that readers keep and check against
+                                the listing (`bench.store.dataset`): a cache, never the truth
     grids/<experiment>.yaml     each grid `bench run` ran, as its experiment file, and the trials it expands to
     grids/<experiment>.json     (`bench.store.grids`): the readers say which of them have no row
     .bench.lock                 held by the one driver writing into the folder (local folders only)
@@ -50,13 +52,14 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 from bench.config import FolderFull, UserError, disk_full
-from bench.store.columns import arrow_tables, not_ours
+from bench.store import dataset
+from bench.store.columns import arrow_tables
 
 TABLES = ("trials", "epochs")
 
@@ -360,42 +363,25 @@ class Store:
 
         self._atomically(path, lambda out: pq.write_table(table, out))
 
-    def _paths(self, table: str) -> list[str]:
-        import pyarrow.fs as pafs
-
-        selector = pafs.FileSelector(self.path(table), allow_not_found=True)
-        return sorted(info.path for info in self.fs.get_file_info(selector) if info.path.endswith(".parquet"))
-
-    def _load(self, path: str) -> tuple[Any, str | None]:
-        """One parquet file of a table as a polars frame, or None and what is wrong with it: unreadable, or not
-        one of ours (`bench.store.columns.not_ours`)."""
-        import polars as pl
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        try:
-            frame = pl.from_arrow(pq.read_table(path, filesystem=self.fs))
-        except (OSError, pa.ArrowException) as e:
-            return None, f"unreadable: {type(e).__name__}: {' '.join(str(e).split())[:160]}"
-        problem = not_ours(frame, path.rsplit("/", 2)[-2], path.rsplit("/", 1)[-1].removesuffix(".parquet"))
-        return (None, problem) if problem else (frame, None)
-
     def _read(self, path: str) -> Any:
         """One parquet file as a polars frame; None (with one warning per file and process) if it is unreadable or
         not one of ours."""
-        frame, problem = self._load(path)
-        if problem and path not in _WARNED:
-            _WARNED.add(path)
-            print(f"bench: warning: skipping the result file {path} ({problem}); `bench run` sets it aside and "
-                  "runs its trial again", file=sys.stderr, flush=True)
+        frame, problem = dataset.read_one(self.fs, path)
+        _warn({path: problem} if problem else {})
         return frame
 
-    def read_table(self, table: str = "trials") -> Any:
-        """All rows of `trials` or `epochs`, as one polars frame (empty if none); unreadable files are skipped."""
-        import polars as pl
+    def scan(self, table: str = "trials", columns: Sequence[str] | None = None) -> tuple[Any, dict[str, str]]:
+        """All rows of `trials` or `epochs` as one polars frame (empty if none), of the `columns` the files hold (all
+        for None), read as one dataset (`bench.store.dataset`), and each file that is unreadable or not one of ours
+        with what is wrong with it (no warning: the caller says what it does with them)."""
+        return dataset.read(self, table, columns)
 
-        frames = [frame for p in self._paths(table) if (frame := self._read(p)) is not None]
-        return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
+    def read_table(self, table: str = "trials", columns: Sequence[str] | None = None) -> Any:
+        """All rows of `trials` or `epochs`, as one polars frame (empty if none), of the `columns` the files hold
+        (all for None: a command names those it uses); unreadable files are skipped with one warning each."""
+        frame, problems = self.scan(table, columns)
+        _warn(problems)
+        return frame
 
     def read_row(self, trial_id: str) -> tuple[dict[str, Any] | None, Any]:
         """One trial's row and its curves (None where missing or unreadable)."""
@@ -405,7 +391,7 @@ class Store:
 
     def statuses(self) -> dict[str, str]:
         """trial_id -> status of every result row."""
-        table = self.read_table()
+        table = self.read_table(columns=("trial_id", "status"))
         if table.is_empty():
             return {}
         return dict(zip(table["trial_id"].to_list(), table["status"].to_list(), strict=True))
@@ -413,16 +399,15 @@ class Store:
     def set_aside_damaged(self) -> list[tuple[str, str]]:
         """Move every result file that is unreadable or not one of ours to `damaged/` (so that its trial runs again
         and the file stays for inspection); return (where each went, what was wrong). A trial whose curves are
-        damaged has its row set aside too: its row alone would mark it done, and its curves would never come back."""
+        damaged has its row set aside too: its row alone would mark it done, and its curves would never come back.
+        Reads only what the check needs, each file once."""
         moved = []
         for table in ("epochs", "trials"):  # curves first: their rows follow them
-            for path in self._paths(table):
-                _, problem = self._load(path)
-                if problem:
-                    moved.append((self._set_aside(table, path), problem))
-                    row = self.path("trials", Path(path).name)
-                    if table == "epochs" and self.exists(row):
-                        moved.append((self._set_aside("trials", row), "its curves (epochs/) were damaged"))
+            for path, problem in sorted(self.scan(table, columns=())[1].items()):
+                moved.append((self._set_aside(table, path), problem))
+                row = self.path("trials", Path(path).name)
+                if table == "epochs" and self.exists(row):
+                    moved.append((self._set_aside("trials", row), "its curves (epochs/) were damaged"))
         return moved
 
     def _set_aside(self, table: str, path: str) -> str:
@@ -535,7 +520,18 @@ def _holder(path: Path) -> str:
         return f.read(500).decode("utf-8", "replace").strip() or "another process"
 
 
+def _warn(problems: dict[str, str]) -> None:
+    """One warning for each file of `problems` (path -> what is wrong) not yet named in this process."""
+    for path, problem in sorted(problems.items()):
+        if path not in _WARNED:
+            _WARNED.add(path)
+            print(f"bench: warning: skipping the result file {path} ({problem}); `bench run` sets it aside and "
+                  "runs its trial again", file=sys.stderr, flush=True)
+
+
 _WARNED: set[str] = set()  # unreadable files already named in this process
+
+
 class Checkpoints:
     """`checkpoints/<unit>.pt`: a trial's (or a pack's) method-stage state after its last finished epoch, so that a
     trial retried by Ray, or re-run after the driver was killed, resumes where it stopped. Cleared once the unit's
@@ -580,6 +576,6 @@ def unsaved_folder() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "bench" / "unsaved"
 
 
-def read_table(results: str | os.PathLike[str], table: str = "trials") -> Any:
-    """`Store(results).read_table(table)`: all rows of `trials` or `epochs` as one polars frame."""
-    return Store(results).read_table(table)
+def read_table(results: str | os.PathLike[str], table: str = "trials", columns: Sequence[str] | None = None) -> Any:
+    """`Store(results).read_table(table, columns)`: all rows of `trials` or `epochs` as one polars frame."""
+    return Store(results).read_table(table, columns)

@@ -15,11 +15,12 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bench import protocol
 from bench.store.folder import Store
-from bench.trial import TrialConfig
+
+if TYPE_CHECKING:  # a reader of the records imports no torch (the trial's module does)
+    from bench.trial import TrialConfig
 
 GRIDS = "grids"
 # What a recorded trial says of itself: its id and its cell, named as the result row's columns name them.
@@ -36,6 +37,8 @@ class Grid:
 
 def record(results: str | os.PathLike[str], name: str, text: str, trials: list[TrialConfig]) -> None:
     """Keep the grid `name` (its experiment file's `text` and its `trials`) in the results folder."""
+    from bench import protocol  # torch: `bench run` has it already
+
     store = Store(results)
     listed = [dict(trial_id=t.trial_id, dataset=t.dataset, noise=t.noise, r=float(t.r), method=t.method,
                    seed=int(t.seed), protocol=protocol.canonical(t.protocol)) for t in trials]
