@@ -78,9 +78,15 @@ def label(method: str) -> str:
 
 @functools.cache
 def _labels() -> dict[str, str]:
-    from bench.methods import registry  # the methods are torch modules: imported where a label is first asked for
+    return {name: cls.title.split(" (")[0] for name, cls in plugins()[1].registry().items() if cls.title}
 
-    return {name: cls.title.split(" (")[0] for name, cls in registry().items() if cls.title}
+
+def plugins() -> tuple[Any, Any]:
+    """`bench.data` and `bench.methods`, imported where first asked for: their plug-ins are torch modules, and a
+    listing of rows needs none (`bench results` imports no torch: tests/cli/test_no_torch_readers.py)."""
+    from bench import data, methods  # torch: only where a label, the paper's noise or the published table is asked
+
+    return data, methods
 
 
 # ---------------------------------------------------------------------------------------------------- loading
@@ -398,10 +404,8 @@ def read_reference(name: str = REFERENCE_CSV) -> pl.DataFrame:
 
 
 def paper_noise(dataset: str) -> str | None:
-    """`bench.data.paper_noise`, imported when first asked (the datasets import torch)."""
-    from bench.data import paper_noise as noise_of_the_paper
-
-    return noise_of_the_paper(dataset)
+    """`bench.data.paper_noise`, imported when first asked (`plugins`)."""
+    return plugins()[0].paper_noise(dataset)
 
 
 PAPER, LITERATURE = "paper", "literature"  # `read_published`'s `published_by`: whose table a published row is from
@@ -411,8 +415,7 @@ def read_published() -> pl.DataFrame:
     """Every published result a run is shown beside: the paper's table (its network: each dataset's own model, which
     the paper trains), then the literature's on the other datasets, with their networks. `published_by` says whose
     each row is (`PAPER` or `LITERATURE`); `source` and `table` cite the table itself."""
-    from bench.data import get_dataset  # the datasets import torch: only where the published table is read
-
+    get_dataset = plugins()[0].get_dataset
     paper = read_reference().with_columns(
         pl.col("dataset").map_elements(lambda name: get_dataset(name).model, return_dtype=pl.String).alias("model"))
     paper = paper.with_columns(pl.col("model").alias("network"), pl.lit("the L_DMI paper").alias("table"),

@@ -25,7 +25,8 @@ BARE_BOX_FORBIDDEN = {"ray", "mlflow", "yaml", "scipy", "matplotlib"}
 MODULE_LINES = 600
 FUNCTION_LINES = 80
 LONG_FUNCTIONS_ALLOWED = 0
-INNER_IMPORTS_ALLOWED = 20  # 20: the run summary imports bench.report late, so a Ray worker never loads it (#47)
+INNER_IMPORTS_ALLOWED = 22  # 20: the run summary imports bench.report late, so a Ray worker never loads it (#47);
+# 22: the readers import the plug-in registries (torch) late, so `bench results` imports no torch (#56)
 
 
 def module_name(path: Path) -> str:
