@@ -294,7 +294,7 @@ def check(paths: list[str]) -> list[str]:
         resolved = folders or [CHECKOUT]
     if folders:
         os.environ[PLUGINS_ENV] = os.pathsep.join(map(str, folders))
-        for registry in (methods, datasets, models.registry):
+        for registry in (methods, datasets, models.registry, executors):  # each registry found anew, with them
             registry.cache_clear()
     failures = []
     for kind, found in selected(resolved).items():

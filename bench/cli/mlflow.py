@@ -16,12 +16,14 @@ from bench.store import folder, mirror
 
 def cmd_sync_mlflow(args: argparse.Namespace) -> int:
     results = folder.absolute(args.results)
-    if folder.read_table(results, columns=("trial_id",)).is_empty():
-        raise UserError(f"no result rows under {args.results}/trials")
     uri = mirror.tracking_uri(results, args.mlflow_uri)
     if uri is not None and uri.startswith("sqlite:///"):  # a store MLflow would retry for minutes to write
         folder.check_output(Path(uri.removeprefix("sqlite:///")), "MLflow store", "name a store you can write with "
                             "--mlflow-uri (e.g. sqlite:////tmp/mlflow.db)", kind="file")
+    # After the store's check: reading the rows refreshes the folder's compact copy (index/), and a refused command
+    # writes nothing.
+    if folder.read_table(results, columns=("trial_id",)).is_empty():
+        raise UserError(f"no result rows under {args.results}/trials")
     synced = mirror.backfill(results, args.mlflow_uri)
     if synced is None:
         return 1

@@ -16,6 +16,7 @@ from bench import models
 from bench.cli import check
 from bench.cli.main import main
 from bench.data import registry as datasets
+from bench.exec.executor import executors
 from bench.methods import registry as methods
 from bench.report.analysis import LITERATURE_CSV, read_published, read_reference
 from tests import doc_examples
@@ -211,7 +212,7 @@ def test_bench_check_passes_the_docs_examples_as_a_plug_in_folder(tmp_path, monk
             "method": [METHOD], "dataset": [DATASET], "executor": ["sequence" + doc_examples.FRESH],
             "panel": ["seeds" + doc_examples.FRESH]}
     finally:
-        for registry in (datasets, methods, models.registry):
+        for registry in (datasets, methods, models.registry, executors):
             registry.cache_clear()
 
 

@@ -116,7 +116,10 @@ def test_a_worker_node_lost_at_each_moment_of_a_unit_leaves_every_trial_ok(tmp_p
     the grid ends with exit 0, every trial one row `ok` and one MLflow run."""
     cluster = Cluster(tmp_path, clean_env())
     results = tmp_path / "r"
-    config = grid_file(tmp_path, "wl", r=[round(0.05 * i, 2) for i in range(10)], epochs=3)
+    # 30 epochs (about 4 s a unit on a quiet 2-core machine): a unit lasts long enough for each moment to be caught
+    # (mid-epoch needs a second of training, a checkpoint must be seen before the unit ends and removes it); at 3
+    # epochs a quiet machine finished the grid before the third moment.
+    config = grid_file(tmp_path, "wl", r=[round(0.05 * i, 2) for i in range(10)], epochs=30)
     struck, gone = [], set()
     try:
         cluster._start("head", ["--head", "--port", str(cluster.port), "--include-dashboard", "false",
