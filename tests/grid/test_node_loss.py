@@ -173,7 +173,16 @@ def start_second(cluster: Cluster, gone: set[str]) -> str:
 def nodes_listed(cluster: Cluster) -> list[dict]:
     listed = subprocess.run([str(BIN / "python"), "-c", LIST_NODES, cluster.address], capture_output=True, text=True,
                             timeout=120, env=cluster.env)
-    return json.loads(listed.stdout.strip().splitlines()[-1]) if listed.returncode == 0 else []
+    # The listing is the last line that reads as JSON: a line of Ray's own (a raylet's message while a node is lost)
+    # can come after it; none: not listed yet, and the caller asks again.
+    for line in reversed(listed.stdout.splitlines() if listed.returncode == 0 else []):
+        try:
+            found = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(found, list):
+            return found
+    return []
 
 
 # -- the moments: each a test of the second node's state, true when the moment has come --------------------------
