@@ -108,6 +108,7 @@ def test_a_lost_head_ends_the_grid_in_one_line_with_the_summary_and_every_landed
 
 
 # -- a worker node lost at five moments of one grid ---------------------------------------------------------------
+TRIALS = 20
 def test_a_worker_node_lost_at_each_moment_of_a_unit_leaves_every_trial_ok(tmp_path: Path) -> None:
     """One grid, its units all on the second node (the head offers no CPU), which is SIGKILLed and started again
     five times, each at another moment of a unit's life there: as its actor starts (before the unit trained),
@@ -117,9 +118,10 @@ def test_a_worker_node_lost_at_each_moment_of_a_unit_leaves_every_trial_ok(tmp_p
     cluster = Cluster(tmp_path, clean_env())
     results = tmp_path / "r"
     # 30 epochs (about 4 s a unit on a quiet 2-core machine): a unit lasts long enough for each moment to be caught
-    # (mid-epoch needs a second of training, a checkpoint must be seen before the unit ends and removes it); at 3
-    # epochs a quiet machine finished the grid before the third moment.
-    config = grid_file(tmp_path, "wl", r=[round(0.05 * i, 2) for i in range(10)], epochs=30)
+    # (mid-epoch needs a second of training, a checkpoint must be seen before the unit ends and removes it); and 20
+    # trials, two at a time, outlast the five moments (at 3 epochs a quiet machine finished a grid of 10 before the
+    # third moment, at 30 epochs before the fifth).
+    config = grid_file(tmp_path, "wl", r=[round(0.025 * i, 3) for i in range(TRIALS)], epochs=30)
     struck, gone = [], set()
     try:
         cluster._start("head", ["--head", "--port", str(cluster.port), "--include-dashboard", "false",
@@ -148,7 +150,7 @@ def test_a_worker_node_lost_at_each_moment_of_a_unit_leaves_every_trial_ok(tmp_p
     run = (tmp_path / "run.log").read_text()
     assert driver.returncode == 0, run[-5000:]
     landed = rows(results)
-    assert len(landed) == 10 and {r["status"] for r in landed} == {"ok"}, run[-4000:]
+    assert len(landed) == TRIALS and {r["status"] for r in landed} == {"ok"}, run[-4000:]
     assert mlflow_trial_runs(f"sqlite:///{results}/mlflow.db", "wl") == Counter({r["trial_id"]: 1 for r in landed})
     retried = summary_figure(run, r"Ray retried (\d+) trials")
     assert retried >= 3, run[-3000:]  # at least the moments where a unit was surely in flight: start, mid, checkpoint
