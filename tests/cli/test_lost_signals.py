@@ -13,8 +13,17 @@ from bench.cli import main as cli
 from bench.grid.stop import Interrupted
 
 
+@pytest.fixture
+def sigint_as_python_sets_it():
+    """SIGINT as Python sets it in a foreground process, whatever started the tests (a shell script's background
+    job has it ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_while_the_command_imports_is_raised_once_the_imports_are_done(sig):
+def test_a_signal_while_the_command_imports_is_raised_once_the_imports_are_done(sig, sigint_as_python_sets_it):
     imported_on = []
     with cli._terminable(), pytest.raises(Interrupted) as stopped:
         with cli._holding_signals():

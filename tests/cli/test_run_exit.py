@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -68,6 +69,7 @@ def test_a_grid_command_exits_at_once_with_everything_written(tmp_path: Path) ->
     results = tmp_path / "results"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "EXIT_PROBE": str(tmp_path),
            "PYTHONPATH": os.pathsep.join([str(tmp_path / "probe"), os.environ.get("PYTHONPATH", "")])}
+    started = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "bench.cli.main", "run", str(tmp_path / "grid.yaml"),
                              "--results", str(results), "--num-cpus", "2", "--yes"],
                             env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -79,7 +81,9 @@ def test_a_grid_command_exits_at_once_with_everything_written(tmp_path: Path) ->
     assert ray_processes_of(proc.pid) == []
     # The units ran in plain Ray workers: no runtime environment was set up for their actors (Ray Tune's own made
     # each a fresh `setup_worker.py` process, `bench.grid.runner.plain_trial_workers`).
-    sessions = list(Path(os.environ.get("RAY_TMPDIR", "/tmp"), "ray").glob(f"session_*_{proc.pid}"))
+    # Ray names a session after its driver's pid: one of an earlier process that had the same pid is not this run's.
+    sessions = [s for s in Path(os.environ.get("RAY_TMPDIR", "/tmp"), "ray").glob(f"session_*_{proc.pid}")
+                if s.stat().st_mtime >= started]
     assert len(sessions) == 1 and (sessions[0] / "logs").is_dir()
     assert list((sessions[0] / "logs").glob("runtime_env_setup-*")) == []
 
