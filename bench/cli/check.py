@@ -13,6 +13,7 @@ the checkout. A broken contract is one line, `KIND NAME: CONTRACT: what is wrong
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
 import math
 import os
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +61,17 @@ def tiny(dataset: str, method: str, seed: int = 0, train_subset: int | None = 51
 
 def trains(config: TrialConfig, work: Path, run: Callable[..., dict] | None = None) -> dict[str, Any]:
     """The tiny trial's row, after the checks that it trained to a finite loss and reads back as written."""
+    return trains_and_logs(config, work, run)[0]
+
+
+def trains_and_logs(config: TrialConfig, work: Path, run: Callable[..., dict] | None = None) -> tuple[dict, Any]:
+    """`trains`, with the MLflow run its row was logged as."""
     results = work / "results"
     row = (run or run_trial)(config, work / "data", results=results, **QUIET)
     if row["status"] != "ok" or not math.isfinite(row["val_loss"] or math.nan):
         raise Broken(f"trains a tiny trial: its status is {row['status']} with validation loss {row['val_loss']} "
                      f"({(row.get('error') or 'no error recorded').splitlines()[0][:200]})")
-    round_trips(row, results)
-    return row
+    return row, round_trips(row, results)
 
 
 def same(a: Any, b: Any) -> bool:
@@ -77,8 +82,9 @@ def same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def round_trips(row: dict[str, Any], results: Path) -> None:
-    """Its parquet row holds every declared column as written, and its MLflow run the params derived from it."""
+def round_trips(row: dict[str, Any], results: Path) -> Any:
+    """Its parquet row holds every declared column as written, and its MLflow run the params derived from it; the
+    run."""
     table = read_table(results)
     stored = table.filter(table["trial_id"] == row["trial_id"]).row(0, named=True)
     if changed := [c for c in ROW if c in row and not same(row[c], stored.get(c))]:
@@ -91,6 +97,7 @@ def round_trips(row: dict[str, Any], results: Path) -> None:
     if run.data.params != trial_params(stored):
         lost = sorted(set(trial_params(stored).items()) ^ set(run.data.params.items()))[:3]
         raise Broken(f"round-trips its MLflow params: they differ from its row's ({lost})")
+    return run
 
 
 def described(cls: type, *fields: str) -> None:
@@ -146,16 +153,38 @@ def dataset_noise(name: str, work: Path) -> None:
                 raise Broken(f"declares its noise: {pattern} at r=0 flips labels")
 
 
+def reads_files(cls: type) -> bool:
+    """Whether the dataset reads published files (CIFAR-10's lie at the data root itself: no `folder`)."""
+    return bool(cls.files or cls.folder)
+
+
+def trains_here(cls: type) -> bool:
+    """Whether a tiny trial of the dataset can train here: it needs no files, or it writes a stand-in of them."""
+    return not reads_files(cls) or cls.offers_stand_in()
+
+
+@contextlib.contextmanager
+def on_its_files(cls: type, work: Path) -> Iterator[None]:
+    """The dataset's files under `work / "data"`: its stand-in (random examples in the published format) for one
+    read from files."""
+    if not reads_files(cls):
+        yield
+        return
+    cls.stand_in(work / "data", 64)
+    os.environ["BENCH_VERIFY_CHECKSUMS"] = "0"  # a stand-in's checksums are not the published files'
+    try:
+        yield
+    finally:
+        os.environ.pop("BENCH_VERIFY_CHECKSUMS")
+
+
 def dataset_trains(name: str, work: Path) -> None:
     """Its splits hold labels of its classes (all of them in training) and a tiny trial of CE trains on them. A
     dataset read from files trains on its stand-in (random examples in the published format), where it offers one."""
     cls = datasets()[name]
-    if cls.folder and not cls.offers_stand_in():
+    if not trains_here(cls):
         return  # read from published files, and no stand-in to write: nothing to train on here
-    if cls.folder:
-        cls.stand_in(work / "data", 64)
-        os.environ["BENCH_VERIFY_CHECKSUMS"] = "0"  # a stand-in's checksums are not the published files'
-    try:
+    with on_its_files(cls, work):
         splits = cls(work / "data").load()
         c = cls.num_classes
         for split_name, split in (("training", splits.train), ("validation", splits.val), ("test", splits.test)):
@@ -167,10 +196,12 @@ def dataset_trains(name: str, work: Path) -> None:
         if cls.clean_labels and (absent := sorted(set(range(c)) - set(np.asarray(splits.train.y).tolist()))):
             raise Broken(f"labels its classes: no training example of class {absent[0]} "
                          f"({cls.class_names[absent[0]]})")
-        trains(tiny(name, "ce", train_subset=None if cls.folder else min(512, cls.split_sizes[0])), work)
-    finally:
-        if cls.folder:
-            os.environ.pop("BENCH_VERIFY_CHECKSUMS")
+        trains(tiny_on(cls, "ce"), work)
+
+
+def tiny_on(cls: type, method: str) -> TrialConfig:
+    """`tiny` on the dataset's own split sizes (a stand-in holds a few examples)."""
+    return tiny(cls.name, method, train_subset=None if reads_files(cls) else min(512, cls.split_sizes[0]))
 
 
 def executor_runs(name: str, work: Path) -> None:
@@ -233,6 +264,28 @@ def column_declared(name: str, work: Path) -> None:
         raise Broken(f"is declared: it is logged as {column.mlflow!r}, neither param nor metric")
 
 
+_written: dict[str, Any] = {}  # one tiny trial's row and MLflow run, for every column of one `check`
+
+
+def column_written(name: str, work: Path) -> None:
+    """A tiny trial's row holds the column (made, and read back as written: `trains`), and its MLflow run logs it as
+    declared: a param where it is one, a metric where it is one and the row has a value."""
+    if not _written:
+        with tempfile.TemporaryDirectory(prefix="bench-check-columns-") as folder:
+            try:
+                _written["row"], _written["run"] = trains_and_logs(tiny("synthetic", "dmi"), Path(folder))
+            except KeyError as e:  # `make_row` makes every declared column, and names the one it cannot make
+                _written["unmade"] = e.args[0]
+    if _written.get("unmade") == name:
+        raise Broken("is written: no trial's row makes it (bench.store.rows.make_row)")
+    if "row" not in _written:
+        return  # no row to read it in: the column that no row makes is the line
+    row, run, column = _written["row"], _written["run"], ROW[name]
+    logged = {"param": run.data.params, "metric": run.data.metrics}.get(column.mlflow, {})
+    if column.mlflow and row[name] is not None and name not in logged:
+        raise Broken(f"is logged as declared: a trial's MLflow run holds no {column.mlflow} {name}")
+
+
 def imports_interfaces(kind: str, file: Path) -> None:
     """A plug-in file imports from bench only the interfaces (and its registry's own package)."""
     allowed = PLUGIN_INTERFACES + OWN_PACKAGE.get(kind, ())
@@ -250,7 +303,8 @@ def imports_interfaces(kind: str, file: Path) -> None:
 
 CONTRACTS: dict[str, list[Callable[[str, Path], None]]] = {
     "method": [method_described, method_trains], "dataset": [dataset_described, dataset_noise, dataset_trains],
-    "executor": [executor_runs], "panel": [panel_builds], "switch": [switches_declared], "column": [column_declared]}
+    "executor": [executor_runs], "panel": [panel_builds], "switch": [switches_declared],
+    "column": [column_declared, column_written]}
 
 
 def registered() -> dict[str, dict[str, Path]]:
@@ -297,6 +351,7 @@ def check(paths: list[str]) -> list[str]:
         for registry in (methods, datasets, models.registry, executors):  # each registry found anew, with them
             registry.cache_clear()
     failures = []
+    _written.clear()
     for kind, found in selected(resolved).items():
         for name, file in found.items():
             for contract in CONTRACTS[kind]:

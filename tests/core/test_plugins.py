@@ -247,3 +247,30 @@ def test_bench_check_names_the_contract_a_broken_plug_in_breaks_in_one_line(tmp_
     for kind, (_, _, contract) in BROKEN.items():
         assert [line for line in lines if line.startswith(f"bench check: {kind} {names[kind]}: {contract}: ")], \
             (kind, lines)
+
+
+def test_a_column_no_row_makes_or_mlflow_logs_otherwise_breaks_its_contract(monkeypatch, capsys):
+    """`bench check bench/store/columns.py` trains one tiny trial for every column: a column declared but made by
+    no row, and one declared a param that the mirror logs as a metric, are one line each; the others hold."""
+    from bench.store.columns import ROW, Column
+
+    columns = str(Path(check.__file__).parents[1] / "store" / "columns.py")
+    with monkeypatch.context() as patched:
+        patched.setitem(ROW, "never_made", Column("never_made", "float64", "measurement", "metric"))
+        assert main(["check", columns]) == 1
+        assert capsys.readouterr().out.splitlines() == [
+            "bench check: column never_made: is written: no trial's row makes it (bench.store.rows.make_row)"]
+    test_acc = ROW["test_acc"]
+    monkeypatch.setitem(ROW, "test_acc", Column("test_acc", test_acc.type, test_acc.group, "param"))
+    assert main(["check", columns]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        "bench check: column test_acc: is logged as declared: a trial's MLflow run holds no param test_acc"]
+
+
+def test_a_dataset_whose_files_lie_at_the_data_root_trains_on_its_stand_in(tmp_path):
+    """CIFAR-10's files lie at the data root itself (no `folder`): its contract writes its stand-in, as for every
+    dataset read from files, rather than looking for the published files."""
+    cifar10 = datasets()["cifar10"]
+    assert cifar10.folder == "" and cifar10.files and cifar10.offers_stand_in()
+    check.dataset_trains("cifar10", tmp_path)
+    assert (tmp_path / "results" / "trials").is_dir()
