@@ -42,7 +42,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.config import UserError
+from bench import declarations, protocol
+from bench.config import UserError, lookup
 from bench.schema import check_name
 from bench.store import folder
 from bench.store.columns import DIAGNOSTIC_COLUMNS, MLFLOW_METRICS, MLFLOW_PARAMS, ROW
@@ -120,10 +121,11 @@ def _flat(prefix: str, value: Any) -> dict[str, Any]:
 def _selection(row: dict[str, Any]) -> dict[str, str]:
     """The checkpoint-selection rules the trial's protocol implies for its method (the method stage's and the warm
     start's), from the dataset's declared switches; nothing for a dataset or protocol not registered (any more)."""
+    # The dataset's own switches read from its file (`Dataset.switches`, unrun: its module imports torch).
+    declared = declarations.declared("dataset", "authors_protocol", own=True, default=())
     try:
-        from bench.data import get_dataset  # the dataset registry imports torch: `bench sync-mlflow` loads it late
-
-        proto = get_dataset(row["dataset"]).protocol(row.get("protocol") or ROW["protocol"].default)
+        switches = {s.name: s for s in lookup(declared, "dataset", row["dataset"])}
+        proto = protocol.resolve(row.get("protocol") or ROW["protocol"].default, switches, row["dataset"])
         # In words ("lowest loss on the whole validation set, strict"), as `bench trial` prints them: a reader of the
         # UI's compare page reads the rule, not a Python repr.
         return {"selection": proto.selection(row["method"]).words(),
