@@ -11,7 +11,7 @@ import importlib.metadata
 from pathlib import Path
 
 from bench.config import UserError
-from bench.store import folder, mirror
+from bench.store import folder, mirror, mlflow_batches
 
 
 def cmd_sync_mlflow(args: argparse.Namespace) -> int:
@@ -24,7 +24,7 @@ def cmd_sync_mlflow(args: argparse.Namespace) -> int:
     # writes nothing.
     if folder.read_table(results, columns=("trial_id",)).is_empty():
         raise UserError(f"no result rows under {args.results}/trials")
-    synced = mirror.backfill(results, args.mlflow_uri)
+    synced = mlflow_batches.backfill(results, args.mlflow_uri)
     if synced is None:
         return 1
     uri, count = synced
