@@ -1,7 +1,8 @@
-"""`bench sync-mlflow` and `bench ui`: which MLflow store a results folder uses, one call into `store/mirror`.
+"""`bench sync-mlflow` and `bench ui`: which MLflow store a results folder uses, one call into `store/`.
 
 `bench sync-mlflow RESULTS` and `bench ui RESULTS`: which MLflow store a results folder uses and whether it can
-be written or read, one call into `bench.store.mirror` (`backfill`, `serve`), and what it did printed."""
+be written or read, one call into the store layer (`bench.store.mlflow_batches.backfill`, `bench.store.mirror.serve`),
+and what it did printed. Neither imports torch (tests/cli/test_no_torch_readers.py)."""
 
 from __future__ import annotations
 
