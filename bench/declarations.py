@@ -60,8 +60,8 @@ class _Source:
 def declared(kind: str, attribute: str, own: bool = False, default: Any = None) -> dict[str, Any]:
     """{plug-in name: its `attribute`} for every plug-in of `kind` ("method" or "dataset"), as importing its registry
     answers `getattr(cls, attribute)` (with `own`: `cls.__dict__.get(attribute, default)`, the class's own
-    declaration, not inherited), read from the files' syntax where they declare it as data."""
-    key = (kind, attribute, own, repr(default), _plugin_stamps())
+    declaration, not inherited; `default` hashable), read from the files' syntax where they declare it as data."""
+    key = (kind, attribute, own, default, _plugin_stamps())
     try:
         return _read(*key)
     except Unreadable:
@@ -69,7 +69,7 @@ def declared(kind: str, attribute: str, own: bool = False, default: Any = None) 
 
 
 @functools.cache
-def _read(kind: str, attribute: str, own: bool, default_repr: str, plugins: tuple) -> dict[str, Any]:
+def _read(kind: str, attribute: str, own: bool, default: Any, plugins: tuple) -> dict[str, Any]:
     del plugins  # the cache's key: other plug-in files, or the same changed
     found: dict[str, Any] = {}
     for source, cls in _plugin_classes(kind):
@@ -78,15 +78,14 @@ def _read(kind: str, attribute: str, own: bool, default_repr: str, plugins: tupl
             continue
         if name in found:  # two plug-ins of one name: the registry's own error says which
             raise Unreadable(name)
-        found[name] = _attribute(source, cls, attribute, own, eval(default_repr))  # noqa: S307 - our own repr
+        found[name] = _attribute(source, cls, attribute, own, default)
     return dict(sorted(found.items()))
 
 
 @functools.cache
-def _imported(kind: str, attribute: str, own: bool, default_repr: str, plugins: tuple) -> dict[str, Any]:
+def _imported(kind: str, attribute: str, own: bool, default: Any, plugins: tuple) -> dict[str, Any]:
     del plugins
     registry = importlib.import_module(KINDS[kind][0][0]).registry()
-    default = eval(default_repr)  # noqa: S307 - our own repr
     return {name: cls.__dict__.get(attribute, default) if own else getattr(cls, attribute)
             for name, cls in registry.items()}
 

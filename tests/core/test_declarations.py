@@ -33,7 +33,7 @@ def imported(kind: str, attribute: str, own: bool = False, default: object = Non
 
 def read(kind: str, attribute: str, own: bool = False, default: object = None) -> dict[str, object]:
     """The source's answer, never the import's (Unreadable where the source does not tell)."""
-    return declarations._read(kind, attribute, own, repr(default), declarations._plugin_stamps())  # noqa: SLF001
+    return declarations._read(kind, attribute, own, default, declarations._plugin_stamps())  # noqa: SLF001
 
 
 @pytest.fixture
