@@ -2,7 +2,8 @@
 holds, table by table, what MLflow's client writes when the same rows are logged one run at a time (`Mirror.sync`):
 the runs, their tags, params, metrics with their steps, latest metrics and files, over real trials and a failed one,
 across several batches; each run holds its row (the grid writer's check, `assert_runs_hold_rows`); a second sync
-logs nothing; and a store MLflow's client then reads and writes as its own."""
+logs nothing; a trial whose row changed status has its old run deleted and one new run; and MLflow's client then reads
+and writes the store as its own."""
 
 from __future__ import annotations
 
@@ -90,3 +91,27 @@ def test_each_run_holds_its_row_and_a_second_sync_logs_nothing(folders, tmp_path
     (run, _) = client.search_runs([client.get_experiment_by_name("adhoc").experiment_id], order_by=["tags.method"])
     client.log_metric(run.info.run_id, "test_acc_again", run.data.metrics["test_acc"], step=1)
     assert client.get_run(run.info.run_id).data.metrics["test_acc_again"] == run.data.metrics["test_acc"]
+
+
+def test_a_row_whose_status_changed_replaces_its_run(folders, tmp_path) -> None:
+    """A trial re-run after failing: its failed run is deleted and its new row logged, in the batch, as one run."""
+    from mlflow import MlflowClient
+    from mlflow.entities import ViewType
+
+    from bench.store.folder import read_table
+
+    results = tmp_path / "rows"
+    shutil.copytree(folders["with_failed"], results)
+    store = tmp_path / "mlflow.db"
+    assert mlflow_batches.backfill(str(results), f"sqlite:///{store}")[1] == 3
+    failed = read_table(results).filter(status="failed").row(0, named=True)
+    write_trial(results, failed | {"status": "diverged", "error": None}, [])
+    assert mlflow_batches.backfill(str(results), f"sqlite:///{store}")[1] == 1
+    client = MlflowClient(f"sqlite:///{store}")
+    experiment = client.get_experiment_by_name("adhoc").experiment_id
+    query = f"tags.`bench.trial_id` = '{failed['trial_id']}'"
+    (active,) = client.search_runs([experiment], query)
+    (deleted,) = client.search_runs([experiment], query, run_view_type=ViewType.DELETED_ONLY)
+    assert (active.data.tags["bench.status"], active.data.tags["bench.complete"], active.info.status) == (
+        "diverged", "true", "FINISHED")
+    assert deleted.data.tags["bench.status"] == "failed"
