@@ -156,34 +156,46 @@ def imported_modules(file: Path) -> set[str]:
     return names
 
 
-def plugin_modules(kind: tuple[str, ...] = ()) -> list[Any]:
-    """The modules of the plug-in folders in `$BENCH_PLUGINS`, each file imported once (under a name derived from its
-    path, so that two folders may hold files of the same name). With `kind` (the module defining a registry's base
-    class, e.g. "bench.report.panel", and the registry's own places), only the files that import one of them or a
-    module inside one: a plug-in is imported by the registry of the kind it defines alone, so a report panel (polars,
-    scipy) never loads in the training core."""
-    import importlib.util
-    import sys
-
-    modules = []
+def plugin_files(kind: tuple[str, ...] = ()) -> list[Path]:
+    """The files of the plug-in folders in `$BENCH_PLUGINS`; with `kind` (the module defining a registry's base
+    class, e.g. "bench.report.panel", and the registry's own places), only those that import one of them or a module
+    inside one, told from their syntax (`plugin_modules` imports them; `bench.declarations` reads them unrun)."""
+    files = []
     for folder in filter(None, os.environ.get(PLUGINS_ENV, "").split(os.pathsep)):
         path = Path(folder).expanduser().absolute()
         if not path.is_dir():
             raise UserError(f"${PLUGINS_ENV}: {path} is not a folder of plug-in files")
-        for file in sorted(path.glob("*.py")):
-            if kind and not any(m == k or m.startswith(k + ".") for m in imported_modules(file) for k in kind):
-                continue
-            name = f"bench_plugin_{hashlib.sha256(str(file).encode()).hexdigest()[:8]}_{file.stem}"
-            if name not in sys.modules:
-                spec = importlib.util.spec_from_file_location(name, file)
-                module = importlib.util.module_from_spec(spec)
-                sys.modules[name] = module  # before running it: dataclasses and pickling look the module up
-                try:
-                    spec.loader.exec_module(module)
-                except BaseException:
-                    del sys.modules[name]
-                    raise
-            modules.append(sys.modules[name])
+        files += [file for file in sorted(path.glob("*.py"))
+                  if not kind or any(m == k or m.startswith(k + ".") for m in imported_modules(file) for k in kind)]
+    return files
+
+
+def plugin_module_name(file: Path) -> str:
+    """The module name a plug-in file is imported under: derived from its path, so that two folders may hold files
+    of the same name."""
+    return f"bench_plugin_{hashlib.sha256(str(file).encode()).hexdigest()[:8]}_{file.stem}"
+
+
+def plugin_modules(kind: tuple[str, ...] = ()) -> list[Any]:
+    """The modules of `plugin_files(kind)`, each file imported once (under `plugin_module_name`). With `kind`, only
+    the files of that kind: a plug-in is imported by the registry of the kind it defines alone, so a report panel
+    (polars, scipy) never loads in the training core."""
+    import importlib.util
+    import sys
+
+    modules = []
+    for file in plugin_files(kind):
+        name = plugin_module_name(file)
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(name, file)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module  # before running it: dataclasses and pickling look the module up
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[name]
+                raise
+        modules.append(sys.modules[name])
     return modules
 
 

@@ -424,11 +424,5 @@ def paper_datasets() -> list[str]:
     return [name for name, dataset in registry().items() if dataset.paper_noise]
 
 
-def paper_noise(name: str) -> str | None:
-    """The pattern of the paper's table for a dataset name (None: no table, or no such dataset registered)."""
-    dataset = registry().get(name)
-    return dataset.paper_noise if dataset is not None else None
-
-
 def get_dataset(name: str) -> type[Dataset]:
     return lookup(registry(), "dataset", name)

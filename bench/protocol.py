@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from bench.config import UserError
+
+if TYPE_CHECKING:  # imported where a tensor is scored: a dataset's declared switches are read without torch
+    import torch
 
 BENCH, AUTHORS = "bench", "authors"
 
@@ -155,6 +156,9 @@ class Selection:
             return -100.0 * float((logits.argmax(1) == labels).double().mean())
         if self.by != "softmax_ce":
             raise ValueError(f"Selection.logit_score: by {self.by!r} is the method's loss, which the stage computes")
+        import torch
+        import torch.nn.functional as F
+
         probs = torch.softmax(logits.double(), dim=1)
         step = self.batch or len(labels)
         return sum(float(F.cross_entropy(probs[s : s + step], labels[s : s + step]))

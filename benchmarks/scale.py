@@ -1,7 +1,8 @@
 """What a results folder of 1,000 / 10,000 / 50,000 rows costs the commands that read it (issue #56).
 
     python benchmarks/scale.py [--rows 1000,10000,50000] [--rounds 2] [--work DIR]
-                               [--before OTHER/.venv/bin/bench] [--before-rows 10000]
+                               [--before OTHER/.venv/bin/bench] [--before-rows 10000] [--sync-rows 1000]
+                               [--commands results,leaderboard,report,dry-run,sync-mlflow]
 
 Builds, once (kept under --work, reused by later runs), results folders of N rows: two real trials (CE and L_DMI on
 the synthetic set, 1 + 1 epochs, `bench.exec.trainer.run_trial`: `bench.store.rows.make_row`'s rows and curves) give
@@ -11,12 +12,14 @@ written by the store's own writer (`Store.write_trial`: the declared types, its 
 of a realistic grid, without training N trials.
 
 Then, per round, interleaved (the arms' order alternating): `bench results`, `bench leaderboard` and `bench report`
-on each folder, and `bench run GRID --dry-run` of a 60-trial grid into the largest folder of at most 10,000 rows and
-into an empty one, each as a whole process (`bench` beside this interpreter; with --before, also another checkout's
-`bench`: the code before the change, on folders up to --before-rows). Printed per command: CPU seconds (user +
-system of the process and its children), wall seconds and peak RSS, the best of the rounds; CPU per row; the ratios
-of the arms; and the issue's targets (at 10,000 rows each command at most 10 s of CPU and 1 GB; the dry run into
-10,000 rows at most 2x the empty folder's).
+on each folder, `bench run GRID --dry-run` of a 60-trial grid into the largest folder of at most 10,000 rows and
+into an empty one, and `bench sync-mlflow` of the folders of at most --sync-rows rows into a new store (its sqlite
+file and the folder's `mlartifacts/` removed before each), each as a whole process (`bench` beside this interpreter;
+with --before, also another checkout's `bench`: the code before the change, on folders up to --before-rows).
+Printed per command: CPU seconds (user + system of the process and its children), wall seconds and peak RSS, the
+best of the rounds; CPU per row; the ratios of the arms; and the issue's targets (at 10,000 rows each command at
+most 10 s of CPU and 1 GB; the dry run into 10,000 rows at most 2x the empty folder's; sync-mlflow of 1,000 rows at
+most 10 s of CPU).
 """
 
 from __future__ import annotations
@@ -110,7 +113,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "bench-scale")
     parser.add_argument("--before", help="another checkout's `bench` (its .venv/bin/bench): the code before")
     parser.add_argument("--before-rows", type=int, default=10000, help="the largest folder the --before arm reads")
-    parser.add_argument("--commands", default="results,leaderboard,report,dry-run")
+    parser.add_argument("--sync-rows", type=int, default=1000, help="the largest folder sync-mlflow logs")
+    parser.add_argument("--commands", default="results,leaderboard,report,dry-run,sync-mlflow")
     args = parser.parse_args()
     sizes = [int(n) for n in args.rows.split(",")]
     wanted = args.commands.split(",")
@@ -132,6 +136,11 @@ def main() -> None:
             if name in wanted:
                 jobs += [(name, n, arm, [bench, *tail]) for arm, bench in arms.items()
                          if arm != "before" or n <= args.before_rows]
+    if "sync-mlflow" in wanted:
+        for n in (n for n in sizes if n <= args.sync_rows):
+            store = f"sqlite:///{args.work / f'sync-{n}.db'}"
+            jobs += [("sync-mlflow", n, arm, [bench, "sync-mlflow", str(args.work / f"rows-{n}"), "--mlflow-uri",
+                                              store]) for arm, bench in arms.items() if arm != "cold"]
     if "dry-run" in wanted:
         full = max((n for n in sizes if n <= 10000), default=None)
         for n, where in ((0, args.work / "empty"), *(((full, args.work / f"rows-{full}"),) if full else ())):
@@ -143,6 +152,9 @@ def main() -> None:
         for label, n, arm, command in (jobs if round_ % 2 == 0 else jobs[::-1]):
             if arm == "cold":
                 shutil.rmtree(args.work / f"rows-{n}" / "index", ignore_errors=True)
+            if label == "sync-mlflow":  # a new store, every run logged
+                (args.work / f"sync-{n}.db").unlink(missing_ok=True)
+                shutil.rmtree(args.work / f"rows-{n}" / "mlartifacts", ignore_errors=True)
             cpu, wall, rss = measure(command, args.work)
             print(f"round {round_ + 1}: {label:12s} {n:>6} rows  {arm:6s}  cpu {cpu:7.2f} s  wall {wall:7.2f} s  "
                   f"peak {rss:7.0f} MB", flush=True)
@@ -168,6 +180,9 @@ def report(best: dict[tuple[str, int, str], tuple[float, float, float]], arms: d
             cpu, _, rss = best[(label, 10000, "after")]
             print(f"  {label} at 10,000 rows: {cpu:.2f} s CPU (<= 10), {rss:.0f} MB peak (<= 1024): "
                   f"{'met' if cpu <= 10 and rss <= 1024 else 'NOT met'}")
+    if ("sync-mlflow", 1000, "after") in best:
+        cpu = best[("sync-mlflow", 1000, "after")][0]
+        print(f"  sync-mlflow of 1,000 rows: {cpu:.2f} s CPU (<= 10): {'met' if cpu <= 10 else 'NOT met'}")
     full = max((n for (label, n, _) in best if label == "dry run 60"), default=0)
     for arm in arms:
         if full and ("dry run 60", 0, arm) in best and ("dry run 60", full, arm) in best:

@@ -1,7 +1,8 @@
-"""`bench sync-mlflow` and `bench ui`: which MLflow store a results folder uses, one call into `store/mirror`.
+"""`bench sync-mlflow` and `bench ui`: which MLflow store a results folder uses, one call into `store/`.
 
 `bench sync-mlflow RESULTS` and `bench ui RESULTS`: which MLflow store a results folder uses and whether it can
-be written or read, one call into `bench.store.mirror` (`backfill`, `serve`), and what it did printed."""
+be written or read, one call into the store layer (`bench.store.mlflow_batches.backfill`, `bench.store.mirror.serve`),
+and what it did printed. Neither imports torch (tests/cli/test_no_torch_readers.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import importlib.metadata
 from pathlib import Path
 
 from bench.config import UserError
-from bench.store import folder, mirror
+from bench.store import folder, mirror, mlflow_batches
 
 
 def cmd_sync_mlflow(args: argparse.Namespace) -> int:
@@ -24,7 +25,7 @@ def cmd_sync_mlflow(args: argparse.Namespace) -> int:
     # writes nothing.
     if folder.read_table(results, columns=("trial_id",)).is_empty():
         raise UserError(f"no result rows under {args.results}/trials")
-    synced = mirror.backfill(results, args.mlflow_uri)
+    synced = mlflow_batches.backfill(results, args.mlflow_uri)
     if synced is None:
         return 1
     uri, count = synced

@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from bench.config import UserError
+from bench.config import UserError, lookup
+from bench.declarations import declared
 from bench.noise import is_instance_dependent
 from bench.report.statistics import ALPHA, MIN_CI_SEEDS, accuracy_interval, marker, paired_test
 from bench.store import folder
@@ -78,15 +79,9 @@ def label(method: str) -> str:
 
 @functools.cache
 def _labels() -> dict[str, str]:
-    return {name: cls.title.split(" (")[0] for name, cls in plugins()[1].registry().items() if cls.title}
-
-
-def plugins() -> tuple[Any, Any]:
-    """`bench.data` and `bench.methods`, imported where first asked for: their plug-ins are torch modules, and a
-    listing of rows needs none (`bench results` imports no torch: tests/cli/test_no_torch_readers.py)."""
-    from bench import data, methods  # torch: only where a label, the paper's noise or the published table is asked
-
-    return data, methods
+    # Read from the plug-ins' files, not imported: they are torch modules, and a listing of rows needs no torch
+    # (tests/cli/test_no_torch_readers.py).
+    return {name: title.split(" (")[0] for name, title in declared("method", "title").items() if title}
 
 
 # ---------------------------------------------------------------------------------------------------- loading
@@ -404,8 +399,8 @@ def read_reference(name: str = REFERENCE_CSV) -> pl.DataFrame:
 
 
 def paper_noise(dataset: str) -> str | None:
-    """`bench.data.paper_noise`, imported when first asked (`plugins`)."""
-    return plugins()[0].paper_noise(dataset)
+    """The pattern of the paper's table for a dataset name (None: no table, or no such dataset registered)."""
+    return declared("dataset", "paper_noise").get(dataset)
 
 
 PAPER, LITERATURE = "paper", "literature"  # `read_published`'s `published_by`: whose table a published row is from
@@ -415,9 +410,10 @@ def read_published() -> pl.DataFrame:
     """Every published result a run is shown beside: the paper's table (its network: each dataset's own model, which
     the paper trains), then the literature's on the other datasets, with their networks. `published_by` says whose
     each row is (`PAPER` or `LITERATURE`); `source` and `table` cite the table itself."""
-    get_dataset = plugins()[0].get_dataset
+    models = declared("dataset", "model")
     paper = read_reference().with_columns(
-        pl.col("dataset").map_elements(lambda name: get_dataset(name).model, return_dtype=pl.String).alias("model"))
+        pl.col("dataset").map_elements(lambda name: lookup(models, "dataset", name), return_dtype=pl.String)
+        .alias("model"))
     paper = paper.with_columns(pl.col("model").alias("network"), pl.lit("the L_DMI paper").alias("table"),
                                pl.lit(PAPER).alias("published_by"))
     literature = read_reference(LITERATURE_CSV).with_columns(pl.lit(LITERATURE).alias("published_by"))

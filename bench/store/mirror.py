@@ -17,8 +17,8 @@ so that MLflow's Duration is the trial's time: `trial_times`).
 Experiments are tagged as classic machine-learning ones (`EXPERIMENT_KIND`), and `bench ui` links each one's runs
 table with the UI's machine-learning view (`runs_links`): MLflow 3 otherwise opens an experiment on its GenAI overview.
 
-`bench sync-mlflow RESULTS` backfills (`backfill`) and `bench ui RESULTS` serves the MLflow UI on 127.0.0.1 (`serve`);
-their commands are `bench.cli.mlflow`'s.
+`bench ui RESULTS` serves the MLflow UI on 127.0.0.1 (`serve`); `bench sync-mlflow RESULTS` backfills a batch of
+runs at a time (`bench.store.mlflow_batches`); their commands are `bench.cli.mlflow`'s.
 """
 
 from __future__ import annotations
@@ -39,10 +39,12 @@ import time
 import urllib.request
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.config import UserError
+from bench import declarations, protocol
+from bench.config import UserError, lookup
 from bench.schema import check_name
 from bench.store import folder
 from bench.store.columns import DIAGNOSTIC_COLUMNS, MLFLOW_METRICS, MLFLOW_PARAMS, ROW
@@ -120,10 +122,11 @@ def _flat(prefix: str, value: Any) -> dict[str, Any]:
 def _selection(row: dict[str, Any]) -> dict[str, str]:
     """The checkpoint-selection rules the trial's protocol implies for its method (the method stage's and the warm
     start's), from the dataset's declared switches; nothing for a dataset or protocol not registered (any more)."""
+    # The dataset's own switches read from its file (`Dataset.switches`, unrun: its module imports torch).
+    declared = declarations.declared("dataset", "authors_protocol", own=True, default=())
     try:
-        from bench.data import get_dataset  # the dataset registry imports torch: `bench sync-mlflow` loads it late
-
-        proto = get_dataset(row["dataset"]).protocol(row.get("protocol") or ROW["protocol"].default)
+        switches = {s.name: s for s in lookup(declared, "dataset", row["dataset"])}
+        proto = protocol.resolve(row.get("protocol") or ROW["protocol"].default, switches, row["dataset"])
         # In words ("lowest loss on the whole validation set, strict"), as `bench trial` prints them: a reader of the
         # UI's compare page reads the rule, not a Python repr.
         return {"selection": proto.selection(row["method"]).words(),
@@ -181,12 +184,53 @@ def trial_times(row: dict[str, Any]) -> tuple[int, int] | None:
     return end - round(float(row["wall_s"]) * 1000), end
 
 
+@dataclass
+class RunContent:
+    """What a trial's run holds, from its row and curves alone: its name, tags (the complete tag aside: set last),
+    params, metrics as (key, value, timestamp ms, step), files (name -> text), times in ms and final status."""
+
+    name: str
+    tags: dict[str, str]
+    params: dict[str, str]
+    metrics: list[tuple[str, float, int, int]]
+    files: dict[str, str]
+    start: int | None
+    end: int | None
+    status: str
+
+
+def run_content(row: dict[str, Any], epochs: pl.DataFrame | None) -> RunContent:
+    """A trial's run (`RunContent`): what `Mirror` logs one call at a time and `bench.store.mlflow_batches` writes
+    a batch at a time."""
+    tags = {f"{TAG}kind": "trial", f"{TAG}trial_id": row["trial_id"], f"{TAG}cell": cell_of(row),
+            f"{TAG}status": row["status"]} | {k: str(row[k]) for k in ("dataset", "method", "noise", "r", "seed")}
+    # The protocol and its switches (`bench.protocol`); rows written before protocols existed were bench's.
+    tags.update({f"{TAG}{k}": str(row.get(k) or ROW[k].default) for k in ("protocol", "switches")})
+    if row.get("oracle"):  # selected on the clean test set (`bench.protocol.Selection.oracle`): no result
+        tags[f"{TAG}oracle"] = "true"
+    start, end = trial_times(row) or (None, None)  # the trial's own times: MLflow's Duration is its wall time
+    now = int(time.time() * 1000) if end is None else end
+    metrics = [(k, float(row[k]), now, 0) for k in MLFLOW_METRICS if row.get(k) is not None]
+    if epochs is not None and epochs.height:
+        for e in epochs.iter_rows(named=True):
+            prefix = "" if e["stage"] == "method" else f"{e['stage']}_"
+            for name in ("train_loss", "val_loss", "val_acc", "seconds", *DIAGNOSTIC_COLUMNS):
+                if e.get(name) is not None:
+                    metrics.append((f"{prefix}epoch_{name}", float(e[name]), now, int(e["epoch"])))
+    files = {"result_row.json": json.dumps(row, indent=1, sort_keys=True, default=str)} | {  # the row, its matrices
+        name: row[column] for column, name in (("confusion", "confusion_matrix.json"), ("estimated_transition",
+        "estimated_transition.json"), ("transition", "true_transition.json"), ("empirical_transition",
+        "empirical_transition.json"), ("error", "error.txt")) if row.get(column)}
+    return RunContent(run_name(row), tags, trial_params(row), metrics, files, start, end,
+                      "FINISHED" if row["status"] != "failed" else "FAILED")
+
+
 class Mirror:
     """Logs result rows to one MLflow store. After the first failure it stops trying and says how to backfill."""
 
     def __init__(self, uri: str, results: str | os.PathLike[str], warn=None) -> None:
         _quiet_sqlalchemy()
-        # "Creating initial tables...", and a traceback logged for each database error, which `_guard` and
+        # "Creating initial tables...", and a traceback logged for each database error, which `guard` and
         # `open_mirror` say in one line
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
         from mlflow import MlflowClient
@@ -201,7 +245,7 @@ class Mirror:
         self._runs: dict[str, dict[str, list[str]]] = {}  # experiment -> trial_id -> its runs, complete or not
 
     # -- failure handling -------------------------------------------------------------------------------------
-    def _guard(self, what: str, fn, *args):
+    def guard(self, what: str, fn, *args):
         if self.failed:
             return None
         try:
@@ -272,7 +316,7 @@ class Mirror:
         """Log one trial (skipped if already logged with the same status). True if it is in MLflow now."""
         if not self.loggable(row):
             return False
-        return bool(self._guard(f"logging trial {row['trial_id']}", self._log_row, row, epochs))
+        return bool(self.guard(f"logging trial {row['trial_id']}", self._log_row, row, epochs))
 
     def loggable(self, row: dict[str, Any]) -> bool:
         """A row whose experiment name could not be a folder name (a path, '..') is not logged: the embedded
@@ -294,33 +338,17 @@ class Mirror:
         trial_id = row["trial_id"]
         if trial_id in logged and logged[trial_id][1] == row["status"]:
             return True
-        # Outdated or partial runs of this trial (a failed attempt, a driver killed mid-log) go first.
-        for old in self._runs[experiment].pop(trial_id, []):
-            self.client.delete_run(old)
-        logged.pop(trial_id, None)
-
-        cell = cell_of(row)
-        tags = {f"{TAG}kind": "trial", f"{TAG}trial_id": trial_id, f"{TAG}cell": cell, f"{TAG}status": row["status"]}
-        tags.update({k: str(row[k]) for k in ("dataset", "method", "noise", "r", "seed")})
-        # The protocol and its switches (`bench.protocol`); rows written before protocols existed were bench's.
-        tags.update({f"{TAG}{k}": str(row.get(k) or ROW[k].default) for k in ("protocol", "switches")})
-        if row.get("oracle"):  # selected on the clean test set (`bench.protocol.Selection.oracle`): no result
-            tags[f"{TAG}oracle"] = "true"
-        start, end = trial_times(row) or (None, None)  # the trial's own times: MLflow's Duration is its wall time
-        run = self.client.create_run(exp_id, start_time=start, run_name=run_name(row), tags=tags)
-        run_id = run.info.run_id
+        self.drop_outdated(experiment, trial_id)
+        run = run_content(row, epochs)
+        created = self.client.create_run(exp_id, start_time=run.start, run_name=run.name, tags=run.tags)
+        run_id = created.info.run_id
         self._runs[experiment][trial_id] = [run_id]
-
-        now = int(time.time() * 1000) if end is None else end
-        metrics = [Metric(k, float(row[k]), now, 0) for k in MLFLOW_METRICS if row.get(k) is not None]
-        if epochs is not None and epochs.height:
-            for e in epochs.iter_rows(named=True):
-                prefix = "" if e["stage"] == "method" else f"{e['stage']}_"
-                for name in ("train_loss", "val_loss", "val_acc", "seconds", *DIAGNOSTIC_COLUMNS):
-                    if e.get(name) is not None:
-                        metrics.append(Metric(f"{prefix}epoch_{name}", float(e[name]), now, int(e["epoch"])))
-        params = [Param(k, v) for k, v in trial_params(row).items()]
-        self._log_files(run_id, row)
+        metrics = [Metric(*m) for m in run.metrics]
+        params = [Param(k, v) for k, v in run.params.items()]
+        with tempfile.TemporaryDirectory(prefix="bench-mlflow-") as where:  # the row's files, in one call
+            for name, text in run.files.items():
+                Path(where, name).write_text(text, encoding="utf-8")
+            self.client.log_artifacts(run_id, where)
         # Params, metrics and, last, the tag that marks the run complete, in as few of MLflow's batches as its limits
         # allow (1,000 values a call, 100 of them params): one transaction each, where a call a value was one each.
         while params or metrics:
@@ -328,23 +356,16 @@ class Mirror:
             more, metrics = metrics[:1000 - len(some)], metrics[1000 - len(some):]
             done = [] if params or metrics else [RunTag(f"{TAG}complete", "true")]
             self.client.log_batch(run_id, metrics=more, params=some, tags=done)
-        self.client.set_terminated(run_id, "FINISHED" if row["status"] != "failed" else "FAILED", end_time=end)
+        self.client.set_terminated(run_id, run.status, end_time=run.end)
         logged[trial_id] = (run_id, row["status"])
         return True
 
-    def _log_files(self, run_id: str, row: dict[str, Any]) -> None:
-        """The row's files as the run's artifacts (the row as JSON, its matrices, its error), in one call."""
-        files = {"result_row.json": json.dumps(row, indent=1, sort_keys=True, default=str)}
-        for column, name in (("confusion", "confusion_matrix.json"),
-                             ("estimated_transition", "estimated_transition.json"),
-                             ("transition", "true_transition.json"),
-                             ("empirical_transition", "empirical_transition.json"), ("error", "error.txt")):
-            if row.get(column):
-                files[name] = row[column]
-        with tempfile.TemporaryDirectory(prefix="bench-mlflow-") as where:
-            for name, text in files.items():
-                Path(where, name).write_text(text, encoding="utf-8")
-            self.client.log_artifacts(run_id, where)
+    def drop_outdated(self, experiment: str, trial_id: str) -> None:
+        """Delete the trial's runs that are outdated or partial (a failed attempt, a driver killed mid-log): a trial
+        about to be logged again has one run. (`logged(experiment)` first: it lists them.)"""
+        for old in self._runs[experiment].pop(trial_id, []):
+            self.client.delete_run(old)
+        self._logged[experiment].pop(trial_id, None)
 
     def sync(self, results: str | os.PathLike[str], trial_ids: set[str] | None = None) -> int:
         """Log every row under `results` (or those in `trial_ids`) that MLflow lacks; return how many."""
@@ -358,7 +379,7 @@ class Mirror:
             if trial_ids is not None and row["trial_id"] not in trial_ids or not self.loggable(row):
                 continue
             experiment = row.get("experiment") or "adhoc"
-            known = self._guard("listing runs", self.logged, experiment)
+            known = self.guard("listing runs", self.logged, experiment)
             if known is None:
                 break
             if row["trial_id"] in known and known[row["trial_id"]][1] == row["status"]:
@@ -533,19 +554,7 @@ def _not_a_database(path: Path) -> str | None:
     return None if verdict == "ok" else f"integrity check: {verdict[:120]}"
 
 
-# -- what `bench sync-mlflow` and `bench ui` do (their commands: `bench.cli.mlflow`) -----------------------------
-def backfill(results: str, uri: str | None) -> tuple[str, int] | None:
-    """Log every row under the local or remote folder `results` that the store lacks, holding the folder (not while
-    a `bench run` logs into the same store); (the store's URI, how many runs were logged), or None where the store
-    could not be opened or failed on the way (a warning has said so)."""
-    with folder.Store(results).hold():
-        mirror = open_mirror(results, uri)
-        if mirror is None:
-            return None
-        count = mirror.sync(results)
-    return (mirror.uri, count) if mirror.ok else None
-
-
+# -- what `bench ui` does (its command: `bench.cli.mlflow`) ------------------------------------------------------
 JOB_RUNNER = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
 
 

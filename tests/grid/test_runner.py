@@ -262,14 +262,22 @@ def test_each_mlflow_run_holds_its_row_and_curves_exactly(grid, tmp_path):
     """MLflow's writer (a thread, off Ray Tune's loop: issue #56, item 2) logs what the callback logged before it,
     checked against the rows themselves: one complete, finished run a trial; its tags; each configuration column as
     a param; each measured column as a metric of the row's value; each curve point at its epoch; the row's files."""
+    _, results, _, _ = grid
+    assert_runs_hold_rows(results / "mlflow.db", "syn", results, tmp_path)
+
+
+def assert_runs_hold_rows(store: Path, experiment: str, results: Path, tmp_path: Path) -> None:
+    """Each row under `results` is one complete, finished run of `experiment` in the sqlite `store`, holding the row:
+    its tags, each configuration column as a param, each measured column as a metric of the row's value, each curve
+    point at its epoch, the row's files."""
     from mlflow import MlflowClient
 
     from bench.store.columns import MLFLOW_METRICS, MLFLOW_PARAMS
 
-    _, results, _, _ = grid
     rows, epochs = read_table(results), read_table(results, "epochs")
-    client = MlflowClient(f"sqlite:///{results / 'mlflow.db'}")
-    runs = mlflow_trial_runs(results, "syn")
+    client = MlflowClient(f"sqlite:///{store}")
+    runs = [run for run in client.search_runs([client.get_experiment_by_name(experiment).experiment_id],
+                                              max_results=1000) if run.data.tags.get("bench.kind") == "trial"]
     assert sorted(r.data.tags["bench.trial_id"] for r in runs) == sorted(rows["trial_id"])  # one run a trial
     by_id = {r.data.tags["bench.trial_id"]: r for r in runs}
     for row in rows.iter_rows(named=True):
@@ -277,7 +285,8 @@ def test_each_mlflow_run_holds_its_row_and_curves_exactly(grid, tmp_path):
         assert (run.info.status, run.info.lifecycle_stage) == ("FINISHED", "active")
         assert {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")} == {
             "bench.kind": "trial", "bench.trial_id": row["trial_id"], "bench.status": "ok", "bench.complete": "true",
-            "bench.cell": f"synthetic/case3/r={row['r']:g}", "bench.protocol": "bench", "bench.switches": "",
+            "bench.cell": f"{row['dataset']}/{row['noise']}/r={row['r']:g}", "bench.protocol": "bench",
+            "bench.switches": "",
             **{k: str(row[k]) for k in ("dataset", "method", "noise", "r", "seed")}}
         for name in MLFLOW_PARAMS:
             assert run.data.params[name] == ("none" if row[name] is None else str(row[name])), name
