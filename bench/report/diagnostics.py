@@ -270,6 +270,8 @@ def plot(diag: Diagnostics, folder: Path, labels: dict[str, str]) -> dict[str, P
     """The curves' figures, one per (dataset, noise) and kind: name -> PNG path (each kind's figures drawn in one
     call: they share their panels' axes)."""
     from bench.report import plots  # matplotlib takes a second to import: only a report draws figures
+    if diag.curves.is_empty():
+        return {}
     parts = {key: part for key, part in diag.curves.group_by("dataset", "noise", maintain_order=True)}
     judged = {key: kept for key, part in parts.items()
               if not (kept := part.filter(pl.col("det_auroc").is_not_null())).is_empty()}
