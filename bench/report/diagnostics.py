@@ -275,7 +275,7 @@ def plot(diag: Diagnostics, folder: Path, labels: dict[str, str]) -> dict[str, P
     parts = {key: part for key, part in diag.curves.group_by("dataset", "noise", maintain_order=True)}
     judged = {key: kept for key, part in parts.items()
               if not (kept := part.filter(pl.col("det_auroc").is_not_null())).is_empty()}
-    drawn = {}
+    drawn: dict[tuple[str, str, str], Path] = {}
     for kind, draw, frames in (("memorisation", plots.memorisation_curves, parts),
                                ("detection", plots.detection_curves, judged)):
         paths = draw([(f"{dataset}, {noise} noise", frame, plots.file_stem(folder, kind, dataset, noise))
