@@ -142,13 +142,14 @@ def paper_heatmap(comparison: pl.DataFrame, stem: Path, labels: dict[str, str]) 
     return _save(fig, stem)
 
 
-MEMORISATION = [
+Series = tuple[str, str, str, str]  # a curve of the panels: (column, legend label, colour, matplotlib line style)
+MEMORISATION: list[Series] = [
     ("train_noisy_acc_flipped", "noisy label, flipped examples (memorised)", "#d62728", "-o"),
     ("train_noisy_acc_kept", "noisy label, kept examples", "#2ca02c", "-o"),
     ("train_clean_acc", "clean label, training set", "#1f77b4", "-"),
     ("test_acc", "clean test set", "black", "--"),
 ]
-DETECTION = [
+DETECTION: list[Series] = [
     ("det_precision", "precision", "#9467bd", "-o"), ("det_recall", "recall", "#ff7f0e", "-o"),
     ("det_auroc", "AUROC", "black", "--"), ("det_flagged", "share flagged", "#888888", ":"),
 ]
@@ -160,7 +161,7 @@ class Panels:
     against the epoch `x`, a dotted line where the method stage starts), replacing the frame drawn before. Building
     50 panels' axes costs about what drawing them does, so figures of the same panels share one `Panels`."""
 
-    def __init__(self, rs: list[float], methods: list[str], series: list[tuple[str, str, str, str]], ylabel: str,
+    def __init__(self, rs: list[float], methods: list[str], series: list[Series], ylabel: str,
                  labels: dict[str, str], ylim: tuple[float, float]) -> None:
         self.rs, self.methods, self.series = rs, methods, series
         self.figure = Figure(figsize=(1.0 + 3.0 * len(methods), 0.8 + 2.3 * len(rs)))
@@ -212,9 +213,9 @@ class Panels:
                     ax.axvline(start, color="#888", ls=":", lw=1)
                 ax.relim()
         # One x range, the one shared axes would take: every panel's data, each axes' autoscale adding the margins.
-        if xs := [x for ax in self.axes.flat for x in ax.dataLim.intervalx if np.isfinite(x)]:
+        if ends := [end for ax in self.axes.flat for end in ax.dataLim.intervalx if np.isfinite(end)]:
             for ax in self.axes.flat:
-                ax.update_datalim([(min(xs), 0.0), (max(xs), 0.0)], updatey=False)
+                ax.update_datalim([(min(ends), 0.0), (max(ends), 0.0)], updatey=False)
                 ax.autoscale(axis="x")
         for legend in list(self.figure.legends):
             legend.remove()
@@ -228,7 +229,7 @@ class Panels:
         return self.figure
 
 
-def _panel_figures(figures: list[tuple[str, pl.DataFrame, Path]], series: list[tuple[str, str, str, str]],
+def _panel_figures(figures: list[tuple[str, pl.DataFrame, Path]], series: list[Series],
                    ylabel: str, labels: dict[str, str], ylim: tuple[float, float]) -> list[Path]:
     """Each (title, curves, stem) of `figures` as a PNG of `Panels`, one `Panels` drawn again for the next figure
     while its r and methods are the same."""
