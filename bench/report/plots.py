@@ -8,10 +8,11 @@ embeds them), the single-plot ones also as SVG.
                          on kept training examples, against the clean training labels, and on the clean test set
     detection_curves     per epoch, one panel per (r, method): precision, recall and AUROC of "judged noisy"
 
-Each takes a frame built by `bench.report.analysis` or `bench.report.diagnostics` and returns the paths written.
+Each takes frames built by `bench.report.analysis` or `bench.report.diagnostics` and returns the paths written.
 Figures are `Figure` objects, not pyplot state, so drawing many of them leaks nothing. The curves' figures hold a panel
-per cell (50 for 10 r and 5 methods): their axes are built once for every figure of the same cells (`Panels`) and
-written as PNG only, an SVG of that many panels costing as much as the rest of the report.
+per (r, method) (50 for 10 r and 5 methods), one figure per (dataset, noise): their axes are built once for the
+figures of the same r and methods (`Panels`), and they are written as PNG only, an SVG of that many panels costing as
+much as the rest of the report.
 """
 
 from __future__ import annotations
