@@ -105,7 +105,7 @@ def test_each_panel_holds_its_cells_curves_after_another_figure(tmp_path: Path) 
     panels = plots.Panels([0.0, 0.4], ["ce", "dmi", "lccn"], plots.MEMORISATION, "accuracy (%)", LABELS, (-2, 102))
     panels.draw(pl.DataFrame(first), "first")
     figure = panels.draw(pl.DataFrame(second), "second")
-    assert figure._suptitle.get_text() == "second"
+    assert figure.get_suptitle() == "second"
     lo, hi = min(row["x"] for row in second), max(row["x"] for row in second)
     margin = matplotlib.rcParams["axes.xmargin"] * (hi - lo)
     for (i, r), (j, method) in itertools.product(enumerate(panels.rs), enumerate(panels.methods)):
