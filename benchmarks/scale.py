@@ -17,9 +17,11 @@ into an empty one, and `bench sync-mlflow` of the folders of at most --sync-rows
 file and the folder's `mlartifacts/` removed before each), each as a whole process (`bench` beside this interpreter;
 with --before, also another checkout's `bench`: the code before the change, on folders up to --before-rows).
 Printed per command: CPU seconds (user + system of the process and its children), wall seconds and peak RSS, the
-best of the rounds; CPU per row; the ratios of the arms; and the issue's targets (at 10,000 rows each command at
-most 10 s of CPU and 1 GB; the dry run into 10,000 rows at most 2x the empty folder's; sync-mlflow of 1,000 rows at
-most 10 s of CPU).
+best of the rounds; CPU per row; the ratios of the arms; the issue's targets (at 10,000 rows each command at most
+10 s of CPU and 1 GB; the dry run into 10,000 rows at most 2x the empty folder's; sync-mlflow of 1,000 rows at most
+10 s of CPU); and, with --before, whether `bench report` wrote the same report in both arms (each arm's report under
+--work/report-out/<rows>-<arm>: the files both wrote compared byte for byte, the page's generation time aside, and
+the files only one wrote).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -131,11 +134,12 @@ def main() -> None:
     jobs = []  # (label, rows, arm, command)
     for n in sizes:
         where = str(args.work / f"rows-{n}")
-        for name, tail in (("results", ["results", where]), ("leaderboard", ["leaderboard", where]),
-                           ("report", ["report", where, "--out", str(args.work / "report-out")])):
+        for name in ("results", "leaderboard", "report"):
             if name in wanted:
-                jobs += [(name, n, arm, [bench, *tail]) for arm, bench in arms.items()
-                         if arm != "before" or n <= args.before_rows]
+                # Each arm's report in a folder of its own, for `compare_reports`.
+                jobs += [(name, n, arm, [bench, name, where] + (["--out", str(args.work / "report-out" / f"{n}-{arm}")]
+                                                                 if name == "report" else []))
+                         for arm, bench in arms.items() if arm != "before" or n <= args.before_rows]
     if "sync-mlflow" in wanted:
         for n in (n for n in sizes if n <= args.sync_rows):
             store = f"sqlite:///{args.work / f'sync-{n}.db'}"
@@ -162,6 +166,33 @@ def main() -> None:
             old = best.get(key)
             best[key] = (min(cpu, old[0]), min(wall, old[1]), min(rss, old[2])) if old else (cpu, wall, rss)
     report(best, arms)
+    for n in sizes:
+        if "report" in wanted and "before" in arms and n <= args.before_rows:
+            print(compare_reports(args.work / "report-out" / f"{n}-before", args.work / "report-out" / f"{n}-after",
+                                  n))
+
+
+def compare_reports(before: Path, after: Path, n: int) -> str:
+    """Whether the two arms wrote the same report: the files both wrote byte for byte (report.html's generation time
+    aside, an SVG's ids renamed in order: matplotlib salts them at random), and the files only one wrote."""
+    def files(folder: Path) -> dict[str, bytes]:
+        return {str(f.relative_to(folder)): _comparable(f) for f in sorted(folder.rglob("*")) if f.is_file()}
+    old, new = files(before), files(after)
+    same = [name for name in old.keys() & new.keys() if old[name] == new[name]]
+    differ = sorted(name for name in old.keys() & new.keys() if old[name] != new[name])
+    return (f"report at {n:,} rows, after against before: {len(same)} files the same byte for byte; differing: "
+            f"{', '.join(differ) or 'none'}; only before: {', '.join(sorted(old.keys() - new.keys())) or 'none'}; "
+            f"only after: {', '.join(sorted(new.keys() - old.keys())) or 'none'}")
+
+
+def _comparable(path: Path) -> bytes:
+    data = re.sub(rb"Generated [0-9-]+ [0-9:]+ UTC", b"", path.read_bytes())
+    if path.suffix != ".svg":
+        return data
+    ids: dict[bytes, bytes] = {}
+    for found in re.finditer(rb'id="([^"]+)"', data):
+        ids.setdefault(found.group(1), b"id%d" % len(ids))
+    return re.sub(rb'(?<=id=")[^"]+|(?<=#)[A-Za-z0-9_]+', lambda m: ids.get(m.group(0), m.group(0)), data)
 
 
 def report(best: dict[tuple[str, int, str], tuple[float, float, float]], arms: dict[str, str]) -> None:

@@ -267,20 +267,22 @@ def _anchor(dataset: str, noise: str, r: float) -> str:
 
 # -- rendering: HTML and Markdown sections of `bench report` ------------------------------------------------------
 def plot(diag: Diagnostics, folder: Path, labels: dict[str, str]) -> dict[str, Path]:
-    """The curves' figures, one per (dataset, noise) and kind: name -> PNG path (SVG beside it)."""
+    """The curves' figures, one per (dataset, noise) and kind: name -> PNG path (each kind's figures drawn in one
+    call: they share their panels' axes)."""
     from bench.report import plots  # matplotlib takes a second to import: only a report draws figures
-    figures: dict[str, Path] = {}
     if diag.curves.is_empty():
-        return figures
-    for (dataset, noise), part in diag.curves.group_by("dataset", "noise", maintain_order=True):
-        figures[f"memorisation {dataset} {noise}"] = plots.memorisation_curves(
-            part, f"{dataset}, {noise} noise", plots.file_stem(folder, "memorisation", dataset, noise), labels)[0]
-        detecting = part.filter(part["det_auroc"].is_not_null())
-        if not detecting.is_empty():
-            figures[f"detection {dataset} {noise}"] = plots.detection_curves(
-                detecting, f"{dataset}, {noise} noise", plots.file_stem(folder, "detection", dataset, noise),
-                labels)[0]
-    return figures
+        return {}
+    parts = {key: part for key, part in diag.curves.group_by("dataset", "noise", maintain_order=True)}
+    judged = {key: kept for key, part in parts.items()
+              if not (kept := part.filter(pl.col("det_auroc").is_not_null())).is_empty()}
+    drawn: dict[tuple[str, str, str], Path] = {}
+    for kind, draw, frames in (("memorisation", plots.memorisation_curves, parts),
+                               ("detection", plots.detection_curves, judged)):
+        paths = draw([(f"{dataset}, {noise} noise", frame, plots.file_stem(folder, kind, dataset, noise))
+                      for (dataset, noise), frame in frames.items()], labels)
+        drawn |= {(kind, *key): path for key, path in zip(frames, paths, strict=True)}
+    return {f"{kind} {dataset} {noise}": drawn[kind, dataset, noise] for dataset, noise in parts
+            for kind in ("memorisation", "detection") if (kind, dataset, noise) in drawn}
 
 
 def _cell_cells(c: dict[str, Any], labels: dict[str, str]) -> list[str]:
