@@ -497,12 +497,7 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
     # Ray and the first units start; Ray Tune's loop only hands it trial ids (`MirrorProcess`).
     writer = MirrorProcess(tally, results, s.mlflow_uri, plan.done, [t.trial_id for t in pending], out) \
         if s.mlflow else None
-    try:
-        started_here = stop.start(lambda: start_ray(s.address, s.num_cpus, env=pinned))  # then takes the signals back
-    except BaseException:
-        if writer is not None:  # the run stops before its grid: the writer was owed nothing
-            writer.close(0)
-        raise
+    started_here = ray_started(stop, s, pinned, writer)
     board = StatusBoard(out, live=s.live, every=s.status_every)
     try:
         units = plan_on_cluster(pending, s, gpu, out)
@@ -546,6 +541,17 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
     if tally.interrupted is None and stop.signum is not None:  # noted after the grid had ended: its stop all the same
         tally.interrupted = stop.signum
     return tally
+
+
+def ray_started(stop: GridStop, s: Settings, pinned: dict[str, str], writer: MirrorProcess | None) -> bool:
+    """Start Ray (or connect to it) through `GridStop.start`, which then takes the signals back; whether this driver
+    started it. A stop on the way ends MLflow's writer too: it was owed nothing yet."""
+    try:
+        return stop.start(lambda: start_ray(s.address, s.num_cpus, env=pinned))
+    except BaseException:
+        if writer is not None:
+            writer.close(0)
+        raise
 
 
 def record_grid(exp: Experiment, plan: Plan) -> None:
