@@ -18,6 +18,7 @@ rows that landed during the stop and waits for it (bounded). Its own output goes
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -128,7 +129,9 @@ def main() -> None:
     lock = threading.Lock()
 
     def send(message: dict[str, Any]) -> None:
-        with lock:
+        # A driver that is gone (ended at once by a second signal, or killed) reads nothing more: the rows it handed
+        # over are logged all the same.
+        with lock, contextlib.suppress(OSError, ValueError):
             answers.write(json.dumps(message) + "\n")
             answers.flush()
 
