@@ -11,8 +11,9 @@ written), with the same resources (1 CPU a trial, a local Ray of 2 CPUs, actors 
 otherwise. With --baseline-python, a fourth arm: `bench run` (MLflow on) by another interpreter (another checkout's
 venv, PYTHONPATH dropped: the bench it imports is the one measured). Printed per arm: the grid's wall (the process's,
 start-up and shutdown included), the driver process's own CPU seconds (its threads, `getrusage(RUSAGE_SELF)` as it
-exits: not Ray's processes, where the trials' work is the same in every arm) and those per trial; then per N the best
-(least) of the rounds and the ratios to plain Ray Tune's.
+exits: not Ray's processes, where the trials' work is the same in every arm) and those per trial, and, with MLflow on,
+the CPU seconds of MLflow's writer process (`bench.store.mirror_writer`: its children's CPU taken around the wait that
+reaps it), which runs beside the driver; then per N the best (least) of the rounds and the ratios to plain Ray Tune's.
 The issue's targets: driver CPU a trial with MLflow on at most 2x plain's, grid wall at most 1.15x plain's.
 """
 
@@ -45,8 +46,29 @@ def driver_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+WRITER_CPU: list[float] = []  # the CPU seconds of each MLflow writer process this driver reaped
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def child_bench(config: str, results: str, mlflow: bool) -> None:
     from bench.cli.main import main
+    from bench.grid import mlflow_callback
+
+    close = getattr(mlflow_callback, "MirrorProcess", None) and mlflow_callback.MirrorProcess.close
+
+    def timed_close(writer, timeout):  # the only child the driver reaps in this window is the writer
+        before = children_cpu()
+        try:
+            return close(writer, timeout)
+        finally:
+            WRITER_CPU.append(children_cpu() - before)
+
+    if close:  # a bench whose writer is a process (a baseline's may be a thread: its CPU is the driver's)
+        mlflow_callback.MirrorProcess.close = timed_close
 
     code = main(["run", config, "--results", results, "--num-cpus", "2", "--yes"] + ([] if mlflow else
                                                                                      ["--no-mlflow"]))
@@ -83,8 +105,8 @@ def child_plain(config: str, results: str) -> None:
     ray.shutdown()
 
 
-def one_arm(arm: str, config: Path, results: Path, baseline: str | None) -> tuple[float, float]:
-    """(wall, driver CPU seconds) of one arm's whole process."""
+def one_arm(arm: str, config: Path, results: Path, baseline: str | None) -> tuple[float, float, float]:
+    """(wall, driver CPU seconds, MLflow writer process CPU seconds) of one arm's whole process."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONWARNINGS": "ignore"}
     python = sys.executable
     if arm == BASELINE:
@@ -96,7 +118,8 @@ def one_arm(arm: str, config: Path, results: Path, baseline: str | None) -> tupl
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         sys.exit(f"scale_grid: arm {arm!r} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return wall, json.loads(proc.stdout.strip().splitlines()[-1])["cpu"]
+    measured = json.loads(proc.stdout.strip().splitlines()[-1])
+    return wall, measured["cpu"], measured.get("writer", 0.0)
 
 
 def main() -> None:
@@ -113,7 +136,7 @@ def main() -> None:
             child_plain(config, results)
         else:
             child_bench(config, results, mlflow=arm == "bench")
-        print(json.dumps({"cpu": driver_cpu()}), flush=True)
+        print(json.dumps({"cpu": driver_cpu(), "writer": sum(WRITER_CPU)}), flush=True)
         return
     arms = ARMS + ((BASELINE,) if args.baseline_python else ())
     scratch = Path(tempfile.mkdtemp(prefix="scale-grid-"))
@@ -121,20 +144,23 @@ def main() -> None:
           f"{', '.join(arms)}", flush=True)
     for n in args.trials:
         config = grid_file(scratch, n)
-        best: dict[str, tuple[float, float]] = {}
+        best: dict[str, tuple[float, float, float]] = {}
         for round_ in range(args.rounds):
             order = arms[round_ % len(arms):] + arms[:round_ % len(arms)]
             for arm in order:
-                wall, cpu = one_arm(arm, config, scratch / f"r{n}-{round_}-{arms.index(arm)}", args.baseline_python)
+                wall, cpu, writer = one_arm(arm, config, scratch / f"r{n}-{round_}-{arms.index(arm)}",
+                                            args.baseline_python)
                 print(f"N={n:5d} round {round_ + 1} {arm:18s} wall {wall:7.1f} s  driver CPU {cpu:7.2f} s  "
-                      f"{1000 * cpu / n:7.1f} ms a trial  (load {os.getloadavg()[0]:.1f})", flush=True)
-                walls, cpus = best.get(arm, (wall, cpu))
-                best[arm] = (min(walls, wall), min(cpus, cpu))
-        plain_wall, plain_cpu = best["plain Ray Tune"]
+                      f"{1000 * cpu / n:7.1f} ms a trial  writer CPU {writer:6.2f} s  (load {os.getloadavg()[0]:.1f})",
+                      flush=True)
+                walls, cpus, writers = best.get(arm, (wall, cpu, writer))
+                best[arm] = (min(walls, wall), min(cpus, cpu), min(writers, writer))
+        plain_wall, plain_cpu, _ = best["plain Ray Tune"]
         for arm in arms:
-            wall, cpu = best[arm]
+            wall, cpu, writer = best[arm]
             print(f"N={n:5d} best of {args.rounds}: {arm:18s} wall {wall:7.1f} s ({wall / plain_wall:.2f}x plain)  "
-                  f"driver CPU {1000 * cpu / n:7.1f} ms a trial ({cpu / plain_cpu:.2f}x plain)", flush=True)
+                  f"driver CPU {1000 * cpu / n:7.1f} ms a trial ({cpu / plain_cpu:.2f}x plain)  writer CPU "
+                  f"{1000 * writer / n:6.1f} ms a trial", flush=True)
 
 
 if __name__ == "__main__":

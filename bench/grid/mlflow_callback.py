@@ -1,100 +1,119 @@
-"""The grid's MLflow mirror, off the trials' path: a Ray Tune callback hands each finished unit's trial ids to a writer
-thread (`MirrorWriter`), which reads their result rows and logs them to MLflow (`bench.store.mirror.Mirror`) in
-batches, while Ray Tune's loop goes on. Parquet is the record and MLflow a view of it, so this sink stands apart from
-the driver's lines (`bench.grid.progress`): a store that is slow costs the writer only, one that is down costs the
-mirror only, and `bench sync-mlflow` backfills it from the rows.
+"""The grid's MLflow mirror, off the trials' path and off the driver's CPU: a Ray Tune callback hands each finished
+unit's trial ids to a writer process (`MirrorProcess`, running `bench.store.mirror_writer`), which reads their result
+rows and logs them to MLflow in batches, while Ray Tune's loop goes on. Parquet is the record and MLflow a view of it,
+so this sink stands apart from the driver's lines (`bench.grid.progress`): a store that is slow costs the writer only,
+one that is down, or a writer that dies, costs the mirror only, and `bench sync-mlflow` backfills it from the rows.
 """
 
 from __future__ import annotations
 
-import queue
+import contextlib
+import json
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from bench.grid.progress import Tally
-from bench.store.folder import Store
-from bench.store.mirror import Mirror
+from bench.store.folder import is_local
+from bench.store.mirror import tracking_uri
 
 
-class MirrorWriter:
-    """Logs the rows of the trial ids it is given (`put`), from a daemon thread of its own: each time it wakes it takes
-    every id queued so far, reads their rows and logs them, counting them in `Tally.mlflow_logged` for the closing
-    summary. `ready` returns the mirror once open (None: it could not be): the thread waits for it first (the store's
-    import, a fresh store's tables, the backfill of the folder's finished trials: `bench.grid.runner.mirror_ready`),
-    so that none of that is on the grid's path. `close` logs what is left and, where the store failed during the grid,
-    tries it once more; the runner calls it, with a bound, before the summary. The thread sets no signal handler."""
+@dataclass
+class MirrorOutcome:
+    """The mirror as the writer process left it, for the closing summary (`bench.grid.progress.print_summary`)."""
 
-    def __init__(self, tally: Tally, results: str, ready: Callable[[], Mirror | None],
-                 trial_ids: Iterable[str] = ()) -> None:
-        self.tally, self.results, self.ready = tally, results, ready
-        self.grid = set(trial_ids)  # the grid's trials: those a store that failed during the grid gets at its end
-        self.store = Store(results)
-        self.mirror: Mirror | None = None
-        # Trial ids to log; an event, set once what came before it is logged (`flush`); None: the end (`close`).
-        self._queue: queue.SimpleQueue[list[str] | threading.Event | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="bench-mlflow-writer", daemon=True)
-        self._thread.start()
+    uri: str
+    failed: str | None
+    embedded: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.failed is None
+
+
+class MirrorProcess:
+    """The grid's MLflow writer, a process of its own (`bench.store.mirror_writer`, whose docstring has the pipe's
+    messages), started once before Ray: MLflow's import (seconds of CPU), the store's opening, the backfill of the
+    folder's finished trials (`done`) and every run's sqlite commits are its CPU, not the driver's. `put` hands it trial
+    ids; a thread of the driver reads its answers: runs logged (`Tally.mlflow_logged`), its lines (`out`) and
+    warnings (stderr). `close` ends its input and waits for it (bounded; past the bound it is ended), then `mirror`
+    says how the store ended the grid; a writer that died says so there, in the summary's one MLflow line."""
+
+    def __init__(self, tally: Tally, results: str, uri: str | None, done: Iterable[str], grid: Iterable[str],
+                 out: Callable[[str], None]) -> None:
+        self.tally, self.results, self.uri, self.out = tally, results, uri, out
+        self.mirror: MirrorOutcome | None = None
+        self._ended = False  # the writer said how it ended
+        self._lock = threading.Lock()  # Ray Tune's thread and the driver's both hand it ids
+        self.process = subprocess.Popen([sys.executable, "-m", "bench.store.mirror_writer"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True, encoding="utf-8")
+        self._send({"results": results, "uri": uri, "done": sorted(done), "grid": sorted(grid)})
+        self._reader = threading.Thread(target=self._read, name="bench-mlflow-answers", daemon=True)
+        self._reader.start()
 
     def put(self, trial_ids: Iterable[str]) -> None:
         """Log these trials' rows (as they are on disk when the writer reads them)."""
-        self._queue.put(list(trial_ids))
-
-    def flush(self, timeout: float) -> bool:
-        """Wait at most `timeout` seconds for the ids queued so far to be logged; whether they were."""
-        done = threading.Event()
-        self._queue.put(done)
-        return done.wait(timeout)
+        self._send(list(trial_ids))
 
     def close(self, timeout: float) -> bool:
         """Log what is queued, then wait at most `timeout` seconds for the writer to end; whether it ended (if not,
-        the rows it had not logged are in parquet, and `bench sync-mlflow` backfills them)."""
-        self._queue.put(None)
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    def _run(self) -> None:
+        it is ended: the rows it had not logged are in parquet, and `bench sync-mlflow` backfills them)."""
+        with self._lock, contextlib.suppress(OSError):
+            self.process.stdin.close()
         try:
-            self.mirror = mirror = self.ready()
-        except Exception as e:  # noqa: BLE001 - the mirror is a view of the rows: its failure must not end the grid
-            print(f"bench: warning: the MLflow mirror could not start ({type(e).__name__}: {e}); no result is lost: "
-                  f"`bench sync-mlflow {self.results}` backfills it", file=sys.stderr, flush=True)
-            mirror = None
-        while True:
-            batch = [self._queue.get()]
-            while not self._queue.empty():  # every id queued meanwhile: one pass over them
-                batch.append(self._queue.get())
-            trial_ids = [t for item in batch if isinstance(item, list) for t in item]
-            if mirror is not None:
-                self._log(mirror, trial_ids)
-            for item in batch:
-                if isinstance(item, threading.Event):
-                    item.set()
-            if None in batch:
-                break
-        if mirror is not None and not mirror.ok:
-            # A store that failed during the grid (a server restarted, a network cut) is tried once more: the grid's
-            # rows it lacks are backfilled (a partial run of a trial is replaced, never doubled); where it fails
-            # again, the summary says how to backfill.
-            mirror.retry()
-            self.tally.mlflow_backfilled = mirror.sync(self.results, trial_ids=self.grid)
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            self._reader.join(5)
+            return False
+        self._reader.join(5)
+        if not self._ended:  # it died (a kill, a crash): the rows it had been given may lack their runs
+            self.mirror = MirrorOutcome(self._uri(), f"the MLflow writer process ended with exit code "
+                                        f"{self.process.returncode} before it had logged every row", self._embedded())
+        return True
 
-    def _log(self, mirror: Mirror, trial_ids: list[str]) -> None:
-        # Each row as it is on disk: a unit that a worker's check refused may still have written some (the streams
-        # executor's members that finished before one met bad input).
-        for trial_id in trial_ids:
-            row, epochs = self.store.read_row(trial_id)
-            if row is not None and mirror.log_row(row, epochs):
-                self.tally.mlflow_logged += 1
+    def _send(self, message: Any) -> None:
+        with self._lock, contextlib.suppress(OSError, ValueError):  # a writer that died, or closed: `close` says so
+            self.process.stdin.write(json.dumps(message) + "\n")
+            self.process.stdin.flush()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if "logged" in message:
+                self.tally.mlflow_logged += message["logged"]
+            elif "say" in message:
+                self.out(message["say"])
+            elif "warn" in message:
+                print(f"bench: warning: {message['warn']}", file=sys.stderr, flush=True)
+            elif "end" in message:
+                self._ended = True
+                if (end := message["end"]) is not None:
+                    self.tally.mlflow_backfilled = end["backfilled"]
+                    self.mirror = MirrorOutcome(end["uri"], end["failed"], end["embedded"])
+
+    def _uri(self) -> str:
+        with contextlib.suppress(Exception):
+            return tracking_uri(self.results, self.uri) or str(self.uri)
+        return str(self.uri)
+
+    def _embedded(self) -> bool:
+        return self._uri().startswith("sqlite:///") and is_local(self.results)
 
 
 class MlflowMirroring:
     """Hands the trial ids of each finished unit (a pack: each member's) to the writer, and nothing more: Ray Tune's
     loop never waits on MLflow. Shaped as Ray Tune's `LoggerCallback` (`log_trial_end`); `make_mlflow_callback` makes
-    it one."""
+    it one. The writer is a `MirrorProcess` in a grid (a `bench.store.mirror_writer.MirrorWriter` does as well)."""
 
-    def __init__(self, writer: MirrorWriter, units: dict[str, list[str]]) -> None:
+    def __init__(self, writer: Any, units: dict[str, list[str]]) -> None:
         self.writer, self.units = writer, units
 
     def __getstate__(self) -> dict[str, Any]:
@@ -107,7 +126,7 @@ class MlflowMirroring:
             self.writer.put(self.units[trial.config["unit"]])
 
 
-def make_mlflow_callback(writer: MirrorWriter, units: dict[str, list[str]]) -> Any:
+def make_mlflow_callback(writer: Any, units: dict[str, list[str]]) -> Any:
     from ray.tune.logger import LoggerCallback  # Ray is the run's, not the module's (as `progress.make_callback`)
 
     class MirrorToMlflow(MlflowMirroring, LoggerCallback):

@@ -315,13 +315,13 @@ class RunProgress:
 
     def _written_now(self, trial_id: str) -> bool:
         """Whether the trial has a row written during this run (not a `failed` row of an earlier one)."""
-        row, _ = self.store.read_row(trial_id)
+        row, _ = self.store.read_row(trial_id, curves=False)
         return row is not None and (row.get("finished_at") or "") >= self.since
 
     def _finish_trial(self, trial_id: str, result: dict[str, Any], errored: bool, size: int, unit: str) -> None:
         self.tally.done += 1
         self.tally.seen.add(trial_id)
-        row, _ = self.store.read_row(trial_id)
+        row, _ = self.store.read_row(trial_id, curves=False)
         status = "failed" if errored or row is None else row["status"]
         self.tally.rowless += row is None
         self.tally.statuses[status] += 1

@@ -59,7 +59,7 @@ from bench.grid.cluster import (
 from bench.grid.describe import draw_units
 from bench.grid.estimate import time_estimate
 from bench.grid.experiment import Experiment
-from bench.grid.mlflow_callback import MirrorWriter, make_mlflow_callback
+from bench.grid.mlflow_callback import MirrorOutcome, MirrorProcess, make_mlflow_callback
 from bench.grid.plan import Plan
 from bench.grid.progress import (
     REPORT_EVERY,
@@ -72,7 +72,7 @@ from bench.grid.progress import (
 from bench.grid.stop import GridStop, end_processes
 from bench.grid.validate import check_data, check_results
 from bench.store import folder, grids
-from bench.store.mirror import Mirror, open_mirror
+from bench.store.mirror_writer import opened
 from bench.store.rows import write_trial
 from bench.trial import TrialConfig
 
@@ -188,7 +188,7 @@ def write_failed_rows(trials: list[TrialConfig], results: str, error: str, log: 
     store = folder.Store(results)
     for t in trials:
         try:
-            row, _ = store.read_row(t.trial_id)
+            row, _ = store.read_row(t.trial_id, curves=False)
             if row is None or row.get("status") != "failed" or row.get("error") != error:
                 write_trial(results, failed_row(t, error), [])
         except Exception as e:  # noqa: BLE001 - nothing here may turn the error into one that Ray retries
@@ -321,6 +321,21 @@ def inherited_tune_env() -> None:
         del DEFAULT_ENV_VARS[name]
 
 
+def no_callback_census() -> None:
+    """Skip Ray Tune's count of the grid's callbacks by class (`ray.air._internal.usage.tag_callbacks`, for its usage
+    telemetry) where Ray's usage stats are off (bench's default, RAY_USAGE_STATS_ENABLED=0: the count goes nowhere).
+    To know its built-in callbacks the count imports their modules, MLflow's integration among them and so MLflow
+    itself: about a second of the driver's CPU, in a driver that otherwise never imports MLflow (its writer is a
+    process of its own). Plain Ray Tune without callbacks skips the count too."""
+    try:
+        from ray._common.usage.usage_lib import usage_stats_enabled
+        from ray.air._internal import usage
+    except ImportError:  # another Ray's layout: the count runs
+        return
+    if not usage_stats_enabled():
+        usage.tag_callbacks = lambda callbacks: False
+
+
 def importing_ray_tune() -> Future[Any]:
     """Ray Tune's import (pandas among it: about a second, more under load) in a thread, while `ray.init` waits for
     Ray's processes in the main thread."""
@@ -367,7 +382,7 @@ def count_landed(tally: Tally, results: str, trials: list[Any]) -> set[str]:
     for t in trials:
         if t.trial_id in tally.seen:
             continue
-        row, _ = store.read_row(t.trial_id)
+        row, _ = store.read_row(t.trial_id, curves=False)
         if row is not None:
             landed.add(t.trial_id)
             tally.seen.add(t.trial_id)
@@ -393,15 +408,6 @@ def in_background(fn: Callable[..., Any], *args: Any) -> Future[Any]:
         pool.shutdown(wait=False)  # the thread ends with its one task
 
 
-def mirror_ready(opening: Future[Mirror | None] | None, plan: Plan, results: str,
-                 out: Callable[[str], None]) -> Mirror | None:
-    """The MLflow mirror opened in the background, once open, the finished trials it lacks logged to it."""
-    mirror = opening.result() if opening is not None else None
-    if mirror is not None and plan.done and (backfilled := mirror.sync(results, trial_ids=set(plan.done))):
-        out(f"MLflow: backfilled {backfilled} runs of finished trials")
-    return mirror
-
-
 def planned(exp: Experiment, results: str, device: str | None, plan: Plan | None, out: Callable[[str], None]) -> Plan:
     """The run's plan once the folder's damaged files are set aside: the one made before the folder's lock (`plan`),
     its rows read again where files were set aside, else made here (a run on a cluster)."""
@@ -417,8 +423,8 @@ def planned(exp: Experiment, results: str, device: str | None, plan: Plan | None
     return plan
 
 
-def after_grid(tally: Tally, stop: GridStop, results: str, pending: list[TrialConfig], writer: MirrorWriter | None,
-               out: Callable[[str], None]) -> Mirror | None:
+def after_grid(tally: Tally, stop: GridStop, results: str, pending: list[TrialConfig], writer: MirrorProcess | None,
+               out: Callable[[str], None]) -> MirrorOutcome | None:
     """How the grid ended, in the tally; the rows that landed while it stopped (a signal, a full disk, a lost head)
     counted and handed to MLflow's writer: Ray Tune never reported the end of the units that wrote them, so their runs
     were not logged either; the mirror once the writer is done (`closed_mirror`)."""
@@ -433,7 +439,7 @@ def after_grid(tally: Tally, stop: GridStop, results: str, pending: list[TrialCo
 MIRROR_WAIT = 120.0  # seconds the driver waits, after the grid, for MLflow's writer to log the rows it was given
 
 
-def closed_mirror(writer: MirrorWriter | None, out: Callable[[str], None]) -> Mirror | None:
+def closed_mirror(writer: MirrorProcess | None, out: Callable[[str], None]) -> MirrorOutcome | None:
     """The mirror once its writer has logged every row it was given (waiting at most `MIRROR_WAIT`: a store that
     hangs must not hold the driver; those rows are in parquet, for `bench sync-mlflow`)."""
     if writer is None:
@@ -468,20 +474,17 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
     plan = planned(exp, results, device, plan, out)
     pending = plan.pending
 
-    # Opening MLflow takes seconds (its import; a fresh sqlite store builds its tables): it goes on in a thread of its
-    # own while Ray and the first units start; the writer that logs the grid's rows waits for it (`MirrorWriter`).
-    # From here on a signal is noted and the run stops at its next `stop.check()` (bench.grid.stop says why).
-    stop.beside_threads()
-    opening = in_background(open_mirror, results, s.mlflow_uri) if s.mlflow else None
-
     tally = Tally(total=len(pending))
     if not pending:
         record_grid(exp, plan)
-        mirror_ready(opening, plan, results, out)
-        stop.check()
+        if s.mlflow:  # the finished trials MLflow lacks: no grid to keep it off
+            opened(results, s.mlflow_uri, plan.done, warn=lambda text: print(f"bench: warning: {text}",
+                                                                              file=sys.stderr, flush=True), say=out)
         out(f"{exp.name}: all {len(plan.trials)} trials already have a result row in {results}; nothing to run")
         return tally
     announce(exp, plan, tally, results, out)
+    # From here on a signal is noted and the run stops at its next `stop.check()` (bench.grid.stop says why).
+    stop.beside_threads()
 
     if s.address is None:
         plain_trial_workers()  # before Ray starts: its processes inherit the environment
@@ -490,9 +493,12 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
     pinned = numerics.pins(exp.numerics, exp.device)
     unpinned = numerics.set_pins(exp.numerics, exp.device) if s.address is None else {}
     tune_imported = importing_ray_tune()
-    started_here = stop.start(lambda: start_ray(s.address, s.num_cpus, env=pinned))  # then takes the signals back
+    # MLflow's writer, a process of its own, started now: its import and the store's opening (seconds) go on while
+    # Ray and the first units start; Ray Tune's loop only hands it trial ids (`MirrorProcess`).
+    writer = MirrorProcess(tally, results, s.mlflow_uri, plan.done, [t.trial_id for t in pending], out) \
+        if s.mlflow else None
+    started_here = ray_started(stop, s, pinned, writer)
     board = StatusBoard(out, live=s.live, every=s.status_every)
-    writer = None
     try:
         units = plan_on_cluster(pending, s, gpu, out)
         estimate_time(exp, s, plan, gpu, tally, out)
@@ -500,12 +506,11 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
         if s.address is None:  # the trials run here (on a cluster each worker checks its own)
             check_cuda(pending[0].device)
         callbacks = [make_callback(tally, results, units, board)]
-        if opening is not None:  # MLflow's writer, a thread of its own: Ray Tune's loop only hands it trial ids
+        if writer is not None:
             members = {k: [t.trial_id for t in u.trials] for k, u in units.items()}
-            writer = MirrorWriter(tally, results, lambda: mirror_ready(opening, plan, results, out),
-                                  [t.trial_id for t in pending])
             callbacks.append(make_mlflow_callback(writer, members))
         tune_imported.result()
+        no_callback_census()
         if s.address is None:
             inherited_tune_env()
         tuner = _tuner(exp, s, units, results, cpu, gpu, callbacks, stop, tally)
@@ -522,7 +527,7 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
         # ends are mostly waiting, where the summary's imports beside the units took CPU from their start.
         summary = in_background(summary_lines, exp, plan, tally, mirror)
     finally:
-        if writer is not None:  # the grid failed: the writer's thread ends with what it has logged
+        if writer is not None:  # the grid failed: the writer ends with what it has logged
             writer.close(0)
         board.close()
         if started_here and not stop.abandoned:
@@ -538,13 +543,24 @@ def _run_experiment(exp: Experiment, s: Settings, out: Callable[[str], None], st
     return tally
 
 
+def ray_started(stop: GridStop, s: Settings, pinned: dict[str, str], writer: MirrorProcess | None) -> bool:
+    """Start Ray (or connect to it) through `GridStop.start`, which then takes the signals back; whether this driver
+    started it. A stop on the way ends MLflow's writer too: it was owed nothing yet."""
+    try:
+        return stop.start(lambda: start_ray(s.address, s.num_cpus, env=pinned))
+    except BaseException:
+        if writer is not None:
+            writer.close(0)
+        raise
+
+
 def record_grid(exp: Experiment, plan: Plan) -> None:
     """Keep the grid in its results folder (`bench.store.grids`): the readers compare the rows with it, so that a grid
     stopped part-way reads as incomplete, not as a smaller complete grid."""
     grids.record(plan.results, exp.name, exp.text, plan.trials)
 
 
-def summary_lines(exp: Experiment, plan: Plan, tally: Tally, mirror: Mirror | None) -> list[str]:
+def summary_lines(exp: Experiment, plan: Plan, tally: Tally, mirror: MirrorOutcome | None) -> list[str]:
     lines: list[str] = []
     print_summary(exp, plan, tally, mirror, lines.append)
     return lines

@@ -383,10 +383,13 @@ class Store:
         _warn(problems)
         return frame
 
-    def read_row(self, trial_id: str) -> tuple[dict[str, Any] | None, Any]:
-        """One trial's row and its curves (None where missing or unreadable)."""
-        row, epochs = (self._read(p) if self.exists(p) else None
-                       for p in (self.path(t, f"{trial_id}.parquet") for t in TABLES))
+    def read_row(self, trial_id: str, curves: bool = True) -> tuple[dict[str, Any] | None, Any]:
+        """One trial's row and its curves (None where missing or unreadable, or not asked for: `curves`)."""
+        def read(table: str) -> Any:
+            path = self.path(table, f"{trial_id}.parquet")
+            return self._read(path) if self.exists(path) else None
+
+        row, epochs = read("trials"), read("epochs") if curves else None
         return (row.row(0, named=True) if row is not None and row.height else None), epochs
 
     def statuses(self) -> dict[str, str]:

@@ -8,9 +8,10 @@ from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
-from bench.grid.mlflow_callback import MirrorWriter, MlflowMirroring
+from bench.grid.mlflow_callback import MlflowMirroring
 from bench.grid.progress import Tally
 from bench.store.mirror import TAG, Mirror
+from bench.store.mirror_writer import MirrorWriter
 from tests.report.test_report import make_row, write
 
 

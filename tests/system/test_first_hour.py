@@ -30,7 +30,7 @@ from bench.config import UserError
 from bench.exec.events import EpochRecord, Resumed, StageEnd, StageStart, log_line
 from bench.exec.executor import Unit
 from bench.grid.files import Overrides, load_experiment
-from bench.grid.mlflow_callback import MirrorWriter, make_mlflow_callback
+from bench.grid.mlflow_callback import make_mlflow_callback
 from bench.grid.plan import Plan
 from bench.grid.progress import (
     RunProgress,
@@ -44,6 +44,7 @@ from bench.grid.progress import (
 from bench.grid.runner import Settings, run_experiment
 from bench.report import analysis
 from bench.store.folder import read_table
+from bench.store.mirror_writer import MirrorWriter
 from bench.trial import TrialConfig
 from tests.grid.test_runner import write_config
 from tests.report.test_report import make_row, write
