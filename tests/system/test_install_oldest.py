@@ -93,6 +93,12 @@ def run(python: Path, *args: str, cwd: Path) -> str:
     return out.stdout
 
 
+READ_RUNS = """import sys
+from mlflow import MlflowClient
+client = MlflowClient(sys.argv[1])
+runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+print(len(runs), all(r.data.tags.get("bench.complete") == "true" and r.data.params for r in runs))
+"""
 GRID = """name: oldest
 dataset: synthetic
 noise: case3
@@ -130,6 +136,12 @@ def test_bench_runs_on_the_oldest_light_dependencies(tmp_path: Path) -> None:
     assert "oldest: 2 of 2 trials finished" in lines and "MLflow: 2 runs logged" in lines, lines[-2000:]
     assert "2 rows" in run(python, "results", str(results), cwd=tmp_path)
     run(python, "report", str(results), cwd=tmp_path)
+    # sync-mlflow writes its batches into MLflow's own tables: a new store of the oldest MLflow takes them, and its
+    # client reads both runs back complete.
+    store = f"sqlite:///{tmp_path / 'synced.db'}"
+    assert "logged 2 missing runs" in run(python, "sync-mlflow", str(results), "--mlflow-uri", store, cwd=tmp_path)
+    read = subprocess.run([python, "-c", READ_RUNS, store], capture_output=True, text=True, env=ENV, timeout=300)
+    assert read.stdout.split() == ["2", "True"], read.stderr[-3000:]
     assert (results / "report" / "report.html").stat().st_size > 0
 
 
