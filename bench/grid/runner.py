@@ -291,6 +291,26 @@ def unit_bundles(unit: Unit, cpu: float, gpu: float) -> list[Bundle]:
     return get_executor(unit.kind).resources(list(unit.trials), cpu, gpu)
 
 
+def unit_resources(units: dict[str, Unit], cpu: float, gpu: float) -> Any:
+    """Ray Tune's resources for the units: one placement group where every unit asks the same (the usual grid), else
+    a function of the unit's id. It travels pickled with the trainable, which Ray Tune reads back from Ray's store
+    several times a trial (`Trial.get_trainable_cls`): a function holding the units themselves made each read cost
+    the whole grid (a driver's CPU per trial grew with the grid, 5x plain Ray Tune's at 1,024 trials), so it holds
+    only the distinct bundles and each unit's index among them."""
+    from ray import tune
+
+    distinct: list[list[Bundle]] = []
+    which: dict[str, int] = {}
+    for unit_id, unit in units.items():
+        bundles = unit_bundles(unit, cpu, gpu)
+        if bundles not in distinct:
+            distinct.append(bundles)
+        which[unit_id] = distinct.index(bundles)
+    if len(distinct) <= 1:
+        return tune.PlacementGroupFactory(distinct[0] if distinct else [{"CPU": cpu}])
+    return lambda spec: tune.PlacementGroupFactory(distinct[which[spec["unit"]]])
+
+
 # Ray Tune gives every trial actor these variables as its runtime environment (`DEFAULT_ENV_VARS` in
 # `ray.tune.execution.class_cache`, for PyTorch Lightning; Ray 2.x): `plain_trial_workers` sets them in the driver.
 TUNE_ACTOR_ENV = {"PL_DISABLE_FORK": "1"}
@@ -355,8 +375,7 @@ def _tuner(exp: Experiment, s: Settings, units: dict[str, Unit], results: str, c
         ray_unit, units=units,
         data_root=str(Path(s.data_root).expanduser().resolve()), results=results, report_every=s.report_every,
     )
-    trainable = tune.with_resources(
-        trainable, lambda spec: tune.PlacementGroupFactory(unit_bundles(units[spec["unit"]], cpu, gpu)))
+    trainable = tune.with_resources(trainable, unit_resources(units, cpu, gpu))
     return tune.Tuner(
         trainable,
         param_space={"unit": tune.grid_search(list(units))},

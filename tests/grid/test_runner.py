@@ -604,3 +604,27 @@ def test_ray_tune_keeps_only_the_actor_variables_the_workers_do_not_inherit(monk
     assert os.environ["PL_DISABLE_FORK"] == "1"
     inherited_tune_env()
     assert class_cache.DEFAULT_ENV_VARS == {"OTHER": "a", "THIRD": "b"}
+
+
+def test_the_units_resources_travel_without_the_units():
+    """Ray Tune pickles a grid's resources with its trainable and reads them back several times a trial: each unit
+    gets the placement group its executor asks (as `unit_bundles` gives it), and what travels holds no trial, only the
+    distinct bundles (one placement group where all units ask the same), so a read does not cost the whole grid."""
+    import cloudpickle
+    from ray import tune
+
+    from bench.exec.executor import Unit
+    from bench.grid.runner import unit_bundles, unit_resources
+    from bench.trial import TrialConfig
+
+    trials = [TrialConfig("synthetic", "ce", "case3", 0.2, seed=s) for s in range(400)]
+    alike = {f"u{i}": Unit("solo", (t,)) for i, t in enumerate(trials)}
+    mixed = {**alike, "pack": Unit("pack", tuple(trials[:3]))}
+    for units in (alike, mixed):
+        resources = unit_resources(units, 1.0, 0.25)
+        assert b"TrialConfig" not in cloudpickle.dumps(resources)
+        for unit_id, unit in units.items():
+            got = resources if isinstance(resources, tune.PlacementGroupFactory) else resources({"unit": unit_id})
+            assert got == tune.PlacementGroupFactory(unit_bundles(unit, 1.0, 0.25))
+    assert isinstance(unit_resources(alike, 1.0, 0.25), tune.PlacementGroupFactory)
+    assert unit_bundles(mixed["pack"], 1.0, 0.25) != unit_bundles(alike["u0"], 1.0, 0.25)  # a pack of 3 asks 0.75 GPU
