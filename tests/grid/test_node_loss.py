@@ -117,11 +117,12 @@ def test_a_worker_node_lost_at_each_moment_of_a_unit_leaves_every_trial_ok(tmp_p
     the grid ends with exit 0, every trial one row `ok` and one MLflow run."""
     cluster = Cluster(tmp_path, clean_env())
     results = tmp_path / "r"
-    # 30 epochs (about 4 s a unit on a quiet 2-core machine): a unit lasts long enough for each moment to be caught
-    # (mid-epoch needs a second of training, a checkpoint must be seen before the unit ends and removes it); and 20
-    # trials, two at a time, outlast the five moments (at 3 epochs a quiet machine finished a grid of 10 before the
-    # third moment, at 30 epochs before the fifth).
-    config = grid_file(tmp_path, "wl", r=[round(0.025 * i, 3) for i in range(TRIALS)], epochs=30)
+    # 150 epochs (about 4 s a unit on a quiet 2-core machine, 25 ms an epoch): a unit lasts long enough for each
+    # moment to be caught (mid-epoch needs a second of training, a checkpoint must be seen before the unit ends and
+    # removes it); and 20 trials, two at a time, outlast the five moments (at 3 epochs a quiet machine finished a grid
+    # of 10 before the third moment; at 30 epochs, once a unit's start cost less, a grid of 20 in 20 s, before the
+    # second).
+    config = grid_file(tmp_path, "wl", r=[round(0.025 * i, 3) for i in range(TRIALS)], epochs=150)
     struck, gone = [], set()
     try:
         cluster._start("head", ["--head", "--port", str(cluster.port), "--include-dashboard", "false",
