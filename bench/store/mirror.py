@@ -38,7 +38,7 @@ import tempfile
 import time
 import urllib.request
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -98,8 +98,7 @@ def cell_of(row: dict[str, Any]) -> str:
 
 
 def run_name(row: dict[str, Any]) -> str:
-    """A trial's MLflow run name: its method, hyper-parameters, noise, r and seed, so that `mlflow runs list` tells
-    the trials of two cells apart."""
+    """A trial's MLflow run name: method, hyper-parameters, noise, r and seed (`mlflow runs list` tells cells apart)."""
     params = json.loads(row.get("method_params") or "{}")
     extra = "".join(f" {k}={v}" for k, v in sorted(params.items()))
     return (f"{row['method']} lr={row['lr']:g} bs={row['batch_size']}{extra} {row['noise']} r={float(row['r']):g} "
@@ -164,8 +163,7 @@ PARAM_LIMIT = 6000  # MLflow's longest param value (`mlflow.utils.validation.MAX
 
 
 def _param_value(text: str) -> str:
-    """A param value MLflow takes: a longer one (a large matrix) cut, with the hash of the whole, so that two
-    different values never read equal."""
+    """A param value MLflow takes: a longer one (a large matrix) cut, with the whole's hash (two never read equal)."""
     if len(text) <= PARAM_LIMIT:
         return text
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -200,8 +198,7 @@ class RunContent:
 
 
 def run_content(row: dict[str, Any], epochs: pl.DataFrame | None) -> RunContent:
-    """A trial's run (`RunContent`): what `Mirror` logs one call at a time and `bench.store.mlflow_batches` writes
-    a batch at a time."""
+    """A trial's run: what `Mirror` logs a call at a time and `bench.store.mlflow_batches` writes a batch at a time."""
     tags = {f"{TAG}kind": "trial", f"{TAG}trial_id": row["trial_id"], f"{TAG}cell": cell_of(row),
             f"{TAG}status": row["status"]} | {k: str(row[k]) for k in ("dataset", "method", "noise", "r", "seed")}
     # The protocol and its switches (`bench.protocol`); rows written before protocols existed were bench's.
@@ -367,24 +364,28 @@ class Mirror:
             self.client.delete_run(old)
         self._logged[experiment].pop(trial_id, None)
 
-    def sync(self, results: str | os.PathLike[str], trial_ids: set[str] | None = None) -> int:
-        """Log every row under `results` (or those in `trial_ids`) that MLflow lacks; return how many."""
+    def missing(self, results: str | os.PathLike[str],
+                trial_ids: set[str] | None = None) -> Iterator[tuple[str, dict[str, Any], Any]]:
+        """The rows under `results` (or in `trial_ids`) MLflow lacks, as (experiment, row, curves), until it fails."""
         rows = folder.read_table(results)
         if rows.is_empty() or self.failed:
-            return 0
+            return
         epochs = folder.read_table(results, "epochs")
         curves = epochs.partition_by("trial_id", as_dict=True) if epochs.height else {}  # one pass, not one a row
-        count = 0
         for row in rows.iter_rows(named=True):
             if trial_ids is not None and row["trial_id"] not in trial_ids or not self.loggable(row):
                 continue
             experiment = row.get("experiment") or "adhoc"
-            known = self.guard("listing runs", self.logged, experiment)
-            if known is None:
-                break
+            if (known := self.guard("listing runs", self.logged, experiment)) is None:
+                return
             if row["trial_id"] in known and known[row["trial_id"]][1] == row["status"]:
                 continue
-            curve = curves.get((row["trial_id"],)) if epochs.height else None
+            yield experiment, row, curves.get((row["trial_id"],))
+
+    def sync(self, results: str | os.PathLike[str], trial_ids: set[str] | None = None) -> int:
+        """Log every row under `results` (or those in `trial_ids`) that MLflow lacks, run by run; return how many."""
+        count = 0
+        for _, row, curve in self.missing(results, trial_ids):
             if not self.log_row(row, curve):
                 break
             count += 1
@@ -538,8 +539,7 @@ def _set_aside(path: Path) -> Path:
 
 
 def _not_a_database(path: Path) -> str | None:
-    """What is wrong with the sqlite file at `path` (None: nothing, or no file yet): not a database, or one that
-    fails sqlite's own integrity check."""
+    """What is wrong with the sqlite file at `path` (None: nothing, or no file yet): not a database, or corrupt."""
     import sqlite3
 
     if not path.exists() or path.stat().st_size == 0:

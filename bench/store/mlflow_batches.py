@@ -44,18 +44,11 @@ def backfill(results: str, uri: str | None) -> tuple[str, int] | None:
 
 def _sync(mirror: Mirror, results: str) -> int:
     """The rows missing from the store, written in batches (a run's files first); how many."""
-    rows = folder.read_table(results)
-    epochs = folder.read_table(results, "epochs") if rows.height else None
-    curves = epochs.partition_by("trial_id", as_dict=True) if epochs is not None and epochs.height else {}
     pending: dict[str, list[tuple[dict[str, Any], Any]]] = {}
-    for row in rows.iter_rows(named=True):
-        if not mirror.loggable(row):
-            continue
-        experiment = row.get("experiment") or "adhoc"
-        known = mirror.logged(experiment)
-        if row["trial_id"] in known and known[row["trial_id"]][1] == row["status"]:
-            continue
-        pending.setdefault(experiment, []).append((row, curves.get((row["trial_id"],))))
+    for experiment, row, curve in mirror.missing(results):
+        pending.setdefault(experiment, []).append((row, curve))
+    if not mirror.ok:  # the store failed while listing its runs: nothing is written into it
+        return 0
     import sqlalchemy as sa
 
     count, engine = 0, sa.create_engine(mirror.uri)
