@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata
+import socket
 from pathlib import Path
 
 from bench.config import UserError
@@ -47,6 +48,18 @@ def ui_missing() -> str | None:
     return None
 
 
+def port_free(port: int) -> bool:
+    """Whether a server may listen on 127.0.0.1:`port` now (MLflow's own server, finding it taken, logs a traceback
+    and under some versions exits 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server binds: TIME_WAIT is no obstacle
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     if why := ui_missing():
         raise UserError(why)
@@ -55,6 +68,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
         raise UserError(f"{args.results} is not a local folder: name the MLflow store with --mlflow-uri")
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
         raise UserError(f"no MLflow store at {uri}; run `bench run` (or `bench sync-mlflow {args.results}`) first")
+    if not port_free(args.port):
+        raise UserError(f"port {args.port} on 127.0.0.1 is in use (another `bench ui` or server?): "
+                        "pick another with --port")
     address = f"http://127.0.0.1:{args.port}"
     links = mirror.runs_links(uri, address)
     print(f"starting MLflow's server for {uri} (seconds; a minute on a loaded machine) ...", flush=True)

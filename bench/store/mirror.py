@@ -582,14 +582,21 @@ def serve(uri: str, port: int, answered: Callable[[], None]) -> int:
         server = subprocess.Popen(command, env=env)
         if signalled:
             raise SystemExit(128 + signalled[0])
+        served = False
         while server.poll() is None:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
                     answered()
+                    served = True
                     break
             except OSError:  # not listening yet (refused, reset, or a timeout)
                 time.sleep(0.5)
-        return server.wait()
+        code = server.wait()
+        if not served:  # its server's own lines say why (a port taken meanwhile exits 0 under some MLflow versions)
+            print(f"bench: MLflow's server ended (exit code {code}) before it answered on 127.0.0.1:{port}; "
+                  "its own lines above say why", file=sys.stderr, flush=True)
+            return code or 1
+        return code
     finally:  # Ctrl-C, SIGTERM or an error here: stop the server this command started
         signal.signal(signal.SIGTERM, previous)
         if server is not None and server.poll() is None:

@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import urllib.parse
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main as cli
+from bench.store import mirror
 from bench.store.folder import read_table
 from bench.store.mirror import run_name
 from tests.conftest import free_port
@@ -147,6 +149,29 @@ def test_the_ui_prints_its_link_once_the_server_answers_and_runs_no_job_runner(s
     (server,) = [pid for pid in children if b"server" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
     environ = Path(f"/proc/{server}/environ").read_bytes().split(b"\0")
     assert b"MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false" in environ
+
+
+def test_a_port_in_use_is_one_line_and_exit_2_before_any_server_starts(synced, ui, capsys) -> None:
+    """A second `bench ui` on the first's port: MLflow's server, started there, logged a traceback and exited 0, so
+    `bench ui` said nothing was wrong."""
+    (results, _), (_, port, _) = synced, ui
+    assert cli.main(["ui", str(results), "--port", str(port)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and f"port {port} on 127.0.0.1 is in use" in err and "--port" in err
+
+
+def test_a_server_that_ends_before_it_answers_is_a_failure(synced, capsys) -> None:
+    """The port taken after the check (a listener that never answers HTTP): the server cannot bind and ends, and
+    `serve` says so and returns non-zero, never printing the link."""
+    results, _ = synced
+    answered = []
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        code = mirror.serve(f"sqlite:///{results / 'mlflow.db'}", taken.getsockname()[1], lambda: answered.append(1))
+    err = capsys.readouterr().err
+    assert code != 0 and not answered, err[-2000:]
+    assert "MLflow's server ended" in err and "before it answered" in err
 
 
 @needs_chromium
