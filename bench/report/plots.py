@@ -38,8 +38,10 @@ from bench.store.folder import replace_file  # noqa: E402
 
 FORMATS = ("png", "svg")
 DPI = 120
-# Fixed metadata keeps the files byte-stable from run to run.
+# Fixed metadata, and a fixed salt for the ids an SVG's elements get (random per save without one), keep the files
+# byte-stable from run to run.
 _METADATA = {"png": {"Software": None}, "svg": {"Date": None}}
+_SVG_SALT = {"svg.hashsalt": "bench"}
 
 
 def file_stem(folder: Path, *parts: str) -> Path:
@@ -68,8 +70,9 @@ def _save(fig: Figure, stem: Path, formats: tuple[str, ...] = FORMATS) -> list[P
     for fmt in formats:
         path = stem.with_suffix(f".{fmt}")
         crop = _png_crop(fig) if fmt == "png" else "tight"
-        replace_file(path, lambda tmp, fmt=fmt, crop=crop: fig.savefig(tmp, format=fmt, dpi=DPI, bbox_inches=crop,
-                                                                      metadata=_METADATA[fmt]))
+        with matplotlib.rc_context(_SVG_SALT):
+            replace_file(path, lambda tmp, fmt=fmt, crop=crop: fig.savefig(tmp, format=fmt, dpi=DPI, bbox_inches=crop,
+                                                                          metadata=_METADATA[fmt]))
         paths.append(path)
     return paths
 

@@ -149,3 +149,15 @@ def test_a_png_is_cropped_as_savefigs_tight_crops_it(tmp_path: Path, monkeypatch
     ours = draw(tmp_path / "ours")
     monkeypatch.setattr(plots, "_png_crop", lambda fig: "tight")
     assert ours == draw(tmp_path / "tight") and len(ours) == 2
+
+
+def test_a_figure_written_twice_is_the_same_bytes_in_every_format(tmp_path: Path) -> None:
+    """A report rebuilt from the same rows changes no file: the SVG's element ids (random per save unless salted) and
+    both formats' dates are fixed, so a folder of figures under version control or a checksum shows no change."""
+    grid = pl.DataFrame({"method": ["ce", "ce", "dmi", "dmi"], "r": [0.0, 0.4, 0.0, 0.4],
+                         "acc_mean": [90.0, 70.0, 91.0, 85.0], "acc_std": [0.5, 1.0, 0.4, None]})
+    first, second = (plots.accuracy_vs_r(grid, "synthetic", "case3", ["ce", "dmi"], LABELS, tmp_path / name / "acc")
+                     for name in ("a", "b"))
+    assert [p.suffix for p in first] == [".png", ".svg"]
+    for a, b in zip(first, second, strict=True):
+        assert a.read_bytes() == b.read_bytes(), a.name
