@@ -68,12 +68,12 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def wait_for(ready, timeout: float, what: str, log: Path | None = None) -> None:
+def wait_for(ready, timeout: float, what: str, log: Path | None = None, every: float = 0.5) -> None:
     deadline = time.monotonic() + timeout
     while not ready():
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} within {timeout:.0f}s" + (f": {log.read_text()[-3000:]}" if log else ""))
-        time.sleep(0.5)
+        time.sleep(every)
 
 
 @dataclass
@@ -136,8 +136,10 @@ class Cluster:
                  "--disable-usage-stats", *args, *(str(x) for pair in ports for x in pair)],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
         node = self.nodes[name] = Node(name, process, log)
+        # Polled finely: a unit waiting for this node's CPU starts its actor there as soon as the node is up, and
+        # tests/grid/test_node_loss.py must still see that actor start.
         wait_for(lambda: b"block forever" in log.read_bytes() or process.poll() is not None, 180,
-                 f"the {name} node came up", log)
+                 f"the {name} node came up", log, every=0.05)
         assert process.poll() is None, log.read_text()[-3000:]
         return node
 

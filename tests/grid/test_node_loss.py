@@ -123,25 +123,28 @@ def test_a_worker_node_lost_at_each_moment_of_a_unit_leaves_every_trial_ok(tmp_p
     # of 10 before the third moment; at 30 epochs, once a unit's start cost less, a grid of 20 in 20 s, before the
     # second).
     config = grid_file(tmp_path, "wl", r=[round(0.025 * i, 3) for i in range(TRIALS)], epochs=150)
-    struck, gone = [], set()
+    struck = []
     try:
         cluster._start("head", ["--head", "--port", str(cluster.port), "--include-dashboard", "false",
                                 "--temp-dir", cluster.temp_dir, "--num-cpus", "0"])
         driver = start_driver(run_command(config, cluster, results, "--retries", "8"), tmp_path / "run.log",
                               clean_env())
         try:
-            for moment, ready in MOMENTS:
-                node_id = start_second(cluster, gone)
-                since = time.time()
-                come = functools.partial(ready, cluster.nodes["second"], results, node_id, since)
-                wait_for(lambda: come() or driver.poll() is not None, 600, f"the moment {moment!r}")  # noqa: B023
+            for moment, ready, every in MOMENTS:
+                # The nodes lost before, listed before the new one starts: the new node is the one that is not
+                # among them, and watching starts the moment it is up (a unit waiting for its CPU starts its actor
+                # there at once; a listing of the cluster, some seconds, would come after that actor's start).
+                known = second_node_ids(cluster)
+                node = start_second(cluster)
+                come = functools.partial(ready, node, results, known, time.time())
+                wait_for(lambda: come() or driver.poll() is not None, 600, f"the moment {moment!r}",  # noqa: B023
+                         every=every)
                 assert driver.poll() is None, f"the grid ended before {moment!r}: " + \
                     (tmp_path / "run.log").read_text()[-3000:]
-                in_flight = len(busy_workers(cluster.nodes["second"]))
+                in_flight = len(busy_workers(node))
                 assert not cluster.nodes.pop("second").stop(signal.SIGKILL)
-                gone.add(node_id)
                 struck.append(f"{moment} ({in_flight} training)")
-            start_second(cluster, gone)
+            start_second(cluster)
             driver.wait(timeout=900)
         finally:
             if driver.poll() is None:
@@ -158,19 +161,22 @@ def test_a_worker_node_lost_at_each_moment_of_a_unit_leaves_every_trial_ok(tmp_p
     print(f"\n[worker-node loss] struck at: {'; '.join(struck)}; {retried} trials retried (machine loaded)")
 
 
-def start_second(cluster: Cluster, gone: set[str]) -> str:
-    """Start the second node (again) and return its Ray node id: the live node with its resource that is not one
-    of those lost before (the cluster lists a lost node alive until its health checks have failed, some 30 s)."""
-    node = cluster._start("second", ["--address", cluster.address, "--resources", json.dumps({SECOND: 1})])
-    found: list[str] = []
+def start_second(cluster: Cluster) -> Node:
+    return cluster._start("second", ["--address", cluster.address, "--resources", json.dumps({SECOND: 1})])
 
-    def listed() -> bool:
-        found[:] = [n["NodeID"] for n in nodes_listed(cluster) if n["Alive"] and SECOND in n["Resources"]
-                    and n["NodeID"] not in gone]
-        return len(found) == 1
 
-    wait_for(listed, 120, "the cluster listed the second node", node.log)
-    return found[0]
+def second_node_ids(cluster: Cluster) -> set[str]:
+    """The Ray node ids of every second node the cluster lists, alive or lost (Ray lists a lost node as long as the
+    cluster lives). Before the first second node: none; the head always answers, so an empty listing is asked
+    again."""
+    listed: list[dict] = []
+
+    def answered() -> bool:
+        listed[:] = nodes_listed(cluster)
+        return bool(listed)
+
+    wait_for(answered, 120, "the cluster listed its nodes")
+    return {n["NodeID"] for n in listed if SECOND in n["Resources"]}
 
 
 def nodes_listed(cluster: Cluster) -> list[dict]:
@@ -189,13 +195,13 @@ def nodes_listed(cluster: Cluster) -> list[dict]:
 
 
 # -- the moments: each a test of the second node's state, true when the moment has come --------------------------
-def actor_starting(node: Node, results: Path, node_id: str, since: float) -> bool:
+def actor_starting(node: Node, results: Path, known: set[str], since: float) -> bool:
     """A worker of the node holds a unit's actor being made or running no method yet (Ray names a busy actor's
     process after the method it runs: `ray::ImplicitFunc.__init__`, then `ray::ImplicitFunc.train`)."""
     return any(re.search(r"ray::ImplicitFunc(\.__init__)?(\s|$)", cmdline(pid)) for pid in node.pids)
 
 
-def mid_epoch(node: Node, results: Path, node_id: str, since: float) -> bool:
+def mid_epoch(node: Node, results: Path, known: set[str], since: float) -> bool:
     """A unit has trained there for a second."""
     if not busy_workers(node):
         return False
@@ -203,22 +209,25 @@ def mid_epoch(node: Node, results: Path, node_id: str, since: float) -> bool:
     return bool(busy_workers(node))
 
 
-def epoch_checkpointed(node: Node, results: Path, node_id: str, since: float) -> bool:
+def epoch_checkpointed(node: Node, results: Path, known: set[str], since: float) -> bool:
     """A checkpoint was written since the node started (only its units train)."""
     return any(p.stat().st_mtime > since for p in (results / "checkpoints").glob("*.pt"))
 
 
-def row_landed(node: Node, results: Path, node_id: str, since: float) -> bool:
-    return any(r["node_id"] == node_id for r in rows(results))
+def row_landed(node: Node, results: Path, known: set[str], since: float) -> bool:
+    """A row of this node landed: the head trains nothing, so a row of a node not known before is this node's."""
+    return any(r["node_id"] not in known for r in rows(results))
 
 
-def second_after_row(node: Node, results: Path, node_id: str, since: float) -> bool:
-    if not row_landed(node, results, node_id, since):
+def second_after_row(node: Node, results: Path, known: set[str], since: float) -> bool:
+    if not row_landed(node, results, known, since):
         return False
     time.sleep(1.0)
     return True
 
 
-MOMENTS = [("an actor starting its unit", actor_starting), ("mid-epoch", mid_epoch),
-           ("an epoch's checkpoint", epoch_checkpointed), ("a row landing", row_landed),
-           ("a second after a row", second_after_row)]
+# Each moment with how often it is looked for: an actor's start lasts about a second (its worker imports the
+# trainable), the others last longer or stay true.
+MOMENTS = [("an actor starting its unit", actor_starting, 0.05), ("mid-epoch", mid_epoch, 0.5),
+           ("an epoch's checkpoint", epoch_checkpointed, 0.5), ("a row landing", row_landed, 0.5),
+           ("a second after a row", second_after_row, 0.5)]
