@@ -1,10 +1,11 @@
 """What the datasets' tests share: a pickled payload that a restricted unpickler must never build, the check that a
-CIFAR-N label file holding one is refused in one line without a second, unrestricted try, and a CIFAR data set's
-trial on an MLP."""
+CIFAR-N label file holding one is refused in one line without a second, unrestricted try, or one of another md5
+before it is unpickled, and a CIFAR data set's trial on an MLP."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,19 @@ def refuses_the_pickled_payload(read: Callable[[], object], marker: Path, monkey
         read()
     assert not marker.exists()
     assert calls and all(k.get("weights_only") is True for k in calls)  # no second, unrestricted try
+
+
+@contextmanager
+def unpickles_nothing_of_another_md5(dataset: type, labels_file: str,
+                                     monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Inside, `dataset`'s label file has another md5 than the published one, with checksums switched off (which
+    does not switch off the check before unpickling): nothing that runs there may reach torch.load."""
+    monkeypatch.setattr(dataset, "files", {**dataset.files, labels_file: "0" * 32})
+    monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "0")
+    loads = []
+    monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(k))
+    yield
+    assert loads == []  # refused before anything was unpickled
 
 
 def trains_an_mlp(dataset: type, monkeypatch: pytest.MonkeyPatch) -> None:

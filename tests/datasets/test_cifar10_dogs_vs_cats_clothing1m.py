@@ -24,7 +24,12 @@ from bench.datasets.cifar10 import CIFAR10, crop_flip, read_batch
 from bench.datasets.cifar10n import CIFAR10N, LABELS_FILE
 from bench.datasets.clothing1m import CLASSES as CLOTHING_CLASSES
 from bench.download import file_md5
-from tests.datasets.conftest import Payload, refuses_the_pickled_payload, trains_an_mlp
+from tests.datasets.conftest import (
+    Payload,
+    refuses_the_pickled_payload,
+    trains_an_mlp,
+    unpickles_nothing_of_another_md5,
+)
 from tests.tolerances import f32
 
 CIFAR_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
@@ -259,13 +264,9 @@ def test_cifar10n_clean_labels_must_match_the_batches(tiny_cifar: Path, monkeypa
 
 
 def test_cifar10n_refuses_a_wrong_checksum(tiny_cifar: Path, monkeypatch) -> None:
-    monkeypatch.setattr(CIFAR10N, "files", {**CIFAR10N.files, LABELS_FILE: "0" * 32})
-    monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "0")  # does not switch off the check before unpickling
-    loads = []
-    monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(k))
-    with pytest.raises(UserError, match="md5 mismatch"):
-        get_dataset("cifar10n")(tiny_cifar).load()
-    assert loads == []  # refused before anything was unpickled
+    with unpickles_nothing_of_another_md5(CIFAR10N, LABELS_FILE, monkeypatch):
+        with pytest.raises(UserError, match="md5 mismatch"):
+            get_dataset("cifar10n")(tiny_cifar).load()
 
 
 def test_cifar10n_never_unpickles_unrestricted(tmp_path: Path, monkeypatch) -> None:
