@@ -267,10 +267,8 @@ def test_peer_loss_expectation_matches_all_pairs() -> None:
     assert within(float(PeerLoss(3).loss(logits, labels)), expected, atol=bound)
 
 
-def test_coteaching_schedule_and_cross_update() -> None:
-    method = CoTeaching(2, forget_rate=0.4, num_gradual=10)
-    # Their rate_schedule: linspace(0, tau, T_k) at training epoch e + 1, then tau.
-    assert [method.keep_rate(e) for e in (0, 5, 8, 30)] == pytest.approx([1 - 0.4 / 9, 1 - 0.4 * 6 / 9, 0.6, 0.6])
+def test_coteaching_small_loss_mask_and_cross_update() -> None:
+    # Its keep rate: test_fidelity_losses_and_hooks.py::test_the_keep_rate_is_their_rate_schedule.
     losses = torch.tensor([5.0, 0.1, 3.0, 0.2, 4.0])
     assert small_loss_mask(losses, 0.6).tolist() == [False, True, True, True, False]
     # Each net is trained on the other's small-loss examples.

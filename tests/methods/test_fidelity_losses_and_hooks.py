@@ -238,14 +238,15 @@ def test_a_coteaching_trial_forgets_its_expected_noise_rate(monkeypatch: pytest.
     assert seen == [pytest.approx(expected, abs=1e-12)]
 
 
-@pytest.mark.parametrize("tau, gradual, c", [(0.2, 10, 1.0), (0.45, 5, 2.0), (0.3, 1, 1.0), (0.5, 0, 0.5)])
+@pytest.mark.parametrize("tau, gradual, c", [(0.2, 10, 1.0), (0.4, 10, 1.0), (0.45, 5, 2.0), (0.3, 1, 1.0),
+                                             (0.5, 0, 0.5)])
 def test_the_keep_rate_is_their_rate_schedule(tau: float, gradual: int, c: float) -> None:
     """main.py: rate_schedule = ones(n_epoch) tau; rate_schedule[:num_gradual] = linspace(0, tau^c, num_gradual),
     read at training epochs 1, 2, ... (epoch 0 evaluates the untrained networks)."""
     schedule = np.ones(200) * tau
     schedule[:gradual] = np.linspace(0, tau**c, gradual)
     method = CoTeaching(2, forget_rate=tau, num_gradual=gradual, exponent=c)
-    for e in range(30):
+    for e in range(31):
         assert method.keep_rate(e) == pytest.approx(1 - schedule[e + 1], abs=1e-12)
 
 
