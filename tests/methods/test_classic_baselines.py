@@ -218,14 +218,7 @@ def test_mentornet_drops_the_highest_loss_fraction() -> None:
     v = method.weights(losses)
     assert v.sum() == 70
     assert torch.all(v[losses > 69] == 0) and torch.all(v[losses <= 69] == 1)
-    # With the moving average (the reference's decay d = 0.5): lambda = d lambda_prev + (1 - d) percentile, the
-    # percentile being the batch's value at the nearest rank (TensorFlow's).
-    method = MentorNetPD(2)
-    method.threshold = 10.0
-    v = method.weights(losses)
-    lam = 0.5 * 10.0 + 0.5 * float(np.percentile(losses.numpy(), 70, method="nearest"))
-    assert method.threshold == pytest.approx(lam)
-    assert torch.equal(v, (losses <= lam).float())
+    # The moving average (the reference's decay): test_mentornet_threshold_moves_with_the_reference_decay.
     restored = MentorNetPD(2)
     restored.load_state_dict(method.state_dict())
     assert restored.threshold == method.threshold
