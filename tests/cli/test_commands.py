@@ -150,17 +150,6 @@ def test_data_root_only_on_the_commands_that_read_data(tmp_path: Path, capsys) -
         assert info.value.code == 2 and "unrecognized arguments: --data-root" in capsys.readouterr().err
 
 
-def test_help_and_a_mistyped_flag_load_no_torch() -> None:
-    """`bench --help` answers at once: building the parser imports no torch (a top-level import of the trial
-    configuration once pulled in the registries, and torch with them)."""
-    import subprocess
-    import sys
-
-    code = "import sys; from bench.cli.main import build_parser; build_parser(); print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert out.stdout.strip() == "False"
-
-
 def test_on_a_bare_box_the_commands_that_need_more_say_what_is_missing(tmp_path: Path) -> None:
     """With only torch, numpy and pyyaml (Ray, polars, ... refused), `bench methods` runs, and `bench report` and
     `bench run` stop with one line naming the missing package and exit code 2, having written nothing."""

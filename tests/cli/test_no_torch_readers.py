@@ -150,6 +150,8 @@ def test_bench_ui_imports_no_torch(grid) -> None:
 
 
 def test_every_help_imports_no_torch() -> None:
+    """`bench --help` answers at once: building the parser imports no torch (a top-level import of the trial
+    configuration once pulled in the registries, and torch with them)."""
     commands = next(a for a in build_parser()._actions if a.dest == "command").choices  # noqa: SLF001
     for command in ["", *commands]:
         torch, out, rc = run([command, "--help"] if command else ["--help"])

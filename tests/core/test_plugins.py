@@ -110,23 +110,33 @@ def test_a_refused_combination_stops_trial_and_dry_run_before_anything(tmp_path,
 METHOD, DATASET = doc_examples.method_and_dataset()
 
 
-def write_templates(folder: Path) -> None:
+def reload_registries() -> None:
+    """The plug-in registries read `$BENCH_PLUGINS` again at their next call."""
+    for registry in (datasets, methods, models.registry, executors):
+        registry.cache_clear()
+
+
+def templates(tmp_path: Path, panel: bool = False, executor: bool = False) -> Path:
+    """A plug-in folder of the page's method and dataset, and its panel and executor where asked."""
+    folder = tmp_path / "plugins"
+    folder.mkdir()
     for name, code in doc_examples.fresh_files().items():
         (folder / name).write_text(code)
+    if panel:
+        (folder / "seeds_panel.py").write_text(doc_examples.renamed(doc_examples.panel()))
+    if executor:
+        (folder / "sequence.py").write_text(doc_examples.renamed(doc_examples.executor()))
+    return folder
 
 
 @pytest.fixture
 def plugin_folder(tmp_path, monkeypatch):
-    folder = tmp_path / "plugins"
-    folder.mkdir()
-    write_templates(folder)
+    folder = templates(tmp_path)
     monkeypatch.setenv("BENCH_PLUGINS", str(folder))
-    for registry in (datasets, methods, models.registry):
-        registry.cache_clear()
+    reload_registries()
     yield folder
     monkeypatch.delenv("BENCH_PLUGINS")
-    for registry in (datasets, methods, models.registry):
-        registry.cache_clear()
+    reload_registries()
 
 
 def test_the_docs_templates_are_one_file_each_and_train(plugin_folder, tmp_path, capsys):
@@ -170,10 +180,7 @@ def test_a_panel_plug_in_never_loads_in_the_training_core(tmp_path, monkeypatch)
     import subprocess
     import sys
 
-    folder = tmp_path / "plugins"
-    folder.mkdir()
-    write_templates(folder)
-    (folder / "seeds_panel.py").write_text(doc_examples.renamed(doc_examples.panel()))
+    folder = templates(tmp_path, panel=True)
     bare = ("polars", "scipy", "matplotlib", "mlflow", "ray")
     results = tmp_path / "res"
     code = (f"import sys\nfor m in {bare!r}: sys.modules[m] = None  # import m now raises ImportError\n"
@@ -198,11 +205,7 @@ def test_a_panel_plug_in_never_loads_in_the_training_core(tmp_path, monkeypatch)
 # -- `bench check` on the docs' examples, and on a broken plug-in of each kind --------------------------------------
 def test_bench_check_passes_the_docs_examples_as_a_plug_in_folder(tmp_path, monkeypatch, capsys):
     """The page's method, dataset, executor and panel in one folder, under fresh names: every contract holds."""
-    folder = tmp_path / "plugins"
-    folder.mkdir()
-    write_templates(folder)
-    (folder / "seeds_panel.py").write_text(doc_examples.renamed(doc_examples.panel()))
-    (folder / "sequence.py").write_text(doc_examples.renamed(doc_examples.executor()))
+    folder = templates(tmp_path, panel=True, executor=True)
     monkeypatch.setenv("BENCH_PLUGINS", "")  # bench check names the folder; the test restores the variable
     try:
         assert main(["check", str(folder)]) == 0, capsys.readouterr().out
@@ -212,8 +215,7 @@ def test_bench_check_passes_the_docs_examples_as_a_plug_in_folder(tmp_path, monk
             "method": [METHOD], "dataset": [DATASET], "executor": ["sequence" + doc_examples.FRESH],
             "panel": ["seeds" + doc_examples.FRESH]}
     finally:
-        for registry in (datasets, methods, models.registry, executors):
-            registry.cache_clear()
+        reload_registries()
 
 
 BROKEN = {  # what each broken plug-in changes in the docs' example, and the contract it breaks
@@ -240,8 +242,7 @@ def test_bench_check_names_the_contract_a_broken_plug_in_breaks_in_one_line(tmp_
         assert main(["check", str(folder)]) == 1
         lines = capsys.readouterr().out.splitlines()
     finally:
-        for registry in (datasets, methods, models.registry):
-            registry.cache_clear()
+        reload_registries()
     names = {"method": METHOD, "dataset": DATASET, "panel": "seeds" + doc_examples.FRESH}
     assert len(lines) == 3, lines
     for kind, (_, _, contract) in BROKEN.items():

@@ -25,7 +25,12 @@ from bench.datasets.cifar100 import CIFAR100
 from bench.datasets.cifar100n import CIFAR100N, LABELS_FILE
 from bench.download import file_md5
 from bench.grid.validate import check_data
-from tests.datasets.conftest import Payload, refuses_the_pickled_payload, trains_an_mlp
+from tests.datasets.conftest import (
+    Payload,
+    refuses_the_pickled_payload,
+    trains_an_mlp,
+    unpickles_nothing_of_another_md5,
+)
 
 # CIFAR-100's superclasses as its web page lists them (www.cs.toronto.edu/~kriz/cifar.html), in coarse-label order,
 # spelled as the meta file spells them: the tests' own statement of the data, independent of the module's tables.
@@ -321,21 +326,18 @@ def test_the_clean_labels_must_match_the_images(tiny, monkeypatch) -> None:
 
 def test_cifar100n_refuses_a_wrong_checksum_before_unpickling(tiny, monkeypatch) -> None:
     root, _ = tiny
-    monkeypatch.setattr(CIFAR100N, "files", {**CIFAR100N.files, LABELS_FILE: "0" * 32})
-    monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "0")  # does not switch off the check before unpickling
-    loads = []
-    monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(k))
-    with pytest.raises(UserError, match="cifar100n: .* is corrupt or not the published file .md5 mismatch"):
-        get_dataset("cifar100n")(root).load()
-    with pytest.raises(UserError, match="cifar100n_coarse: .*[(]md5 mismatch"):
-        get_dataset("cifar100n_coarse")(root).load()
-    # The 2021 release is named as such, with where to get the current file.
-    old = {file_md5(root / LABELS_FILE): cifar100n_mod.LABELS.superseded[cifar100n_mod.RELEASE_2021_MD5]}
-    monkeypatch.setattr(cifar100n_mod, "LABELS", replace(cifar100n_mod.LABELS, superseded=old))
-    with pytest.raises(UserError, match="is the 2021 release whose coarse labels were revised in 2023; delete it "
-                                        "and get the current one from https://github.com/UCSC-REAL/.*CIFAR-100_human.pt$"):
-        get_dataset("cifar100n")(root).load()
-    assert loads == []  # refused before anything was unpickled
+    with unpickles_nothing_of_another_md5(CIFAR100N, LABELS_FILE, monkeypatch):
+        with pytest.raises(UserError, match="cifar100n: .* is corrupt or not the published file .md5 mismatch"):
+            get_dataset("cifar100n")(root).load()
+        with pytest.raises(UserError, match="cifar100n_coarse: .*[(]md5 mismatch"):
+            get_dataset("cifar100n_coarse")(root).load()
+        # The 2021 release is named as such, with where to get the current file.
+        old = {file_md5(root / LABELS_FILE): cifar100n_mod.LABELS.superseded[cifar100n_mod.RELEASE_2021_MD5]}
+        monkeypatch.setattr(cifar100n_mod, "LABELS", replace(cifar100n_mod.LABELS, superseded=old))
+        with pytest.raises(UserError, match="is the 2021 release whose coarse labels were revised in 2023; delete "
+                                            "it and get the current one from https://github.com/UCSC-REAL/.*"
+                                            "CIFAR-100_human.pt$"):
+            get_dataset("cifar100n")(root).load()
 
 
 def test_the_files_check_names_the_2021_release(tiny, monkeypatch) -> None:

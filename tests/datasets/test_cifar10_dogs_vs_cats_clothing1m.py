@@ -24,39 +24,18 @@ from bench.datasets.cifar10 import CIFAR10, crop_flip, read_batch
 from bench.datasets.cifar10n import CIFAR10N, LABELS_FILE
 from bench.datasets.clothing1m import CLASSES as CLOTHING_CLASSES
 from bench.download import file_md5
-from tests.datasets.conftest import Payload, refuses_the_pickled_payload, trains_an_mlp
+from tests.datasets.conftest import (
+    Payload,
+    refuses_the_pickled_payload,
+    trains_an_mlp,
+    unpickles_nothing_of_another_md5,
+)
 from tests.tolerances import f32
 
 CIFAR_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
 
 # ---------------------------------------------------------------- generators of the published formats
-
-
-def write_cifar_batches(root: Path, per_batch: int = 20, seed: int = 0) -> dict[str, np.ndarray]:
-    """`root/cifar-10-batches-py/` as in the official archive (CIFAR-10's stand-in: pickled dicts with bytes keys,
-    b"data" N x 3072 uint8 in R, G, B planes, b"labels" a list of ints); each file's labels, as written."""
-    CIFAR10.stand_in(root, 4 * per_batch, seed)
-    folder = root / "cifar-10-batches-py"
-    return {name: read_batch(folder / name)[1] for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]}
-
-
-def cifar_md5s(root: Path) -> dict[str, str]:
-    return {rel: file_md5(root / rel) for rel in CIFAR10.files}
-
-
-def write_cifar10n(root: Path, clean: np.ndarray, seed: int = 1) -> dict[str, np.ndarray]:
-    """`root/CIFAR-10N/CIFAR-10_human.pt` as published: torch.save of a dict of numpy int64 arrays."""
-    rng = np.random.default_rng(seed)
-    labels = {"clean_label": clean.astype(np.int64)}
-    for key, rate in (("aggre_label", 0.1), ("worse_label", 0.4), ("random_label1", 0.2), ("random_label2", 0.2),
-                      ("random_label3", 0.2)):
-        flip = rng.random(len(clean)) < rate
-        labels[key] = np.where(flip, (clean + 1 + rng.integers(0, 9, len(clean))) % 10, clean).astype(np.int64)
-    path = root / LABELS_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(labels, path)
-    return labels
 
 
 def write_jpeg(path: Path, colour: tuple[int, int, int], size: tuple[int, int]) -> None:
@@ -103,18 +82,6 @@ def write_clothing(root: Path, n_train: int = 12, n_val: int = 6, n_test: int = 
     (base / "clean_val_key_list.txt").write_text("\n".join(keys["val"]) + "\n")
     (base / "clean_test_key_list.txt").write_text("\n".join(keys["test"]) + "\n")
     return keys
-
-
-@pytest.fixture
-def tiny_cifar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A data root with CIFAR-10 batches of 20 images and a matching CIFAR-10N label file (their own md5s)."""
-    labels = write_cifar_batches(tmp_path)
-    clean = np.concatenate([labels[f"data_batch_{i}"] for i in range(1, 6)])
-    write_cifar10n(tmp_path, clean)
-    md5s = cifar_md5s(tmp_path)
-    monkeypatch.setattr(CIFAR10, "files", md5s)
-    monkeypatch.setattr(CIFAR10N, "files", {**md5s, LABELS_FILE: file_md5(tmp_path / LABELS_FILE)})
-    return tmp_path
 
 
 # ---------------------------------------------------------------- CIFAR-10
@@ -259,13 +226,9 @@ def test_cifar10n_clean_labels_must_match_the_batches(tiny_cifar: Path, monkeypa
 
 
 def test_cifar10n_refuses_a_wrong_checksum(tiny_cifar: Path, monkeypatch) -> None:
-    monkeypatch.setattr(CIFAR10N, "files", {**CIFAR10N.files, LABELS_FILE: "0" * 32})
-    monkeypatch.setenv("BENCH_VERIFY_CHECKSUMS", "0")  # does not switch off the check before unpickling
-    loads = []
-    monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(k))
-    with pytest.raises(UserError, match="md5 mismatch"):
-        get_dataset("cifar10n")(tiny_cifar).load()
-    assert loads == []  # refused before anything was unpickled
+    with unpickles_nothing_of_another_md5(CIFAR10N, LABELS_FILE, monkeypatch):
+        with pytest.raises(UserError, match="md5 mismatch"):
+            get_dataset("cifar10n")(tiny_cifar).load()
 
 
 def test_cifar10n_never_unpickles_unrestricted(tmp_path: Path, monkeypatch) -> None:

@@ -19,26 +19,19 @@ from bench import features
 from bench.cli.main import main
 from bench.config import UserError
 from bench.data import get_dataset
-from bench.datasets.cifar10 import CIFAR10
-from bench.datasets.cifar10n import CIFAR10N, LABELS_FILE
+from bench.datasets.cifar10n import CIFAR10N
 from bench.download import file_md5
 from bench.exec.packing import pack_key, why_solo
 from bench.trial import TrialConfig
-from tests.datasets.test_cifar10_dogs_vs_cats_clothing1m import cifar_md5s, write_cifar10n, write_cifar_batches
 
 PROBE = ["--model", "linear_probe", "--model-arg", "backbone=resnet18", "--model-arg", "weights=random"]
 
 
 @pytest.fixture
-def tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """CIFAR-10 batches of 20 images with CIFAR-10N labels; the feature cache in tmp_path."""
-    labels = write_cifar_batches(tmp_path)
-    write_cifar10n(tmp_path, np.concatenate([labels[f"data_batch_{i}"] for i in range(1, 6)]))
-    md5s = cifar_md5s(tmp_path)
-    monkeypatch.setattr(CIFAR10, "files", md5s)
-    monkeypatch.setattr(CIFAR10N, "files", {**md5s, LABELS_FILE: file_md5(tmp_path / LABELS_FILE)})
-    monkeypatch.setenv("BENCH_CACHE", str(tmp_path / "cache"))
-    return tmp_path
+def tiny(tiny_cifar: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """CIFAR-10 batches of 20 images with CIFAR-10N labels; the feature cache in the same folder."""
+    monkeypatch.setenv("BENCH_CACHE", str(tiny_cifar / "cache"))
+    return tiny_cifar
 
 
 @pytest.fixture
@@ -166,22 +159,6 @@ def test_instance_dependent_noise_is_drawn_on_the_inputs_not_the_features(tiny: 
     np.testing.assert_array_equal(probe.labels.train, plain.labels.train)
 
 
-def test_probe_on_a_streamed_set_and_a_damaged_image(tmp_path: Path, monkeypatch, forwards, capsys) -> None:
-    from tests.datasets.test_realworld import write_animal10n
-
-    write_animal10n(tmp_path)
-    monkeypatch.setenv("BENCH_CACHE", str(tmp_path / "cache"))
-    args = ["trial", "--dataset", "animal10n", "--method", "ce", "--noise", "real", "--r", "0", "--epochs-warmup",
-            "1", "--epochs", "1", "--batch-size", "8", "--data-root", str(tmp_path), *PROBE]
-    assert main([*args, "--results", str(tmp_path / "results")]) == 0
-    assert sum(forwards) == 50  # the 36 + 4 training and validation images and the 10 test images, decoded once
-    (tmp_path / "cache").rename(tmp_path / "old-cache")  # a fresh cache: the images are read again
-    (tmp_path / "animal10n" / "testing" / "3_00003.jpg").write_bytes(b"not a jpeg")
-    assert main([*args, "--results", str(tmp_path / "results2")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "animal10n: cannot decode" in err and "3_00003.jpg" in err, err
-
-
 def test_probe_trials_train_as_one_pack_as_they_do_alone(tiny: Path) -> None:
     from bench.exec.pack import run_pack
     from bench.exec.trainer import run_trial
@@ -292,9 +269,10 @@ def cached(root: Path) -> list[Path]:
     return sorted((root / "cache" / "features").glob("*.npy"))
 
 
-def test_a_changed_image_transform_or_protocol_extracts_again(tmp_path: Path, monkeypatch, forwards) -> None:
-    """The cache is keyed by what made the features: an image changed in place (blackened, same name), the dataset's
-    evaluation transform, the trial's protocol switches."""
+def test_a_changed_image_transform_or_protocol_extracts_again(tmp_path: Path, monkeypatch, forwards, capsys) -> None:
+    """On a streamed set (images decoded once), the cache is keyed by what made the features: an image changed in
+    place (blackened, same name), the dataset's evaluation transform, the trial's protocol switches; an image that
+    cannot be decoded is one line naming it."""
     from bench.datasets import image_files
     from tests.datasets.test_realworld import write_animal10n
 
@@ -303,6 +281,7 @@ def test_a_changed_image_transform_or_protocol_extracts_again(tmp_path: Path, mo
     args = ["trial", "--dataset", "animal10n", "--method", "ce", "--noise", "real", "--r", "0", "--epochs-warmup",
             "1", "--epochs", "1", "--batch-size", "8", "--data-root", str(tmp_path), *PROBE]
     assert main([*args, "--results", str(tmp_path / "r1")]) == 0
+    # The 36 + 4 training and validation images and the 10 test images, decoded once.
     assert sum(forwards) == 50 and len(cached(tmp_path)) == 3
     forwards.clear()
     test_image = tmp_path / "animal10n" / "testing" / "3_00003.jpg"
@@ -317,6 +296,12 @@ def test_a_changed_image_transform_or_protocol_extracts_again(tmp_path: Path, mo
     forwards.clear()
     assert main([*args, "--results", str(tmp_path / "r4")]) == 0
     assert forwards == []  # nothing changed since: all from the cache
+    (tmp_path / "cache").rename(tmp_path / "old-cache")  # a fresh cache: the images are read again
+    (tmp_path / "animal10n" / "testing" / "3_00003.jpg").write_bytes(b"not a jpeg")
+    capsys.readouterr()
+    assert main([*args, "--results", str(tmp_path / "r5")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "animal10n: cannot decode" in err and "3_00003.jpg" in err, err
 
 
 def test_the_protocols_transform_is_its_own_cache_entry(tiny: Path, forwards) -> None:

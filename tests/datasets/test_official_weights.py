@@ -181,38 +181,34 @@ def bench_features(backbone: str, state: State, path: Path, images: torch.Tensor
         return features.build_backbone(backbone, str(path))(images).double()
 
 
-@pytest.fixture
-def images() -> torch.Tensor:
-    return torch.randn(IMAGES, 3, 224, 224, generator=torch.Generator().manual_seed(5))
-
-
-def test_clip_features_are_openais_quickgelu_forward(tmp_path: Path, images: torch.Tensor,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """OpenAI's ViT-B/32 file gives bench the reference's features within float32 rounding; the same file in timm's
-    GELU build (`vit_base_patch32_clip_224`, bench's CLIP before) misses them by far more than that bound."""
-    state = clip_vit_b32_official(seed=11)
-    want = clip_reference(state, images)
-    bound = rounding_bound(768, 64, 50, 12, state["visual.ln_post.weight"])
-    got = bench_features("clip_vit_b32", state, tmp_path / "ViT-B-32.pth", images)
-    assert got.shape == (IMAGES, 768)
-    assert (got - want).abs().max() <= bound
+def timms_clip_gelu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same file in timm's GELU build (`vit_base_patch32_clip_224`, bench's CLIP before)."""
     monkeypatch.setitem(features.TIMM_BACKBONES, "clip_vit_b32", ("vit_base_patch32_clip_224", {}))
-    gelu = bench_features("clip_vit_b32", state, tmp_path / "ViT-B-32.pth", images)
-    assert (gelu - want).abs().max() > bound
 
 
-def test_dinov2_features_are_the_official_forward(tmp_path: Path, images: torch.Tensor,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """The official ViT-S/14 file gives bench the reference's features within float32 rounding at 224 pixels, the
-    positions interpolated from 37 x 37 patches to 16 x 16 as DINOv2 does; timm's own interpolation (antialiased, to
-    the grid: bench's before) misses them by far more than that bound."""
-    state = dinov2_vits14_official(seed=12)
-    want = dinov2_reference(state, images)
-    bound = rounding_bound(384, 64, 257, 12, state["norm.weight"])
-    got = bench_features("dinov2_vits14", state, tmp_path / "dinov2_vits14_pretrain.pth", images)
-    assert got.shape == (IMAGES, 384)
-    assert (got - want).abs().max() <= bound
+def timms_dinov2_positions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """timm's own interpolation of the positions (antialiased, to the grid: bench's before)."""
     monkeypatch.setattr(features, "official_dinov2_positions", lambda net: None)
-    timms = bench_features("dinov2_vits14", state, tmp_path / "dinov2_vits14_pretrain.pth", images)
-    assert (timms - want).abs().max() > bound
 
+
+@pytest.mark.parametrize(("backbone", "official", "reference", "width", "tokens", "final_norm", "file", "before"), [
+    ("clip_vit_b32", lambda: clip_vit_b32_official(seed=11), clip_reference, 768, 50, "visual.ln_post.weight",
+     "ViT-B-32.pth", timms_clip_gelu),
+    ("dinov2_vits14", lambda: dinov2_vits14_official(seed=12), dinov2_reference, 384, 257, "norm.weight",
+     "dinov2_vits14_pretrain.pth", timms_dinov2_positions),
+])
+def test_the_features_are_the_official_forward(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backbone: str,
+                                               official, reference, width: int, tokens: int, final_norm: str,
+                                               file: str, before) -> None:  # noqa: ANN001
+    """The official file (OpenAI's ViT-B/32 with its QuickGELU; DINOv2's ViT-S/14 at 224 pixels, the positions
+    interpolated from 37 x 37 patches to 16 x 16 as DINOv2 does) gives bench the reference's features within float32
+    rounding; bench's build before (`before`) misses them by far more than that bound."""
+    images = torch.randn(IMAGES, 3, 224, 224, generator=torch.Generator().manual_seed(5))
+    state = official()
+    want = reference(state, images)
+    bound = rounding_bound(width, 64, tokens, 12, state[final_norm])
+    got = bench_features(backbone, state, tmp_path / file, images)
+    assert got.shape == (IMAGES, width)
+    assert (got - want).abs().max() <= bound
+    before(monkeypatch)
+    assert (bench_features(backbone, state, tmp_path / file, images) - want).abs().max() > bound

@@ -21,18 +21,10 @@ from bench.baselines.sce import SymmetricCrossEntropy
 from bench.baselines.vat import adversarial_perturbation, kl_from_logits
 from bench.exec.prepare import prepare
 from bench.exec.trainer import train
-from bench.methods import Batch, StageContext, registry
+from bench.methods import Batch, registry
 from bench.trial import TrialConfig
-from tests.methods.conftest import log_softmax_error, random_problem
+from tests.methods.conftest import log_softmax_error, random_problem, stage_context
 from tests.tolerances import f32, within
-
-
-def stage(probs: torch.Tensor, labels: torch.Tensor, epochs: int = 4, true_t: np.ndarray | None = None,
-          nets: list[nn.Module] | None = None) -> StageContext:
-    return StageContext(nets=nets or [], num_classes=probs.shape[1], noisy_train=labels,
-                        predict_train=lambda: probs, true_transition=true_t, device=torch.device("cpu"),
-                        epochs=epochs)
-
 
 # --- GCE ---------------------------------------------------------------------------------------------------
 
@@ -59,7 +51,7 @@ def test_gce_is_mae_at_q_one() -> None:
 def test_gce_truncation_prunes_examples_below_k() -> None:
     logits, labels, p = random_problem(n=64, c=3)
     method = GeneralizedCrossEntropy(3, truncated=True, prune_start=1, prune_every=1)
-    method.setup(stage(torch.tensor(p, dtype=torch.float32), labels))
+    method.setup(stage_context(labels, torch.tensor(p, dtype=torch.float32)))
     method.end_epoch(0)
     py = p[np.arange(64), labels.numpy()]
     assert np.abs(py - 0.5).min() > 1e-3  # no example within rounding of the threshold: the flags are exact
@@ -102,7 +94,7 @@ def test_fw_estimator_recovers_known_t() -> None:
     clean[anchors] = np.eye(c)[np.arange(len(anchors)) % c]
     noisy_posterior = torch.tensor(clean @ t, dtype=torch.float32)
     method = Forward(c)
-    method.setup(stage(noisy_posterior, torch.zeros(n, dtype=torch.int64)))
+    method.setup(stage_context(torch.zeros(n, dtype=torch.int64), noisy_posterior))
     # Row i of the estimate is an anchor's float32 posterior clean @ t: 3 products and a sum per entry, f32(3, 2).
     assert method.estimated_transition() == pytest.approx(t, abs=f32(3, 2))
     # Without anchors at the top (argmax estimator on the non-anchor part only), the estimate is off.
@@ -142,7 +134,7 @@ def test_lccn_counts_follow_latent_labels_and_stay_non_negative() -> None:
     method = LCCN(c, update_every=1, warmup_steps=0)
     with torch.no_grad():
         probs = torch.softmax(net(x), dim=1)
-    method.setup(stage(probs, labels, nets=[net]))
+    method.setup(stage_context(labels, probs, nets=[net]))
     initial = np.zeros((c, c))
     np.add.at(initial, (probs.argmax(1).numpy(), labels.numpy()), 1)
     assert method.counts().numpy() == pytest.approx(initial)  # the warm start's confusion matrix
@@ -157,7 +149,7 @@ def test_lccn_counts_follow_latent_labels_and_stay_non_negative() -> None:
     est = method.estimated_transition()
     assert est.sum(axis=1) == pytest.approx(np.ones(c))
     restored = LCCN(c)
-    restored.setup(stage(probs, labels, nets=[net]))
+    restored.setup(stage_context(labels, probs, nets=[net]))
     restored.load_state_dict(method.state_dict())
     assert restored.estimated_transition() == pytest.approx(est)
 
@@ -226,14 +218,7 @@ def test_mentornet_drops_the_highest_loss_fraction() -> None:
     v = method.weights(losses)
     assert v.sum() == 70
     assert torch.all(v[losses > 69] == 0) and torch.all(v[losses <= 69] == 1)
-    # With the moving average (the reference's decay d = 0.5): lambda = d lambda_prev + (1 - d) percentile, the
-    # percentile being the batch's value at the nearest rank (TensorFlow's).
-    method = MentorNetPD(2)
-    method.threshold = 10.0
-    v = method.weights(losses)
-    lam = 0.5 * 10.0 + 0.5 * float(np.percentile(losses.numpy(), 70, method="nearest"))
-    assert method.threshold == pytest.approx(lam)
-    assert torch.equal(v, (losses <= lam).float())
+    # The moving average (the reference's decay): test_mentornet_threshold_moves_with_the_reference_decay.
     restored = MentorNetPD(2)
     restored.load_state_dict(method.state_dict())
     assert restored.threshold == method.threshold
@@ -275,10 +260,8 @@ def test_peer_loss_expectation_matches_all_pairs() -> None:
     assert within(float(PeerLoss(3).loss(logits, labels)), expected, atol=bound)
 
 
-def test_coteaching_schedule_and_cross_update() -> None:
-    method = CoTeaching(2, forget_rate=0.4, num_gradual=10)
-    # Their rate_schedule: linspace(0, tau, T_k) at training epoch e + 1, then tau.
-    assert [method.keep_rate(e) for e in (0, 5, 8, 30)] == pytest.approx([1 - 0.4 / 9, 1 - 0.4 * 6 / 9, 0.6, 0.6])
+def test_coteaching_small_loss_mask_and_cross_update() -> None:
+    # Its keep rate: test_fidelity_losses_and_hooks.py::test_the_keep_rate_is_their_rate_schedule.
     losses = torch.tensor([5.0, 0.1, 3.0, 0.2, 4.0])
     assert small_loss_mask(losses, 0.6).tolist() == [False, True, True, True, False]
     # Each net is trained on the other's small-loss examples.
@@ -297,13 +280,6 @@ def test_coteaching_schedule_and_cross_update() -> None:
 # --- every method through the trainer ----------------------------------------------------------------------
 
 BASELINES = sorted(name for name, cls in registry().items() if cls.__module__.startswith("bench.baselines"))
-
-
-def test_the_issue_methods_are_registered() -> None:
-    for name in ("fw", "fw_oracle", "gce", "lccn", "mentornet", "vat", "sce", "nce_rce", "bootstrap", "peer",
-                 "coteaching"):
-        assert name in BASELINES
-        assert registry()[name].paper
 
 
 @pytest.fixture(scope="module")

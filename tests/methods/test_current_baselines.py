@@ -16,17 +16,9 @@ from bench.baselines.fdiv import FDivergence
 from bench.baselines.fw import Forward
 from bench.baselines.gls import GeneralizedLabelSmoothing, gls_targets
 from bench.baselines.jocor import JoCoR
-from bench.methods import Batch, StageContext
-from tests.methods.conftest import log_softmax_error, numpy_softmax, random_problem
+from bench.methods import Batch
+from tests.methods.conftest import log_softmax_error, numpy_softmax, random_problem, stage_context
 from tests.tolerances import f32, within
-
-
-def stage(probs: torch.Tensor, labels: torch.Tensor, nets: list[nn.Module] | None = None, epochs: int = 4,
-          **extra) -> StageContext:  # noqa: ANN003
-    return StageContext(nets=nets or [], num_classes=probs.shape[1], noisy_train=labels,
-                        predict_train=lambda: probs, true_transition=None, device=torch.device("cpu"),
-                        epochs=epochs, **extra)
-
 
 T3 = np.array([[0.8, 0.15, 0.05], [0.1, 0.7, 0.2], [0.3, 0.0, 0.7]])
 
@@ -67,8 +59,8 @@ def test_backward_estimates_t_like_fw() -> None:
     probs = torch.tensor(clean @ T3, dtype=torch.float64)
     labels = torch.zeros(900, dtype=torch.int64)
     fw, bw = Forward(3, quantile=0.97), Backward(3)
-    fw.setup(stage(probs, labels))
-    bw.setup(stage(probs, labels))
+    fw.setup(stage_context(labels, probs))
+    bw.setup(stage_context(labels, probs))
     # An anchor's float32 posterior clean @ T3: 3 products and a sum per entry, f32(3, 2).
     assert bw.estimated_transition() == pytest.approx(T3, abs=f32(3, 2))
     assert np.array_equal(bw.estimated_transition(), fw.estimated_transition())  # one estimator, one input
@@ -154,7 +146,7 @@ def test_elr_targets_are_a_temporal_ensemble() -> None:
     x, y = torch.randn(40, 5), torch.randint(0, 3, (40,))
     warm = torch.softmax(net(x), dim=1).detach()
     method = EarlyLearningRegularization(3)
-    method.setup(stage(warm, y, nets=[net]))
+    method.setup(stage_context(y, warm, nets=[net]))
     idx = torch.arange(0, 40, 2)
     with torch.no_grad():
         net.weight.add_(0.5)  # the prediction moves away from the warm start
@@ -250,7 +242,7 @@ def test_volminnet_t_stays_row_stochastic_and_is_learned_from_the_noisy_labels()
     from bench.baselines.volminnet import VolMinNet
     logits, labels = scattered_problem(T3, n=2000)
     method = VolMinNet(3, lr_t=1.0)
-    method.setup(stage(torch.softmax(logits, 1), labels))
+    method.setup(stage_context(labels, torch.softmax(logits, 1)))
     start = method.estimated_transition()
     assert start.sum(axis=1) == pytest.approx(np.ones(3))
     assert np.all(np.diag(start) > start[~np.eye(3, dtype=bool)].reshape(3, 2).max(axis=1))
@@ -266,7 +258,7 @@ def test_volminnet_t_stays_row_stochastic_and_is_learned_from_the_noisy_labels()
 def test_volminnet_volume_penalty_shrinks_the_determinant() -> None:
     from bench.baselines.volminnet import VolMinNet
     method = VolMinNet(3, lambda_=1.0, lr_t=0.1)
-    method.setup(stage(torch.full((4, 3), 1 / 3), torch.zeros(4, dtype=torch.int64)))
+    method.setup(stage_context(torch.zeros(4, dtype=torch.int64), torch.full((4, 3), 1 / 3)))
     dets = []
     for _ in range(50):
         t = method.transition()
@@ -296,7 +288,7 @@ def test_trevision_weights_make_the_noisy_risk_the_clean_risk() -> None:
     # for the network too), and the recorded estimate is T^ + Delta T.
     net = nn.Linear(3, 3)
     method = TRevision(3, lr_revision=1e-2, revision_start=0.5)
-    method.setup(stage(torch.tensor(p, dtype=torch.float32), labels, nets=[net], epochs=4))
+    method.setup(stage_context(labels, torch.tensor(p, dtype=torch.float32), nets=[net]))
     x = torch.randn(30, 3)
     for epoch in range(4):
         optimizer = method.network_optimizer(epoch)
@@ -321,7 +313,7 @@ def test_sop_noise_term_absorbs_the_examples_the_network_contradicts() -> None:
     flipped = torch.arange(200) < 50
     labels[flipped] = (labels[flipped] + 1) % 3
     method = SparseOverParameterization(3, init_std=1e-2, lr_u=1.0, lr_v=1.0)
-    method.setup(stage(torch.softmax(logits, 1), labels))
+    method.setup(stage_context(labels, torch.softmax(logits, 1)))
     net = nn.Identity()
     for _ in range(300):
         idx = torch.randperm(200)[:64]
@@ -334,7 +326,7 @@ def test_sop_noise_term_absorbs_the_examples_the_network_contradicts() -> None:
     assert predicted_v2.median() > 0.5  # v grows multiplicatively from its tiny start: most, not all, are there
     # Only the rows of examples seen in a batch ever move.
     method2 = SparseOverParameterization(3)
-    method2.setup(stage(torch.softmax(logits, 1), labels))
+    method2.setup(stage_context(labels, torch.softmax(logits, 1)))
     before = method2.u.detach().clone()
     idx = torch.arange(10)
     method2.train_loss([net], Batch(x=logits[idx], y=labels[idx], index=idx, epoch=0)).backward()
@@ -360,7 +352,7 @@ def test_cores_sieves_what_its_criterion_says_and_regularises_the_rest() -> None
     regularised = own - 2.0 * (floored * prior).sum(axis=1)
     logits = logits.clone().requires_grad_(True)
     method = CORES(4)
-    method.setup(stage(torch.tensor(p), labels))  # the prior of the training labels (here, these)
+    method.setup(stage_context(labels, torch.tensor(p)))  # the prior of the training labels (here, these)
     loss = method.loss(logits, labels)
     assert loss.item() == pytest.approx(regularised[keep].mean(), rel=1e-5)
     loss.backward()
@@ -368,28 +360,11 @@ def test_cores_sieves_what_its_criterion_says_and_regularises_the_rest() -> None
     assert np.array_equal(touched, keep)  # sieved-out examples get no gradient
     # beta = 0: plain CE over the sieved examples.
     plain = CORES(4, beta=0.0)
-    plain.setup(stage(torch.tensor(p), labels))
+    plain.setup(stage_context(labels, torch.tensor(p)))
     assert plain.loss(logits.detach(), labels).item() == pytest.approx(own[keep].mean(), rel=1e-5)
 
 
 # --- DivideMix ---------------------------------------------------------------------------------------------
-
-def test_dividemix_mixture_matches_sklearn_and_separates_two_loss_groups() -> None:
-    from bench.baselines.dividemix import clean_probability
-    rng = np.random.default_rng(9)
-    losses = np.concatenate([rng.gamma(2.0, 0.05, 700), 2.0 + rng.normal(0, 0.3, 300)])
-    w = clean_probability(torch.tensor(losses)).numpy()
-    assert w[:700].mean() > 0.95 and w[700:].mean() < 0.05
-    mixture = pytest.importorskip("sklearn.mixture")
-    x = ((losses - losses.min()) / (losses.max() - losses.min())).reshape(-1, 1)
-    gmm = mixture.GaussianMixture(n_components=2, max_iter=10, tol=1e-2, reg_covar=5e-4).fit(x)
-    expected = gmm.predict_proba(x)[:, gmm.means_.argmin()]
-    # Not a rounding bound (float64 throughout: no machine moves these): two EM runs from different starts
-    # (scikit-learn's k-means, our median split), stopped after 10 steps or when scikit-learn's lower bound moves
-    # by less than its tol = 1e-2; their posteriors agree to that convergence, a percent or two where the two
-    # components overlap.
-    assert w == pytest.approx(expected, abs=0.02)
-
 
 class Deterministic(nn.Module):
     def __init__(self, seed: int) -> None:
@@ -428,7 +403,7 @@ def test_dividemix_co_divides_refines_and_guesses(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(torch.distributions, "Beta", NoMixing)
     method = DivideMix(3)
     uniform = torch.full((40, 3), 1 / 3)
-    method.setup(stage(uniform, y, nets=[f, g], predict_train_of=lambda k: uniform))
+    method.setup(stage_context(y, uniform, nets=[f, g], predict_train_of=lambda k: uniform))
     method.clean = [torch.zeros(40), w]
     torch.manual_seed(0)
     loss = method.train_loss([f, g], Batch(x=x, y=y, index=torch.arange(40), epoch=8))
@@ -451,7 +426,7 @@ def test_dividemix_mixes_word_embeddings_for_text() -> None:
     tokens, y = torch.randint(1, 50, (16, 12)), torch.randint(0, 2, (16,))
     method = DivideMix(2)
     uniform = torch.full((16, 2), 0.5)
-    method.setup(stage(uniform, y, nets=nets, predict_train_of=lambda k: uniform))
+    method.setup(stage_context(y, uniform, nets=nets, predict_train_of=lambda k: uniform))
     method.clean = [torch.rand(16), torch.rand(16)]
     loss = method.train_loss(nets, Batch(x=tokens, y=y, index=torch.arange(16), epoch=1))
     loss.backward()
@@ -460,17 +435,20 @@ def test_dividemix_mixes_word_embeddings_for_text() -> None:
 
 # --- registry, declared ranges (the README's table: tests/system/test_readme_tables.py) ---------------------------
 
+CLASSIC = ("fw", "fw_oracle", "gce", "lccn", "mentornet", "vat", "sce", "nce_rce", "bootstrap", "peer", "coteaching")
 NEW = ("backward", "elr", "gls", "fdiv", "coteaching_plus", "jocor", "trevision", "volminnet", "sop", "cores",
        "dividemix")
 
 
-def test_the_new_methods_are_registered_with_papers_and_declared_ranges() -> None:
+def test_the_baselines_are_registered_with_papers_and_the_new_ones_with_declared_ranges() -> None:
     from bench.methods import registry
     methods = registry()
     assert len(methods) >= 24
+    for name in CLASSIC + NEW:
+        cls = methods[name]
+        assert cls.__module__.startswith("bench.baselines") and cls.paper and cls.title
     for name in NEW:
         cls = methods[name]
-        assert cls.paper and cls.title
         declared = set(getattr(cls, "ranges", {})) | set(getattr(cls, "choices", {}))
         assert declared == set(cls.defaults), name
         for key, options in getattr(cls, "choices", {}).items():

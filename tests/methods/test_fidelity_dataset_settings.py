@@ -18,16 +18,10 @@ from bench.baselines.trevision import TRevision
 from bench.baselines.volminnet import VolMinNet
 from bench.config import UserError
 from bench.data import get_dataset
-from bench.methods import StageContext, describe_params, get_method
+from bench.methods import describe_params, get_method
 from bench.trial import TrialConfig
+from tests.methods.conftest import stage_context
 from tests.tolerances import U64
-
-
-def context(labels: torch.Tensor, num_classes: int, **extra) -> StageContext:  # noqa: ANN003
-    return StageContext(**{"nets": [], "num_classes": num_classes, "noisy_train": labels,
-                           "predict_train": lambda: None, "true_transition": None, "device": torch.device("cpu"),
-                           "epochs": 4, **extra})
-
 
 # --- VolMinNet: the classifier's and T's rates equal, decayed together at epochs 30 and 60 -------------------------
 
@@ -47,7 +41,7 @@ def test_volminnet_trains_the_classifier_and_t_at_one_rate_decayed_at_30_and_60(
     classifier = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=stage.lr, momentum=stage.momentum)
     scheduler = torch.optim.lr_scheduler.MultiStepLR(classifier, list(stage.milestones), stage.gamma)
     method = VolMinNet(get_dataset(dataset).num_classes, dataset=dataset, **config.params)
-    method.setup(context(torch.zeros(4, dtype=torch.int64), method.num_classes, schedule=stage))
+    method.setup(stage_context(torch.zeros(4, dtype=torch.int64), num_classes=method.num_classes, schedule=stage))
     # Two or three rounded multiplications each side: a few units in the last place of float64.
     for epoch in range(stage.epochs):
         rate_t, rate_net = method.optimizer.param_groups[0]["lr"], classifier.param_groups[0]["lr"]
@@ -129,8 +123,7 @@ def test_backward_and_trevision_take_arg_max_anchors_on_cifar100(cls: type) -> N
     expected = probs.numpy()[probs.numpy().argmax(axis=0)]
     for dataset, anchors_by_arg_max in (("cifar100", True), ("cifar10", False)):
         method = cls(3, dataset=dataset)
-        method.setup(context(torch.zeros(200, dtype=torch.int64), 3, predict_train=lambda: probs,
-                             nets=[torch.nn.Linear(2, 3)]))
+        method.setup(stage_context(torch.zeros(200, dtype=torch.int64), probs, nets=[torch.nn.Linear(2, 3)]))
         assert np.array_equal(method.estimated_transition(), expected) == anchors_by_arg_max
 
 

@@ -34,17 +34,12 @@ from bench.exec.pack import run_pack
 from bench.exec.prepare import prepare
 from bench.exec.stage import SoloStage
 from bench.exec.trainer import run_trial
-from bench.methods import Batch, Method, StageContext, describe_params, registry
+from bench.methods import Batch, Method, describe_params, registry
 from bench.trial import TrialConfig, freeze_params
+from tests.methods.conftest import stage_context
 
 QUIET = dict(log=lambda s: None)
 T2 = np.array([[0.6, 0.4], [0.3, 0.7]])  # the issue's probe
-
-
-def stage(labels: torch.Tensor, num_classes: int, noise_rate: float | None = None) -> StageContext:
-    known = {} if noise_rate is None else {"noise_rate": noise_rate}
-    return StageContext(nets=[], num_classes=num_classes, noisy_train=labels, predict_train=lambda: None,
-                        true_transition=None, device=torch.device("cpu"), epochs=4, **known)
 
 
 def sure(labels: list[int], scale: float, num_classes: int = 2) -> torch.Tensor:
@@ -220,13 +215,13 @@ def test_the_expected_noise_rate_is_the_fraction_of_labels_t_changes() -> None:
 def test_the_forget_rate_is_the_trials_noise_rate_unless_given(cls: type[CoTeaching]) -> None:
     labels = torch.zeros(10, dtype=torch.int64)
     method = cls(2)
-    method.setup(stage(labels, 2, noise_rate=0.28))
+    method.setup(stage_context(labels, num_classes=2, noise_rate=0.28))
     assert method.forget_rate == 0.28 and method.keep_rate(50) == pytest.approx(0.72)
     given = cls(2, forget_rate=0.1)
-    given.setup(stage(labels, 2, noise_rate=0.28))
+    given.setup(stage_context(labels, num_classes=2, noise_rate=0.28))
     assert given.forget_rate == 0.1
     with pytest.raises(UserError, match="forget_rate"):
-        cls(2).setup(stage(labels, 2, noise_rate=math.nan))  # unknown noise rate and none given
+        cls(2).setup(stage_context(labels, num_classes=2, noise_rate=math.nan))  # unknown noise rate and none given
     assert "forget_rate=the trial's noise rate" in describe_params(cls)[0]
 
 
@@ -243,14 +238,15 @@ def test_a_coteaching_trial_forgets_its_expected_noise_rate(monkeypatch: pytest.
     assert seen == [pytest.approx(expected, abs=1e-12)]
 
 
-@pytest.mark.parametrize("tau, gradual, c", [(0.2, 10, 1.0), (0.45, 5, 2.0), (0.3, 1, 1.0), (0.5, 0, 0.5)])
+@pytest.mark.parametrize("tau, gradual, c", [(0.2, 10, 1.0), (0.4, 10, 1.0), (0.45, 5, 2.0), (0.3, 1, 1.0),
+                                             (0.5, 0, 0.5)])
 def test_the_keep_rate_is_their_rate_schedule(tau: float, gradual: int, c: float) -> None:
     """main.py: rate_schedule = ones(n_epoch) tau; rate_schedule[:num_gradual] = linspace(0, tau^c, num_gradual),
     read at training epochs 1, 2, ... (epoch 0 evaluates the untrained networks)."""
     schedule = np.ones(200) * tau
     schedule[:gradual] = np.linspace(0, tau**c, gradual)
     method = CoTeaching(2, forget_rate=tau, num_gradual=gradual, exponent=c)
-    for e in range(30):
+    for e in range(31):
         assert method.keep_rate(e) == pytest.approx(1 - schedule[e + 1], abs=1e-12)
 
 
@@ -290,7 +286,7 @@ def test_cores_prior_is_over_the_training_set_then_over_the_examples_its_sieve_k
     rng = np.random.default_rng(9)
     train_labels = torch.tensor(rng.choice(3, 300, p=[0.6, 0.3, 0.1]))
     method = CORES(3)
-    method.setup(stage(train_labels, 3))
+    method.setup(stage_context(train_labels, num_classes=3))
     counts = np.bincount(train_labels.numpy(), minlength=3)
     # A batch whose label frequencies are not the training set's: the loss uses the training set's (their
     # noise_prior), not the batch's.

@@ -18,6 +18,7 @@ from bench.cli.methods import MEASURED_MARKER
 from bench.config import Schedule
 from bench.methods import Batch, StageContext, check_params, fidelity_record, registry
 from bench.trial import TrialConfig, freeze_params
+from tests.methods.conftest import stage_context
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -172,9 +173,7 @@ class NoMixing:
 
 def context(n: int, c: int, labels: torch.Tensor, nets: list[nn.Module], **extra) -> StageContext:  # noqa: ANN003
     uniform = torch.full((n, c), 1.0 / c)
-    return StageContext(nets=nets, num_classes=c, noisy_train=labels, predict_train=lambda: uniform,
-                        true_transition=None, device=torch.device("cpu"), epochs=4,
-                        predict_train_of=lambda k: uniform, **extra)
+    return stage_context(labels, uniform, nets=nets, predict_train_of=lambda k: uniform, **extra)
 
 
 def test_dividemix_guesses_over_two_augmented_views_with_the_other_network_in_eval_mode(
@@ -240,18 +239,26 @@ def test_dividemix_unlabelled_weight_ramps_from_zero_step_by_step() -> None:
     assert ramps[0] == 0.0
 
 
-def test_dividemix_mixture_is_sklearns_gaussian_mixture() -> None:
+@pytest.mark.parametrize("groups", ["separated", "overlapping"])
+def test_dividemix_mixture_is_sklearns_gaussian_mixture(groups: str) -> None:
     """The co-divide fit equals scikit-learn's GaussianMixture(2, max_iter=10, tol=1e-2, reg_covar=5e-4) (the
-    reference's call) to float32 rounding, on losses where 10 EM steps from a median split do not get there."""
+    reference's call) to float32 rounding: on two separated loss groups, whose clean group it finds, and on
+    overlapping ones where 10 EM steps from a median split do not get there."""
     from bench.baselines.dividemix import clean_probability
 
     mixture = pytest.importorskip("sklearn.mixture")
     rng = np.random.default_rng(9)
-    losses = np.concatenate([rng.exponential(0.1, 4000), 1.5 + rng.normal(0, 0.5, 600)])
+    if groups == "separated":
+        losses = np.concatenate([rng.gamma(2.0, 0.05, 700), 2.0 + rng.normal(0, 0.3, 300)])
+    else:
+        losses = np.concatenate([rng.exponential(0.1, 4000), 1.5 + rng.normal(0, 0.5, 600)])
     x = ((losses - losses.min()) / (losses.max() - losses.min())).reshape(-1, 1)
     gmm = mixture.GaussianMixture(n_components=2, max_iter=10, tol=1e-2, reg_covar=5e-4, random_state=0).fit(x)
     expected = gmm.predict_proba(x)[:, gmm.means_.argmin()]
-    assert clean_probability(torch.tensor(losses)).numpy() == pytest.approx(expected, abs=1e-6)
+    w = clean_probability(torch.tensor(losses)).numpy()
+    assert w == pytest.approx(expected, abs=1e-6)
+    if groups == "separated":
+        assert w[:700].mean() > 0.95 and w[700:].mean() < 0.05
 
 
 def test_augmenter_draws_fresh_views_only_where_the_dataset_augments_tensors() -> None:

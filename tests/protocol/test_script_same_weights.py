@@ -14,6 +14,9 @@ do, and bench's model (`fashion_cnn`), its `dmi_script_form` "mean" and its meth
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import pytest
 import torch
 
 from bench import models
@@ -31,14 +34,17 @@ THEIRS = {  # printed by their code (repr of the float) under the portable numer
 }
 
 
-def test_fashion_cnn_forward_loss_and_step_are_the_authors(portable_figures) -> None:
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Their figures are one thread's float order."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # their figures are one thread's float order
-    try:
-        got = _figures()
-    finally:
-        torch.set_num_threads(threads)
-    assert got == THEIRS
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_fashion_cnn_forward_loss_and_step_are_the_authors(portable_figures, one_thread) -> None:
+    assert _figures() == THEIRS
 
 
 def _figures() -> dict[str, float]:
@@ -78,23 +84,19 @@ def _figures() -> dict[str, float]:
 THEIR_CIFAR = {"init_sum": 8497.842005332033, "train_logits_sum": 2.201116345822811, "dmi_train": 6.907755374908447}
 
 
-def test_resnet34_weights_are_the_authors_and_its_forward_within_the_pooling_rounding(portable_figures) -> None:
+def test_resnet34_weights_are_the_authors_and_its_forward_within_the_pooling_rounding(portable_figures,
+                                                                                      one_thread) -> None:
     """Bit-equal weights; the forward pass differs only where bench averages the last 4 x 4 map with `mean` and
     theirs with `avg_pool2d(4)`: each pooled value (16 non-negative terms) within f32(16, 1) of exact in both, and
     each logit's 512-term product rounded in both, which bounds the difference of the logits' sum."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        dataset = get_dataset("cifar10")
-        torch.manual_seed(0)
-        net = models.create(dataset.model, 10)
-        x = torch.randn(64, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-        y = torch.randint(0, 10, (64,), generator=torch.Generator().manual_seed(2))
-        pooled = []
-        net.classifier.register_forward_pre_hook(lambda _m, args: pooled.append(args[0].detach().double()))
-        logits = net.train()(x)
-    finally:
-        torch.set_num_threads(threads)
+    dataset = get_dataset("cifar10")
+    torch.manual_seed(0)
+    net = models.create(dataset.model, 10)
+    x = torch.randn(64, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    y = torch.randint(0, 10, (64,), generator=torch.Generator().manual_seed(2))
+    pooled = []
+    net.classifier.register_forward_pre_hook(lambda _m, args: pooled.append(args[0].detach().double()))
+    logits = net.train()(x)
     assert sum(p.double().sum().item() for p in net.parameters()) == THEIR_CIFAR["init_sum"]
     w, b = net.classifier.weight.detach().double().abs(), net.classifier.bias.detach().double().abs()
     products = pooled[0] @ w.T + b  # (64, 10): sum_j |W_ij| p_j + |b_i| per logit (p_j >= 0 after the ReLU)

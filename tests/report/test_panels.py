@@ -1,9 +1,11 @@
-"""The report's panel contract (bench.report.panel): the panels are found by the registry in their declared order, and a
-panel is one file: a plug-in file alone (no other file edited) puts its CSV table, figure, Markdown and HTML sections
-into `bench report`, where its `order` says, handed both every protocol's rows and the headline's."""
+"""The report's panel contract (bench.report.panel): the panels are found by the registry in their declared order, the
+leaderboard first at order 0, and a panel is one file: a plug-in file alone (no other file edited) puts its CSV table,
+figure, Markdown and HTML sections into `bench report`, where its `order` says (before the leaderboard too), handed
+both every protocol's rows and the headline's."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import polars as pl
@@ -11,6 +13,7 @@ import pytest
 
 from bench.config import UserError
 from bench.report.build import build_report
+from bench.report.leaderboard import Leaderboard
 from bench.report.panel import Panel, panels
 from tests.report.test_protocols_panel import rows
 from tests.report.test_report import write
@@ -51,6 +54,23 @@ class Counts(Panel):
         return f"<h2>Counts</h2><p>{sorted(figures)}</p>"
 
 
+class First(Panel):
+    name = "first"
+    order = -1  # before the leaderboard
+
+    def analyse(self, ctx):
+        return pl.DataFrame({"cells": [ctx.grid.height]})
+
+    def tables(self, data):
+        return {"first": data}
+
+    def markdown(self, data, ctx):
+        return "## First\\n\\n"
+
+    def html(self, data, figures, ctx):
+        return f"<h2>First: {data['cells'][0]} cells</h2>"
+
+
 class Coda(Panel):
     """After every built-in panel, the failed trials (90) included."""
 
@@ -71,6 +91,8 @@ class Coda(Panel):
 def test_the_built_in_panels_come_in_their_declared_order() -> None:
     found = panels()
     assert [(p.order, p.name) for p in found] == sorted((p.order, p.name) for p in found)
+    assert isinstance(found[0], Leaderboard) and (found[0].name, found[0].order) == ("leaderboard", 0)
+    assert all(p.order > 0 for p in found[1:])
     assert len({p.name for p in found}) == len(found) and all(isinstance(p, Panel) for p in found)
     # The ones docs/extending.md names, with the orders it gives (a new built-in panel needs no edit here).
     assert {(p.name, p.order) for p in found} >= {("protocols", 10), ("noise_kinds", 20), ("diagnostics", 30),
@@ -82,8 +104,15 @@ def test_a_panel_is_one_plug_in_file(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "plugins" / "counts_panel.py").write_text(PLUGIN, encoding="utf-8")
     built_in = [(p.order, p.name) for p in panels()]
     monkeypatch.setenv("BENCH_PLUGINS", str(tmp_path / "plugins"))
-    assert [p.name for p in panels()] == [name for _, name in sorted(built_in + [(15, "counts"), (99, "coda")])]
+    assert [p.name for p in panels()] == [name for _, name in sorted(built_in + [(-1, "first"), (15, "counts"),
+                                                                             (99, "coda")])]
     written = build_report(write(tmp_path / "r", rows()), tmp_path / "report", log=lambda s: None)
+    # A panel may stand before the leaderboard: its table, Markdown and HTML come first.
+    assert [name for name in written if name.endswith(" csv")][:2] == ["first csv", "cells csv"]
+    assert pl.read_csv(written["first csv"])["cells"].to_list() == [2]
+    assert written["leaderboard.md"].read_text(encoding="utf-8").startswith("## First\n\n# Leaderboard\n")
+    assert re.findall(r"<h[12]>(.*?)</h[12]>", written["report.html"].read_text(encoding="utf-8"))[:2] == [
+        "First: 2 cells", "bench report"]
     # 9 bench trials (the headline, 2 CE settings and 1 L_DMI: 3 settings, 2 cells) and 7 authors' trials, each with
     # one epoch row.
     counts = pl.read_csv(written["counts csv"])

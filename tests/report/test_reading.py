@@ -7,7 +7,6 @@ from __future__ import annotations
 import html
 import random
 import re
-from html.parser import HTMLParser
 from pathlib import Path
 
 import polars as pl
@@ -18,7 +17,7 @@ from bench.report import analysis
 from bench.report.build import build_report
 from bench.report.diagnostics import COST_NOTE
 from bench.store.rows import write_trial
-from tests.report.test_report import GRID_ROWS, make_row, write
+from tests.report.test_report import GRID_ROWS, Page, make_row, write
 
 
 def test_the_leaderboard_caption_follows_the_metric(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -119,46 +118,11 @@ def demo_results(folder: Path) -> Path:
     return folder
 
 
-class _Sections(HTMLParser):
-    """Each <h2> section's text and its tables' cells and images; the cells of every table on the page."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.sections: list[dict] = []
-        self.cells: list[str] = []
-        self._in: str | None = None
-        self._text: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list) -> None:
-        if tag in ("h2", "td"):
-            self._in, self._text = tag, []
-        if tag == "h2":
-            self.sections.append({"title": "", "tables": 0, "images": 0})
-        elif tag == "table" and self.sections:
-            self.sections[-1]["tables"] += 1
-        elif tag == "img" and self.sections:
-            self.sections[-1]["images"] += 1
-
-    def handle_data(self, data: str) -> None:
-        if self._in:
-            self._text.append(data)
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == self._in == "h2":
-            self.sections[-1]["title"] = "".join(self._text)
-        elif tag == self._in == "td":
-            self.cells.append("".join(self._text))
-        if tag == self._in:
-            self._in = None
-
-
 def test_the_demos_report_has_no_empty_panel_and_one_name_per_method(tmp_path: Path) -> None:
     results = demo_results(tmp_path / "results")
     written = build_report(results, tmp_path / "out", log=lambda s: None)
     page = written["report.html"].read_text(encoding="utf-8")
-    parser = _Sections()
-    parser.feed(page)
-    parser.close()
+    parser = Page(page)
     titles = [s["title"] for s in parser.sections]
     assert "fashion_mnist · case3" in titles and "Cost" in titles
     for section in parser.sections:  # every heading heads something to read

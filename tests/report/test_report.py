@@ -202,20 +202,33 @@ def test_paper_vs_measured(results: Path) -> None:
     assert unmeasured["ours_mean"] is None and unmeasured["diff"] is None and unmeasured["ours_n"] == 0
 
 
-class _Cells(HTMLParser):
-    def __init__(self) -> None:
+class Page(HTMLParser):
+    """A report page read back: every table cell's text, the images' sources, any address outside the page, and each
+    <h2> section's title with its count of tables and images."""
+
+    def __init__(self, page: str) -> None:
         super().__init__()
         self.cells: list[str] = []
         self.imgs: list[str] = []
         self.external: list[str] = []
-        self._td: list[str] | None = None
+        self.sections: list[dict] = []
+        self._in: str | None = None
+        self._text: list[str] = []
+        self.feed(page)
+        self.close()
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = dict(attrs)
-        if tag == "td":
-            self._td = []
-        if tag == "img":
+        if tag in ("h2", "td"):
+            self._in, self._text = tag, []
+        if tag == "h2":
+            self.sections.append({"title": "", "tables": 0, "images": 0})
+        elif tag == "table" and self.sections:
+            self.sections[-1]["tables"] += 1
+        elif tag == "img":
             self.imgs.append(a.get("src") or "")
+            if self.sections:
+                self.sections[-1]["images"] += 1
         for key in ("src", "href"):
             if a.get(key) and not a[key].startswith("data:"):
                 self.external.append(a[key])
@@ -223,22 +236,23 @@ class _Cells(HTMLParser):
             self.external.append(str(a))
 
     def handle_data(self, data: str) -> None:
-        if self._td is not None:
-            self._td.append(data)
+        if self._in:
+            self._text.append(data)
 
     def handle_endtag(self, tag: str) -> None:
-        if tag == "td" and self._td is not None:
-            self.cells.append("".join(self._td))
-            self._td = None
+        if tag == self._in == "h2":
+            self.sections[-1]["title"] = "".join(self._text)
+        elif tag == self._in == "td":
+            self.cells.append("".join(self._text))
+        if tag == self._in:
+            self._in = None
 
 
 def test_report_outputs_html_every_cell_and_plots(results: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     written = build_report(results, out, log=lambda s: None)
     page = written["report.html"].read_text(encoding="utf-8")
-    parser = _Cells()
-    parser.feed(page)
-    parser.close()
+    parser = Page(page)
     assert not parser.external and "<script>" in page and "<style>" in page
     assert len(parser.imgs) == 2 and all(s.startswith("data:image/png;base64,") for s in parser.imgs)
     df = analysis.load_trials(results)
