@@ -16,7 +16,8 @@ the CPU seconds of MLflow's writer process (`bench.store.mirror_writer`), which 
 `getrusage(RUSAGE_SELF)` as it exits, written to a file by a `sitecustomize` module this script puts on the arm's
 PYTHONPATH (the driver's children's CPU taken around the wait that reaps the writer, as before 2026-12-08, counted
 other children of the driver's too: 4.2 s where the writer took 3.4); then per N the best (least) of the rounds and
-the ratios to plain Ray Tune's.
+the ratios to plain Ray Tune's. Each arm runs in the scratch folder: until 2026-12-08 the baseline's writer process,
+started from the checkout's folder, imported that checkout's bench, not the baseline's.
 The issue's targets: driver CPU a trial with MLflow on at most 2x plain's, grid wall at most 1.15x plain's.
 """
 
@@ -112,8 +113,10 @@ def one_arm(arm: str, config: Path, results: Path, baseline: str | None) -> tupl
         env.pop("PYTHONPATH", None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hook), env.get("PYTHONPATH")]))
     started = time.perf_counter()
-    proc = subprocess.run([python, __file__, "--child", arm, str(config), str(results)], env=env,
-                          capture_output=True, text=True)
+    # From the scratch folder: `python -m bench.store.mirror_writer` imports the bench of its working directory
+    # first, so a baseline run from a checkout had its writer process run the checkout's code.
+    proc = subprocess.run([python, str(Path(__file__).resolve()), "--child", arm, str(config), str(results)], env=env,
+                          capture_output=True, text=True, cwd=results.parent)
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         sys.exit(f"scale_grid: arm {arm!r} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
