@@ -12,8 +12,12 @@ otherwise. With --baseline-python, a fourth arm: `bench run` (MLflow on) by anot
 venv, PYTHONPATH dropped: the bench it imports is the one measured). Printed per arm: the grid's wall (the process's,
 start-up and shutdown included), the driver process's own CPU seconds (its threads, `getrusage(RUSAGE_SELF)` as it
 exits: not Ray's processes, where the trials' work is the same in every arm) and those per trial, and, with MLflow on,
-the CPU seconds of MLflow's writer process (`bench.store.mirror_writer`: its children's CPU taken around the wait that
-reaps it), which runs beside the driver; then per N the best (least) of the rounds and the ratios to plain Ray Tune's.
+the CPU seconds of MLflow's writer process (`bench.store.mirror_writer`), which runs beside the driver: its own
+`getrusage(RUSAGE_SELF)` as it exits, written to a file by a `sitecustomize` module this script puts on the arm's
+PYTHONPATH (the driver's children's CPU taken around the wait that reaps the writer, as before 2026-12-08, counted
+other children of the driver's too: 4.2 s where the writer took 3.4); then per N the best (least) of the rounds and
+the ratios to plain Ray Tune's. Each arm runs in the scratch folder: until 2026-12-08 the baseline's writer process,
+started from the checkout's folder, imported that checkout's bench, not the baseline's.
 The issue's targets: driver CPU a trial with MLflow on at most 2x plain's, grid wall at most 1.15x plain's.
 """
 
@@ -46,29 +50,20 @@ def driver_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-WRITER_CPU: list[float] = []  # the CPU seconds of each MLflow writer process this driver reaped
-
-
-def children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+# Imported by every Python process of an arm (PYTHONPATH): the MLflow writer process appends its own CPU seconds, as
+# it exits, to the file $SCALE_GRID_WRITER_CPU.
+SITECUSTOMIZE = """import atexit, os, resource, sys
+def _writer_cpu():  # sys.argv names the module only once it runs (python -m)
+    if any("mirror_writer" in a for a in sys.argv) and os.environ.get("SCALE_GRID_WRITER_CPU"):
+        u = resource.getrusage(resource.RUSAGE_SELF)
+        with open(os.environ["SCALE_GRID_WRITER_CPU"], "a") as f:
+            f.write(f"{u.ru_utime + u.ru_stime}\\n")
+atexit.register(_writer_cpu)
+"""
 
 
 def child_bench(config: str, results: str, mlflow: bool) -> None:
     from bench.cli.main import main
-    from bench.grid import mlflow_callback
-
-    close = getattr(mlflow_callback, "MirrorProcess", None) and mlflow_callback.MirrorProcess.close
-
-    def timed_close(writer, timeout):  # the only child the driver reaps in this window is the writer
-        before = children_cpu()
-        try:
-            return close(writer, timeout)
-        finally:
-            WRITER_CPU.append(children_cpu() - before)
-
-    if close:  # a bench whose writer is a process (a baseline's may be a thread: its CPU is the driver's)
-        mlflow_callback.MirrorProcess.close = timed_close
 
     code = main(["run", config, "--results", results, "--num-cpus", "2", "--yes"] + ([] if mlflow else
                                                                                      ["--no-mlflow"]))
@@ -107,19 +102,27 @@ def child_plain(config: str, results: str) -> None:
 
 def one_arm(arm: str, config: Path, results: Path, baseline: str | None) -> tuple[float, float, float]:
     """(wall, driver CPU seconds, MLflow writer process CPU seconds) of one arm's whole process."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONWARNINGS": "ignore"}
+    hook, writer_cpu = results.parent / "sitecustomize", results.parent / f"{results.name}.writer-cpu"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONWARNINGS": "ignore",
+           "SCALE_GRID_WRITER_CPU": str(writer_cpu)}
     python = sys.executable
     if arm == BASELINE:
         python, arm = baseline, "bench"
         env.pop("PYTHONPATH", None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hook), env.get("PYTHONPATH")]))
     started = time.perf_counter()
-    proc = subprocess.run([python, __file__, "--child", arm, str(config), str(results)], env=env,
-                          capture_output=True, text=True)
+    # From the scratch folder: `python -m bench.store.mirror_writer` imports the bench of its working directory
+    # first, so a baseline run from a checkout had its writer process run the checkout's code.
+    proc = subprocess.run([python, str(Path(__file__).resolve()), "--child", arm, str(config), str(results)], env=env,
+                          capture_output=True, text=True, cwd=results.parent)
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         sys.exit(f"scale_grid: arm {arm!r} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     measured = json.loads(proc.stdout.strip().splitlines()[-1])
-    return wall, measured["cpu"], measured.get("writer", 0.0)
+    writer = sum(map(float, writer_cpu.read_text().split())) if writer_cpu.is_file() else 0.0
+    return wall, measured["cpu"], writer
 
 
 def main() -> None:
@@ -136,7 +139,7 @@ def main() -> None:
             child_plain(config, results)
         else:
             child_bench(config, results, mlflow=arm == "bench")
-        print(json.dumps({"cpu": driver_cpu(), "writer": sum(WRITER_CPU)}), flush=True)
+        print(json.dumps({"cpu": driver_cpu()}), flush=True)
         return
     arms = ARMS + ((BASELINE,) if args.baseline_python else ())
     scratch = Path(tempfile.mkdtemp(prefix="scale-grid-"))

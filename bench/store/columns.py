@@ -222,10 +222,10 @@ def not_ours(frame: Any, table: str, stem: str) -> str | None:
         return f"not a result file of this table: no column {', '.join(missing)}"
     if one_row and frame.height != 1:
         return f"{frame.height} rows where a trial has one"
-    for column in frame.columns:
-        if problem := kind_fault(table, column, frame.schema[column]):
+    for column, dtype in frame.schema.items():  # the schema once: polars builds it anew at each `frame.schema`
+        if problem := kind_fault(table, column, dtype):
             return problem
-        if column_kind(table, column) == "name" and frame.schema[column] == pl.String:
+        if column_kind(table, column) == "name" and dtype == pl.String:
             bad = [v for v in frame[column].drop_nulls().unique().to_list() if not is_name(v)]
             if bad:
                 return f"{column} {bad[0][:60]!r} is not a name ({NAME.words})"

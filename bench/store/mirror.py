@@ -38,7 +38,7 @@ import tempfile
 import time
 import urllib.request
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -311,14 +311,11 @@ class Mirror:
     # -- logging ----------------------------------------------------------------------------------------------
     def log_row(self, row: dict[str, Any], epochs: pl.DataFrame | None = None) -> bool:
         """Log one trial (skipped if already logged with the same status). True if it is in MLflow now."""
-        if not self.loggable(row):
-            return False
-        return bool(self.guard(f"logging trial {row['trial_id']}", self._log_row, row, epochs))
+        return self.loggable(row) and bool(self.guard(f"logging trial {row['trial_id']}", self._log_row, row, epochs))
 
     def loggable(self, row: dict[str, Any]) -> bool:
         """A row whose experiment name could not be a folder name (a path, '..') is not logged: the embedded
         store keeps each experiment's artifacts in a folder of that name."""
-
         try:
             check_name("experiment", row.get("experiment") or "adhoc")
         except UserError as e:
@@ -372,15 +369,19 @@ class Mirror:
             return
         epochs = folder.read_table(results, "epochs")
         curves = epochs.partition_by("trial_id", as_dict=True) if epochs.height else {}  # one pass, not one a row
-        for row in rows.iter_rows(named=True):
-            if trial_ids is not None and row["trial_id"] not in trial_ids or not self.loggable(row):
+        yield from self.unlogged((row, curves.get((row["trial_id"],))) for row in rows.iter_rows(named=True)
+                                 if trial_ids is None or row["trial_id"] in trial_ids)
+
+    def unlogged(self, rows: Iterable[tuple[dict[str, Any], Any]]) -> Iterator[tuple[str, dict[str, Any], Any]]:
+        """Those of `rows` (row, curves) that MLflow lacks, as (experiment, row, curves), until the store fails."""
+        for row, curve in rows:
+            if not self.loggable(row):
                 continue
             experiment = row.get("experiment") or "adhoc"
             if (known := self.guard("listing runs", self.logged, experiment)) is None:
                 return
-            if row["trial_id"] in known and known[row["trial_id"]][1] == row["status"]:
-                continue
-            yield experiment, row, curves.get((row["trial_id"],))
+            if row["trial_id"] not in known or known[row["trial_id"]][1] != row["status"]:
+                yield experiment, row, curve
 
     def sync(self, results: str | os.PathLike[str], trial_ids: set[str] | None = None) -> int:
         """Log every row under `results` (or those in `trial_ids`) that MLflow lacks, run by run; return how many."""
@@ -540,8 +541,6 @@ def _set_aside(path: Path) -> Path:
 
 def _not_a_database(path: Path) -> str | None:
     """What is wrong with the sqlite file at `path` (None: nothing, or no file yet): not a database, or corrupt."""
-    import sqlite3
-
     if not path.exists() or path.stat().st_size == 0:
         return None
     try:

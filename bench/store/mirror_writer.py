@@ -1,5 +1,7 @@
-"""The MLflow mirror's writer: reads result rows by trial id and logs them (`bench.store.mirror.Mirror`) in batches,
-from a thread of its own (`MirrorWriter`), and, for `bench run`, from a process of its own (`main`).
+"""The MLflow mirror's writer: reads result rows by trial id and logs them in batches, from a thread of its own
+(`MirrorWriter`), and, for `bench run`, from a process of its own (`main`). It decides when a batch is written: once
+`GATHER_ROWS` rows are waiting, or `GATHER_S` seconds after the first of them arrived, or at a flush or the end;
+`bench.store.mlflow_batches` writes it (an sqlite store: one transaction a batch; a server: run by run).
 
 A grid's driver starts the process once (`python -m bench.store.mirror_writer`, `bench.grid.mlflow_callback`'s
 `MirrorProcess`) and feeds it trial ids through a pipe, so that MLflow's import, its store and each run's sqlite
@@ -25,19 +27,27 @@ import queue
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from types import SimpleNamespace
 from typing import Any
 
+from bench.store import mlflow_batches
 from bench.store.folder import Store
 from bench.store.mirror import Mirror, open_mirror
 
+# A row's run is written at most GATHER_S seconds after its id reaches the writer (plus the write itself, and the
+# writes queued before it); sooner once GATHER_ROWS rows wait. A batch is one transaction whatever its size: waiting
+# for a few rows shares its fixed cost (a wake-up, a commit) on a machine whose cores the trials keep busy.
+GATHER_S = 2.0
+GATHER_ROWS = mlflow_batches.BATCH
+
 
 class MirrorWriter:
-    """Logs the rows of the trial ids it is given (`put`), from a daemon thread of its own: each time it wakes it takes
-    every id queued so far, reads their rows and logs them, counting them in `counts.mlflow_logged` (the grid's
-    `Tally`, or anything with that attribute and `mlflow_backfilled`) and telling `logged` how many each pass logged.
-    `ready` returns the mirror once open (None: it
+    """Logs the rows of the trial ids it is given (`put`), from a daemon thread of its own: it gathers the ids of a
+    batch (`GATHER_S`, `GATHER_ROWS`), reads their rows and logs them (`mlflow_batches.Runs`), counting them in
+    `counts.mlflow_logged` (the grid's `Tally`, or anything with that attribute and `mlflow_backfilled`) and telling
+    `logged` how many each batch logged. `ready` returns the mirror once open (None: it
     could not be): the thread waits for it first (the store's import, a fresh store's tables, the backfill of the
     folder's finished trials: `opened`). `close` logs what is left and, where the store failed during the grid, tries
     it once more. The thread sets no signal handler."""
@@ -79,34 +89,45 @@ class MirrorWriter:
             self.warn(f"the MLflow mirror could not start ({type(e).__name__}: {e}); no result is lost: "
                       f"`bench sync-mlflow {self.results}` backfills it")
             mirror = None
-        while True:
-            batch = [self._queue.get()]
-            while not self._queue.empty():  # every id queued meanwhile: one pass over them
-                batch.append(self._queue.get())
-            trial_ids = [t for item in batch if isinstance(item, list) for t in item]
-            if mirror is not None:
-                self._log(mirror, trial_ids)
-            for item in batch:
-                if isinstance(item, threading.Event):
-                    item.set()
-            if None in batch:
-                break
-        if mirror is not None and not mirror.ok:
-            # A store that failed during the grid (a server restarted, a network cut) is tried once more: the grid's
-            # rows it lacks are backfilled (a partial run of a trial is replaced, never doubled); where it fails
-            # again, the summary says how to backfill.
-            mirror.retry()
-            self.counts.mlflow_backfilled = mirror.sync(self.results, trial_ids=self.grid)
+        runs = mlflow_batches.Runs(mirror)
+        try:
+            while True:
+                batch = self._gathered()
+                trial_ids = [t for item in batch if isinstance(item, list) for t in item]
+                if mirror is not None:
+                    self._log(runs, trial_ids)
+                for item in batch:
+                    if isinstance(item, threading.Event):
+                        item.set()
+                if None in batch:
+                    break
+            if mirror is not None and not mirror.ok:
+                # A store that failed during the grid (a server restarted, a network cut) is tried once more: the
+                # grid's rows it lacks are backfilled (a partial run of a trial is replaced, never doubled); where it
+                # fails again, the summary says how to backfill.
+                mirror.retry()
+                self.counts.mlflow_backfilled = mlflow_batches.sync(mirror, self.results, trial_ids=self.grid)
+        finally:
+            runs.close()
 
-    def _log(self, mirror: Mirror, trial_ids: list[str]) -> None:
+    def _gathered(self) -> list[list[str] | threading.Event | None]:
+        """The next batch's queue items: from the first, those that come within `GATHER_S` seconds, until
+        `GATHER_ROWS` rows, a flush or the end."""
+        batch = [self._queue.get()]
+        deadline, rows = time.monotonic() + GATHER_S, len(batch[0]) if isinstance(batch[0], list) else 0
+        while isinstance(batch[-1], list) and rows < GATHER_ROWS:
+            try:
+                batch.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                break
+            rows += len(batch[-1]) if isinstance(batch[-1], list) else 0
+        return batch
+
+    def _log(self, runs: mlflow_batches.Runs, trial_ids: list[str]) -> None:
         # Each row as it is on disk: a unit that a worker's check refused may still have written some (the streams
         # executor's members that finished before one met bad input).
-        count = 0
-        for trial_id in trial_ids:
-            row, epochs = self.store.read_row(trial_id)
-            if row is not None and mirror.log_row(row, epochs):
-                count += 1
-        if count:
+        rows = [(row, epochs) for row, epochs in map(self.store.read_row, trial_ids) if row is not None]
+        if count := runs.log(rows):
             self.counts.mlflow_logged += count
             self.logged(count)
 
@@ -115,7 +136,7 @@ def opened(results: str, uri: str | None, done: Iterable[str], warn: Callable[[s
            say: Callable[[str], None]) -> Mirror | None:
     """The mirror on the run's store (`open_mirror`), the folder's finished trials (`done`) it lacks logged to it."""
     mirror = open_mirror(results, uri, warn=warn)
-    if mirror is not None and (done := set(done)) and (backfilled := mirror.sync(results, trial_ids=done)):
+    if mirror is not None and (done := set(done)) and (backfilled := mlflow_batches.sync(mirror, results, done)):
         say(f"MLflow: backfilled {backfilled} runs of finished trials")
     return mirror
 

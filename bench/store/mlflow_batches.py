@@ -1,4 +1,5 @@
-"""`bench sync-mlflow`: the rows a results folder holds and its MLflow store lacks, logged a batch of runs at a time.
+"""MLflow runs logged a batch at a time: `bench sync-mlflow`'s backfill (`backfill`) and a grid's writer process
+(`bench.store.mirror_writer`, which decides when a batch is written: this module writes it).
 
 MLflow's client logs a run in four calls (create it, its files, its params, metrics and tags, its end), each a
 transaction of its SQLAlchemy store with its own queries: 60-75 ms of CPU a run, 75 s for 1,000 rows. Into the
@@ -6,18 +7,20 @@ embedded sqlite store (`sqlite:///...`, the folder's own or another file) with i
 runs are written here instead: each one's files into its artifact folder, then `BATCH` runs at a time in one
 transaction into MLflow's own tables (its ORM models' tables: runs, tags, params, metrics and latest metrics), each
 value as MLflow's store writes it (a NaN metric as 0 flagged, an infinite one clipped; the latest metric of a key the
-largest (step, timestamp, value)). What a run holds is `bench.store.mirror.run_content`'s, as when the grid logs it;
-tests/store/test_mlflow_batches.py holds the two ways' runs equal, table by table. A batch is whole or absent: a run
-is never left without its complete tag. Any other store (an MLflow server, a remote artifact root) is logged run by
-run through the client (`Mirror.sync`).
+largest (step, timestamp, value)). What a run holds is `bench.store.mirror.run_content`'s, as when MLflow's client
+logs it; tests/store/test_mlflow_batches.py holds the two ways' runs equal, table by table. A batch is whole or
+absent: a run is never left without its complete tag. Any other store (an MLflow server, a remote artifact root) is
+logged run by run through the client (`Mirror.log_row`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import uuid
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -35,34 +38,76 @@ def backfill(results: str, uri: str | None) -> tuple[str, int] | None:
         mirror = open_mirror(results, uri)
         if mirror is None:
             return None
-        if not mirror.uri.startswith("sqlite:///"):
-            count = mirror.sync(results)
-        else:
-            count = mirror.guard("logging runs in batches", _sync, mirror, results) or 0
+        count = sync(mirror, results)
     return (mirror.uri, count) if mirror.ok else None
 
 
-def _sync(mirror: Mirror, results: str) -> int:
-    """The rows missing from the store, written in batches (a run's files first); how many."""
-    pending: dict[str, list[tuple[dict[str, Any], Any]]] = {}
-    for experiment, row, curve in mirror.missing(results):
-        pending.setdefault(experiment, []).append((row, curve))
-    if not mirror.ok:  # the store failed while listing its runs: nothing is written into it
-        return 0
-    import sqlalchemy as sa
+def sync(mirror: Mirror, results: str, trial_ids: set[str] | None = None) -> int:
+    """Log the rows under `results` (or those of `trial_ids`) that the store lacks (`Mirror.missing`): in batches where
+    the store takes them (`batched`), else run by run; how many were logged."""
+    if not batched(mirror):
+        return mirror.sync(results, trial_ids)
+    with contextlib.closing(Runs(mirror)) as runs:
+        return runs.write(mirror.missing(results, trial_ids))
 
-    count, engine = 0, sa.create_engine(mirror.uri)
-    try:
-        for experiment, todo in pending.items():
-            location = mirror.client.get_experiment(mirror.experiment_id(experiment)).artifact_location
+
+def batched(mirror: Any) -> bool:
+    """Whether runs go into `mirror`'s store a batch a transaction: an sqlite store (a server's stay run by run)."""
+    return isinstance(mirror, Mirror) and mirror.uri.startswith("sqlite:///")
+
+
+class Runs:
+    """Logs rows into one mirror's store, a batch of runs a transaction where it takes them (`batched`), else run by
+    run through MLflow's client; its database engine is opened once, at the first batch (`close` ends it)."""
+
+    def __init__(self, mirror: Any) -> None:
+        self.mirror = mirror
+        self._engine: Any = None
+        self._locations: dict[str, str] = {}  # experiment -> its artifact root: one query a writer, not one a batch
+
+    def log(self, rows: Iterable[tuple[dict[str, Any], Any]]) -> int:
+        """Log these rows (row, curves) where MLflow lacks them (a run with the row's status); how many were written
+        (run by run through the client: how many are in MLflow now, `Mirror.log_row`'s count)."""
+        if not batched(self.mirror):
+            return sum(1 for row, curve in rows if self.mirror.log_row(row, curve))
+        return self.write(self.mirror.unlogged(rows))
+
+    def write(self, todo: Iterable[tuple[str, dict[str, Any], Any]]) -> int:
+        """The runs of `todo` (experiment, row, curves), `BATCH` a transaction (a batch written before the store
+        failed stays written); how many."""
+        pending: dict[str, list[tuple[dict[str, Any], Any]]] = {}
+        for experiment, row, curve in todo:
+            pending.setdefault(experiment, []).append((row, curve))
+        if not self.mirror.ok:  # the store failed while listing its runs: nothing is written into it
+            return 0
+        count, guard = 0, self.mirror.guard
+        for experiment, rows in pending.items():
+            location = guard("logging runs in batches", self._artifacts, experiment)
+            if location is None:
+                break
             if not location.startswith("file:"):  # artifacts elsewhere: MLflow's client writes them
-                count += mirror.sync(results, {row["trial_id"] for row, _ in todo})
+                count += sum(1 for row, curve in rows if self.mirror.log_row(row, curve))
                 continue
-            for start in range(0, len(todo), BATCH):
-                count += _write(mirror, engine, experiment, location, todo[start:start + BATCH])
-    finally:
-        engine.dispose()
-    return count
+            for start in range(0, len(rows), BATCH):
+                count += guard("logging runs in batches", _write, self.mirror, self._engine, experiment, location,
+                               rows[start:start + BATCH]) or 0
+        return count
+
+    def _artifacts(self, experiment: str) -> str:
+        """Where the experiment's artifacts go (the database engine opened first, once)."""
+        if self._engine is None:
+            import sqlalchemy as sa
+
+            self._engine = sa.create_engine(self.mirror.uri)
+        if experiment not in self._locations:
+            exp_id = self.mirror.experiment_id(experiment)
+            self._locations[experiment] = self.mirror.client.get_experiment(exp_id).artifact_location
+        return self._locations[experiment]
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
 
 
 def _write(mirror: Mirror, engine: Any, experiment: str, location: str,
