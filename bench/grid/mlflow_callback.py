@@ -48,8 +48,12 @@ class MirrorProcess:
         self.mirror: MirrorOutcome | None = None
         self._ended = False  # the writer said how it ended
         self._lock = threading.Lock()  # Ray Tune's thread and the driver's both hand it ids
-        self.process = subprocess.Popen([sys.executable, "-m", "bench.store.mirror_writer"], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True, encoding="utf-8")
+        # The writer imports the bench the driver imports, from the driver's own path: `python -m` would put the
+        # working directory first, and a `bench` folder there (another checkout) would be the code it ran.
+        boot = (f"import sys, runpy; sys.path[:] = {sys.path!r}; "
+                "runpy.run_module('bench.store.mirror_writer', run_name='__main__')")
+        self.process = subprocess.Popen([sys.executable, "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        text=True, encoding="utf-8")
         self._send({"results": results, "uri": uri, "done": sorted(done), "grid": sorted(grid)})
         self._reader = threading.Thread(target=self._read, name="bench-mlflow-answers", daemon=True)
         self._reader.start()

@@ -77,6 +77,23 @@ def test_the_writer_process_logs_what_the_mirror_logs_in_process(tmp_path: Path)
                                                                      expected["experiment_tags"])
 
 
+def test_the_writer_imports_the_drivers_bench_whatever_folder_it_runs_in(tmp_path: Path, monkeypatch) -> None:
+    """A grid launched from a folder that holds another `bench` (a checkout of another version; here one that cannot
+    be imported): started with `python -m`, the writer imported that folder's bench first and died."""
+    rows = timed_rows(2, 0.3)
+    results = write(tmp_path / "results", rows)
+    ids = [r["trial_id"] for r in rows]
+    (tmp_path / "another_checkout" / "bench").mkdir(parents=True)
+    (tmp_path / "another_checkout" / "bench" / "__init__.py").write_text('raise ImportError("not this bench")\n')
+    monkeypatch.chdir(tmp_path / "another_checkout")
+    tally = Tally(total=2)
+    writer = MirrorProcess(tally, str(results), None, done=[], grid=ids, out=print)
+    writer.put(ids)
+    assert writer.close(120)
+    assert writer.mirror.ok, writer.mirror.failed
+    assert tally.mlflow_logged == 2 and complete_trial_runs(writer.mirror.uri) == set(ids)
+
+
 def test_a_batch_is_the_rows_that_arrive_within_its_bounds(tmp_path: Path, monkeypatch) -> None:
     """Three ids handed over one at a time, at most two rows a batch: two batches (2 and 1 runs), the second written
     `GATHER_S` after its row came, not at the end; then a row that comes alone is written within the bound too."""
