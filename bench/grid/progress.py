@@ -60,12 +60,7 @@ class UnitReporter:
     """Turns a unit's training events (`bench.exec.events`) into progress records for the driver: stage, epoch,
     epochs, the latest noisy-validation loss (a solo stage's, with its accuracy; a pack's lowest) and `work`, the
     trial-epochs done so far: an epoch counts once per member of its stage (a pack's method stage: its trials; a
-    packed warm start: the cells it trains), as `bench.grid.plan.Plan.work` counts them.
-
-    A record goes at most every `every` seconds, but at once at the unit's start (its node) and at a stage's start,
-    unless the unit's epochs are short (the last took under `every`): then the next epoch's record, due within about
-    `every`, carries the new stage. Each record holds the unit until the driver has taken it (Ray Tune's function
-    trainables report synchronously): a round trip that a grid of second-long trials paid at every stage."""
+    packed warm start: the cells it trains), as `bench.grid.plan.Plan.work` counts them."""
 
     def __init__(self, report: Callable[[dict[str, Any]], None], every: float = REPORT_EVERY) -> None:
         self.report, self.every = report, every
@@ -73,7 +68,6 @@ class UnitReporter:
         self.state: dict[str, Any] = dict(progress=1, stage="loading data", epoch=None, epochs=None, val_loss=None,
                                           val_acc=None, work=0, node=ray_node_id())  # where it runs: a lost node
         self.last = -float("inf")
-        self.epoch_s: float | None = None  # how long the unit's last epoch took
         # The unit's warm-start cache use so far (`WarmStartCache.stats`), on every record: a unit a signal stops
         # sends no closing report, and its warm starts, trained or reused, still count in the stop's summary.
         self.stats: Callable[[], dict[str, Any]] = dict
@@ -86,13 +80,12 @@ class UnitReporter:
         if isinstance(event, StageStart):
             self.members = event.members
             s.update(stage=event.stage, epoch=0, epochs=event.epochs, val_loss=None, val_acc=None)
-            self._send(force=self.epoch_s is None or self.epoch_s >= self.every)
+            self._send(force=True)
         elif isinstance(event, Resumed):
             s["work"] += event.epoch * self.members
             s.update(epoch=event.epoch)
             self._send(force=True)
         elif isinstance(event, EpochRecord):
-            self.epoch_s = event.seconds if event.epoch > 0 else self.epoch_s  # epoch 0 evaluates, trains nothing
             s["work"] += self.members if event.epoch > 0 else 0
             solo = event.members == 1
             s.update(epoch=event.epoch, val_loss=event.val_loss[0] if solo else event.lowest_val_loss(),
