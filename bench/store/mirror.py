@@ -1,10 +1,9 @@
 """MLflow mirror of the parquet results: one experiment per config, one run per trial, all side by side.
 
-Parquet is the source of truth; MLflow is a view of it. The runner logs from the driver after a trial's row has
-landed, so an MLflow store that is down or failing loses nothing: the trial still finishes and writes parquet, a
-warning says so, and `bench sync-mlflow RESULTS` (or the next `bench run`) backfills the missing runs. Logging is
-idempotent: a trial's run carries the tag `bench.trial_id` and is marked `bench.complete` only once fully logged;
-an incomplete or outdated run (a killed driver, a trial re-run after failing) is deleted and logged again.
+Parquet is the source of truth; MLflow is a view of it. A row is logged once it has landed (the grid's writer
+process), so a store that is down loses nothing: a warning says so, and `bench sync-mlflow RESULTS` (or the next
+`bench run`) backfills. Logging is idempotent: a run carries the tag `bench.trial_id`, marked `bench.complete` once
+fully logged; an incomplete or outdated run (a killed driver, a re-run trial) is deleted and logged again.
 
 Store: `--mlflow-uri`, else `MLFLOW_TRACKING_URI`, else the embedded default `sqlite:///RESULTS/mlflow.db` (artifacts
 in `RESULTS/mlartifacts`). MLflow 3.17 refuses its file store without MLFLOW_ALLOW_FILE_STORE, hence sqlite.
@@ -17,8 +16,7 @@ so that MLflow's Duration is the trial's time: `trial_times`).
 Experiments are tagged as classic machine-learning ones (`EXPERIMENT_KIND`), and `bench ui` links each one's runs
 table with the UI's machine-learning view (`runs_links`): MLflow 3 otherwise opens an experiment on its GenAI overview.
 
-`bench ui RESULTS` serves the MLflow UI on 127.0.0.1 (`serve`); `bench sync-mlflow RESULTS` backfills a batch of
-runs at a time (`bench.store.mlflow_batches`); their commands are `bench.cli.mlflow`'s.
+`bench ui` serves the UI (`serve`); `bench sync-mlflow` backfills in batches (`bench.store.mlflow_batches`).
 """
 
 from __future__ import annotations
@@ -558,10 +556,10 @@ JOB_RUNNER = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
 
 
 def serve(uri: str, port: int, answered: Callable[[], None]) -> int:
-    """Run `mlflow server` on 127.0.0.1:`port` over the store `uri` until it exits (its exit code), or until Ctrl-C
-    or SIGTERM, which stop it too; `answered()` once it answers (its `/health`): a link printed before that was a
-    dead link for up to two minutes on a loaded machine. MLflow 3's GenAI job runner stays off (its own worker
-    processes, which the runs table never needs; docs/cluster.md), unless $MLFLOW_SERVER_ENABLE_JOB_EXECUTION
+    """Run `mlflow server` on 127.0.0.1:`port` over the store `uri` until it exits (its exit code; 1 at least where it
+    never answered), or until Ctrl-C or SIGTERM, which stop it too; `answered()` once it answers (its `/health`): a
+    link printed before that was dead for up to two minutes on a loaded machine. MLflow 3's GenAI job runner stays
+    off (its own workers, which the runs table never needs; docs/cluster.md) unless $MLFLOW_SERVER_ENABLE_JOB_EXECUTION
     says otherwise."""
     mlflow_bin = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or shutil.which("mlflow")
     command = [mlflow_bin or "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
@@ -581,21 +579,17 @@ def serve(uri: str, port: int, answered: Callable[[], None]) -> int:
         server = subprocess.Popen(command, env=env)
         if signalled:
             raise SystemExit(128 + signalled[0])
-        served = False
         while server.poll() is None:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    answered()
-                    served = True
-                    break
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
             except OSError:  # not listening yet (refused, reset, or a timeout)
                 time.sleep(0.5)
-        code = server.wait()
-        if not served:  # its server's own lines say why (a port taken meanwhile exits 0 under some MLflow versions)
-            print(f"bench: MLflow's server ended (exit code {code}) before it answered on 127.0.0.1:{port}; "
-                  "its own lines above say why", file=sys.stderr, flush=True)
-            return code or 1
-        return code
+                continue
+            answered()
+            return server.wait()
+        print(f"bench: MLflow's server ended (exit code {server.returncode}) before it answered on 127.0.0.1:{port}; "
+              "its own lines above say why", file=sys.stderr, flush=True)  # a port taken: exit 0 in some versions
+        return server.returncode or 1
     finally:  # Ctrl-C, SIGTERM or an error here: stop the server this command started
         signal.signal(signal.SIGTERM, previous)
         if server is not None and server.poll() is None:
