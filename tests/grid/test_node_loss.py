@@ -127,15 +127,19 @@ def test_a_worker_node_lost_at_each_moment_of_a_unit_leaves_every_trial_ok(tmp_p
     try:
         cluster._start("head", ["--head", "--port", str(cluster.port), "--include-dashboard", "false",
                                 "--temp-dir", cluster.temp_dir, "--num-cpus", "0"])
+        # The first second node before the driver: its start-up check wants a node that offers a CPU.
+        known: set[str] = set()
+        node = start_second(cluster)
         driver = start_driver(run_command(config, cluster, results, "--retries", "8"), tmp_path / "run.log",
                               clean_env())
         try:
-            for moment, ready, every in MOMENTS:
-                # The nodes lost before, listed before the new one starts: the new node is the one that is not
-                # among them, and watching starts the moment it is up (a unit waiting for its CPU starts its actor
-                # there at once; a listing of the cluster, some seconds, would come after that actor's start).
-                known = second_node_ids(cluster)
-                node = start_second(cluster)
+            for i, (moment, ready, every) in enumerate(MOMENTS):
+                if i:
+                    # The nodes lost before, listed before the new one starts: the new node is the one that is not
+                    # among them, and watching starts the moment it is up (a unit waiting for its CPU starts its
+                    # actor there at once; a listing of the cluster, some seconds, would come after that start).
+                    known = second_node_ids(cluster)
+                    node = start_second(cluster)
                 come = functools.partial(ready, node, results, known, time.time())
                 wait_for(lambda: come() or driver.poll() is not None, 600, f"the moment {moment!r}",  # noqa: B023
                          every=every)
